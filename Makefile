@@ -1,0 +1,42 @@
+# Two commands a new user needs: `make demo` and `make test`. Both set up .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Installed before the project so that pip never swaps in an unpinned multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint typecheck bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+demo: setup
+	$(PY) -m harness.demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy harness
+
+bench: setup
+	$(PY) bench/engine.py
+	$(PY) bench/traces.py
+	$(PY) bench/cache.py
+	$(PY) bench/corpus.py
+
+clean:
+	rm -rf .harness .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The ``harness`` command line: one sub-command group per pipeline stage.
+
+Each stage owns ``harness/<stage>/cli.py`` exposing a ``typer.Typer`` named ``app`` (and the server
+also a top-level ``serve`` command). Stage CLIs import their heavy dependencies (torch, faiss,
+sentence-transformers) inside the commands, so ``harness --help`` stays fast.
+
+User mistakes surface as :class:`~harness.common.errors.HarnessError`: printed as one line on
+stderr, exit code per ``docs/exit-codes.md``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+import click
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from harness import __version__
+from harness.common.errors import ExitCode, HarnessError
+
+# (group name, module) in pipeline order; a module may be absent while its stage is unbuilt.
+STAGE_GROUPS: tuple[tuple[str, str], ...] = (
+    ("traces", "harness.traces.cli"),
+    ("corpus", "harness.corpus.cli"),
+    ("load", "harness.load.cli"),
+    ("engine", "harness.engine.cli"),
+    ("cache", "harness.cache.cli"),
+    ("gates", "harness.gates.cli"),
+    ("reports", "harness.reports.cli"),
+    ("analysis", "harness.analysis.cli"),
+)
+# Top-level commands: (command name, module, attribute).
+TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (("serve", "harness.server.cli", "serve"),)
+
+stderr = Console(stderr=True)
+
+
+def _import_optional(module: str) -> object | None:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:  # the stage is not built yet; a missing dependency still raises
+            return None
+        raise
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"harness {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    """Assemble the root app from the stage CLIs that exist."""
+    app = typer.Typer(
+        name="harness",
+        help="Trace-driven load and cache-warmup harness for LLM inference.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def root(
+        log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+        version: bool = typer.Option(
+            False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ) -> None:
+        logging.basicConfig(
+            level=log_level.upper(),
+            format="%(message)s",
+            handlers=[RichHandler(console=stderr, show_path=False)],
+        )
+
+    for name, module in STAGE_GROUPS:
+        mod = _import_optional(module)
+        if mod is not None:
+            sub = getattr(mod, "app")
+            app.add_typer(sub, name=name)
+    for name, module, attr in TOP_COMMANDS:
+        mod = _import_optional(module)
+        if mod is not None:
+            app.command(name)(getattr(mod, attr))
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``harness`` script."""
+    command = typer.main.get_command(build_app())
+    try:
+        rv = command.main(args=list(argv) if argv is not None else None, prog_name="harness", standalone_mode=False)
+    except HarnessError as exc:
+        stderr.print(f"[bold red]harness: error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        sys.exit(int(exc.exit_code))
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        stderr.print("harness: interrupted")
+        sys.exit(int(ExitCode.INTERRUPTED))
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""Synthetic request corpora: sandboxed Jinja templates, Faker profiles, few-shot pool, embedding dedup."""
+
+from __future__ import annotations

@@ -1,0 +1,165 @@
+"""The engine's public contract: what the server (and benchmarks) may rely on.
+
+Everything else in ``harness.engine`` is an implementation detail behind :class:`AsyncEngine`.
+A request goes in as token ids plus :class:`SamplingParams`; out comes a stream of
+:class:`TokenEvent`, the last one carrying ``finish_reason`` and the request's
+:class:`RequestMetrics`. The engine runs its step loop on its own thread; the async methods are
+safe to call from any asyncio event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class EngineError(Exception):
+    """Base class for request-level engine failures (not user input errors)."""
+
+
+class EngineFull(EngineError):
+    """The waiting queue is at capacity; the caller should retry later (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PromptTooLong(EngineError):
+    """prompt tokens + max_tokens exceed the model's context (HTTP 400)."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens; the request asks for "
+            f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to generate)"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p >= 1`` disable those filters.
+    ``seed`` makes a sampled request reproducible regardless of what else is batched with it.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    """Report the chosen token's logprob and the entropy of the output distribution per step."""
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Per-request measurements, final once the request finishes.
+
+    ``prefill_peak_bytes`` is measured from CUDA memory stats on a GPU (``peak_measured=True``);
+    on CPU it is an estimate (weights are not counted: activations + KV written) and says so.
+    """
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+    queued_ms: float = 0.0
+    prefill_ms: float = 0.0
+    prefill_kv_bytes: int = 0
+    prefill_peak_bytes: int = 0
+    peak_measured: bool = False
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    """Mean time per output token after the first: (e2e - ttft) / (output_tokens - 1)."""
+    e2e_ms: float = 0.0
+    preemptions: int = 0
+    device: str = "cpu"
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """One step's output for one request.
+
+    ``text`` is the newly decodable text (may be empty while a multi-byte character or a stop
+    string candidate is held back). The final event has ``finished=True``, a ``finish_reason``
+    and ``metrics``; it may also carry a last token.
+    """
+
+    request_id: str
+    token_id: int | None
+    text: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    logprob: float | None = None
+    entropy: float | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for /metrics and /health."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_cached: int = 0
+    """Blocks held only by the prefix cache (unreferenced, evictable)."""
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class Tokenizer(Protocol):
+    """What the server needs from a tokenizer."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render chat messages (role, content) to the prompt text the model expects."""
+        ...
+
+
+class AsyncEngine(Protocol):
+    """The engine as the server sees it."""
+
+    model_name: str
+    max_model_len: int
+    tokenizer: Tokenizer
+
+    def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens. Raises :class:`EngineFull` or :class:`PromptTooLong`
+        before the first event. Cancelling the iteration (client gone) aborts the request and
+        returns its KV blocks to the pool."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,3 @@
+"""CI gates on P95 decode latency, TTFT and prefill memory against baselines."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Run reports with plots."""
+
+from __future__ import annotations

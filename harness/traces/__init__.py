@@ -1,0 +1,3 @@
+"""Trace ingestion: distributed traces and LLM request traces → normalized model, cold paths, scenarios."""
+
+from __future__ import annotations
