@@ -1,0 +1,40 @@
+"""Engine settings (env prefix ``HARNESS__ENGINE__``), shared by ``harness serve`` and the benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from harness.common.settings import stage_config
+
+
+class EngineSettings(BaseSettings):
+    """What model to run, where, and how the scheduler and KV cache are sized."""
+
+    model_config = stage_config("engine")
+
+    preset: Literal["tiny", "small", "qwen2-0.5b"] | None = "tiny"
+    """Random-init architecture preset (fixed seed); ignored when ``model_dir`` is set."""
+    model_dir: Path | None = None
+    """A local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)."""
+    model_name: str | None = None
+    """Name served in the API; defaults to the preset name or the directory name."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """``auto``: bfloat16 on CUDA, float32 on CPU."""
+    seed: int = 0
+    block_size: int = Field(default=16, ge=1, le=1024)
+    num_kv_blocks: int | None = Field(default=None, ge=2)
+    """KV blocks in the pool; default: sized from ``kv_cache_bytes``."""
+    kv_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    max_model_len: int | None = Field(default=None, ge=8)
+    """Context length; default: the model's own, capped by what the KV pool can hold."""
+    max_num_seqs: int = Field(default=32, ge=1)
+    max_num_batched_tokens: int = Field(default=2048, ge=16)
+    max_waiting: int = Field(default=256, ge=0)
+    """Waiting-queue capacity; a request beyond it is refused with :class:`EngineFull` (HTTP 429)."""
+    enable_prefix_caching: bool = True
