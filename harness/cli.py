@@ -81,7 +81,7 @@ def build_app() -> typer.Typer:
     for name, module in STAGE_GROUPS:
         mod = _import_optional(module)
         if mod is not None:
-            sub = getattr(mod, "app")
+            sub = mod.app  # type: ignore[attr-defined]
             app.add_typer(sub, name=name)
     for name, module, attr in TOP_COMMANDS:
         mod = _import_optional(module)
@@ -94,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``harness`` script."""
     command = typer.main.get_command(build_app())
     try:
-        rv = command.main(args=list(argv) if argv is not None else None, prog_name="harness", standalone_mode=False)
+        args = list(argv) if argv is not None else None
+        rv = command.main(args=args, prog_name="harness", standalone_mode=False)
     except HarnessError as exc:
         stderr.print(f"[bold red]harness: error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
         sys.exit(int(exc.exit_code))

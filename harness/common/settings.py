@@ -50,7 +50,7 @@ def load_settings(cls: type[S], **overrides: object) -> S:
     """
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return cls(**given)
+        return cls(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err.get("loc", ()))

@@ -1,3 +1,3 @@
-"""Load generation with Locust: open-loop trace replay, staged QPS ladder, request colouring, TTFT/ITL/TPOT."""
+"""Load generation with Locust: open-loop replay, staged QPS ladder, request colouring, TTFT/ITL/TPOT."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ models with ``extra="forbid"`` so a typo is an error, not a silently ignored fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 TagValue = str | int | float | bool
 
 
-class SpanKind(str, Enum):
+class SpanKind(StrEnum):
     """OpenTelemetry span kinds (Jaeger's ``span.kind`` tag maps onto the same names)."""
 
     UNSPECIFIED = "unspecified"
@@ -36,7 +36,7 @@ class SpanKind(str, Enum):
     CONSUMER = "consumer"
 
 
-class RefType(str, Enum):
+class RefType(StrEnum):
     """How a span relates to another: a synchronous child or a causally-following span."""
 
     CHILD_OF = "CHILD_OF"
