@@ -99,14 +99,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     except HarnessError as exc:
         stderr.print(f"[bold red]harness: error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
         sys.exit(int(exc.exit_code))
-    except click.exceptions.Exit as exc:
+    except (typer.Exit, click.exceptions.Exit) as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
         stderr.print("harness: interrupted")
         sys.exit(int(ExitCode.INTERRUPTED))
+    except Exception as exc:
+        # Typer ships its own fork of click's exceptions; handle both by their shared interface.
+        show = getattr(exc, "show", None)
+        if show is None or not hasattr(exc, "exit_code"):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            show()
+            sys.exit(int(ExitCode.OK))
+        show()
+        usage = any(cls.__name__ == "UsageError" for cls in type(exc).__mro__)
+        sys.exit(int(ExitCode.USAGE) if usage else int(exc.exit_code))
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
