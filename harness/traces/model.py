@@ -217,3 +217,39 @@ class ScheduleEntry(BaseModel):
     scenario: str | None = None
     source_trace_id: str | None = None
     tenant: str | None = None
+
+
+class ColdPathRecord(BaseModel):
+    """One line of the cold-path JSONL written by ``harness traces coldpaths``.
+
+    ``read_requests`` reads these files back as :class:`RequestEvent` objects (format ``coldpaths``):
+    arrival from ``start_us``, tokens from the ``gen_ai.usage.*`` sums (0 when unknown, with
+    ``tokens_known`` false in the event's tags).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["coldpath"] = "coldpath"
+    trace_id: str
+    entry_span_id: str
+    hop_span_id: str
+    start_us: int
+    epoch_known: bool = True
+    latency_ms: float = Field(ge=0.0)
+    """Duration of the first-hop span."""
+    service_path: list[str]
+    """Services from the entry span down to the first hop, consecutive repeats collapsed."""
+    service: str
+    operation: str
+    protocol: str
+    """``http``, ``grpc``, ``genai`` or ``other`` (whichever the hop was admitted as)."""
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    cache_read_tokens: int | None = Field(default=None, ge=0)
+    error: bool = False
+    tenant: str | None = None
+    model: str | None = None
+    """``gen_ai.request.model`` of the first LLM call below the hop, if any."""
+    span_count: int = Field(default=1, ge=1)
+    """Spans in the hop's subtree (the hop included)."""
+    source: str = ""

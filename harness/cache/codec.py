@@ -1,0 +1,98 @@
+"""Stored value format: JSON with a schema version and a checksum, never pickle.
+
+``{"schema": 1, "sum": "<sha256 of body, 16 hex>", "body": "<JSON text>"}`` where the body holds
+the key it was written under, the value tier, write and expiry times and the completion. A value
+that does not parse, has another schema, a wrong checksum or another key is corrupt: the caller
+treats it as a miss and deletes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from harness.cache.api import CachedCompletion
+
+
+class CorruptValue(ValueError):
+    """A stored value failed decoding or verification."""
+
+
+@dataclass(slots=True)
+class StoredValue:
+    key: str
+    completion: CachedCompletion
+    value_tier: str
+    written_at: float
+    expires_at: float
+
+
+_FIELDS = {f.name for f in dataclasses.fields(CachedCompletion)}
+
+
+def completion_to_dict(c: CachedCompletion) -> dict[str, Any]:
+    return dataclasses.asdict(c)
+
+
+def completion_from_dict(d: Any) -> CachedCompletion:
+    if not isinstance(d, dict) or not {"text", "finish_reason", "model"} <= d.keys():
+        raise CorruptValue("completion lacks required fields")
+    unknown = d.keys() - _FIELDS
+    if unknown:
+        raise CorruptValue(f"completion has unknown fields {sorted(unknown)}")
+    try:
+        c = CachedCompletion(**d)
+    except TypeError as exc:
+        raise CorruptValue(str(exc)) from None
+    if not isinstance(c.text, str) or not isinstance(c.meta, dict):
+        raise CorruptValue("completion field types are wrong")
+    return c
+
+
+def encode(value: StoredValue, schema: int) -> bytes:
+    body = orjson.dumps(
+        {
+            "key": value.key,
+            "tier": value.value_tier,
+            "written_at": value.written_at,
+            "expires_at": value.expires_at,
+            "completion": completion_to_dict(value.completion),
+        }
+    )
+    return orjson.dumps(
+        {"schema": schema, "sum": hashlib.sha256(body).hexdigest()[:16], "body": body.decode("utf-8")}
+    )
+
+
+def decode(raw: bytes, key: str, schema: int) -> StoredValue:
+    try:
+        env = orjson.loads(raw)
+        body_text = env["body"]
+        if env.get("schema") != schema:
+            raise CorruptValue(f"schema {env.get('schema')!r}, expected {schema}")
+        body_bytes = body_text.encode("utf-8")
+        if hashlib.sha256(body_bytes).hexdigest()[:16] != env.get("sum"):
+            raise CorruptValue("checksum mismatch")
+        body = orjson.loads(body_bytes)
+        if body.get("key") != key:
+            raise CorruptValue("value was written under another key")
+        return StoredValue(
+            key=key,
+            completion=completion_from_dict(body["completion"]),
+            value_tier=str(body["tier"]),
+            written_at=float(body["written_at"]),
+            expires_at=float(body["expires_at"]),
+        )
+    except CorruptValue:
+        raise
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptValue(f"undecodable value: {exc}") from None
+
+
+def completion_nbytes(c: CachedCompletion) -> int:
+    """Approximate in-memory cost of an entry, for the L1 byte cap: its JSON size plus overhead."""
+    return len(c.text.encode("utf-8")) + len(c.model) + 256 + (len(orjson.dumps(c.meta)) if c.meta else 0)

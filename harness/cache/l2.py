@@ -1,0 +1,262 @@
+"""L2: Redis (embedded, external or Cluster) behind timeouts, a retry budget and a circuit breaker.
+
+Every operation runs on the event loop through ``redis.asyncio`` under one deadline
+(``l2_op_timeout_s``) covering the call and its retries, so a dead, hung (SIGSTOP) or slow Redis
+costs a request at most that budget; socket and connect timeouts bound each attempt as well.
+After ``breaker_failures`` consecutive failures the breaker opens and L2 is skipped outright for
+``breaker_reset_s``; then one probe is let through (half-open) and its outcome closes or re-opens
+it. Retries (on connection errors only) draw from a token bucket refilled by a fraction of the
+calls, so a broken Redis is never hit by a retry storm. Keys are ``<prefix>:v<schema>:<tenant>:<hash>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import exceptions as rexc
+
+from harness.cache.settings import CacheSettings
+
+T = TypeVar("T")
+
+
+class L2Unavailable(Exception):
+    """An L2 operation failed, timed out or was skipped by the open breaker."""
+
+
+class CircuitBreaker:
+    """closed → (N consecutive failures) → open → (reset_s) → half-open: one probe → closed/open."""
+
+    def __init__(self, failures: int, reset_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = failures
+        self.reset_s = reset_s
+        self._clock = clock
+        self.failures = 0
+        self.opened_at: float | None = None
+        self._probing = False
+        self.opens = 0
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half-open" if self._clock() - self.opened_at >= self.reset_s else "open"
+
+    def allow(self) -> bool:
+        if self.opened_at is None:
+            return True
+        if self._clock() - self.opened_at < self.reset_s or self._probing:
+            return False
+        self._probing = True
+        return True
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+        self._probing = False
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self._probing or self.failures >= self.threshold:
+            if self.opened_at is None or self._probing:
+                self.opens += 1
+            self.opened_at = self._clock()
+            self._probing = False
+
+
+class RetryBudget:
+    """Token bucket: each call deposits ``ratio`` tokens (capped), each retry spends one."""
+
+    def __init__(self, ratio: float, cap: float = 10.0) -> None:
+        self.ratio = ratio
+        self.cap = cap
+        self.tokens = cap if ratio > 0 else 0.0
+
+    def deposit(self) -> None:
+        self.tokens = min(self.cap, self.tokens + self.ratio)
+
+    def withdraw(self) -> bool:
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for logs and stats."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_cluster_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme.endswith("+cluster") or "cluster=1" in parts.query or "cluster=true" in parts.query
+
+
+class RedisTier:
+    """Async Redis access for the cache values; raises :class:`L2Unavailable` on any failure."""
+
+    def __init__(self, settings: CacheSettings, url: str) -> None:
+        self.settings = settings
+        self.url = url
+        self.cluster = is_cluster_url(url)
+        self.prefix = f"{settings.redis_key_prefix}:v{settings.schema_version}:"
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
+        self.budget = RetryBudget(settings.retry_budget_ratio)
+        self.retries = 0
+        self._client: Any = None
+        self.info: dict[str, Any] = {}
+        """Last INFO snapshot (refreshed in the background; never read on the request path)."""
+
+    def _make_client(self) -> Any:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        s = self.settings
+        common: dict[str, Any] = {
+            "socket_timeout": s.redis_socket_timeout_s,
+            "socket_connect_timeout": s.redis_connect_timeout_s,
+            # Retries are ours (bounded by the budget and the deadline), not redis-py's.
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if self.cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            parts = urlsplit(self.url)
+            scheme = "rediss" if parts.scheme.startswith("rediss") else "redis"
+            plain = urlunsplit(parts._replace(scheme=scheme, query=""))
+            return RedisCluster.from_url(plain, **common)
+        import redis.asyncio as aredis
+
+        return aredis.Redis.from_url(self.url, **common)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
+    def rkey(self, key: str) -> str:
+        return self.prefix + key
+
+    async def _run(self, op: Callable[[], Awaitable[T]]) -> T:
+        if not self.breaker.allow():
+            raise L2Unavailable("circuit breaker open")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.l2_op_timeout_s
+        attempt = 0
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    result = await op()
+            except (rexc.RedisError, OSError, TimeoutError) as exc:
+                retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
+                if (
+                    retryable
+                    and attempt < self.settings.l2_max_retries
+                    and loop.time() < deadline
+                    and self.budget.withdraw()
+                ):
+                    attempt += 1
+                    self.retries += 1
+                    continue
+                self.breaker.failure()
+                raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
+            self.breaker.success()
+            self.budget.deposit()
+            return result
+
+    async def get(self, key: str) -> bytes | None:
+        rk = self.rkey(key)
+        value: bytes | None = await self._run(lambda: self.client.get(rk))
+        return value
+
+    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+        rk = self.rkey(key)
+        ms = max(1, int(ttl_s * 1000))
+        await self._run(lambda: self.client.set(rk, value, px=ms))
+
+    async def delete(self, key: str) -> None:
+        rk = self.rkey(key)
+        await self._run(lambda: self.client.delete(rk))
+
+    async def flush(self) -> int:
+        """Delete every key of this schema's prefix (all tenants); returns the count."""
+
+        async def op() -> int:
+            n = 0
+            batch: list[Any] = []
+            async for k in self.client.scan_iter(match=self.prefix + "*", count=1000):
+                batch.append(k)
+                if len(batch) >= 500:
+                    n += await self._delete_many(batch)
+                    batch = []
+            if batch:
+                n += await self._delete_many(batch)
+            return n
+
+        if not self.breaker.allow():
+            raise L2Unavailable("circuit breaker open")
+        try:
+            async with asyncio.timeout(max(5.0, self.settings.l2_op_timeout_s)):
+                result = await op()
+        except (rexc.RedisError, OSError, TimeoutError) as exc:
+            self.breaker.failure()
+            raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
+        self.breaker.success()
+        return result
+
+    async def _delete_many(self, keys: list[Any]) -> int:
+        if self.cluster:  # keys of one DEL must share a slot in a cluster
+            return sum([int(await self.client.delete(k)) for k in keys])
+        return int(await self.client.delete(*keys))
+
+    async def refresh_info(self) -> dict[str, Any]:
+        """INFO memory/stats + key count, stored in :attr:`info`."""
+
+        async def op() -> dict[str, Any]:
+            mem = await self.client.info("memory")
+            st = await self.client.info("stats")
+            keys = await self.client.dbsize()
+            return {**_flatten(mem), **_flatten(st), "keys": keys}
+
+        raw = await self._run(op)
+        self.info = {
+            "used_memory": int(raw.get("used_memory", 0)),
+            "maxmemory": int(raw.get("maxmemory", 0)),
+            "evicted_keys": int(raw.get("evicted_keys", 0)),
+            "expired_keys": int(raw.get("expired_keys", 0)),
+            "keys": int(raw.get("keys", 0)),
+        }
+        return self.info
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                async with asyncio.timeout(1.0):
+                    await client.aclose()
+            except (rexc.RedisError, OSError, TimeoutError, RuntimeError):
+                pass
+
+
+def _flatten(info: Any) -> dict[str, Any]:
+    """Cluster INFO answers per node ({node: {...}}); sum numeric fields over nodes."""
+    if not isinstance(info, dict):
+        return {}
+    if info and all(isinstance(v, dict) for v in info.values()):
+        out: dict[str, Any] = {}
+        for node in info.values():
+            for k, v in node.items():
+                if isinstance(v, int | float):
+                    out[k] = out.get(k, 0) + v
+        return out
+    return info

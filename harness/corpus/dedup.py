@@ -1,0 +1,165 @@
+"""Near-duplicate removal on unit-norm embeddings at a cosine threshold.
+
+Invariant: after :func:`dedup`, no two kept items have cosine ≥ ``threshold``. Keep order is greedy
+first-come: item ``j`` is dropped iff some kept ``i < j`` is at or above the threshold; its
+representative is the first such ``i``. That makes the result a function of the input order only.
+
+Candidate pairs come from one of two searches, registered by name:
+
+* ``exact``: blockwise matrix products over the upper triangle (N²/2 dot products, BLAS-bound);
+* ``faiss``: an IVF inner-product index with ``nprobe`` probed lists and ``range_search`` — far
+  fewer dot products; it can miss a pair whose two ends fall in lists the other does not probe,
+  so its recall is measured in the benchmark and tests against ``exact`` (see docs/corpus.md).
+
+Either way every candidate is re-checked with one float32 dot per pair (:func:`_verify`), so both
+searches decide the threshold identically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.common.registry import Registry
+
+Pairs = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]
+PairSearch = Callable[[npt.NDArray[np.float32], float], Pairs]
+
+searches: Registry[PairSearch] = Registry("dedup method")
+
+EXACT_MAX_N = 20_000
+"""``auto`` uses ``exact`` up to this many vectors, ``faiss`` beyond."""
+_SLACK = 1e-4  # candidates are gathered a little below the threshold, then re-checked exactly
+
+
+@dataclass
+class DedupResult:
+    keep: npt.NDArray[np.int64]
+    """Indices of kept items, ascending."""
+    dropped: dict[int, int]
+    """Dropped index → its representative (a kept index before it)."""
+    pairs: int
+    """Pairs at or above the threshold found among all items."""
+    method: str
+    examples: list[tuple[int, int, float]] = field(default_factory=list)
+    """Up to 10 (kept, dropped, cosine) examples."""
+
+    @property
+    def n_dropped(self) -> int:
+        return len(self.dropped)
+
+
+def _verify(x: npt.NDArray[np.float32], i: npt.NDArray[np.int64], j: npt.NDArray[np.int64], threshold: float) -> Pairs:
+    sims = np.einsum("ij,ij->i", x[i], x[j]).astype(np.float32)
+    ok = sims >= threshold
+    return i[ok], j[ok], sims[ok]
+
+
+@searches.register("exact")
+def pairs_exact(x: npt.NDArray[np.float32], threshold: float, block: int = 1024) -> Pairs:
+    """All pairs i < j with cosine ≥ threshold, by blockwise products of the upper triangle."""
+    n = len(x)
+    ii: list[npt.NDArray[np.int64]] = []
+    jj: list[npt.NDArray[np.int64]] = []
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        sims = x[s:e] @ x[s:].T  # (rows, n - s): only columns at or after the block start
+        r, c = np.nonzero(sims >= threshold - _SLACK)
+        c = c + s
+        upper = c > r + s
+        ii.append((r[upper] + s).astype(np.int64))
+        jj.append(c[upper].astype(np.int64))
+    if not ii:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return _verify(x, np.concatenate(ii), np.concatenate(jj), threshold)
+
+
+@searches.register("faiss")
+def pairs_faiss(
+    x: npt.NDArray[np.float32],
+    threshold: float,
+    nlist: int | None = None,
+    nprobe: int | None = None,
+    seed: int = 0,
+    batch: int = 8192,
+) -> Pairs:
+    """Candidate pairs from an IVF-flat inner-product index (``range_search``), re-checked exactly."""
+    import faiss
+
+    n, d = x.shape
+    if n < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    nlist = nlist or max(8, min(4096, int(4 * math.sqrt(n))))
+    nlist = min(nlist, max(1, n // 39))  # FAISS wants ~39 training points per list
+    nprobe = nprobe or max(8, nlist // 8)
+    quantizer = faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    rng = np.random.default_rng(seed)
+    train = x if n <= nlist * 256 else x[np.sort(rng.choice(n, size=nlist * 256, replace=False))]
+    index.train(np.ascontiguousarray(train))
+    index.add(x)
+    index.nprobe = min(nprobe, nlist)
+    ii: list[npt.NDArray[np.int64]] = []
+    jj: list[npt.NDArray[np.int64]] = []
+    for s in range(0, n, batch):
+        q = x[s : s + batch]
+        lims, _dist, labels = index.range_search(q, threshold - _SLACK)
+        rows = np.repeat(np.arange(len(q), dtype=np.int64) + s, np.diff(lims).astype(np.int64))
+        cols = labels.astype(np.int64)
+        # Keep each unordered pair once whichever end found it: this doubles the chance to find it.
+        lo, hi = np.minimum(rows, cols), np.maximum(rows, cols)
+        ne = lo != hi
+        ii.append(lo[ne])
+        jj.append(hi[ne])
+    i = np.concatenate(ii)
+    j = np.concatenate(jj)
+    if len(i):
+        key = np.unique(i * n + j)
+        i, j = key // n, key % n
+    return _verify(x, i, j, threshold)
+
+
+def greedy_keep(n: int, pairs: Pairs) -> tuple[npt.NDArray[np.int64], dict[int, int]]:
+    """First-come greedy: drop ``j`` iff a kept ``i < j`` pairs with it; returns (keep, dropped → rep)."""
+    i, j, _ = pairs
+    kept = np.ones(n, dtype=bool)
+    dropped: dict[int, int] = {}
+    if len(i):
+        order = np.lexsort((i, j))  # by j, then i: the first kept i is the representative
+        i, j = i[order], j[order]
+        bounds = np.flatnonzero(np.diff(j)) + 1
+        for gi, gj in zip(np.split(i, bounds), np.split(j, bounds), strict=True):
+            jj = int(gj[0])
+            for cand in gi:
+                if kept[cand]:
+                    kept[jj] = False
+                    dropped[jj] = int(cand)
+                    break
+    return np.flatnonzero(kept).astype(np.int64), dropped
+
+
+def dedup(
+    vectors: npt.NDArray[np.float32],
+    threshold: float = 0.82,
+    method: str = "auto",
+    **search_kwargs: int,
+) -> DedupResult:
+    """Drop near-duplicates (cosine ≥ ``threshold``) from unit-norm ``vectors``, keeping first occurrences."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    if method == "auto":
+        method = "exact" if len(x) <= EXACT_MAX_N else "faiss"
+    search = searches.get(method)
+    pairs = search(x, threshold, **search_kwargs) if search_kwargs else search(x, threshold)
+    keep, dropped = greedy_keep(len(x), pairs)
+    sims = {(int(a), int(b)): float(s) for a, b, s in zip(*pairs, strict=True)} if len(pairs[0]) <= 100_000 else {}
+    examples = [(rep, d, sims.get((rep, d), float("nan"))) for d, rep in sorted(dropped.items())[:10]]
+    return DedupResult(keep=keep, dropped=dropped, pairs=len(pairs[0]), method=method, examples=examples)
+
+
+def surviving_pairs(vectors: npt.NDArray[np.float32], keep: npt.NDArray[np.int64], threshold: float) -> int:
+    """Pairs ≥ threshold among kept items (0 when the invariant holds), by exact search."""
+    return len(pairs_exact(np.ascontiguousarray(vectors[keep], dtype=np.float32), threshold)[0])

@@ -1,0 +1,196 @@
+"""On-disk documents of the corpus stage: the request record, its manifest, and the few-shot log line.
+
+``corpus.jsonl`` holds one :class:`CorpusRecord` per line and is what the load stage replays; it
+reads it back with :func:`read_corpus` (validated, ``extra="forbid"``, errors name file and line).
+The generator's structured inputs travel in :attr:`CorpusRecord.variables` so quality can be
+recomputed from the file alone (``harness corpus stats``); the load stage may ignore them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.common.errors import InputError
+from harness.common.io import check_input_file
+
+CORPUS_FILE = "corpus.jsonl"
+MANIFEST_FILE = "manifest.json"
+QUALITY_FILE = "quality.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Sampling(_Strict):
+    """Sampling parameters sent with the request (OpenAI-compatible names)."""
+
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+
+
+class Profile(_Strict):
+    user_id: str
+    name: str
+    locale: str
+    lang: Literal["en", "zh"]
+    birth_date: str
+    """ISO date."""
+    city: str
+    region: str
+    email: str
+    phone: str
+    tier: str
+    signup_at: str
+    """ISO datetime with offset."""
+
+
+class HistoryEvent(_Strict):
+    ts: str
+    """ISO datetime with offset."""
+    action: str
+    detail: str = ""
+
+
+class Session(_Strict):
+    session_id: str
+    start: str
+    end: str
+    """The session window; every history event lies inside it."""
+    events: list[HistoryEvent]
+
+
+class RequestVariables(_Strict):
+    """The structured inputs the template was rendered from."""
+
+    profile: Profile
+    session: Session
+    request_at: str
+    """When the request is made: after the last history event, inside the session window."""
+    domain: str
+    intent: str
+    query: str
+    constraints: dict[str, str | int | float]
+    fewshot_ids: list[str] = Field(default_factory=list)
+
+
+class Provenance(_Strict):
+    generator: str = "harness.corpus"
+    seed: int
+    candidate: int
+    """Index of the candidate this record was generated as (before dedup)."""
+    template: str
+    template_sha256: str
+    source: str | None = None
+    """``format:file`` of the trace request it reproduces, if any."""
+    source_line: int | None = None
+    source_trace_id: str | None = None
+    fitted: Literal["exact", "padded", "truncated", "none"] = "none"
+    """How the prompt was fitted to the target input tokens."""
+
+
+class CorpusRecord(_Strict):
+    """One synthetic request; exactly one of ``prompt`` / ``messages`` is set."""
+
+    id: str
+    tenant: str = "default"
+    scenario: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_tokens: int = Field(ge=1)
+    expected_output_tokens: int = Field(ge=0)
+    arrival_offset_s: float | None = Field(default=None, ge=0.0)
+    prefix_group: str | None = None
+    """Requests with the same group share a leading run of prompt text (from trace ``hash_ids``)."""
+    prefix_tokens: int = Field(default=0, ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    """Prompt length under the target tokenizer (for messages: the concatenated contents)."""
+    target_input_tokens: int | None = Field(default=None, ge=0)
+    lang: Literal["en", "zh"]
+    domain: str
+    intent: str
+    variables: RequestVariables | None = None
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _one_body(self) -> CorpusRecord:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be set")
+        return self
+
+    def text(self) -> str:
+        """The prompt, or the message contents joined as the target would see them."""
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(m.content for m in self.messages or [])
+
+
+class TemplateInfo(_Strict):
+    path: str
+    sha256: str
+
+
+class Manifest(_Strict):
+    version: Literal[1] = 1
+    created_at: str
+    seed: int
+    n: int
+    templates: list[TemplateInfo]
+    embedder: str
+    embedder_dim: int
+    tokenizer: str
+    block_size: int
+    dedup: dict[str, float | int | str]
+    counts: dict[str, int]
+    inputs: dict[str, str | None]
+    fewshot: dict[str, object] = Field(default_factory=dict)
+    settings: dict[str, object] = Field(default_factory=dict)
+
+
+class FewShotLogEntry(_Strict):
+    """One line of a production request log used for the few-shot pool."""
+
+    id: str
+    text: str = Field(min_length=1)
+    confidence: float = Field(ge=0.0, le=1.0)
+    domain: str | None = None
+    lang: str | None = None
+    response: str | None = None
+    ts: datetime | None = None
+    intent: str | None = None
+
+
+def read_corpus(path: str | Path) -> Iterator[CorpusRecord]:
+    """Stream validated records from a ``corpus.jsonl`` (or a corpus directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CORPUS_FILE
+    check_input_file(p)
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON: {exc}", file=p, line=lineno) from None
+            try:
+                yield CorpusRecord.model_validate(obj)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(x) for x in err.get("loc", ())) or None
+                raise InputError(err.get("msg", "invalid record"), file=p, line=lineno, field=field) from None

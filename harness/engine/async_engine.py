@@ -1,0 +1,196 @@
+"""The asyncio face of the engine: a step-loop thread plus per-request ``asyncio.Queue`` streams.
+
+The engine thread owns :class:`~harness.engine.core.EngineCore` outright. Callers never touch it;
+they post commands (add, abort) to a thread-safe inbox, and the thread hands each
+:class:`TokenEvent` back with ``loop.call_soon_threadsafe`` into the request's own queue on the
+caller's event loop. Leaving the ``async for`` early (client disconnect, task cancelled) aborts
+the request, which frees its KV blocks on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from harness.engine.api import (
+    EngineError,
+    EngineFull,
+    EngineStats,
+    SamplingParams,
+    TokenEvent,
+)
+from harness.engine.core import EngineCore
+from harness.engine.tokenizer import HFTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenEvent | BaseException]
+
+
+class ThreadedAsyncEngine:
+    """:class:`~harness.engine.api.AsyncEngine` over an :class:`EngineCore` on its own thread."""
+
+    def __init__(self, core: EngineCore, model_name: str, max_waiting: int) -> None:
+        self.core = core
+        self.model_name = model_name
+        self.max_model_len = core.max_model_len
+        self.tokenizer: HFTokenizer = core.tokenizer
+        self.max_waiting = max_waiting
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._pending = 0
+        """Requests posted but not yet seen by the engine thread (counted against max_waiting)."""
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._stats = core.stats()
+        self._validate_every_step = False
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        thread = self._thread
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
+        self._thread = None
+
+    async def __aenter__(self) -> ThreadedAsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def _check(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        self.core.check_request(len(prompt_token_ids), params)
+        if len(self.core.waiting) + self._pending >= self.max_waiting:
+            raise EngineFull(
+                f"the waiting queue is full ({self.max_waiting} requests)", retry_after_s=1.0
+            )
+        if request_id in self._streams:
+            raise EngineError(f"request id {request_id!r} is already in use")
+
+    def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        """Validate now (raising :class:`EngineFull` / :class:`PromptTooLong` at once), stream later."""
+        if self._thread is None:
+            raise EngineError("the engine is not started")
+        self._check(request_id, prompt_token_ids, params)
+        return self._stream(request_id, list(prompt_token_ids), params)
+
+    async def _stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._check(request_id, prompt, params)
+            stream = _Stream(loop, asyncio.Queue())
+            self._streams[request_id] = stream
+            self._pending += 1
+        self._inbox.put(("add", (request_id, prompt, params)))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._inbox.put(("abort", request_id))
+            with self._lock:
+                self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return dataclasses.replace(self._stats, waiting=self._stats.waiting + self._pending)
+
+    # ---- the engine thread ----------------------------------------------------------------------
+    def _deliver(self, request_id: str, item: TokenEvent | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _handle(self, kind: str, payload: object) -> None:
+        core = self.core
+        if kind == "add":
+            request_id, prompt, params = payload  # type: ignore[misc]
+            with self._lock:
+                self._pending -= 1
+            try:
+                core.add_request(request_id, prompt, params)
+            except EngineError as exc:
+                self._deliver(request_id, exc)
+        elif kind == "abort":
+            ev = core.abort(str(payload))
+            if ev is not None:
+                self._deliver(ev.request_id, ev)
+
+    def _run(self) -> None:
+        core = self.core
+        while not self._stop.is_set():
+            try:
+                if not core.has_work():
+                    kind, payload = self._inbox.get(timeout=0.5)
+                    self._handle(kind, payload)
+                while True:
+                    kind, payload = self._inbox.get_nowait()
+                    self._handle(kind, payload)
+            except queue.Empty:
+                pass
+            if self._stop.is_set():
+                break
+            if core.has_work():
+                try:
+                    events = core.step()
+                    if self._validate_every_step:
+                        core.validate()
+                except Exception as exc:  # a bug or OOM: fail the in-flight requests, keep serving
+                    log.exception("engine step failed")
+                    self._fail_all(exc)
+                    events = []
+                for ev in events:
+                    self._deliver(ev.request_id, ev)
+            self._stats = core.stats()
+        self._fail_all(EngineError("the engine shut down"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        core = self.core
+        for req in list(core.running) + list(core.waiting):
+            ev = core.abort(req.request_id)
+            if ev is not None:
+                ev.finish_reason = "error"
+                self._deliver(ev.request_id, ev)
+        del exc
+        self._stats = core.stats()
+

@@ -1,0 +1,127 @@
+"""``harness engine``: generate text with the local engine, or describe a model and its KV pool.
+
+torch is imported inside the commands so ``harness --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from harness.common.settings import load_settings
+
+app = typer.Typer(help="The local torch inference engine (presets or a Hugging Face checkpoint).", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+PRESET_HELP = "Random-init preset: tiny, small or qwen2-0.5b (ignored with --model)."
+
+
+def _settings(preset: str | None, model: Path | None, device: str | None, dtype: str | None, **kw: Any) -> Any:
+    from harness.engine.settings import EngineSettings
+
+    return load_settings(EngineSettings, preset=preset, model_dir=model, device=device, dtype=dtype, **kw)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the chat template)."),
+    preset: str | None = typer.Option(None, "--preset", help=PRESET_HELP),
+    model: Path | None = typer.Option(None, "--model", help="Hugging Face checkpoint directory."),
+    max_tokens: int = typer.Option(32, "--max-tokens", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    seed: int | None = typer.Option(None, "--seed"),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    chat: bool = typer.Option(False, "--chat", help="Render the prompt as one user message."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos"),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str | None = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+) -> None:
+    """Stream a completion to stdout, then print the request's metrics."""
+    from dataclasses import asdict
+
+    from harness.engine.api import SamplingParams
+    from harness.engine.factory import create_engine
+
+    settings = _settings(preset, model, device, dtype)
+    engine = create_engine(settings)
+    text = prompt
+    if chat:
+        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    ids = engine.tokenizer.encode(text)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        stop=tuple(stop), ignore_eos=ignore_eos,
+    )  # fmt: skip
+
+    async def run() -> Any:
+        await engine.start()
+        try:
+            last = None
+            async for ev in engine.generate("cli-0", ids, params):
+                out.print(ev.text, end="", markup=False, highlight=False, soft_wrap=True)
+                last = ev
+            out.print()
+            return last
+        finally:
+            await engine.shutdown()
+
+    last = asyncio.run(run())
+    if last is not None and last.metrics is not None:
+        m = asdict(last.metrics)
+        m["finish_reason"] = last.finish_reason
+        if as_json:
+            out.print_json(json.dumps(m))
+        else:
+            err.print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
+
+
+@app.command()
+def info(
+    preset: str | None = typer.Option(None, "--preset", help=PRESET_HELP),
+    model: Path | None = typer.Option(None, "--model", help="Hugging Face checkpoint directory."),
+    device: str | None = typer.Option(None, "--device"),
+    dtype: str | None = typer.Option(None, "--dtype"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Parameters, KV bytes per token, KV pool size and context length."""
+    from harness.engine.factory import load_model, plan_pool, resolve_device, resolve_dtype
+
+    settings = _settings(preset, model, device, dtype)
+    dev = resolve_device(settings.device)
+    dt = resolve_dtype(settings.dtype, dev)
+    loaded = load_model(settings, dev, dt)
+    plan = plan_pool(settings, loaded, dt)
+    c = loaded.config
+    data = {
+        "model": loaded.name,
+        "model_type": c.model_type,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "layers": c.num_layers,
+        "hidden": c.hidden_size,
+        "heads": c.num_heads,
+        "kv_heads": c.num_kv_heads,
+        "head_dim": c.dh,
+        "vocab": c.vocab_size,
+        "tokenizer_vocab": loaded.tokenizer.vocab_size,
+        "device": str(dev),
+        "dtype": str(dt).removeprefix("torch."),
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "block_size": plan.block_size,
+        "kv_blocks": plan.num_blocks,
+        "kv_pool_bytes": plan.num_blocks * plan.block_size * plan.kv_bytes_per_token,
+        "max_model_len": plan.max_model_len,
+    }
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        for k, v in data.items():
+            out.print(f"{k:>20}  {v:,}" if isinstance(v, int) else f"{k:>20}  {v}", highlight=False)

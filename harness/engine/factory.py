@@ -1,0 +1,105 @@
+"""``create_engine(settings)``: the one way the server and benchmarks get an engine.
+
+Resolves the device and dtype, loads the preset or checkpoint, sizes the KV pool from
+``kv_cache_bytes`` (or ``num_kv_blocks``), caps the context length by what the pool holds and
+wraps everything in the threaded :class:`~harness.engine.async_engine.ThreadedAsyncEngine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.common.errors import ConfigError
+from harness.engine.async_engine import ThreadedAsyncEngine
+from harness.engine.core import EngineCore
+from harness.engine.loader import LoadedModel, build_preset, load_checkpoint
+from harness.engine.settings import EngineSettings
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → CUDA when present, else CPU; an unavailable CUDA is a :class:`ConfigError`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}", field="HARNESS__ENGINE__DEVICE") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' asked for but CUDA is not available", field="HARNESS__ENGINE__DEVICE")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]", field="HARNESS__ENGINE__DEVICE")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def load_model(settings: EngineSettings, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    if settings.model_dir is not None:
+        return load_checkpoint(settings.model_dir, device, dtype, settings.model_name)
+    if settings.preset is None:
+        raise ConfigError("set a preset or a model directory", field="HARNESS__ENGINE__PRESET")
+    loaded = build_preset(settings.preset, settings.seed, device, dtype)
+    if settings.model_name:
+        loaded.name = settings.model_name
+    return loaded
+
+
+@dataclass
+class PoolPlan:
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    kv_bytes_per_token: int
+
+
+def plan_pool(settings: EngineSettings, loaded: LoadedModel, dtype: torch.dtype) -> PoolPlan:
+    """How many KV blocks, and the context length they allow."""
+    per_tok = loaded.config.kv_bytes_per_token(dtype)
+    bs = settings.block_size
+    blocks = settings.num_kv_blocks or settings.kv_cache_bytes // (per_tok * bs)
+    if blocks < 2:
+        raise ConfigError(
+            f"kv_cache_bytes={settings.kv_cache_bytes} holds fewer than 2 blocks of {bs} tokens "
+            f"({per_tok} bytes per token)",
+            field="HARNESS__ENGINE__KV_CACHE_BYTES",
+        )
+    max_len = min(loaded.config.max_position_embeddings, blocks * bs)
+    if settings.max_model_len is not None:
+        max_len = min(settings.max_model_len, blocks * bs)
+    return PoolPlan(blocks, bs, max_len, per_tok)
+
+
+def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
+    """The synchronous engine (benchmarks and tests drive it directly)."""
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    loaded = load_model(settings, device, dtype)
+    plan = plan_pool(settings, loaded, dtype)
+    core = EngineCore(
+        loaded.model,
+        loaded.tokenizer,
+        device=device,
+        dtype=dtype,
+        num_blocks=plan.num_blocks,
+        block_size=plan.block_size,
+        max_model_len=plan.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        seed=settings.seed,
+    )
+    return core, loaded
+
+
+def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine:
+    """An :class:`~harness.engine.api.AsyncEngine` (call ``await engine.start()`` before use)."""
+    core, loaded = create_core(settings)
+    return ThreadedAsyncEngine(core, settings.model_name or loaded.name, settings.max_waiting)

@@ -1,0 +1,324 @@
+"""A decoder-only transformer of the Llama / Qwen2 family in plain torch, reading a paged KV cache.
+
+One forward call runs a whole engine step: every running sequence's tokens flattened into one
+batch of ``T`` tokens. Decode tokens (one per sequence) come first, then prefill chunks. Each
+layer writes its new keys/values into the paged cache at ``slot_mapping`` and attends:
+
+* decode tokens: all of them at once, gathering each sequence's cache blocks by its block table
+  (padded to the longest; a boolean mask hides the padding). Grouped-query attention is done by
+  folding the query heads of one KV group into the query-length axis, so K/V are never repeated.
+* prefill chunks: one SDPA call each; causal over the chunk's own K/V when nothing is cached
+  before it, else over the gathered cache blocks with an offset causal mask (prefix-cache hits,
+  chunked prefill, recompute after preemption).
+
+Shapes: ``T`` tokens in the step, ``D`` hidden, ``H`` query heads, ``Hkv`` KV heads, ``Dh`` head dim,
+``Bd`` decode sequences, ``NB`` blocks in the pool, ``bs`` block size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters (names follow Hugging Face's Llama/Qwen2 configs)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    head_dim: int = 0
+    """0: hidden_size // num_heads."""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    """``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` or None."""
+    max_position_embeddings: int = 2048
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = True
+    model_type: str = "llama"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dh(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    def num_parameters(self) -> int:
+        d, dh = self.hidden_size, self.dh
+        attn = d * dh * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attn += dh * (self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * d * self.intermediate_size
+        per_layer = attn + mlp + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + d
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """2 (K and V) · layers · KV heads · head dim · bytes per element."""
+        elt = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.dh * elt
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [Dh/2], with Llama-3 style frequency-dependent scaling when configured."""
+    dh = cfg.dh
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh))
+    sc = cfg.rope_scaling
+    if sc and sc.get("rope_type", sc.get("type")) == "llama3":
+        factor = float(sc["factor"])
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old_len = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, the middle
+        # band interpolated smoothly between the two.
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+@dataclass
+class PrefillSegment:
+    """One prefill chunk inside the step's flattened tokens."""
+
+    start: int
+    """Offset of the chunk's first token in the step's ``T`` tokens."""
+    length: int
+    """Tokens in the chunk (the queries)."""
+    context: int
+    """Tokens of this sequence in the cache once the chunk is written (cached prefix + chunk)."""
+    block_table: torch.Tensor | None = None
+    """[nb] blocks covering ``context``; None when ``context == length`` (attend to the fresh K/V)."""
+    mask: torch.Tensor | None = None
+    """[length, nb·bs] bool, True where a query may attend (causal with offset, no padding)."""
+
+
+@dataclass
+class StepBatch:
+    """Attention metadata of one step, built once by the engine and shared by every layer."""
+
+    block_size: int
+    slot_mapping: torch.Tensor
+    """[T] cache slot (block · bs + offset) each token's K/V is written to."""
+    num_decode: int
+    decode_tables: torch.Tensor | None = None
+    """[Bd, maxB] block tables of the decode sequences, padded with block 0."""
+    decode_mask: torch.Tensor | None = None
+    """[Bd, 1, 1, maxB·bs] bool, True for a sequence's real tokens; None when none is padded."""
+    prefills: list[PrefillSegment] = field(default_factory=list)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Like HF: normalise in fp32, cast back, then scale.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, Dh]; cos/sin: [T, 1, Dh] (halves duplicated, HF's rotate_half convention)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Block(nn.Module):
+    """One transformer layer: pre-norm GQA attention and a pre-norm SwiGLU MLP, both residual."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.hkv, self.dh = cfg.num_heads, cfg.num_kv_heads, cfg.dh
+        self.q_size, self.kv_size = self.h * self.dh, self.hkv * self.dh
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # q, k and v projections fused into one matrix (one matmul per layer instead of three).
+        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # gate and up projections fused likewise; the first half is the gate.
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.ffn = cfg.intermediate_size
+        self.scale = 1.0 / math.sqrt(self.dh)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, D]
+        cos: torch.Tensor,  # [T, 1, Dh]
+        sin: torch.Tensor,  # [T, 1, Dh]
+        k_cache: torch.Tensor,  # [NB·bs, Hkv, Dh]
+        v_cache: torch.Tensor,  # [NB·bs, Hkv, Dh]
+        batch: StepBatch,
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv(self.input_norm(x))  # [T, (H + 2·Hkv)·Dh]
+        q = qkv[:, : self.q_size].view(T, self.h, self.dh)  # [T, H, Dh]
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.hkv, self.dh)  # [T, Hkv, Dh]
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.dh)  # [T, Hkv, Dh]
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
+        outs: list[torch.Tensor] = []
+        nd = batch.num_decode
+        if nd:
+            outs.append(self._decode_attention(q[:nd], k_cache, v_cache, batch))  # [Bd, H·Dh]
+        for seg in batch.prefills:
+            outs.append(self._prefill_attention(q, k, v, k_cache, v_cache, seg, batch.block_size))  # [n, H·Dh]
+        attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # [T, H·Dh]
+        x = x + self.o(attn)
+        gu = self.gate_up(self.post_norm(x))  # [T, 2·F]
+        x = x + self.down(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :])
+        return x
+
+    def _decode_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch
+    ) -> torch.Tensor:
+        assert batch.decode_tables is not None
+        bd, tables = q.shape[0], batch.decode_tables
+        g = self.h // self.hkv
+        kb = k_cache.view(-1, batch.block_size, self.hkv, self.dh)  # [NB, bs, Hkv, Dh]
+        vb = v_cache.view(kb.shape)
+        # index_select, not kb[tables]: advanced indexing is ~50x slower here on CPU.
+        flat = tables.view(-1)
+        L = tables.shape[1] * batch.block_size
+        k = kb.index_select(0, flat).view(bd, L, self.hkv, self.dh).transpose(1, 2)  # [Bd, Hkv, L, Dh]
+        v = vb.index_select(0, flat).view(bd, L, self.hkv, self.dh).transpose(1, 2)  # [Bd, Hkv, L, Dh]
+        # The g query heads sharing one KV head become g query rows of that head.
+        qg = q.view(bd, self.hkv, g, self.dh)  # [Bd, Hkv, g, Dh]
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=batch.decode_mask, scale=self.scale)
+        return o.reshape(bd, self.q_size)  # [Bd, H·Dh]
+
+    def _prefill_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        seg: PrefillSegment,
+        bs: int,
+    ) -> torch.Tensor:
+        s, n = seg.start, seg.length
+        qs = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dh]
+        if seg.block_table is None:
+            ks = k[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, Hkv, n, Dh]
+            vs = v[s : s + n].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+        else:
+            kb = k_cache.view(-1, bs, self.hkv, self.dh)  # [NB, bs, Hkv, Dh]
+            vb = v_cache.view(kb.shape)
+            ks = kb.index_select(0, seg.block_table).flatten(0, 1).transpose(0, 1).unsqueeze(0)  # [1, Hkv, nb·bs, Dh]
+            vs = vb.index_select(0, seg.block_table).flatten(0, 1).transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=seg.mask, scale=self.scale, enable_gqa=True
+            )  # [1, H, n, Dh]
+        return o[0].transpose(0, 1).reshape(n, self.q_size)
+
+
+class Transformer(nn.Module):
+    """Embedding → layers → final norm → (tied) LM head, over a paged KV cache."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head: nn.Linear | None = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+        self.vocab_limit = cfg.vocab_size
+        """Logits are computed for ids below this only (ids the tokenizer cannot decode are masked)."""
+        self._rope_cos: torch.Tensor | None = None
+        self._rope_sin: torch.Tensor | None = None
+
+    def rope_tables(self, max_len: int) -> None:
+        """Precompute cos/sin [max_len, 1, Dh] on the model's device, in the model's dtype."""
+        inv = rope_inv_freq(self.cfg)  # [Dh/2] float64
+        pos = torch.arange(max_len, dtype=torch.float64)
+        freqs = torch.outer(pos, inv)  # [max_len, Dh/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, Dh]
+        w = self.embed.weight
+        self._rope_cos = emb.cos().to(device=w.device, dtype=w.dtype).unsqueeze(1).contiguous()
+        self._rope_sin = emb.sin().to(device=w.device, dtype=w.dtype).unsqueeze(1).contiguous()
+
+    def head_weight(self) -> torch.Tensor:
+        w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, D]
+        return w[: self.vocab_limit]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_cache: torch.Tensor,  # [layers, 2, NB·bs, Hkv, Dh]
+        batch: StepBatch,
+    ) -> torch.Tensor:
+        """Hidden states [T, D] after the final norm; the caller picks rows for :meth:`logits`."""
+        if self._rope_cos is None or self._rope_sin is None:
+            raise RuntimeError("call rope_tables() before forward()")
+        cos = self._rope_cos[positions]  # [T, 1, Dh]
+        sin = self._rope_sin[positions]
+        x = self.embed(input_ids)  # [T, D]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv_cache[i, 0], kv_cache[i, 1], batch)
+        return self.norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [N, D] → float32 logits [N, vocab_limit]."""
+        return F.linear(h, self.head_weight()).float()
+
+    @torch.inference_mode()
+    def dense_logits(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Logits [n, vocab_limit] of every position of one sequence [n], without the engine (a
+        throw-away one-block cache); for tests and quick checks."""
+        n = int(input_ids.shape[0])
+        w = self.embed.weight
+        if self._rope_cos is None or self._rope_cos.shape[0] < n:
+            self.rope_tables(max(n, self.cfg.max_position_embeddings))
+        cache = torch.zeros(
+            (self.cfg.num_layers, 2, n, self.cfg.num_kv_heads, self.cfg.dh), device=w.device, dtype=w.dtype
+        )  # [layers, 2, n, Hkv, Dh]
+        pos = torch.arange(n, device=w.device)
+        batch = StepBatch(block_size=n, slot_mapping=pos, num_decode=0, prefills=[PrefillSegment(0, n, n)])
+        if n == 1:
+            batch = StepBatch(
+                block_size=1,
+                slot_mapping=pos,
+                num_decode=1,
+                decode_tables=torch.zeros((1, 1), dtype=torch.long, device=w.device),
+            )
+        h = self(input_ids.to(w.device), pos, cache, batch)  # [n, D]
+        return self.logits(h[-1:] if last_only else h)
+
+
+def init_random(model: Transformer, seed: int) -> None:
+    """Deterministic init (normal σ=0.02 for matrices, ones for norms, zeros for biases)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)

@@ -1,0 +1,178 @@
+"""``harness serve``: the OpenAI-compatible server in front of the local engine (and the cache).
+
+Options override ``HARNESS__ENGINE__*`` / ``HARNESS__SERVER__*`` / ``HARNESS__CACHE__*`` settings.
+The listening socket is bound before the model loads, so a busy port fails fast (exit 5); with
+``--port 0`` the OS picks a free port. Either way one line ``serving MODEL at http://HOST:PORT`` is
+printed on stdout once the port is known. SIGINT/SIGTERM stop accepting connections, give in-flight
+requests ``graceful_shutdown_s`` to finish, stop the engine thread and close the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, cast
+
+import typer
+
+from harness.common.errors import ConfigError, UnavailableError
+from harness.common.settings import load_settings
+from harness.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from harness.cache.api import ResponseCache
+    from harness.engine.api import AsyncEngine
+    from harness.engine.settings import EngineSettings
+
+log = logging.getLogger("harness.server")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket, or :class:`UnavailableError` naming the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UnavailableError(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            field="HARNESS__SERVER__PORT",
+            hint="pick another --port, or --port 0 for a free one",
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def model_revision(settings: EngineSettings) -> str:
+    """What identifies the weights for cache keys: preset + seed, or the checkpoint files' sizes/mtimes."""
+    if settings.model_dir is None:
+        return f"preset:{settings.preset}:seed{settings.seed}"
+    parts = []
+    for p in sorted(Path(settings.model_dir).glob("*.safetensors")):
+        st = p.stat()
+        parts.append(f"{p.name}:{st.st_size}:{int(st.st_mtime)}")
+    return "dir:" + ";".join(parts)
+
+
+def open_cache(engine_settings: EngineSettings, registry: CollectorRegistry) -> ResponseCache:
+    """The response cache stack, imported lazily (it starts an embedded Redis)."""
+    try:
+        factory = importlib.import_module("harness.cache.factory")
+        cache_settings_mod = importlib.import_module("harness.cache.settings")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("harness.cache"):
+            raise ConfigError(
+                "--cache needs the response cache stack (harness.cache.factory), which is not installed",
+                field="HARNESS__SERVER__CACHE",
+            ) from None
+        raise
+    overrides: dict[str, Any] = {}
+    if not os.environ.get("HARNESS__CACHE__MODEL_REVISION"):
+        overrides["model_revision"] = model_revision(engine_settings)
+    cache_settings = load_settings(cache_settings_mod.CacheSettings, **overrides)
+    cache: ResponseCache = factory.create_cache(cache_settings, registry=registry)
+    return cache
+
+
+def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any]) -> None:
+    """Build engine, cache and app from settings plus overrides, and serve until a signal."""
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+    from rich.console import Console
+
+    from harness.engine.settings import EngineSettings
+
+    engine_settings = load_settings(EngineSettings, **engine_overrides)
+    settings = load_settings(ServerSettings, **server_overrides)
+    sock = bind_socket(settings.host, settings.port)
+    cache: ResponseCache | None = None
+    try:
+        console = Console(stderr=True)
+        with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
+            from harness.engine.factory import create_engine
+
+            # cast: the engine's concrete tokenizer type narrows the Protocol's mutable attribute.
+            engine = cast("AsyncEngine", create_engine(engine_settings))
+        registry = CollectorRegistry()
+        if settings.cache:
+            with console.status("starting the response cache…"):
+                cache = open_cache(engine_settings, registry)
+
+        from harness.server.app import create_app
+
+        app = create_app(engine, settings=settings, cache=cache, registry=registry)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=int(settings.graceful_shutdown_s) or None,
+            server_header=False,
+        )
+        server = uvicorn.Server(config)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"serving {app.state.harness.model_name} at http://{shown}:{port}", flush=True)
+        # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            server.run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        cache = None  # closed by the app's lifespan
+    finally:
+        sock.close()
+        if cache is not None:  # startup failed before the app took the cache over
+            asyncio.run(cache.close())
+
+
+def serve(
+    *,
+    preset: Annotated[
+        str | None, typer.Option("--preset", help="Random-init model preset: tiny, small, qwen2-0.5b.")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Hugging Face checkpoint directory (overrides --preset).")
+    ] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="TCP port (default 8000; 0 picks a free one).")
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option("--max-num-seqs", help="Requests decoded together.")
+    ] = None,
+    max_waiting: Annotated[
+        int | None, typer.Option("--max-waiting", help="Waiting-queue size before HTTP 429.")
+    ] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="Context length cap.")] = None,
+    cache: Annotated[
+        bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
+    engine_overrides: dict[str, Any] = {
+        "preset": preset,
+        "model_dir": model,
+        "device": device,
+        "max_num_seqs": max_num_seqs,
+        "max_waiting": max_waiting,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+    }
+    if model is not None and not model.is_dir():
+        raise ConfigError("model directory does not exist", file=model, field="--model")
+    server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
+    run_server(engine_overrides, server_overrides)

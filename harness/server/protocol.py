@@ -1,0 +1,450 @@
+"""Translation between the OpenAI wire format and the engine: requests in, chunks and responses out.
+
+:func:`prepare` turns a validated request into token ids, :class:`SamplingParams` and the canonical
+body the response cache keys on; it refuses (HTTP 400) values the engine cannot honour instead of
+silently ignoring them. :class:`CompletionsFormat` and :class:`ChatFormat` build the JSON of chunks
+and full responses for their endpoint; the request handler does not care which one it has.
+Chunks are plain dicts serialized with orjson (the hot path); tests check them against the pydantic
+models in :mod:`harness.common.openai`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.cache.api import Endpoint
+from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.engine.api import RequestMetrics, SamplingParams, Tokenizer
+from harness.server.errors import APIError, bad_request, unsupported
+
+# Sampled tokens per response-cache split; longer cached texts are split by characters (see split_tokens).
+_SPLIT_WINDOW = 6
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Everything the handler needs to serve one request."""
+
+    endpoint: Endpoint
+    prompt_ids: list[int]
+    prompt_text: str
+    """The prompt as text (for ``echo``): the string given, or the decoded token ids."""
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    want_logprobs: bool
+    echo: bool
+    cache_body: dict[str, Any]
+    cacheable: bool
+    """False when the answer cannot be replayed from a cache entry (logprobs were asked for)."""
+
+
+def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """Refuse values this engine cannot honour, naming the parameter."""
+    if req.n not in (None, 1):
+        raise unsupported("n", f"n={req.n} is not supported: this server returns exactly one choice (n=1)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise unsupported(name, f"{name}={value} is not supported by this engine (only 0)")
+    if req.repetition_penalty not in (None, 1, 1.0):
+        raise unsupported("repetition_penalty", "repetition_penalty is not supported by this engine (only 1)")
+    if req.min_p not in (None, 0, 0.0):
+        raise unsupported("min_p", "min_p is not supported by this engine (only 0)")
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported by this engine")
+    if req.include_stop_str_in_output:
+        raise unsupported("include_stop_str_in_output", "include_stop_str_in_output=true is not supported")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise unsupported(
+            "response_format",
+            f"response_format type '{req.response_format.type}' is not supported (only text)",
+        )
+    if isinstance(req, CompletionRequest):
+        if req.best_of not in (None, 1):
+            raise unsupported("best_of", f"best_of={req.best_of} is not supported (only 1)")
+        if req.suffix:
+            raise unsupported("suffix", "suffix (fill-in-the-middle) is not supported")
+    else:
+        if req.tools or req.functions:
+            raise unsupported("tools", "tool calling is not supported by this server")
+        if req.modalities and set(req.modalities) != {"text"}:
+            raise unsupported("modalities", "only the text modality is supported")
+        if req.echo:
+            raise unsupported("echo", "echo is only supported on /v1/completions")
+
+
+def _prompt_of(req: CompletionRequest, tokenizer: Tokenizer) -> tuple[list[int], str]:
+    p = req.prompt
+    if isinstance(p, str):
+        return tokenizer.encode(p), p
+    if not p:
+        raise bad_request("prompt is empty", param="prompt")
+    if len(p) != 1 and not isinstance(p[0], int):
+        raise unsupported(
+            "prompt", f"batched prompts ({len(p)}) are not supported; send one prompt per request"
+        )
+    first = p[0]
+    if isinstance(first, str):
+        return tokenizer.encode(first), first
+    ids = list(first) if isinstance(first, list) else [int(x) for x in p if isinstance(x, int)]
+    if any(i < 0 for i in ids):
+        raise bad_request("token ids must be non-negative", param="prompt")
+    return ids, tokenizer.decode(ids)
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    """Messages as ``{role, content}`` strings; text parts are joined, other part types refused."""
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text":
+                    raise unsupported(
+                        f"messages[{i}].content[{j}].type",
+                        f"content part type '{part.type}' is not supported",
+                    )
+                texts.append(part.text or "")
+            text = "\n".join(texts)
+        out.append({"role": m.role, "content": text})
+    return out
+
+
+def prepare(
+    req: CompletionRequest | ChatCompletionRequest,
+    *,
+    tokenizer: Tokenizer,
+    model_name: str,
+    max_model_len: int,
+    default_max_tokens: int,
+) -> Prepared:
+    """Check, tokenize and translate one request. Raises :class:`APIError` (HTTP 400)."""
+    check_supported(req)
+    endpoint: Endpoint
+    body: dict[str, Any] = {"model": model_name}
+    if isinstance(req, CompletionRequest):
+        endpoint = "completions"
+        ids, prompt_text = _prompt_of(req, tokenizer)
+        # Token-id prompts are keyed by their ids (exact), text prompts by their text.
+        text_given = isinstance(req.prompt, str) or isinstance(req.prompt[0], str)
+        body["prompt"] = prompt_text if text_given else ids
+        prompt_param = "prompt"
+        want_logprobs = req.logprobs is not None
+        echo = bool(req.echo)
+        max_tokens = req.max_tokens
+    else:
+        endpoint = "chat.completions"
+        messages = chat_messages(req)
+        add_gen = req.add_generation_prompt is not False and not req.continue_final_message
+        prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
+        ids = tokenizer.encode(prompt_text)
+        body["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
+        prompt_param = "messages"
+        want_logprobs = bool(req.logprobs)
+        echo = False
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if not ids:
+        raise bad_request("the prompt is empty after tokenization", param=prompt_param)
+    room = max_model_len - len(ids)
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        asked = len(ids) + (max_tokens or 1)
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the request asks for {asked} "
+            f"({len(ids)} in the prompt, {max_tokens or 1} to generate). "
+            "Shorten the prompt or lower max_tokens.",
+            param=prompt_param if room <= 0 else "max_tokens",
+            code="context_length_exceeded",
+            reason="too_long",
+        )
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, room)
+    ignore_eos = bool(req.ignore_eos)
+    if req.min_tokens:
+        # The engine has no min_tokens; it is exactly ignore_eos when the floor is the ceiling, which
+        # is how benchmark tools (genai-perf, guidellm) use it to force fixed output lengths.
+        if req.min_tokens >= max_tokens:
+            ignore_eos = True
+        elif not ignore_eos:
+            raise unsupported(
+                "min_tokens", "min_tokens below max_tokens is not supported (set it equal to max_tokens)"
+            )
+    stop: tuple[str, ...] = ()
+    if isinstance(req.stop, str):
+        stop = (req.stop,) if req.stop else ()
+    elif req.stop:
+        stop = tuple(s for s in req.stop if s)
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
+        seed=req.seed,
+        stop=stop,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=ignore_eos,
+        logprobs=want_logprobs,
+    )
+    body.update(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
+    stream = bool(req.stream)
+    include_usage = bool(stream and req.stream_options and req.stream_options.include_usage)
+    return Prepared(
+        endpoint=endpoint,
+        prompt_ids=ids,
+        prompt_text=prompt_text,
+        params=params,
+        stream=stream,
+        include_usage=include_usage,
+        want_logprobs=want_logprobs,
+        echo=echo,
+        cache_body=body,
+        cacheable=not want_logprobs,
+    )
+
+
+def split_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
+    """Split ``text`` into the text pieces the engine's tokens would have streamed.
+
+    Each token's piece is the text it adds, decoded in a small window so the cost stays linear.
+    Tokenizers that normalize (lower-casing, spaces around CJK characters, a dropped leading space)
+    decode to something close to but not exactly ``text``; then each decoded piece is located in
+    ``text`` and the cut is made there, so a replay always carries the exact cached text. When even
+    that fails (accents stripped), the text is cut into as many equal character runs as it has tokens.
+    """
+    if not text:
+        return []
+    ids = tokenizer.encode(text)
+    if not ids:
+        return [text]
+    decoded: list[str] = []
+    for i in range(len(ids)):
+        start = max(0, i - _SPLIT_WINDOW)
+        before = tokenizer.decode(ids[start:i]) if i > start else ""
+        after = tokenizer.decode(ids[start : i + 1])
+        decoded.append(after[len(before) :] if after.startswith(before) else after)
+    if "".join(decoded) == text:
+        return decoded
+    aligned = _align(decoded, text)
+    if aligned is not None:
+        return aligned
+    n = len(ids)
+    bounds = [round(k * len(text) / n) for k in range(n + 1)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _align(decoded: list[str], text: str) -> list[str] | None:
+    """Cut ``text`` after each decoded piece's occurrence, in order; ``None`` if nothing aligns.
+
+    A piece is accepted only where the text skipped to reach it is whitespace, or no longer than
+    the pieces not found just before it (an accent the tokenizer stripped); a piece that is not
+    found merges into the next one.
+    """
+    folded = text.lower() if len(text.lower()) == len(text) else text
+    cuts: list[int] = []
+    pos = 0
+    slack = 0
+    for piece in decoded:
+        core = piece.strip()
+        if not core:
+            continue
+        at = folded.find(core.lower() if folded is not text else core, pos)
+        gap = len(text[pos:at].strip()) if at >= 0 else 0
+        if at < 0 or gap > slack:
+            slack += len(core)
+            continue
+        pos = at + len(core)
+        slack = 0
+        cuts.append(pos)
+    if not cuts:
+        return None
+    cuts[-1] = len(text)
+    bounds = [0, *cuts]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+@dataclass(slots=True)
+class TokenLog:
+    """Sampled tokens with their logprobs, for the ``logprobs`` field."""
+
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+def usage_dict(
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    metrics: RequestMetrics | None,
+    cache_status: str,
+    ttft_ms: float,
+    tpot_ms: float,
+    e2e_ms: float,
+    device: str,
+) -> dict[str, Any]:
+    """OpenAI ``usage`` plus ``harness``; server-side timings stand in where no engine ran."""
+    m = metrics
+    harness = {
+        "prefill_ms": m.prefill_ms if m else 0.0,
+        "prefill_kv_bytes": m.prefill_kv_bytes if m else 0,
+        "prefill_peak_bytes": m.prefill_peak_bytes if m else 0,
+        "peak_measured": m.peak_measured if m else False,
+        "device": m.device if m else device,
+        "ttft_ms": m.ttft_ms if m else ttft_ms,
+        "tpot_ms": m.tpot_ms if m else tpot_ms,
+        "queued_ms": m.queued_ms if m else 0.0,
+        "e2e_ms": m.e2e_ms if m else e2e_ms,
+        "preemptions": m.preemptions if m else 0,
+        "cache": cache_status,
+    }
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "harness": harness,
+    }
+
+
+class CompletionsFormat:
+    """JSON shapes of ``/v1/completions``."""
+
+    object_name: Literal["text_completion"] = "text_completion"
+    id_prefix = "cmpl-"
+
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool) -> None:
+        self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
+
+    def _base(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.rid,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None or self.include_usage:
+            d["usage"] = usage
+        return d
+
+    @staticmethod
+    def _logprobs(log: TokenLog | None) -> dict[str, Any] | None:
+        if log is None:
+            return None
+        return {
+            "tokens": log.tokens,
+            "token_logprobs": log.logprobs,
+            "top_logprobs": [{t: lp} for t, lp in zip(log.tokens, log.logprobs, strict=True)],
+            "text_offset": log.offsets,
+        }
+
+    def start_chunks(self, echo_text: str | None) -> list[dict[str, Any]]:
+        if not echo_text:
+            return []
+        return [self.delta(echo_text, None)]
+
+    def delta(self, text: str, log: TokenLog | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(log), "finish_reason": None}
+        return self._base([choice])
+
+    def finish(self, reason: str) -> dict[str, Any]:
+        return self._base([{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}])
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return self._base([], usage)
+
+    def response(self, text: str, reason: str, log: TokenLog | None, usage: dict[str, Any]) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(log), "finish_reason": reason}
+        d = self._base([choice], usage)
+        d["usage"] = usage
+        return d
+
+
+class ChatFormat(CompletionsFormat):
+    """JSON shapes of ``/v1/chat/completions``: a role chunk first, then content deltas."""
+
+    id_prefix = "chatcmpl-"
+
+    @staticmethod
+    def _chat_logprobs(log: TokenLog | None) -> dict[str, Any] | None:
+        if log is None:
+            return None
+        content = []
+        for t, lp in zip(log.tokens, log.logprobs, strict=True):
+            b = list(t.encode())
+            content.append(
+                {
+                    "token": t,
+                    "logprob": lp,
+                    "bytes": b,
+                    "top_logprobs": [{"token": t, "logprob": lp, "bytes": b}],
+                }
+            )
+        return {"content": content}
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        d = self._base(choices, usage)
+        d["object"] = "chat.completion.chunk"
+        return d
+
+    def start_chunks(self, echo_text: str | None) -> list[dict[str, Any]]:
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return [self._chunk([choice])]
+
+    def delta(self, text: str, log: TokenLog | None) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": self._chat_logprobs(log),
+            "finish_reason": None,
+        }
+        return self._chunk([choice])
+
+    def finish(self, reason: str) -> dict[str, Any]:
+        return self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}])
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return self._chunk([], usage)
+
+    def response(self, text: str, reason: str, log: TokenLog | None, usage: dict[str, Any]) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._chat_logprobs(log),
+            "finish_reason": reason,
+        }
+        d = self._base([choice], usage)
+        d["object"] = "chat.completion"
+        d["usage"] = usage
+        return d
+
+
+def formatter(
+    endpoint: Endpoint, rid: str, created: int, model: str, include_usage: bool
+) -> CompletionsFormat:
+    cls = ChatFormat if endpoint == "chat.completions" else CompletionsFormat
+    return cls(cls.id_prefix + rid, created, model, include_usage)

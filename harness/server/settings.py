@@ -1,0 +1,40 @@
+"""Server settings (env prefix ``HARNESS__SERVER__``); ``harness serve`` options override them."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from harness.common.settings import stage_config
+
+
+class ServerSettings(BaseSettings):
+    """How ``harness serve`` listens and what it admits."""
+
+    model_config = stage_config("server")
+
+    host: str = "127.0.0.1"
+    """Loopback by default; binding elsewhere is an explicit choice."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """``0`` lets the OS pick a free port (announced on stdout)."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body for the OpenAI endpoints; larger is HTTP 413."""
+    max_preload_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Largest JSONL body for ``POST /cache/preload``."""
+    default_max_tokens: int = Field(default=256, ge=1)
+    """Used when a request sets neither ``max_tokens`` nor ``max_completion_tokens`` (capped by the
+    context left after the prompt)."""
+    served_model_name: str | None = None
+    """Name in the API; default: the engine's model name."""
+    strict_model_name: bool = True
+    """Refuse (404) a request whose ``model`` is not the served one; off: any name is accepted."""
+    cache: bool = False
+    """Put the response cache stack in front of the engine (``--cache``)."""
+    max_stage_labels: int = Field(default=64, ge=1)
+    """Distinct ``X-Harness-Stage`` values kept as metric labels; later ones count as ``other``."""
+    preload_concurrency: int = Field(default=4, ge=1)
+    """Engine generations in flight while preloading prompts that have no completion."""
+    log_requests: bool = False
+    """One log line per request (id, stage, trace, status, timings) at INFO."""
+    graceful_shutdown_s: float = Field(default=5.0, ge=0.0)
+    """Time in-flight requests get to finish after SIGINT/SIGTERM."""

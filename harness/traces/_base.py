@@ -1,0 +1,261 @@
+"""Shared plumbing for the trace readers: the reader registry, ID and tag normalization, line streaming.
+
+Every reader module registers a :class:`Reader` in :data:`READERS` under its format name. Readers
+stream: JSONL and CSV are read line by line from a binary handle (so invalid UTF-8 is located to the
+line), big JSON documents go through ``ijson``. Row-level problems become :class:`InputError` naming
+file, line and field; with ``skip_invalid`` they are passed to an ``on_skip`` callback instead and
+the row is dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from harness.common.errors import InputError
+from harness.common.io import check_input_file
+from harness.common.registry import Registry
+from harness.traces.model import RequestEvent, TagValue, Trace
+
+log = logging.getLogger(__name__)
+
+Family = Literal["requests", "traces"]
+OnSkip = Callable[[InputError], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """One input format: how to recognise it and how to stream it.
+
+    ``sniff`` gets the path and the first bytes of the file and answers whether the file is in
+    this format; ``read`` yields :class:`RequestEvent` (family ``requests``) or :class:`Trace`
+    (family ``traces``).
+    """
+
+    name: str
+    family: Family
+    description: str
+    sniff: Callable[[Path, bytes], bool]
+    read: Callable[..., Iterator[RequestEvent]] | Callable[..., Iterator[Trace]]
+    """``read(path, skip_invalid, on_skip)``; ``path`` is a :class:`Path` (a URL string for live sources)."""
+    priority: int = 50
+    """Lower sniffs first; specific formats go before generic ones."""
+
+
+READERS: Registry[Reader] = Registry("trace format")
+
+
+@dataclass(slots=True)
+class SkipLog:
+    """Counts rows skipped under ``--skip-invalid``, by reason, keeping a few examples."""
+
+    count: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def __call__(self, err: InputError) -> None:
+        self.count += 1
+        self.reasons[err.message] += 1
+        if len(self.examples) < 5:
+            self.examples.append(str(err))
+
+    def summary(self) -> str:
+        top = "; ".join(f"{n}× {r}" for r, n in self.reasons.most_common(3))
+        return f"skipped {self.count} invalid row(s): {top}"
+
+
+def default_on_skip(err: InputError) -> None:
+    log.warning("skipped: %s", err)
+
+
+# --------------------------------------------------------------------------- IDs
+
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+def normalize_id(raw: object, width: int) -> str:
+    """Lowercase hex left-padded to ``width`` (16 span / 32 trace); non-hex IDs stay opaque strings.
+
+    Integers (some exporters write numeric IDs) are formatted as hex. A hex ID longer than ``width``
+    is kept whole rather than truncated, so distinct IDs never collide.
+    """
+    if isinstance(raw, bool):
+        raise ValueError("an ID cannot be a boolean")
+    if isinstance(raw, int):
+        return format(raw & ((1 << (4 * width)) - 1), f"0{width}x")
+    text = str(raw).strip()
+    if not text:
+        raise ValueError("empty ID")
+    if _HEX.match(text):
+        return text.lower().rjust(width, "0")
+    return text
+
+
+def normalize_otlp_id(raw: object, width: int) -> str:
+    """OTLP IDs: hex (any case) per the OTLP/JSON spec, or base64 as protobuf JSON mapping writes bytes."""
+    text = str(raw).strip()
+    if _HEX.match(text):
+        return normalize_id(text, width)
+    nbytes = width // 2
+    try:
+        decoded = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        decoded = b""
+    if len(decoded) == nbytes:
+        return decoded.hex()
+    return normalize_id(text, width)
+
+
+# --------------------------------------------------------------------------- tags
+
+_TRUE = {"true", "1", "yes", "t"}
+_FALSE = {"false", "0", "no", "f"}
+
+
+def coerce_tag(value: object, declared: str | None) -> TagValue:
+    """A tag value of the declared Jaeger type; values that disagree with it (``"123"`` for int64,
+    ``"true"`` for bool) are converted when that is unambiguous and kept as given otherwise."""
+    kind = (declared or "").lower()
+    try:
+        if kind in ("int64", "int", "long"):
+            if isinstance(value, bool):
+                return int(value)
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            return int(str(value).strip())
+        if kind in ("float64", "float", "double"):
+            if isinstance(value, bool):
+                return float(value)
+            return float(value) if isinstance(value, int | float) else float(str(value).strip())
+        if kind in ("bool", "boolean"):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def truthy(value: TagValue | None) -> bool:
+    """A tag read as a flag: ``true``/``"true"``/``"hit"``/non-zero numbers are true."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value != 0
+    text = value.strip().lower()
+    if text in _TRUE or text == "hit":
+        return True
+    try:
+        return float(text) != 0
+    except ValueError:
+        return False
+
+
+def error_from_tags(tags: dict[str, TagValue]) -> bool:
+    """``error=true``, OTel status ERROR, HTTP 5xx or a non-OK gRPC status."""
+    if truthy(tags.get("error")):
+        return True
+    if str(tags.get("otel.status_code", "")).upper() == "ERROR":
+        return True
+    for key in ("http.response.status_code", "http.status_code"):
+        code = tags.get(key)
+        if code is not None:
+            try:
+                if int(code) >= 500:
+                    return True
+            except (TypeError, ValueError):
+                pass
+    grpc = tags.get("rpc.grpc.status_code")
+    if grpc is not None:
+        try:
+            return int(grpc) != 0
+        except (TypeError, ValueError):
+            return False
+    return False
+
+
+# --------------------------------------------------------------------------- line streaming
+
+MAX_SNIFF = 64 * 1024
+
+
+def open_checked(path: str | Path) -> Path:
+    """:func:`check_input_file`: exists, is a file, not empty, no NUL bytes in the head."""
+    return check_input_file(path)
+
+
+def utf8_error(path: Path, head: bytes) -> InputError | None:
+    """An :class:`InputError` locating the first invalid UTF-8 byte of ``head``, if there is one."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut by the read boundary is fine; anything earlier is not UTF-8.
+        if exc.start < len(head) - 4:
+            line = head[: exc.start].count(b"\n") + 1
+            return InputError(
+                f"invalid UTF-8 at byte {exc.start}, expected a UTF-8 text file", file=path, line=line
+            )
+    return None
+
+
+def iter_lines(
+    path: Path, skip: bool = False, on_skip: OnSkip = default_on_skip
+) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line without its CR/LF) for each line; blank lines included.
+
+    Decoding per line keeps memory bounded and locates invalid UTF-8 to its line.
+    """
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                err = InputError("invalid UTF-8, expected a UTF-8 text file", file=path, line=n)
+                if not skip:
+                    raise err from None
+                on_skip(err)
+                continue
+            if n == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            yield n, text.rstrip("\r\n")
+
+
+def read_head(path: Path, size: int = MAX_SNIFF) -> bytes:
+    with path.open("rb") as fh:
+        return fh.read(size)
+
+
+def first_line(head: bytes) -> bytes:
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
+
+
+def pydantic_error(exc: Exception, path: Path, line: int | None, what: str) -> InputError:
+    """The first problem of a pydantic ``ValidationError`` as an :class:`InputError` naming the field."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        if err.get("type") == "json_invalid":
+            return InputError(f"invalid JSON, expected {what}", file=path, line=line)
+        return InputError(
+            f"{err.get('msg', 'invalid value')}, expected {what}", file=path, line=line, field=loc or None
+        )
+    return InputError(f"{exc}, expected {what}", file=path, line=line)

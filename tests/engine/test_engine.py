@@ -1,0 +1,278 @@
+"""The engine's behaviour on the real ``tiny`` preset: batching, paging, prefix cache, preemption,
+sampling, stop handling, abort, admission errors and the KV layout validator.
+
+The expected greedy tokens come from :meth:`Transformer.dense_logits`, a brute-force recompute of
+the whole sequence for every new token with no KV cache, no paging and no batching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from harness.common.errors import CheckFailed
+from harness.engine.api import EngineFull, PromptTooLong, SamplingParams, TokenEvent
+from harness.engine.core import EngineCore
+from harness.engine.factory import create_core, create_engine
+
+from .conftest import tiny_settings
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def core() -> EngineCore:
+    c, _ = create_core(tiny_settings(num_kv_blocks=128, block_size=4))
+    return c
+
+
+def brute_force_greedy(c: EngineCore, prompt: Sequence[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        logits = c.model.dense_logits(torch.tensor(ids), last_only=True)
+        ids.append(int(logits[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+def run_all(c: EngineCore, validate: bool = True) -> dict[str, list[TokenEvent]]:
+    events: dict[str, list[TokenEvent]] = {}
+    for _ in range(10_000):
+        if not c.has_work():
+            break
+        for ev in c.step():
+            events.setdefault(ev.request_id, []).append(ev)
+        if validate:
+            c.validate()
+    assert not c.has_work()
+    return events
+
+
+def tokens(evs: list[TokenEvent]) -> list[int]:
+    return [e.token_id for e in evs if e.token_id is not None]
+
+
+def prompts(c: EngineCore) -> list[list[int]]:
+    texts = [
+        "the quick brown fox",
+        "a much longer prompt that spans several kv cache blocks of four tokens each, for sure",
+        "hi",
+        "what is the capital of france and why is it paris",
+    ]
+    return [c.tokenizer.encode(t) for t in texts]
+
+
+def test_mixed_length_batch_equals_unbatched_brute_force(core: EngineCore) -> None:
+    ps = prompts(core)
+    for i, p in enumerate(ps):
+        core.add_request(f"m{i}", p, GREEDY)
+    events = run_all(core)
+    for i, p in enumerate(ps):
+        assert tokens(events[f"m{i}"]) == brute_force_greedy(core, p, GREEDY.max_tokens)
+        assert events[f"m{i}"][-1].finish_reason == "length"
+
+
+def test_prefix_cache_hit_reports_cached_tokens_and_same_output(core: EngineCore) -> None:
+    core.blocks.reset_prefix_cache()
+    base = core.tokenizer.encode("shared system prompt: you are a helpful assistant who answers briefly and well")
+    first = [*base, *core.tokenizer.encode("question one")]
+    second = [*base, *core.tokenizer.encode("another different question")]
+    core.add_request("p1", first, GREEDY)
+    run_all(core)
+    core.add_request("p2", second, GREEDY)
+    ev = run_all(core)["p2"]
+    common = 0
+    while first[common] == second[common]:
+        common += 1
+    bs = core.block_size
+    # Full blocks of the common prefix, never the whole prompt (first written as prompt+output).
+    expected = min(common // bs, (len(second) - 1) // bs) * bs
+    assert expected >= 2 * bs
+    m = ev[-1].metrics
+    assert m is not None
+    assert m.cached_prompt_tokens == expected
+    assert tokens(ev) == brute_force_greedy(core, second, GREEDY.max_tokens)
+    assert core.stats().prefix_hit_tokens >= expected
+
+
+def test_chunked_prefill_and_small_budget_match() -> None:
+    c, _ = create_core(tiny_settings(num_kv_blocks=64, block_size=4, max_num_batched_tokens=16))
+    p = c.tokenizer.encode("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen")
+    assert len(p) > 16
+    c.add_request("c", p, GREEDY)
+    assert tokens(run_all(c)["c"]) == brute_force_greedy(c, p, GREEDY.max_tokens)
+
+
+def test_layout_validation_catches_planted_overflow_and_bad_share() -> None:
+    c, _ = create_core(tiny_settings(num_kv_blocks=64, block_size=4, enable_prefix_caching=False))
+    a = c.tokenizer.encode("alpha beta gamma delta epsilon zeta eta theta")
+    b = c.tokenizer.encode("one two three four five six seven eight nine")
+    if len(a) % c.block_size == 0:
+        a = a[:-1]  # keep a's last block partly filled
+    c.add_request("a", a, GREEDY)
+    c.add_request("b", b, GREEDY)
+    c.step()
+    c.validate()  # the real layout is fine
+    ta, tb = c.blocks.tables["a"], c.blocks.tables["b"]
+    # Planted overflow: a write one slot past a's length, into its last (partly filled) block.
+    assert ta.num_tokens % c.block_size != 0
+    ta.blocks[-1].tokens.append(12345)
+    with pytest.raises(CheckFailed, match="past its own length"):
+        c.validate()
+    ta.blocks[-1].tokens.pop()
+    c.validate()
+    # Planted bad share: b's first block swapped for a's (reference counts kept consistent).
+    own = tb.blocks[0]
+    tb.blocks[0] = ta.blocks[0]
+    ta.blocks[0].ref_count += 1
+    own.ref_count -= 1
+    c.blocks._free.append(own.block_id)
+    with pytest.raises(CheckFailed, match="other tokens|different prefixes"):
+        c.validate()
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_batch_mates(core: EngineCore) -> None:
+    p = core.tokenizer.encode("tell me a story")
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
+    core.add_request("alone", p, params)
+    alone = tokens(run_all(core)["alone"])
+    core.add_request("x1", core.tokenizer.encode("noise noise"), SamplingParams(max_tokens=5, temperature=1.0))
+    core.add_request("crowd", p, params)
+    core.add_request("x2", p, SamplingParams(max_tokens=12, temperature=1.0, seed=8, ignore_eos=True))
+    ev = run_all(core)
+    assert tokens(ev["crowd"]) == alone
+    assert tokens(ev["x2"]) != alone
+
+
+def test_top_k_one_is_greedy(core: EngineCore) -> None:
+    p = core.tokenizer.encode("the quick brown fox")
+    core.add_request("k1", p, SamplingParams(max_tokens=6, temperature=1.5, top_k=1, seed=3, ignore_eos=True))
+    assert tokens(run_all(core)["k1"]) == brute_force_greedy(core, p, 6)
+
+
+def test_stop_string_truncates_and_is_never_streamed(core: EngineCore) -> None:
+    p = core.tokenizer.encode("please write a list of words")
+    core.add_request("full", p, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    full = "".join(e.text for e in run_all(core)["full"])
+    assert len(full) > 30
+    stop = full[len(full) // 2 : len(full) // 2 + 5]
+    core.add_request("s", p, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=(stop,)))
+    evs = run_all(core)["s"]
+    text = "".join(e.text for e in evs)
+    assert text == full[: full.find(stop)]
+    assert evs[-1].finish_reason == "stop"
+    assert all(stop not in e.text for e in evs)
+
+
+def test_stop_token_id(core: EngineCore) -> None:
+    p = core.tokenizer.encode("the quick brown fox")
+    want = brute_force_greedy(core, p, 6)
+    core.add_request("st", p, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=(want[3],)))
+    evs = run_all(core)["st"]
+    assert tokens(evs) == want[: want.index(want[3]) + 1]
+    assert evs[-1].finish_reason == "stop"
+
+
+def test_logprobs_and_entropy_match_brute_force(core: EngineCore) -> None:
+    p = core.tokenizer.encode("numbers one two")
+    core.add_request("lp", p, SamplingParams(max_tokens=3, temperature=0.0, logprobs=True, ignore_eos=True))
+    evs = run_all(core)["lp"]
+    ids = list(p)
+    for ev in evs:
+        logp = torch.log_softmax(core.model.dense_logits(torch.tensor(ids))[-1].double(), -1)
+        assert ev.token_id is not None and ev.logprob is not None and ev.entropy is not None
+        assert abs(ev.logprob - float(logp[ev.token_id])) < 1e-4
+        assert abs(ev.entropy - float(-(logp.exp() * logp).sum())) < 1e-3
+        ids.append(ev.token_id)
+
+
+def test_prompt_too_long_and_engine_full() -> None:
+    c, _ = create_core(tiny_settings(num_kv_blocks=8, block_size=4))
+    assert c.max_model_len == 32  # capped by what the pool holds
+    with pytest.raises(PromptTooLong):
+        c.check_request(30, SamplingParams(max_tokens=3))
+    c.check_request(29, SamplingParams(max_tokens=3))
+
+
+async def test_engine_full_when_waiting_queue_is_full() -> None:
+    engine = create_engine(tiny_settings(max_waiting=0))
+    await engine.start()
+    try:
+        with pytest.raises(EngineFull):
+            engine.generate("f", [5, 6, 7], GREEDY)
+        with pytest.raises(PromptTooLong):
+            engine.generate("g", [5] * 5000, GREEDY)
+    finally:
+        await engine.shutdown()
+
+
+async def test_disconnect_and_abort_free_blocks() -> None:
+    engine = create_engine(tiny_settings(num_kv_blocks=64, enable_prefix_caching=False))
+    await engine.start()
+    try:
+        ids = engine.tokenizer.encode("a fairly long prompt to hold some blocks for a while")
+        long = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+        # Client disconnect: leave the stream after two events.
+        stream = engine.generate("d", ids, long)
+        got = 0
+        async for _ in stream:
+            got += 1
+            if got == 2:
+                assert engine.core.blocks.num_used > 0
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        for _ in range(200):
+            if engine.stats().kv_blocks_used == 0 and engine.stats().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats().kv_blocks_used == 0
+        # Explicit abort: the stream ends with finish_reason "abort".
+        events: list[TokenEvent] = []
+
+        async def consume() -> None:
+            async for ev in engine.generate("e", ids, long):
+                events.append(ev)
+
+        task = asyncio.create_task(consume())
+        while len(events) < 2:
+            await asyncio.sleep(0.01)
+        await engine.abort("e")
+        await asyncio.wait_for(task, 10)
+        assert events[-1].finish_reason == "abort"
+        for _ in range(100):
+            if engine.stats().kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
+
+
+@pytest.mark.slow
+async def test_64_concurrent_requests_finish_with_preemption() -> None:
+    # 64 × (≈20 prompt + 12 output) tokens need ~512 blocks of 4; the pool has 48.
+    engine = create_engine(
+        tiny_settings(num_kv_blocks=48, block_size=4, max_num_seqs=32, enable_prefix_caching=True)
+    )
+    engine._validate_every_step = True
+    await engine.start()
+    try:
+        texts = [f"request number {i} asks about topic {i * 7 % 13} in some detail please" for i in range(64)]
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+        async def one(i: int) -> list[TokenEvent]:
+            return [ev async for ev in engine.generate(f"r{i}", engine.tokenizer.encode(texts[i]), params)]
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), 120)
+        assert all(r[-1].finished and r[-1].finish_reason == "length" for r in results)
+        assert all(len(tokens(r)) == 12 for r in results)
+        assert engine.stats().preemptions > 0
+        assert sum(r[-1].metrics.preemptions for r in results if r[-1].metrics) > 0
+        # Preempted-and-recomputed requests still produce the brute-force greedy tokens.
+        for i in (0, 31, 63):
+            assert tokens(results[i]) == brute_force_greedy(engine.core, engine.tokenizer.encode(texts[i]), 12)
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        await engine.shutdown()
