@@ -29,12 +29,18 @@ class L1Cache:
     """LRU + TTL. ``clock`` is injectable only so that benchmarks can use a cheaper timer."""
 
     def __init__(
-        self, max_entries: int, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.time
+        self,
+        max_entries: int,
+        max_bytes: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+        on_evict: Callable[[int], None] | None = None,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
+        self._on_evict = on_evict
         self._data: OrderedDict[str, L1Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes_used = 0
@@ -69,6 +75,7 @@ class L1Cache:
         exp = now + self.ttl_s if expires_at is None else min(now + self.ttl_s, expires_at)
         if exp <= now:
             return False
+        evicted = 0
         with self._lock:
             if key in self._data:
                 self._remove(key)
@@ -78,6 +85,9 @@ class L1Cache:
                 old_key = next(iter(self._data))
                 self._remove(old_key)
                 self.evictions += 1
+                evicted += 1
+        if evicted and self._on_evict is not None:
+            self._on_evict(evicted)
         return True
 
     def _remove(self, key: str) -> None:

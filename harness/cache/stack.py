@@ -65,11 +65,16 @@ class CacheStack:
     ) -> None:
         self.settings = settings
         self.keys = KeyBuilder(settings)
-        self.metrics = CacheMetrics(registry)
         self.bloom = (
             BloomGuard(settings.bloom_capacity, settings.bloom_fp_rate) if settings.bloom_enabled else None
         )
-        self.l1 = L1Cache(settings.l1_max_entries, settings.l1_max_bytes, settings.l1_ttl_s)
+        self.metrics = CacheMetrics(registry)
+        self.l1 = L1Cache(
+            settings.l1_max_entries,
+            settings.l1_max_bytes,
+            settings.l1_ttl_s,
+            on_evict=self.metrics.evictions.labels("l1").inc,
+        )
         self.embedded = embedded
         self.l2 = RedisTier(settings, redis_url) if settings.l2_enabled and redis_url else None
         self.l3 = semantic
@@ -82,9 +87,9 @@ class CacheStack:
         self._status_counts: dict[str, int] = {}
         self.merges = 0
         self.corrupt = 0
-        self._l1_evictions_seen = 0
         self._l2_evictions_seen: int | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         self._closed = False
         self.metrics.bind_gauges(self._fill_rate, self._entries, self._bloom_fp)
 
@@ -256,10 +261,14 @@ class CacheStack:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         if self._refresher is not None:
+            # The loop also checks ``_closed``: redis.asyncio can swallow a task cancellation that
+            # lands inside a command (seen with redis-py 8.1 on Python 3.11), so cancel() alone
+            # may not end it.
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresher
+                await asyncio.wait_for(asyncio.shield(self._refresher), timeout=2.0)
         await self.drain(timeout_s=5.0)
         for key, fut in list(self._inflight.items()):
             self._release(key, fut, None)
@@ -531,7 +540,7 @@ class CacheStack:
 
     async def _refresh_loop(self) -> None:
         """Every few seconds: Redis INFO for L2 gauges, eviction counters, L1/L3 expiry sweeps."""
-        while True:
+        while not self._closed:
             if self.l2 is not None:
                 # Failures are counted where requests fail; the gauges keep their last values.
                 with contextlib.suppress(L2Unavailable):
@@ -540,13 +549,11 @@ class CacheStack:
                 if self._l2_evictions_seen is not None and ev > self._l2_evictions_seen:
                     self.metrics.evictions.labels("l2").inc(ev - self._l2_evictions_seen)
                 self._l2_evictions_seen = ev
-            if self.l1.evictions > self._l1_evictions_seen:
-                self.metrics.evictions.labels("l1").inc(self.l1.evictions - self._l1_evictions_seen)
-                self._l1_evictions_seen = self.l1.evictions
             self.l1.purge_expired()
             if self.l3 is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.l3.expire)
-            await asyncio.sleep(self.settings.stats_refresh_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.settings.stats_refresh_s)
 
 
 def _unavailable(exc: Exception) -> HarnessError:

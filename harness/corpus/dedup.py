@@ -85,40 +85,53 @@ def pairs_faiss(
     nlist: int | None = None,
     nprobe: int | None = None,
     seed: int = 0,
-    batch: int = 8192,
 ) -> Pairs:
-    """Candidate pairs from an IVF-flat inner-product index (``range_search``), re-checked exactly."""
+    """Candidate pairs from an inverted-file partition (FAISS spherical k-means), re-checked exactly.
+
+    Each vector lives in its nearest list and probes its ``nprobe`` nearest lists; a pair is a
+    candidate when either end probes the other's list. Per list, all probing vectors are scored
+    against its members in one matrix product, so the scan runs at BLAS speed (FAISS's own
+    ``range_search`` over IVF lists scores one vector at a time and was ~10× slower here).
+    """
     import faiss
 
     n, d = x.shape
     if n < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    nlist = nlist or max(8, min(4096, int(4 * math.sqrt(n))))
-    nlist = min(nlist, max(1, n // 39))  # FAISS wants ~39 training points per list
-    nprobe = nprobe or max(8, nlist // 8)
-    quantizer = faiss.IndexFlatIP(d)
-    index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    nlist = nlist or max(1, min(1024, int(math.sqrt(n))))
+    nlist = max(1, min(nlist, n // 39))  # FAISS wants ~39 training points per list
+    nprobe = min(nprobe or max(12, nlist // 20), nlist)
     rng = np.random.default_rng(seed)
-    train = x if n <= nlist * 256 else x[np.sort(rng.choice(n, size=nlist * 256, replace=False))]
-    index.train(np.ascontiguousarray(train))
-    index.add(x)
-    index.nprobe = min(nprobe, nlist)
+    train = x if n <= nlist * 64 else x[np.sort(rng.choice(n, size=nlist * 64, replace=False))]
+    km = faiss.Kmeans(d, nlist, niter=12, spherical=True, seed=seed, verbose=False)
+    km.train(np.ascontiguousarray(train))
+    _, probes = km.index.search(x, nprobe)  # (n, nprobe) nearest lists, nearest first
+    primary = probes[:, 0]
+    order = np.argsort(primary, kind="stable")
+    starts = np.searchsorted(primary[order], np.arange(nlist + 1))
+    flat_lists = probes.ravel()
+    q_order = np.argsort(flat_lists, kind="stable")
+    q_starts = np.searchsorted(flat_lists[q_order], np.arange(nlist + 1))
     ii: list[npt.NDArray[np.int64]] = []
     jj: list[npt.NDArray[np.int64]] = []
-    for s in range(0, n, batch):
-        q = x[s : s + batch]
-        lims, _dist, labels = index.range_search(q, threshold - _SLACK)
-        rows = np.repeat(np.arange(len(q), dtype=np.int64) + s, np.diff(lims).astype(np.int64))
-        cols = labels.astype(np.int64)
-        # Keep each unordered pair once whichever end found it: this doubles the chance to find it.
-        lo, hi = np.minimum(rows, cols), np.maximum(rows, cols)
+    for c in range(nlist):
+        members = order[starts[c] : starts[c + 1]]
+        if len(members) == 0:
+            continue
+        queries = (q_order[q_starts[c] : q_starts[c + 1]] // nprobe).astype(np.int64)
+        sims = x[queries] @ x[members].T
+        r, k = np.nonzero(sims >= threshold - _SLACK)
+        a, b = queries[r], members[k].astype(np.int64)
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
         ne = lo != hi
         ii.append(lo[ne])
         jj.append(hi[ne])
+    if not ii:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
     i = np.concatenate(ii)
     j = np.concatenate(jj)
     if len(i):
-        key = np.unique(i * n + j)
+        key = np.unique(i * n + j)  # a pair found from both ends is kept once
         i, j = key // n, key % n
     return _verify(x, i, j, threshold)
 

@@ -125,7 +125,9 @@ class InputSampler:
         fake.seed_instance(int(rng.integers(2**31)))
 
         request_at = EPOCH + timedelta(seconds=float(rng.uniform(0, HORIZON_DAYS * 86400)))
-        birth = fake.date_of_birth(minimum_age=18, maximum_age=80)
+        # Not Faker's date_of_birth: it counts back from today, which would make a seed's corpus
+        # depend on the day it is built (and could make a user under 18 at request time).
+        birth = (request_at - timedelta(days=float(rng.uniform(19 * 365.25, 80 * 365.25)))).date()
         adult = datetime(birth.year + 18, birth.month, min(birth.day, 28), tzinfo=UTC)
         signup_lo = max(adult, request_at - timedelta(days=3650))
         signup = signup_lo + timedelta(seconds=float(rng.uniform(0, max(1.0, (request_at - signup_lo).total_seconds() - 86400))))

@@ -17,6 +17,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from harness.engine.api import (
     EngineError,
@@ -24,9 +25,9 @@ from harness.engine.api import (
     EngineStats,
     SamplingParams,
     TokenEvent,
+    Tokenizer,
 )
 from harness.engine.core import EngineCore
-from harness.engine.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ThreadedAsyncEngine:
         self.core = core
         self.model_name = model_name
         self.max_model_len = core.max_model_len
-        self.tokenizer: HFTokenizer = core.tokenizer
+        self.tokenizer: Tokenizer = core.tokenizer
         self.max_waiting = max_waiting
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
@@ -84,9 +85,7 @@ class ThreadedAsyncEngine:
     def _check(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         self.core.check_request(len(prompt_token_ids), params)
         if len(self.core.waiting) + self._pending >= self.max_waiting:
-            raise EngineFull(
-                f"the waiting queue is full ({self.max_waiting} requests)", retry_after_s=1.0
-            )
+            raise EngineFull(f"the waiting queue is full ({self.max_waiting} requests)", retry_after_s=1.0)
         if request_id in self._streams:
             raise EngineError(f"request id {request_id!r} is already in use")
 
@@ -144,7 +143,7 @@ class ThreadedAsyncEngine:
     def _handle(self, kind: str, payload: object) -> None:
         core = self.core
         if kind == "add":
-            request_id, prompt, params = payload  # type: ignore[misc]
+            request_id, prompt, params = cast("tuple[str, list[int], SamplingParams]", payload)
             with self._lock:
                 self._pending -= 1
             try:
@@ -193,4 +192,3 @@ class ThreadedAsyncEngine:
                 self._deliver(ev.request_id, ev)
         del exc
         self._stats = core.stats()
-

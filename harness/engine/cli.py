@@ -8,42 +8,46 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from harness.common.settings import load_settings
 
-app = typer.Typer(help="The local torch inference engine (presets or a Hugging Face checkpoint).", no_args_is_help=True)
+app = typer.Typer(
+    help="The local torch inference engine (presets or a Hugging Face checkpoint).", no_args_is_help=True
+)
 out = Console()
 err = Console(stderr=True)
 
 PRESET_HELP = "Random-init preset: tiny, small or qwen2-0.5b (ignored with --model)."
 
 
-def _settings(preset: str | None, model: Path | None, device: str | None, dtype: str | None, **kw: Any) -> Any:
+def _settings(
+    preset: str | None, model: Path | None, device: str | None, dtype: str | None, **kw: Any
+) -> Any:
     from harness.engine.settings import EngineSettings
 
     return load_settings(EngineSettings, preset=preset, model_dir=model, device=device, dtype=dtype, **kw)
 
 
 @app.command()
-def generate(
-    prompt: str = typer.Argument(..., help="Prompt text (use --chat to wrap it in the chat template)."),
-    preset: str | None = typer.Option(None, "--preset", help=PRESET_HELP),
-    model: Path | None = typer.Option(None, "--model", help="Hugging Face checkpoint directory."),
-    max_tokens: int = typer.Option(32, "--max-tokens", min=1),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
-    seed: int | None = typer.Option(None, "--seed"),
-    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    chat: bool = typer.Option(False, "--chat", help="Render the prompt as one user message."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos"),
-    device: str | None = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str | None = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
-    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+def generate(  # noqa: PLR0917 - typer maps parameters to options
+    prompt: Annotated[str, typer.Argument(help="Prompt text (use --chat to wrap it in the chat template).")],
+    preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
+    model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint directory.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 32,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Render the prompt as one user message.")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")] = False,
 ) -> None:
     """Stream a completion to stdout, then print the request's metrics."""
     from dataclasses import asdict
@@ -59,7 +63,7 @@ def generate(
     ids = engine.tokenizer.encode(text)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        stop=tuple(stop), ignore_eos=ignore_eos,
+        stop=tuple(stop or ()), ignore_eos=ignore_eos,
     )  # fmt: skip
 
     async def run() -> Any:
@@ -86,11 +90,11 @@ def generate(
 
 @app.command()
 def info(
-    preset: str | None = typer.Option(None, "--preset", help=PRESET_HELP),
-    model: Path | None = typer.Option(None, "--model", help="Hugging Face checkpoint directory."),
-    device: str | None = typer.Option(None, "--device"),
-    dtype: str | None = typer.Option(None, "--dtype"),
-    as_json: bool = typer.Option(False, "--json"),
+    preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
+    model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint directory.")] = None,
+    device: Annotated[str | None, typer.Option("--device")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Parameters, KV bytes per token, KV pool size and context length."""
     from harness.engine.factory import load_model, plan_pool, resolve_device, resolve_dtype

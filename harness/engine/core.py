@@ -13,6 +13,7 @@ This class is not thread-safe: :mod:`harness.engine.async_engine` drives it from
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -133,7 +134,9 @@ class EngineCore:
         req.metrics.device = str(self.device)
         if params.temperature > 0:
             req.generator = (
-                make_generator(params.seed, self.device) if params.seed is not None else self.default_generator
+                make_generator(params.seed, self.device)
+                if params.seed is not None
+                else self.default_generator
             )
         self.requests[request_id] = req
         self.waiting.append(req)
@@ -147,10 +150,8 @@ class EngineCore:
         if req in self.running:
             self.running.remove(req)
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(req)
-            except ValueError:
-                pass
         return self._finish(req, "abort", None)
 
     def has_work(self) -> bool:
@@ -318,8 +319,9 @@ class EngineCore:
         if measured:
             m.prefill_peak_bytes, m.peak_measured = peak, True
         else:
-            m.prefill_peak_bytes = self.estimate_prefill_bytes(len(req.tokens) - m.cached_prompt_tokens,
-                                                               len(req.tokens))
+            m.prefill_peak_bytes = self.estimate_prefill_bytes(
+                len(req.tokens) - m.cached_prompt_tokens, len(req.tokens)
+            )
             m.peak_measured = False
 
     def estimate_prefill_bytes(self, new_tokens: int, context: int) -> int:

@@ -29,9 +29,13 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise ConfigError(f"unknown device {name!r}", field="HARNESS__ENGINE__DEVICE") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' asked for but CUDA is not available", field="HARNESS__ENGINE__DEVICE")
+        raise ConfigError(
+            "device 'cuda' asked for but CUDA is not available", field="HARNESS__ENGINE__DEVICE"
+        )
     if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]", field="HARNESS__ENGINE__DEVICE")
+        raise ConfigError(
+            f"unsupported device {name!r}; use auto, cpu or cuda[:N]", field="HARNESS__ENGINE__DEVICE"
+        )
     return dev
 
 

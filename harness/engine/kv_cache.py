@@ -253,12 +253,13 @@ class BlockManager:
                 raise CheckFailed(f"sequence {seq_id} has no block table", field="kv_cache")
             if t.num_tokens > len(tokens):
                 raise CheckFailed(
-                    f"sequence {seq_id} has {t.num_tokens} tokens in the cache but only "
-                    f"{len(tokens)} tokens",
+                    f"sequence {seq_id} has {t.num_tokens} tokens in the cache but only {len(tokens)} tokens",
                     field="kv_cache",
                 )
             if self.blocks_for(t.num_tokens) > len(t.blocks):
-                raise CheckFailed(f"sequence {seq_id} holds fewer blocks than its tokens need", field="kv_cache")
+                raise CheckFailed(
+                    f"sequence {seq_id} holds fewer blocks than its tokens need", field="kv_cache"
+                )
             for i, blk in enumerate(t.blocks):
                 holders.setdefault(blk.block_id, []).append((seq_id, i))
                 own = max(0, min(bs, t.num_tokens - i * bs))
@@ -290,7 +291,9 @@ class BlockManager:
                     raise CheckFailed(f"block {bid} is shared but not full", field="kv_cache")
                 idx = {i for _, i in users}
                 if len(idx) != 1:
-                    raise CheckFailed(f"block {bid} is shared at different positions {sorted(idx)}", field="kv_cache")
+                    raise CheckFailed(
+                        f"block {bid} is shared at different positions {sorted(idx)}", field="kv_cache"
+                    )
                 i = idx.pop()
                 prefixes = {tuple(truth[s][: (i + 1) * bs]) for s, _ in users}
                 if len(prefixes) != 1:

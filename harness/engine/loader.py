@@ -17,7 +17,7 @@ import torch
 
 from harness.common.errors import ConfigError
 from harness.common.registry import Registry
-from harness.engine.model import ModelConfig, Transformer, init_random
+from harness.engine.model import ModelConfig, Transformer, init_random, rope_pair_order
 from harness.engine.tokenizer import HFTokenizer, load_tokenizer, preset_tokenizer
 
 PRESETS: Registry[ModelConfig] = Registry("engine preset")
@@ -165,7 +165,9 @@ def _hf_name_map(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
     return out
 
 
-def load_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
+def load_checkpoint(
+    model_dir: Path, device: torch.device, dtype: torch.dtype, name: str | None = None
+) -> LoadedModel:
     """Load a Llama/Qwen2 checkpoint directory; raises :class:`ConfigError` naming what is missing."""
     from safetensors import safe_open
 
@@ -186,6 +188,7 @@ def load_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype, n
     model = model.to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     mapping = _hf_name_map(cfg)
+    order = rope_pair_order(cfg.dh)
     filled: dict[str, int] = {}
     with torch.no_grad():
         for f in files:
@@ -207,12 +210,16 @@ def load_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype, n
                             file=f,
                             field=key,
                         )
+                    if key.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+                        t = t.view(-1, cfg.dh, *t.shape[1:])[:, order].reshape(t.shape)
                     dst.copy_(t.to(dtype))
                     filled[target] = filled.get(target, 0) + (t.shape[0] if rows >= 0 else p.shape[0])
     for pname, p in params.items():
         if filled.get(pname, 0) != p.shape[0]:
             hf = sorted(k for k, (t, _, _) in mapping.items() if t == pname)
-            raise ConfigError(f"missing tensor(s) {', '.join(hf)}", file=model_dir, field=hf[0] if hf else pname)
+            raise ConfigError(
+                f"missing tensor(s) {', '.join(hf)}", file=model_dir, field=hf[0] if hf else pname
+            )
     model.eval()
     model.vocab_limit = min(cfg.vocab_size, max(tok.vocab_size, 1))
     return LoadedModel(model, tok, name or model_dir.name, replace(cfg))

@@ -135,11 +135,22 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, Dh]; cos/sin: [T, 1, Dh] (halves duplicated, HF's rotate_half convention)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+def rope_pair_order(dh: int) -> torch.Tensor:
+    """Row order that turns HF's half-split RoPE layout into adjacent (re, im) pairs.
+
+    HF rotates dimension i with i + Dh/2; we store q/k projection rows so that those two sit side by
+    side (i → 2i, i + Dh/2 → 2i + 1). q·k is unchanged (q and k are permuted alike) and RoPE becomes
+    one complex multiply. ``weight.view(heads, Dh, D)[:, order]`` converts HF → ours.
+    """
+    half = torch.arange(dh // 2)
+    return torch.stack((half, half + dh // 2), dim=1).flatten()
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, Dh] with (re, im) pairs adjacent; freqs: complex [T, 1, Dh/2] → rotated x."""
+    T, heads, dh = x.shape
+    xc = torch.view_as_complex(x.float().reshape(T, heads, dh // 2, 2))  # [T, heads, Dh/2] complex
+    return torch.view_as_real(xc * freqs).flatten(-2).to(x.dtype)  # [T, heads, Dh]
 
 
 class Block(nn.Module):
@@ -160,22 +171,21 @@ class Block(nn.Module):
         self.ffn = cfg.intermediate_size
         self.scale = 1.0 / math.sqrt(self.dh)
 
-    def forward(
+    def forward(  # noqa: PLR0917 - nn.Module call convention
         self,
         x: torch.Tensor,  # [T, D]
-        cos: torch.Tensor,  # [T, 1, Dh]
-        sin: torch.Tensor,  # [T, 1, Dh]
+        freqs: torch.Tensor,  # [T, 1, Dh/2] complex
         k_cache: torch.Tensor,  # [NB·bs, Hkv, Dh]
         v_cache: torch.Tensor,  # [NB·bs, Hkv, Dh]
         batch: StepBatch,
     ) -> torch.Tensor:
         T = x.shape[0]
-        qkv = self.qkv(self.input_norm(x))  # [T, (H + 2·Hkv)·Dh]
-        q = qkv[:, : self.q_size].view(T, self.h, self.dh)  # [T, H, Dh]
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.hkv, self.dh)  # [T, Hkv, Dh]
+        # Plain F.linear/addmm on the weights, not module calls: fewer Python layers per token.
+        qkv = F.linear(self.input_norm(x), self.qkv.weight, self.qkv.bias)  # [T, (H + 2·Hkv)·Dh]
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.dh), freqs)
+        q = qk[:, : self.h]  # [T, H, Dh]
+        k = qk[:, self.h :]  # [T, Hkv, Dh]
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.dh)  # [T, Hkv, Dh]
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
         outs: list[torch.Tensor] = []
@@ -183,12 +193,14 @@ class Block(nn.Module):
         if nd:
             outs.append(self._decode_attention(q[:nd], k_cache, v_cache, batch))  # [Bd, H·Dh]
         for seg in batch.prefills:
-            outs.append(self._prefill_attention(q, k, v, k_cache, v_cache, seg, batch.block_size))  # [n, H·Dh]
+            outs.append(
+                self._prefill_attention(q, k, v, k_cache, v_cache, seg, batch.block_size)
+            )  # [n, H·Dh]
         attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # [T, H·Dh]
-        x = x + self.o(attn)
-        gu = self.gate_up(self.post_norm(x))  # [T, 2·F]
-        x = x + self.down(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :])
-        return x
+        x = torch.addmm(x, attn, self.o.weight.t())  # x + attn @ Wo^T: residual add fused in
+        gu = F.linear(self.post_norm(x), self.gate_up.weight)  # [T, 2·F]
+        act = F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :]  # [T, F]
+        return torch.addmm(x, act, self.down.weight.t())
 
     def _decode_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch
@@ -208,7 +220,7 @@ class Block(nn.Module):
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=batch.decode_mask, scale=self.scale)
         return o.reshape(bd, self.q_size)  # [Bd, H·Dh]
 
-    def _prefill_attention(
+    def _prefill_attention(  # noqa: PLR0917
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -227,7 +239,9 @@ class Block(nn.Module):
         else:
             kb = k_cache.view(-1, bs, self.hkv, self.dh)  # [NB, bs, Hkv, Dh]
             vb = v_cache.view(kb.shape)
-            ks = kb.index_select(0, seg.block_table).flatten(0, 1).transpose(0, 1).unsqueeze(0)  # [1, Hkv, nb·bs, Dh]
+            ks = (
+                kb.index_select(0, seg.block_table).flatten(0, 1).transpose(0, 1).unsqueeze(0)
+            )  # [1, Hkv, nb·bs, Dh]
             vs = vb.index_select(0, seg.block_table).flatten(0, 1).transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=seg.mask, scale=self.scale, enable_gqa=True
@@ -249,18 +263,15 @@ class Transformer(nn.Module):
         )
         self.vocab_limit = cfg.vocab_size
         """Logits are computed for ids below this only (ids the tokenizer cannot decode are masked)."""
-        self._rope_cos: torch.Tensor | None = None
-        self._rope_sin: torch.Tensor | None = None
+        self._rope: torch.Tensor | None = None
 
     def rope_tables(self, max_len: int) -> None:
-        """Precompute cos/sin [max_len, 1, Dh] on the model's device, in the model's dtype."""
+        """Precompute the rotations e^(i·pos·θ_j) [max_len, 1, Dh/2] (complex64) on the model's device."""
         inv = rope_inv_freq(self.cfg)  # [Dh/2] float64
         pos = torch.arange(max_len, dtype=torch.float64)
-        freqs = torch.outer(pos, inv)  # [max_len, Dh/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, Dh]
-        w = self.embed.weight
-        self._rope_cos = emb.cos().to(device=w.device, dtype=w.dtype).unsqueeze(1).contiguous()
-        self._rope_sin = emb.sin().to(device=w.device, dtype=w.dtype).unsqueeze(1).contiguous()
+        angles = torch.outer(pos, inv)  # [max_len, Dh/2]
+        freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+        self._rope = freqs.unsqueeze(1).to(self.embed.weight.device).contiguous()
 
     def head_weight(self) -> torch.Tensor:
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, D]
@@ -274,18 +285,19 @@ class Transformer(nn.Module):
         batch: StepBatch,
     ) -> torch.Tensor:
         """Hidden states [T, D] after the final norm; the caller picks rows for :meth:`logits`."""
-        if self._rope_cos is None or self._rope_sin is None:
+        if self._rope is None:
             raise RuntimeError("call rope_tables() before forward()")
-        cos = self._rope_cos[positions]  # [T, 1, Dh]
-        sin = self._rope_sin[positions]
-        x = self.embed(input_ids)  # [T, D]
+        freqs = self._rope.index_select(0, positions)  # [T, 1, Dh/2] complex
+        x = F.embedding(input_ids, self.embed.weight)  # [T, D]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache[i, 0], kv_cache[i, 1], batch)
-        return self.norm(x)
+            x = layer(x, freqs, kv_cache[i, 0], kv_cache[i, 1], batch)
+        out: torch.Tensor = self.norm(x)
+        return out
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [N, D] → float32 logits [N, vocab_limit]."""
-        return F.linear(h, self.head_weight()).float()
+        out: torch.Tensor = F.linear(h, self.head_weight()).float()
+        return out
 
     @torch.inference_mode()
     def dense_logits(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -293,7 +305,7 @@ class Transformer(nn.Module):
         throw-away one-block cache); for tests and quick checks."""
         n = int(input_ids.shape[0])
         w = self.embed.weight
-        if self._rope_cos is None or self._rope_cos.shape[0] < n:
+        if self._rope is None or self._rope.shape[0] < n:
             self.rope_tables(max(n, self.cfg.max_position_embeddings))
         cache = torch.zeros(
             (self.cfg.num_layers, 2, n, self.cfg.num_kv_heads, self.cfg.dh), device=w.device, dtype=w.dtype

@@ -57,7 +57,7 @@ class HFTokenizer:
         self._tok.no_padding()
         self._tok.no_truncation()
         if strip_post_processor:
-            self._tok.post_processor = None  # type: ignore[assignment]
+            self._tok.post_processor = None
         self.path = path
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
@@ -140,8 +140,9 @@ def load_tokenizer(model_dir: Path, generation_eos: Sequence[int] = ()) -> HFTok
         template = jinja_file.read_text(encoding="utf-8")
     bos = _token_content(cfg.get("bos_token"))
     eos = _token_content(cfg.get("eos_token"))
-    tok = HFTokenizer(tok_file, chat_template=template if isinstance(template, str) else None, bos_token=bos,
-                      eos_token=eos)
+    tok = HFTokenizer(
+        tok_file, chat_template=template if isinstance(template, str) else None, bos_token=bos, eos_token=eos
+    )
     eos_ids = list(generation_eos)
     if eos is not None:
         tid = tok.token_to_id(eos)
@@ -185,7 +186,7 @@ class Detokenizer:
         before = self.tok.decode(self.ids[self._prefix : self._read])
         after = self.tok.decode(self.ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
-            delta = after[len(before) :] if after.startswith(before) else after[len(before) :]
+            delta = after[len(before) :]
             self._prefix, self._read = self._read, len(self.ids)
             return delta
         return ""

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from harness import __version__
 from harness.cache.api import CachedCompletion, CacheTicket, Endpoint, ResponseCache
@@ -48,6 +49,7 @@ from harness.engine.api import (
     EngineFull,
     PromptTooLong,
     RequestMetrics,
+    SamplingParams,
     TokenEvent,
 )
 from harness.server.errors import APIError, bad_request, from_validation_error, retry_after_header
@@ -73,6 +75,28 @@ _COMPLETED = ("stop", "length")
 
 class ClientGone(Exception):
     """The client disconnected before the response started."""
+
+
+class GuardedStream(StreamingResponse):
+    """A streaming response whose cleanup runs however the response ends.
+
+    The body generator's own ``finally`` covers completion and cancellation mid-stream, but a
+    generator that never started (the client left before the first chunk was pulled) never runs
+    its ``finally``. ``on_close`` (idempotent) runs here in every case, shielded from cancellation.
+    """
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], headers: dict[str, str]
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
 
 
 @dataclass(slots=True)
@@ -141,6 +165,15 @@ class Outcome:
         return step
 
 
+@dataclass(slots=True)
+class _StreamState:
+    """An engine stream being sent to a client."""
+
+    gen: AsyncIterator[TokenEvent]
+    out: Outcome
+    finished: bool = False
+
+
 class ServerState:
     """Everything the handlers share; one per app."""
 
@@ -160,6 +193,7 @@ class ServerState:
         self.model_name = settings.served_model_name or engine.model_name
         self.created = int(time.time())
         self.ready = False
+        self.cache_closed = False
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
 
     def context(self, request: Request, endpoint: str) -> RequestContext:
@@ -313,6 +347,8 @@ class Handler:
         self.ctx = st.context(request, endpoint)
         self.ticket: CacheTicket | None = None
         self.fmt: CompletionsFormat | None = None
+        self._closed = False
+        """Set by the (idempotent) cleanup of a streaming response."""
 
     async def run(self) -> Response:
         st, ctx = self.st, self.ctx
@@ -358,6 +394,12 @@ class Handler:
             st.count(ctx, 499)
             st.log_request(ctx, None)
             return Response(status_code=499)
+        except Exception:
+            # A bug: release a MISS ticket (single-flight followers wait on it), then let the app's
+            # handler answer 500 and log the traceback.
+            await self._finish_cache(None)
+            st.count(ctx, 500)
+            raise
         finally:
             if not handed_off:
                 st.metrics.in_flight.dec()
@@ -404,7 +446,6 @@ class Handler:
     def _serve_hit(self, prep: Prepared, hit: CachedCompletion) -> Response:
         st, ctx, fmt = self.st, self.ctx, self.fmt
         assert fmt is not None
-        pieces = split_tokens(st.engine.tokenizer, hit.text)
         echo = prep.prompt_text if prep.echo else None
         n_prompt = len(prep.prompt_ids)
 
@@ -440,6 +481,8 @@ class Handler:
             )
             return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
 
+        pieces = split_tokens(st.engine.tokenizer, hit.text)
+
         async def replay() -> AsyncIterator[bytes]:
             ttft: float | None = None
             try:
@@ -457,13 +500,19 @@ class Handler:
                 yield SSE_DONE
                 account(ttft)
             finally:
-                st.metrics.in_flight.dec()
-                st.log_request(
-                    ctx, Outcome(text=pieces, finish_reason=hit.finish_reason, tokens=hit.completion_tokens)
-                )
+                await close()
+
+        async def close() -> None:
+            if self._closed:
+                return
+            self._closed = True
+            st.metrics.in_flight.dec()
+            st.log_request(
+                ctx, Outcome(text=pieces, finish_reason=hit.finish_reason, tokens=hit.completion_tokens)
+            )
 
         st.count(ctx, 200)
-        return StreamingResponse(replay(), media_type="text/event-stream", headers=self._stream_headers())
+        return GuardedStream(replay(), close, self._stream_headers())
 
     def _stream_headers(self) -> dict[str, str]:
         return {**self.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -517,10 +566,11 @@ class Handler:
         out = Outcome(log=TokenLog() if prep.want_logprobs else None)
         if prep.stream:
             st.count(ctx, 200)
-            return StreamingResponse(
-                self._stream(prep, gen, first, out),
-                media_type="text/event-stream",
-                headers=self._stream_headers(),
+            state = _StreamState(gen, out)
+            return GuardedStream(
+                self._stream(prep, state, first),
+                lambda: self._stream_closed(prep, state),
+                self._stream_headers(),
             )
         try:
             await until_disconnect(self.request, self._collect(gen, first, out))
@@ -590,23 +640,20 @@ class Handler:
             mt.prompt_tokens.labels("engine").inc(m.prompt_tokens)
             mt.output_tokens.labels("engine").inc(m.output_tokens)
 
-    async def _stream(
-        self, prep: Prepared, gen: AsyncIterator[TokenEvent], first: TokenEvent, out: Outcome
-    ) -> AsyncIterator[bytes]:
-        st, ctx, fmt = self.st, self.ctx, self.fmt
+    async def _stream(self, prep: Prepared, state: _StreamState, first: TokenEvent) -> AsyncIterator[bytes]:
+        ctx, fmt, out = self.ctx, self.fmt, state.out
         assert fmt is not None
-        finished = False
         try:
             for c in fmt.start_chunks(prep.prompt_text if prep.echo else None):
                 yield sse_event(c)
-            async for ev in _chain([first], gen):
+            async for ev in _chain([first], state.gen):
                 step = out.add(ev)
                 if ev.text or step is not None:
                     if ev.text and ctx.first_text_at is None:
                         ctx.first_text_at = time.perf_counter()
                     yield sse_event(fmt.delta(ev.text, step))
                 if ev.finished:
-                    finished = True
+                    state.finished = True
             if out.finish_reason in _COMPLETED:
                 yield sse_event(fmt.finish(out.finish_reason or "stop"))
                 if prep.include_usage:
@@ -617,15 +664,23 @@ class Handler:
             yield SSE_DONE
             self._account(out)
         finally:
-            # Runs on completion and on cancellation (client gone): shielded so the awaits complete.
+            # Completion or cancellation (client gone) mid-stream; shielded so the awaits complete.
             with anyio.CancelScope(shield=True):
-                if not finished:
-                    st.metrics.disconnects.inc()
-                    await self._abort(gen)
-                done = finished and out.finish_reason in _COMPLETED
-                await self._finish_cache(_cached_completion(st, prep, out) if done else None)
-                st.metrics.in_flight.dec()
-                st.log_request(ctx, out)
+                await self._stream_closed(prep, state)
+
+    async def _stream_closed(self, prep: Prepared, state: _StreamState) -> None:
+        """Abort an unfinished engine request, settle the cache ticket, account; once."""
+        if self._closed:
+            return
+        self._closed = True
+        st = self.st
+        if not state.finished:
+            st.metrics.disconnects.inc()
+            await self._abort(state.gen)
+        done = state.finished and state.out.finish_reason in _COMPLETED
+        await self._finish_cache(_cached_completion(st, prep, state.out) if done else None)
+        st.metrics.in_flight.dec()
+        st.log_request(self.ctx, state.out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -653,7 +708,13 @@ def create_app(
         # The first chat template render compiles its jinja template (hundreds of ms): do it now, not
         # inside the first request's TTFT.
         tok = engine.tokenizer
-        tok.encode(tok.apply_chat_template([{"role": "user", "content": "warm-up"}]))
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "warm-up"}]))
+        if manage_lifecycle and settings.warmup:
+            # One short generation pays the first forward pass's one-off costs (allocator, kernels)
+            # before a client's TTFT would.
+            params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            async for _event in engine.generate("warmup-" + uuid.uuid4().hex, ids, params):
+                pass
         st.ready = True
         try:
             yield
@@ -663,6 +724,7 @@ def create_app(
                 await engine.shutdown()
                 if cache is not None:
                     await cache.close()
+                    st.cache_closed = True
 
     app = FastAPI(
         title="harness serve",

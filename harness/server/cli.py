@@ -26,6 +26,7 @@ from harness.common.settings import load_settings
 from harness.server.settings import ServerSettings
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
     from harness.cache.api import ResponseCache
@@ -97,6 +98,7 @@ def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any
     settings = load_settings(ServerSettings, **server_overrides)
     sock = bind_socket(settings.host, settings.port)
     cache: ResponseCache | None = None
+    app: FastAPI | None = None
     try:
         console = Console(stderr=True)
         with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
@@ -130,10 +132,11 @@ def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any
             server.run(sockets=[sock])
         finally:
             signal.signal(signal.SIGTERM, previous)
-        cache = None  # closed by the app's lifespan
     finally:
         sock.close()
-        if cache is not None:  # startup failed before the app took the cache over
+        state = app.state.harness if app is not None else None
+        if cache is not None and not (state is not None and state.cache_closed):
+            # startup failed before the app's lifespan could close it
             asyncio.run(cache.close())
 
 

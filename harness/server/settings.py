@@ -36,5 +36,7 @@ class ServerSettings(BaseSettings):
     """Engine generations in flight while preloading prompts that have no completion."""
     log_requests: bool = False
     """One log line per request (id, stage, trace, status, timings) at INFO."""
+    warmup: bool = True
+    """Run one 2-token generation at startup so the first client request does not pay one-off costs."""
     graceful_shutdown_s: float = Field(default=5.0, ge=0.0)
     """Time in-flight requests get to finish after SIGINT/SIGTERM."""

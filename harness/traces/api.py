@@ -61,12 +61,16 @@ def _reader(path: str | Path, format: str | None, family: str) -> tuple[Reader, 
     name = format or detect_format(path)
     reader = READERS.get(name)
     if reader.family != family:
-        other = "read_traces / `harness traces inspect`" if family == "requests" else "read_requests"
+        if family == "traces":
+            raise InputError(
+                f"{name} is an LLM request trace, not a distributed trace (no spans)",
+                file=str(path),
+                hint="replay it with `harness traces schedule --from` (API: read_requests)",
+            )
         raise InputError(
-            f"{name} holds {reader.family.replace('requests', 'LLM request traces')}, not {family}",
+            f"{name} is a distributed trace, not an LLM request trace",
             file=str(path),
-            hint=f"use {other}"
-            + (" or extract cold paths with `harness traces coldpaths`" if family == "requests" else ""),
+            hint="extract cold paths first with `harness traces coldpaths` (API: read_traces)",
         )
     if str(path).startswith(URL_PREFIXES):
         return reader, str(path)

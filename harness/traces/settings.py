@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import stage_config
@@ -25,7 +26,7 @@ class TracesSettings(BaseSettings):
     """Comma-separated predicates: ``key`` (truthy), ``key=value``, ``key~substring``, ``key>number``."""
     k: int = 12
     seed: int = 0
-    max_buffered_spans: int = 200_000
+    max_buffered_spans: int = Field(default=50_000, ge=1)
     """Spans held while grouping streamed span documents into traces (bounds memory)."""
     query_timeout_s: float = 10.0
     query_page_s: float = 3600.0

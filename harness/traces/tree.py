@@ -11,8 +11,8 @@
 
 :class:`SpanAssembler` groups a stream of spans (OTLP lines, Elasticsearch span documents) into
 traces with bounded memory: a trace is emitted at end of input, or when the number of buffered
-spans exceeds ``max_buffered_spans`` (oldest-touched trace first; a late straggler of an emitted
-trace then comes out as a second, partial trace with a warning).
+spans exceeds ``max_buffered_spans`` (setting, default 50 000; oldest-touched trace first; a late
+straggler of an emitted trace then comes out as a second, partial trace with a warning).
 """
 
 from __future__ import annotations
@@ -135,7 +135,12 @@ EPOCH_MIN_US = 946_684_800_000_000
 class SpanAssembler:
     """Groups streamed spans by trace id with a bound on buffered spans (see module docstring)."""
 
-    def __init__(self, source: str, max_buffered_spans: int = 200_000) -> None:
+    def __init__(self, source: str, max_buffered_spans: int | None = None) -> None:
+        if max_buffered_spans is None:
+            from harness.common.settings import load_settings
+            from harness.traces.settings import TracesSettings
+
+            max_buffered_spans = load_settings(TracesSettings).max_buffered_spans
         self.source = source
         self.max_buffered = max_buffered_spans
         self._open: OrderedDict[str, list[Span]] = OrderedDict()

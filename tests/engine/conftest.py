@@ -20,12 +20,12 @@ from harness.engine.settings import EngineSettings
 # the other core is busy (measured: 100x slower small ops with 2 threads under contention).
 torch.set_num_threads(1)
 
-WORDS = [f"w{i}" for i in range(250)]
+WORDS = ["user", "assistant", *(f"w{i}" for i in range(248))]
 VOCAB = 256  # 0: <unk>, 1: <s>, 2: </s>, 3..5 spare, 6..255 words
 
 
 def build_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<x1>": 4, "<x2>": 5}
     for i, w in enumerate(WORDS):
@@ -34,6 +34,8 @@ def build_tokenizer(out: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok.add_special_tokens(["<s>", "</s>"])
+    # Like Llama's tokenizer.json: BOS is added by the post-processor.
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -96,6 +98,8 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_settings(**kw: Any) -> EngineSettings:
-    base: dict[str, Any] = dict(preset="tiny", device="cpu", dtype="float32", num_kv_blocks=256, block_size=16)
+    base: dict[str, Any] = dict(
+        preset="tiny", device="cpu", dtype="float32", num_kv_blocks=256, block_size=16
+    )
     base.update(kw)
     return EngineSettings(**base)

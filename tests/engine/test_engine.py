@@ -76,7 +76,9 @@ def test_mixed_length_batch_equals_unbatched_brute_force(core: EngineCore) -> No
 
 def test_prefix_cache_hit_reports_cached_tokens_and_same_output(core: EngineCore) -> None:
     core.blocks.reset_prefix_cache()
-    base = core.tokenizer.encode("shared system prompt: you are a helpful assistant who answers briefly and well")
+    base = core.tokenizer.encode(
+        "shared system prompt: you are a helpful assistant who answers briefly and well"
+    )
     first = [*base, *core.tokenizer.encode("question one")]
     second = [*base, *core.tokenizer.encode("another different question")]
     core.add_request("p1", first, GREEDY)
@@ -99,7 +101,10 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(core: EngineCore
 
 def test_chunked_prefill_and_small_budget_match() -> None:
     c, _ = create_core(tiny_settings(num_kv_blocks=64, block_size=4, max_num_batched_tokens=16))
-    p = c.tokenizer.encode("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen")
+    p = c.tokenizer.encode(
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+        " seventeen"
+    )
     assert len(p) > 16
     c.add_request("c", p, GREEDY)
     assert tokens(run_all(c)["c"]) == brute_force_greedy(c, p, GREEDY.max_tokens)
@@ -129,7 +134,7 @@ def test_layout_validation_catches_planted_overflow_and_bad_share() -> None:
     ta.blocks[0].ref_count += 1
     own.ref_count -= 1
     c.blocks._free.append(own.block_id)
-    with pytest.raises(CheckFailed, match="other tokens|different prefixes"):
+    with pytest.raises(CheckFailed, match=r"other tokens|different prefixes"):
         c.validate()
 
 
@@ -138,7 +143,9 @@ def test_seeded_sampling_is_reproducible_regardless_of_batch_mates(core: EngineC
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
     core.add_request("alone", p, params)
     alone = tokens(run_all(core)["alone"])
-    core.add_request("x1", core.tokenizer.encode("noise noise"), SamplingParams(max_tokens=5, temperature=1.0))
+    core.add_request(
+        "x1", core.tokenizer.encode("noise noise"), SamplingParams(max_tokens=5, temperature=1.0)
+    )
     core.add_request("crowd", p, params)
     core.add_request("x2", p, SamplingParams(max_tokens=12, temperature=1.0, seed=8, ignore_eos=True))
     ev = run_all(core)
@@ -272,7 +279,9 @@ async def test_64_concurrent_requests_finish_with_preemption() -> None:
         assert sum(r[-1].metrics.preemptions for r in results if r[-1].metrics) > 0
         # Preempted-and-recomputed requests still produce the brute-force greedy tokens.
         for i in (0, 31, 63):
-            assert tokens(results[i]) == brute_force_greedy(engine.core, engine.tokenizer.encode(texts[i]), 12)
+            assert tokens(results[i]) == brute_force_greedy(
+                engine.core, engine.tokenizer.encode(texts[i]), 12
+            )
         assert engine.stats().kv_blocks_used == 0
     finally:
         await engine.shutdown()

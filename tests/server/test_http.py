@@ -377,6 +377,14 @@ def test_metrics_names_and_stage_label(server):
     assert metric(server.url, "harness_engine_kv_blocks_total") > 0
 
 
+def test_cache_admin_without_cache_is_404(server):
+    r = httpx.get(server.url + "/cache/stats")
+    assert r.status_code == 404
+    assert ErrorResponse.model_validate(r.json()).error.code == "cache_disabled"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert r.headers["x-cache"] == "BYPASS" and "x-cache-key" not in r.headers
+
+
 def test_health(server):
     r = httpx.get(server.url + "/health")
     assert r.status_code == 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
     (tmp / "shape.json").write_text('{"hello": "world"}')
     (tmp / "nospans.json").write_text('{"data": [{"traceID": "1", "processes": {}}]}')
     (tmp / "badrow.jsonl").write_text(
-        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}\n{"timestamp": 1, "input_length": 1}\n'
+        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}\n'
+        '{"timestamp": 1, "input_length": 1}\n'
     )
     (tmp / "badcell.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9,4,x")
     (tmp / "truncated.json").write_text('{"data": [{"traceID": "1", "spans": [')
@@ -107,6 +109,7 @@ def test_real_process_no_traceback(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert proc.returncode == 3
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
@@ -178,7 +181,7 @@ def test_schedule_replay_window_gap_speedup(realdata: Path, tmp_path: Path, caps
     entries = load_schedule(out)
     window = [t - ts[0] for t in ts if 100 <= t - ts[0] < 200]
     expected, off = [0.0], 0.0
-    for a, b in zip(window, window[1:], strict=False):
+    for a, b in itertools.pairwise(window):
         off += min(b - a, 0.5) / 4
         expected.append(off)
     assert code == 0 and len(entries) == len(window)

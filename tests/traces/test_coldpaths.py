@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,8 +33,9 @@ MCP_HOPS = [
 
 
 @pytest.fixture
-def raw(realdata: Path) -> dict:
-    return json.loads((realdata / "jaeger-ui/genaiTestTrace.json").read_text())
+def raw(realdata: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((realdata / "jaeger-ui/genaiTestTrace.json").read_text())
+    return doc
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ def trace(realdata: Path):
     return next(read_traces(realdata / "jaeger-ui/genaiTestTrace.json"))
 
 
-def _tag(span: dict, key: str):
+def _tag(span: dict[str, Any], key: str):
     return next((t["value"] for t in span["tags"] if t["key"] == key), None)
 
 

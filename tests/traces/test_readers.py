@@ -1,10 +1,11 @@
-"""Reader behaviour on the shapes and quirks real exports have (built from the real fixtures where possible)."""
+"""Reader behaviour on the shapes and quirks real exports have (built from real fixtures where possible)."""
 
 from __future__ import annotations
 
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,20 +17,24 @@ pytestmark = pytest.mark.realdata
 
 
 @pytest.fixture
-def genai(realdata: Path) -> dict:
-    return json.loads((realdata / "jaeger-ui/genaiTestTrace.json").read_text())
+def genai(realdata: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((realdata / "jaeger-ui/genaiTestTrace.json").read_text())
+    return doc
 
 
 @pytest.fixture
-def ui01(realdata: Path) -> dict:
-    return json.loads((realdata / "jaeger/ui_01.json").read_text())
+def ui01(realdata: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((realdata / "jaeger/ui_01.json").read_text())
+    return doc
 
 
 def _counts(path: Path) -> list[tuple[str, int]]:
     return sorted((t.trace_id, len(t.spans)) for t in read_traces(path))
 
 
-def test_jaeger_envelope_array_jsonl_agree(tmp_path: Path, genai: dict, ui01: dict) -> None:
+def test_jaeger_envelope_array_jsonl_agree(
+    tmp_path: Path, genai: dict[str, Any], ui01: dict[str, Any]
+) -> None:
     expected = sorted([(genai["traceID"], len(genai["spans"])), ("0" * 31 + "1", len(ui01["spans"]))])
     env = tmp_path / "env.json"
     env.write_text(
@@ -46,7 +51,7 @@ def test_jaeger_envelope_array_jsonl_agree(tmp_path: Path, genai: dict, ui01: di
         assert _counts(p) == expected, p.name
 
 
-def test_elasticsearch_span_documents(tmp_path: Path, genai: dict) -> None:
+def test_elasticsearch_span_documents(tmp_path: Path, genai: dict[str, Any]) -> None:
     docs = []
     for s in genai["spans"]:
         d = {k: v for k, v in s.items() if k != "processID"}
@@ -95,7 +100,7 @@ def test_references_quirks_and_skew(tmp_path: Path) -> None:
             "duration": 10,
             "processID": "p1",
         },
-        # child starts before its parent (clock skew) and has its references null → still a root? no: parentSpanID
+        # starts before its parent (clock skew); references null, parent given by the legacy parentSpanID
         {
             "traceID": "a1",
             "spanID": "2",
@@ -241,7 +246,26 @@ def test_skip_invalid_counts_reasons(tmp_path: Path) -> None:
 
 
 def test_wrong_family_is_an_input_error(realdata: Path) -> None:
-    with pytest.raises(InputError, match="not requests"):
+    with pytest.raises(InputError, match="not an LLM request trace"):
         list(read_requests(realdata / "jaeger/ui_01.json"))
-    with pytest.raises(InputError, match="not traces"):
+    with pytest.raises(InputError, match="not a distributed trace"):
         list(read_traces(realdata / "splitwise/test_trace.csv"))
+
+
+def test_assembler_buffer_bound_and_straggler() -> None:
+    from harness.traces.model import Span
+    from harness.traces.tree import SpanAssembler
+
+    def span(tid: str, sid: str, parent: str | None = None) -> Span:
+        return Span(tid, sid, parent, "svc", "op", 0, 1)
+
+    asm = SpanAssembler("mem", max_buffered_spans=3)
+    out = []
+    for s in [span("a", "1"), span("b", "1"), span("a", "2", "1"), span("c", "1"), span("b", "2", "1")]:
+        out += list(asm.add(s))
+    # the 4th span overflowed the buffer: the least recently touched trace ("b") was emitted; the 5th
+    # (a straggler of "b") overflowed it again: out went "a"
+    assert [(t.trace_id, len(t.spans)) for t in out] == [("b", 1), ("a", 2)]
+    out += list(asm.flush())
+    assert [(t.trace_id, len(t.spans)) for t in out] == [("b", 1), ("a", 2), ("c", 1), ("b", 1)]
+    assert any("partial trace" in w for w in out[-1].warnings)

@@ -6,6 +6,7 @@ import csv
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_every_file_is_covered(realdata: Path) -> None:
     assert data == covered
 
 
-def _expected_spans(raw: dict) -> int:
+def _expected_spans(raw: dict[str, Any]) -> int:
     """Spans after dropping exact repeats (same id, operation, process, start, duration)."""
     seen = {
         (s["spanID"], s["operationName"], s["processID"], s["startTime"], s["duration"]) for s in raw["spans"]
@@ -107,10 +108,10 @@ def test_fixture_null_references_and_non_epoch(realdata: Path) -> None:
     }
 
 
-def _otlp_expected(docs: list[dict]) -> tuple[int, set[str]]:
+def _otlp_expected(docs: list[dict[str, Any]]) -> tuple[int, set[str]]:
     spans, traces = 0, set()
-    for doc in docs:
-        doc = doc.get("result", doc)
+    for outer in docs:
+        doc = outer.get("result", outer)
         for rs in doc["resourceSpans"]:
             for ss in rs["scopeSpans"]:
                 spans += len(ss["spans"])

@@ -35,6 +35,7 @@ from harness.traces.tree import SpanAssembler, build_trace
 EXPECTED = "a Jaeger trace {traceID, spans, processes}, a {data: [...]} envelope or a span document"
 NS_THRESHOLD = 10**17
 KINDS = {k.value: k for k in SpanKind}
+ProcessCache = dict[str, tuple[str, dict[str, TagValue]]]
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -64,7 +65,11 @@ def _time(value: object, what: str) -> int:
 
 
 def convert_span(
-    obj: dict[str, Any], processes: dict[str, Any], trace_id: str | None, warns: list[str]
+    obj: dict[str, Any],
+    processes: dict[str, Any],
+    trace_id: str | None,
+    warns: list[str],
+    cache: ProcessCache | None = None,
 ) -> Span:
     """One Jaeger span dict → :class:`Span`; ``ValueError`` (with the field) when it cannot be."""
     if not isinstance(obj, dict):
@@ -111,17 +116,23 @@ def convert_span(
     if obj.get("tag"):
         tags.update(tags_of(obj["tag"]))
     proc = obj.get("process")
-    if not isinstance(proc, dict):
-        pid = obj.get("processID")
-        proc = processes.get(str(pid)) if pid is not None else None
-    if isinstance(proc, dict):
-        service = str(proc.get("serviceName") or "unknown")
-        resource = tags_of(proc.get("tags"))
-        if proc.get("tag"):
-            resource.update(tags_of(proc["tag"]))
+    pid = obj.get("processID")
+    cached = cache.get(str(pid)) if cache is not None and not isinstance(proc, dict) else None
+    if cached is not None:
+        service, resource = cached
     else:
-        warns.append(f"span {span_id}: no process; service set to 'unknown'")
-        service, resource = "unknown", {}
+        if not isinstance(proc, dict):
+            proc = processes.get(str(pid)) if pid is not None else None
+        if isinstance(proc, dict):
+            service = str(proc.get("serviceName") or "unknown")
+            resource = tags_of(proc.get("tags"))
+            if proc.get("tag"):
+                resource.update(tags_of(proc["tag"]))
+            if cache is not None and pid is not None and not isinstance(obj.get("process"), dict):
+                cache[str(pid)] = (service, resource)
+        else:
+            warns.append(f"span {span_id}: no process; service set to 'unknown'")
+            service, resource = "unknown", {}
     kind_tag = str(tags.get("span.kind", "")).lower()
     return Span(
         trace_id=tid,
@@ -163,9 +174,12 @@ def convert_trace(
         processes = {}
     warns: list[str] = [str(w) for w in (obj.get("warnings") or []) if w]
     spans: list[Span] = []
+    # Spans of one trace share its process table: convert each process once (its resource dict is
+    # shared by those spans, which treat it as read-only).
+    cache: ProcessCache = {}
     for i, raw in enumerate(spans_raw):
         try:
-            spans.append(convert_span(raw, processes, obj.get("traceID"), warns))
+            spans.append(convert_span(raw, processes, obj.get("traceID"), warns, cache))
         except ValueError as exc:
             _fail(str(exc), path, line, f"{where}spans[{i}]", skip=skip, on_skip=on_skip)
     if not spans:

@@ -153,7 +153,7 @@ def document_spans(obj: Any, warns: list[str]) -> Iterator[Span]:
                 yield convert_span(raw, resource, scope, warns)
 
 
-def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int = 200_000) -> Iterator[Trace]:
+def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None = None) -> Iterator[Trace]:
     assembler = SpanAssembler(str(path), max_buffered_spans)
 
     def fail(msg: str, line: int | None, where: str) -> None:

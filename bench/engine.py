@@ -1,0 +1,347 @@
+"""Engine benchmark: decode throughput against its ceiling and against transformers, KV bytes, memory.
+
+For the ``tiny`` preset at 1, 4 and 16 concurrent streams, three contenders run the same weights in
+the same process with the same ``torch.set_num_threads``:
+
+* ceiling: only the weight matrix products of one decode step of B tokens (per layer: fused qkv, o,
+  fused gate/up, down; then the LM head), nothing else. No engine can beat it. One ceiling pass runs
+  after every engine decode step, so the two share the same stretch of machine time.
+* engine: our :class:`EngineCore` (paged KV cache, continuous batching, sampling, detokenization),
+  B greedy requests submitted together, decode tokens/s over the steps after every prompt is
+  prefilled (time inside ``step()`` only).
+* transformers: ``LlamaForCausalLM`` with the same weights (unfused), ``generate`` with its KV
+  cache, batch B, greedy, same prompt and output lengths; decode time = full run − a 1-token run.
+
+Of ``--repeats`` runs the best is reported for each contender (the machine may be shared). Also: prefill
+KV bytes over the analytic 2·layers·kv_heads·head_dim·dtype·tokens, and for 4 and 16 streams the
+average prefill memory and P95 inter-token latency. Prints a markdown section and appends it to
+docs/benchmarks.md.
+
+Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-write]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.engine.api import SamplingParams
+from harness.engine.core import EngineCore
+from harness.engine.factory import create_core
+from harness.engine.model import Transformer, rope_pair_order
+from harness.engine.settings import EngineSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_prompts(core: EngineCore, n: int, length: int) -> list[list[int]]:
+    """``n`` distinct prompts of exactly ``length`` tokens (no prefix sharing between them)."""
+    vocab = core.tokenizer.vocab_size
+    g = torch.Generator().manual_seed(1)
+    # Ids from the ordinary word range of the BERT vocab (skip [PAD]/[unused]/special ids).
+    return [torch.randint(2000, min(vocab, 29000), (length,), generator=g).tolist() for _ in range(n)]
+
+
+class Ceiling:
+    """The bare weight matmuls of one decode step of ``batch`` tokens: per layer fused qkv, o, fused
+    gate/up, down, then the LM head — the engine's own weight tensors, nothing else."""
+
+    def __init__(self, model: Transformer, batch: int, device: torch.device) -> None:
+        self.weights: list[torch.Tensor] = []
+        for layer in model.layers:
+            self.weights += [layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight]  # type: ignore[union-attr]
+        self.weights.append(model.head_weight())
+        dtype = self.weights[0].dtype
+        self.xs = {
+            w.shape[1]: torch.randn(batch, w.shape[1], device=device, dtype=dtype) for w in self.weights
+        }
+        self.device = device
+        self.run()
+
+    @torch.inference_mode()
+    def run(self) -> float:
+        """One pass; returns its seconds."""
+        sync(self.device)
+        t = time.perf_counter()
+        for w in self.weights:
+            torch.nn.functional.linear(self.xs[w.shape[1]], w)
+        sync(self.device)
+        return time.perf_counter() - t
+
+
+def run_engine(
+    core: EngineCore, prompts: list[list[int]], out_tokens: int, ceiling: Ceiling
+) -> dict[str, Any]:
+    """Submit all prompts at once and step to completion.
+
+    Decode throughput counts only steps after every prompt is prefilled; after each such step one
+    ceiling pass runs, so both are measured over the same stretch of (possibly shared) machine time.
+    """
+    core.blocks.reset_prefix_cache()
+    params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.add_request(f"b{i}", p, params)
+    stamps: dict[str, list[float]] = {}
+    metrics = []
+    tokens: dict[str, list[int]] = {}
+    decode_s = 0.0
+    decoded = 0
+    ceiling_s = 0.0
+    ceiling_tokens = 0
+    all_prefilled = False
+    sync(core.device)
+    t0 = time.perf_counter()
+    while core.has_work():
+        t = time.perf_counter()
+        evs = core.step()
+        sync(core.device)
+        now = time.perf_counter()
+        if all_prefilled:
+            decode_s += now - t
+            decoded += len(evs)
+            ceiling_s += ceiling.run()
+            ceiling_tokens += len(prompts)
+        for ev in evs:
+            stamps.setdefault(ev.request_id, []).append(now)
+            if ev.token_id is not None:
+                tokens.setdefault(ev.request_id, []).append(ev.token_id)
+            if ev.metrics is not None:
+                metrics.append(ev.metrics)
+        all_prefilled = all_prefilled or len(stamps) == len(prompts)
+        # Time spent outside step() (event handling above) is not engine work; keep it out.
+    t_end = time.perf_counter()
+    itl = [b - a for s in stamps.values() for a, b in zip(s, s[1:], strict=False)]
+    return {
+        "decode_tok_s": decoded / decode_s,
+        "ceiling_tok_s": ceiling_tokens / ceiling_s,
+        "e2e_tok_s": sum(len(s) for s in stamps.values()) / (t_end - t0),
+        "itl": itl,
+        "metrics": metrics,
+        "tokens": [tokens[f"b{i}"] for i in range(len(prompts))],
+    }
+
+
+def to_hf(core: EngineCore) -> Any:
+    """A transformers LlamaForCausalLM holding exactly our weights (q/k/v and gate/up unfused)."""
+    import transformers
+
+    c = core.model.cfg
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.dh,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.qkv_bias,
+    )
+    model = transformers.LlamaForCausalLM(hf_cfg)
+    m = core.model
+    q, kv, ffn = c.num_heads * c.dh, c.num_kv_heads * c.dh, c.intermediate_size
+    undo = torch.argsort(rope_pair_order(c.dh))
+    sd: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": m.embed.weight,
+        "model.norm.weight": m.norm.weight,
+    }
+    if m.lm_head is not None:
+        sd["lm_head.weight"] = m.lm_head.weight
+    else:
+        sd["lm_head.weight"] = m.embed.weight
+    for i, layer in enumerate(m.layers):
+        p = f"model.layers.{i}."
+        w = layer.qkv.weight  # type: ignore[union-attr]
+        # Our q/k rows keep RoPE pairs adjacent; HF wants them half-split: undo the permutation.
+        sd[p + "self_attn.q_proj.weight"] = w[:q].view(-1, c.dh, c.hidden_size)[:, undo].reshape(q, -1)
+        sd[p + "self_attn.k_proj.weight"] = (
+            w[q : q + kv].view(-1, c.dh, c.hidden_size)[:, undo].reshape(kv, -1)
+        )
+        sd[p + "self_attn.v_proj.weight"] = w[q + kv :]
+        sd[p + "self_attn.o_proj.weight"] = layer.o.weight  # type: ignore[union-attr]
+        gu = layer.gate_up.weight  # type: ignore[union-attr]
+        sd[p + "mlp.gate_proj.weight"] = gu[:ffn]
+        sd[p + "mlp.up_proj.weight"] = gu[ffn:]
+        sd[p + "mlp.down_proj.weight"] = layer.down.weight  # type: ignore[union-attr]
+        sd[p + "input_layernorm.weight"] = layer.input_norm.weight  # type: ignore[union-attr]
+        sd[p + "post_attention_layernorm.weight"] = layer.post_norm.weight  # type: ignore[union-attr]
+    model.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    return model.to(device=core.device, dtype=core.dtype).eval()
+
+
+def run_hf(model: Any, prompts: list[list[int]], out_tokens: int, device: torch.device) -> dict[str, Any]:
+    ids = torch.tensor(prompts, device=device)
+    mask = torch.ones_like(ids)
+
+    def gen(n: int) -> tuple[float, torch.Tensor]:
+        sync(device)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                pad_token_id=0,
+            )  # fmt: skip
+        sync(device)
+        return time.perf_counter() - t, out
+
+    t1, _ = gen(1)
+    tn, out = gen(out_tokens)
+    decoded = len(prompts) * (out_tokens - 1)
+    return {"decode_tok_s": decoded / max(1e-9, tn - t1), "tokens": out[:, ids.shape[1] :].tolist()}
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--out-tokens", type=int, default=64)
+    ap.add_argument("--streams", default="1,4,16")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    ap.add_argument("--no-write", action="store_true", help="do not append to docs/benchmarks.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    settings = EngineSettings(preset="tiny", device=args.device, max_num_seqs=64, max_num_batched_tokens=4096)
+    core, _ = create_core(settings)
+    dev = core.device
+    streams = [int(s) for s in args.streams.split(",")]
+    header = (
+        f"torch {torch.__version__}, device {dev}, dtype {str(core.dtype).removeprefix('torch.')}, "
+        f"torch.set_num_threads({args.threads}) for all contenders, prompt {args.prompt_tokens} tokens, "
+        f"{args.out_tokens} output tokens per stream, best of {args.repeats}"
+    )
+    print(header)
+    hf = None if args.no_hf else to_hf(core)
+    rows = []
+    lat_rows = []
+    for b in streams:
+        prompts = make_prompts(core, b, args.prompt_tokens)
+        ceiling = Ceiling(core.model, b, dev)
+        runs = [run_engine(core, prompts, args.out_tokens, ceiling) for _ in range(args.repeats)]
+        best = max(runs, key=lambda r: r["decode_tok_s"] / r["ceiling_tok_s"])
+        row: dict[str, Any] = {"B": b, "ceiling": best["ceiling_tok_s"], "engine": best["decode_tok_s"]}
+        if hf is not None:
+            hruns = [run_hf(hf, prompts, args.out_tokens, dev) for _ in range(args.repeats)]
+            hbest = max(hruns, key=lambda r: r["decode_tok_s"])
+            row["hf"] = hbest["decode_tok_s"]
+            same = sum(a == h for a, h in zip(best["tokens"], hbest["tokens"], strict=True))
+            row["same_greedy"] = f"{same}/{b}"
+        rows.append(row)
+        print(row)
+        if b in (4, 16):
+            ms = best["metrics"]
+            lat_rows.append(
+                {
+                    "B": b,
+                    "prefill_mem": statistics.mean(m.prefill_peak_bytes for m in ms),
+                    "measured": all(m.peak_measured for m in ms),
+                    "p95_itl_ms": pct(best["itl"], 0.95) * 1e3,
+                    "p50_itl_ms": pct(best["itl"], 0.5) * 1e3,
+                }
+            )
+    # KV bytes per prefill over the analytic bytes, at several prompt lengths (bs rounding included).
+    kv_rows = []
+    per_tok = core.kv_bytes_per_token
+    for n in (17, 100, 257, 500, 1000):
+        core.blocks.reset_prefix_cache()
+        core.add_request("kv", make_prompts(core, 1, n)[0], SamplingParams(max_tokens=1, temperature=0.0))
+        m = None
+        while core.has_work():
+            for ev in core.step():
+                m = ev.metrics or m
+        assert m is not None
+        kv_rows.append((n, m.prefill_kv_bytes, per_tok * n))
+    tot_ratio = sum(r[1] for r in kv_rows) / sum(r[2] for r in kv_rows)
+    md = render(header, rows, lat_rows, kv_rows, tot_ratio, core)
+    print(md)
+    if not args.no_write:
+        path = ROOT / "docs" / "benchmarks.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(md + "\n")
+        print(f"appended to {path}")
+
+
+def render(
+    header: str,
+    rows: list[dict[str, Any]],
+    lat_rows: list[dict[str, Any]],
+    kv_rows: list[tuple[int, int, int]],
+    tot_ratio: float,
+    core: EngineCore,
+) -> str:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## Engine (`bench/engine.py`), {now}", "", header + ".", ""]
+    has_hf = "hf" in rows[0]
+    lines.append(
+        "| streams | ceiling tok/s | engine tok/s | engine / ceiling |"
+        + (
+            " transformers tok/s | transformers / ceiling | engine / transformers | same greedy |"
+            if has_hf
+            else ""
+        )
+    )
+    lines.append("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if has_hf else ""))
+    for r in rows:
+        line = f"| {r['B']} | {r['ceiling']:.0f} | {r['engine']:.0f} | {r['engine'] / r['ceiling']:.2f} |"
+        if has_hf:
+            line += f" {r['hf']:.0f} | {r['hf'] / r['ceiling']:.2f} | {r['engine'] / r['hf']:.2f} | {r['same_greedy']} |"
+        lines.append(line)
+    goals = []
+    by_b = {r["B"]: r for r in rows}
+    if 1 in by_b:
+        v = by_b[1]["engine"] / by_b[1]["ceiling"]
+        goals.append(f"1 stream ≥ 0.5× ceiling: {v:.2f} → {'met' if v >= 0.5 else 'NOT met'}")
+    if 16 in by_b:
+        v = by_b[16]["engine"] / by_b[16]["ceiling"]
+        goals.append(f"16 streams ≥ 0.7× ceiling: {v:.2f} → {'met' if v >= 0.7 else 'NOT met'}")
+        if has_hf:
+            v = by_b[16]["engine"] / by_b[16]["hf"]
+            goals.append(f"16 streams ≥ 1.4× transformers: {v:.2f} → {'met' if v >= 1.4 else 'NOT met'}")
+    lines += ["", "Goals: " + "; ".join(goals) + ".", ""]
+    lines += ["| prompt tokens | prefill KV bytes | analytic bytes | ratio |", "|---:|---:|---:|---:|"]
+    for n, got, want in kv_rows:
+        lines.append(f"| {n} | {got:,} | {want:,} | {got / want:.3f} |")
+    lines += [
+        "",
+        f"KV bytes ratio over all five prompts: {tot_ratio:.3f} (goal ≤ 1.05: "
+        f"{'met' if tot_ratio <= 1.05 else 'NOT met'}; block size {core.block_size}, so short prompts round up "
+        "by up to one block).",
+        "",
+    ]
+    if lat_rows:
+        kind = "measured (CUDA peak)" if all(r["measured"] for r in lat_rows) else "CPU estimate"
+        lines += [
+            f"| streams | avg prefill memory ({kind}) | P50 inter-token ms | P95 inter-token ms |",
+            "|---:|---:|---:|---:|",
+        ]
+        for r in lat_rows:
+            lines.append(
+                f"| {r['B']} | {r['prefill_mem'] / 2**20:.2f} MiB | {r['p50_itl_ms']:.2f} | {r['p95_itl_ms']:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

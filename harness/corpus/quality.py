@@ -1,0 +1,198 @@
+"""Corpus quality: completeness, temporal plausibility, diversity, duplicates, token-length fit.
+
+Definitions (also in docs/corpus.md):
+
+* field completeness: share of required (record, field) cells that are present and non-empty;
+* temporal plausibility: share of records whose timeline is consistent — birth ≤ adult signup ≤
+  request, history events ordered and inside the session window, request after the last event
+  and inside the window, constraint windows with start ≤ end;
+* diversity: mean pairwise cosine of the dedup embeddings (lower is more diverse; computed
+  exactly as ``(‖Σx‖² − Σ‖x‖²) / (n(n−1))``) and distinct-1/2 over the request texts;
+* duplicate rate: share of items having an earlier item at cosine ≥ threshold, before and after
+  dedup;
+* token-length fit: two-sample KS statistic of prompt tokens against the target lengths.
+
+Thresholds turn metrics into a :class:`CheckFailed` naming every metric that missed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict
+
+from harness.common.errors import CheckFailed
+from harness.corpus.model import CorpusRecord, RequestVariables
+
+REQUIRED_PROFILE = ("user_id", "name", "locale", "birth_date", "city", "region", "email", "phone", "tier", "signup_at")
+_WORD = re.compile(r"[\u4e00-\u9fff]|[^\W\d_]+|\d+", re.UNICODE)
+
+
+class Thresholds(BaseModel):
+    """Minimums / maximums a corpus must meet; ``None`` disables a check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_completeness: float | None = 0.987
+    min_temporal: float | None = 0.959
+    max_dup_rate_after: float | None = 0.0
+    max_mean_cosine: float | None = None
+    min_distinct_2: float | None = None
+    max_ks: float | None = None
+
+
+def completeness(records: Sequence[CorpusRecord]) -> float:
+    total = 0
+    filled = 0
+    for r in records:
+        cells: list[object] = [r.id, r.text(), r.domain, r.intent, r.max_tokens]
+        v = r.variables
+        if v is None:
+            cells += [None] * (len(REQUIRED_PROFILE) + 4)
+        else:
+            cells += [getattr(v.profile, f) for f in REQUIRED_PROFILE]
+            cells += [v.session.events, v.query, v.intent, v.constraints]
+        total += len(cells)
+        filled += sum(1 for c in cells if c not in (None, "", [], {}))
+    return filled / total if total else 0.0
+
+
+def _dt(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def timeline_ok(v: RequestVariables) -> bool:
+    """Whether one record's timestamps tell a possible story (see module docstring)."""
+    try:
+        birth = date.fromisoformat(v.profile.birth_date)
+        signup = _dt(v.profile.signup_at)
+        start, end, req = _dt(v.session.start), _dt(v.session.end), _dt(v.request_at)
+        events = [_dt(e.ts) for e in v.session.events]
+        age_at_signup = (signup.date() - birth).days / 365.25
+        if not (17.9 <= age_at_signup and signup <= req):
+            return False
+        if not (start <= req <= end):
+            return False
+        if any(b < a for a, b in zip(events, events[1:], strict=False)):
+            return False
+        if any(not (start <= t <= req) for t in events):
+            return False
+        ws, we = v.constraints.get("window_start"), v.constraints.get("window_end")
+        if isinstance(ws, str) and isinstance(we, str) and _dt(we) < _dt(ws):
+            return False
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def temporal_plausibility(records: Sequence[CorpusRecord]) -> float:
+    if not records:
+        return 0.0
+    return sum(1 for r in records if r.variables is not None and timeline_ok(r.variables)) / len(records)
+
+
+def mean_pairwise_cosine(x: npt.NDArray[np.float32]) -> float | None:
+    n = len(x)
+    if n < 2:
+        return None
+    x64 = x.astype(np.float64)
+    s = x64.sum(axis=0)
+    return float((s @ s - np.einsum("ij,ij->", x64, x64)) / (n * (n - 1)))
+
+
+def distinct_n(texts: Iterable[str], n: int) -> float:
+    grams: list[tuple[str, ...]] = []
+    for t in texts:
+        toks = [w.lower() for w in _WORD.findall(t)]
+        grams.extend(tuple(toks[i : i + n]) for i in range(len(toks) - n + 1))
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def ks_statistic(actual: Sequence[int], target: Sequence[int]) -> float | None:
+    if not actual or not target:
+        return None
+    from scipy.stats import ks_2samp
+
+    return float(ks_2samp(np.asarray(actual), np.asarray(target)).statistic)
+
+
+def compute(
+    records: Sequence[CorpusRecord],
+    *,
+    vectors: npt.NDArray[np.float32] | None = None,
+    dup_before: float | None = None,
+    dup_after: float | None = None,
+    texts: Sequence[str] | None = None,
+) -> dict[str, float | int | None]:
+    """All metrics for ``records`` (``vectors``: their dedup embeddings, same order)."""
+    texts = list(texts) if texts is not None else [r.variables.query if r.variables else r.text() for r in records]
+    prompt_tokens = [r.prompt_tokens for r in records if r.prompt_tokens is not None and r.target_input_tokens is not None]
+    targets = [r.target_input_tokens for r in records if r.prompt_tokens is not None and r.target_input_tokens is not None]
+    exact = sum(1 for a, b in zip(prompt_tokens, targets, strict=True) if a == b)
+    return {
+        "records": len(records),
+        "field_completeness": completeness(records),
+        "temporal_plausibility": temporal_plausibility(records),
+        "mean_pairwise_cosine": mean_pairwise_cosine(vectors) if vectors is not None else None,
+        "distinct_1": distinct_n(texts, 1),
+        "distinct_2": distinct_n(texts, 2),
+        "dup_rate_before": dup_before,
+        "dup_rate_after": dup_after,
+        "token_ks": ks_statistic([int(p) for p in prompt_tokens], [int(t) for t in targets if t is not None]),
+        "token_exact_share": (exact / len(targets)) if targets else None,
+    }
+
+
+_CHECKS: tuple[tuple[str, str, str], ...] = (
+    ("min_completeness", "field_completeness", "min"),
+    ("min_temporal", "temporal_plausibility", "min"),
+    ("max_dup_rate_after", "dup_rate_after", "max"),
+    ("max_mean_cosine", "mean_pairwise_cosine", "max"),
+    ("min_distinct_2", "distinct_2", "min"),
+    ("max_ks", "token_ks", "max"),
+)
+
+
+def failures(metrics: dict[str, float | int | None], thresholds: Thresholds) -> list[str]:
+    out: list[str] = []
+    for tname, metric, kind in _CHECKS:
+        limit = getattr(thresholds, tname)
+        value = metrics.get(metric)
+        if limit is None or value is None:
+            continue
+        if (kind == "min" and value < limit) or (kind == "max" and value > limit):
+            op = "≥" if kind == "min" else "≤"
+            out.append(f"{metric} = {value:.4f}, needs {op} {limit}")
+    return out
+
+
+def check(metrics: dict[str, float | int | None], thresholds: Thresholds, file: str | None = None) -> None:
+    """Raise :class:`CheckFailed` listing every metric that misses its threshold."""
+    bad = failures(metrics, thresholds)
+    if bad:
+        raise CheckFailed("corpus quality below threshold: " + "; ".join(bad), file=file)
+
+
+def table(metrics: dict[str, float | int | None], thresholds: Thresholds) -> object:
+    """A rich table of metrics with their thresholds and pass/fail marks."""
+    from rich.table import Table
+
+    limits = {metric: (getattr(thresholds, t), kind) for t, metric, kind in _CHECKS}
+    t = Table(title="corpus quality")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_column("threshold", justify="right")
+    t.add_column("ok", justify="center")
+    for name, value in metrics.items():
+        shown = "—" if value is None else (f"{value:.4f}" if isinstance(value, float) else str(value))
+        limit, kind = limits.get(name, (None, ""))
+        if limit is None or value is None:
+            t.add_row(name, shown, "", "")
+            continue
+        ok = value >= limit if kind == "min" else value <= limit
+        t.add_row(name, shown, f"{'≥' if kind == 'min' else '≤'} {limit}", "[green]✓[/]" if ok else "[red]✗[/]")
+    return t

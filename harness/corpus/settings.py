@@ -1,0 +1,53 @@
+"""Corpus settings (env prefix ``HARNESS__CORPUS__``); ``harness corpus build`` options override them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from harness.common.settings import stage_config
+
+
+class CorpusSettings(BaseSettings):
+    """Defaults for building a corpus."""
+
+    model_config = stage_config("corpus")
+
+    seed: int = 0
+    dedup_threshold: float = Field(default=0.82, gt=0.0, le=1.0)
+    dedup_method: str = "auto"
+    """``auto`` (exact up to 20 000 candidates, faiss beyond), ``exact`` or ``faiss``."""
+    dedup_on: Literal["variables", "query"] = "variables"
+    """What dedup embeds: the variable parts of the prompt (default) or the user's query alone."""
+    max_rounds: int = Field(default=8, ge=1)
+    """Generate-and-dedup rounds before giving up on reaching ``n`` distinct requests."""
+    fewshot_top_n: int = Field(default=100, ge=1)
+    fewshot_k: int | None = Field(default=None, ge=1)
+    """KMeans clusters for the few-shot pool; ``None``: chosen by silhouette in 2..10."""
+    shot_set_size: int = Field(default=12, ge=1)
+    shots_per_prompt: int = Field(default=3, ge=0)
+    fewshot_floor: int = Field(default=1, ge=0)
+    locales: list[str] = Field(default_factory=lambda: ["en_US", "zh_CN"])
+    tokenizer: Path | None = None
+    """Target tokenizer (``tokenizer.json`` or checkpoint dir); default: MiniLM's."""
+    block_size: int = Field(default=512, ge=1)
+    """Tokens per trace ``hash_ids`` block when the trace does not say (Mooncake: 512)."""
+    min_body_tokens: int = Field(default=32, ge=0)
+    """Tokens kept for the request itself after a shared prefix, when the target allows."""
+    tenant: str = "default"
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    max_output_chars: int = Field(default=200_000, ge=1)
+    max_render_s: float = Field(default=2.0, gt=0.0)
+    device: str = "auto"
+    batch_size: int = Field(default=64, ge=1)
+    embed_cache: bool = True
+    """Cache embeddings in ``<run_dir>/cache/embeddings.sqlite`` keyed by text hash."""
+    min_completeness: float | None = 0.987
+    min_temporal: float | None = 0.959
+    max_dup_rate_after: float | None = 0.0
+    max_mean_cosine: float | None = None
+    min_distinct_2: float | None = None
+    max_ks: float | None = None

@@ -1,0 +1,143 @@
+"""Stack behaviour: single-flight, tenant isolation across L1/L2, bypass rules, Bloom guard, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from prometheus_client import generate_latest
+
+from tests.cache.conftest import CountingEngine, StackFactory, chat, completion, serve
+
+
+async def test_32_concurrent_identical_requests_make_one_engine_call(make_stack: StackFactory) -> None:
+    """The engine is a real coroutine that sleeps 0.2 s (see CountingEngine): long enough that all
+    32 requests arrive while the first is still generating, as with a real model."""
+    stack = await make_stack()
+    engine = CountingEngine(delay_s=0.2)
+    body = chat("Explain single-flight in one sentence.")
+    results = await asyncio.gather(*(serve(stack, engine, dict(body)) for _ in range(32)))
+    assert engine.calls == 1
+    assert {text for _, text in results} == {"answer for default: Explain single-flight in one sentence."}
+    statuses = [s for s, _ in results]
+    assert statuses.count("MISS") == 1 and statuses.count("HIT-L1") == 31
+    assert stack.merges == 31
+    assert stack.metrics.registry.get_sample_value("cache_singleflight_merges_total") == 31
+
+
+async def test_followers_take_over_when_the_leader_fails(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    engine = CountingEngine(delay_s=0.1, fail_first=1)  # the first generation does not complete
+    body = chat("flaky generation")
+    results = await asyncio.gather(*(serve(stack, engine, body) for _ in range(8)))
+    assert engine.calls == 2  # the failed leader, then one new leader for the 7 followers
+    assert sum(1 for _, t in results if t == "answer for default: flaky generation") == 7
+    assert not stack._inflight
+
+
+async def test_tenants_never_see_each_other_in_l1_and_l2(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    engine = CountingEngine(delay_s=0.0)
+    body = chat("What is our refund policy?")
+    tenants = ["acme", "globex", "a:b", "a/b"]
+    for t in tenants:
+        status, text = await serve(stack, engine, body, tenant=t)
+        assert status == "MISS" and text == f"answer for {t}: What is our refund policy?"
+    await stack.drain()
+    for tier_flush in (None, "l1"):
+        if tier_flush:
+            await stack.flush(tier_flush)
+        for t in tenants:
+            status, text = await serve(stack, engine, body, tenant=t)
+            assert status in {"HIT-L1", "HIT-L2"}
+            assert text == f"answer for {t}: What is our refund policy?"
+    assert engine.calls == len(tenants)
+    keys = {stack.keys.normalize("chat.completions", body, t).key for t in tenants}
+    assert len(keys) == len(tenants)
+
+
+async def test_no_cache_sampled_and_unkeyable_requests_bypass(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    body = chat("hello")
+    await stack.put("chat.completions", body, "default", completion("stored"))
+    t = await stack.begin("chat.completions", body, "default", no_cache=True)
+    assert t.status == "BYPASS" and t.completion is None and t.key
+    sampled = chat("hello", temperature=0.8)
+    assert (await stack.begin("chat.completions", sampled, "default")).status == "BYPASS"
+    seeded = chat("hello", temperature=0.8, seed=7)
+    t = await stack.begin("chat.completions", seeded, "default")
+    assert t.status == "MISS" and t.is_leader
+    await stack.finish(t, completion("seeded answer"))
+    assert (await stack.begin("chat.completions", seeded, "default")).status == "HIT-L1"
+    bad = await stack.begin("chat.completions", {"messages": "nope"}, "default")
+    assert bad.status == "BYPASS" and "unkeyable" in bad.context["reason"]
+    stack2 = await make_stack(cache_sampled=True)
+    t = await stack2.begin("chat.completions", sampled, "default")
+    assert t.status == "MISS"
+    await stack2.finish(t, completion("a sampled answer, cached by policy"))
+    assert (await stack2.begin("chat.completions", sampled, "default")).status == "HIT-L1"
+
+
+async def test_incomplete_completions_are_not_cached(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    body = chat("cut short")
+    t = await stack.begin("chat.completions", body, "default")
+    await stack.finish(t, completion("partial", finish_reason="abort"))
+    await stack.drain()
+    t2 = await stack.begin("chat.completions", body, "default")
+    assert t2.status == "MISS"
+    await stack.finish(t2, None)
+
+
+async def test_bloom_guard_skips_lookups_for_unseen_keys(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    engine = CountingEngine(delay_s=0.0)
+    for i in range(10):
+        await serve(stack, engine, chat(f"unique prompt {i}"))
+    await stack.drain()
+    assert stack.bloom.intercepted == 10 and stack.bloom.passed == 0
+    # Intercepted keys never reached Redis: no L2 lookups were counted.
+    c = stack.metrics.counts["l2"]
+    assert c["hits"] + c["misses"] + c["errors"] == 0
+    await stack.flush("l1")
+    assert (await serve(stack, engine, chat("unique prompt 3")))[0] == "HIT-L2"
+    assert stack.bloom.passed == 1
+    assert stack.metrics.registry.get_sample_value("cache_bloom_intercepts_total") == 10
+
+
+async def test_metrics_and_stats(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    engine = CountingEngine(delay_s=0.0)
+    for i in range(4):
+        await serve(stack, engine, chat(f"m{i}"))
+    for i in range(3):
+        await serve(stack, engine, chat(f"m{i}"))
+    await asyncio.sleep(0.5)  # one background refresh of the Redis INFO gauges
+    reg = stack.metrics.registry
+    hits = reg.get_sample_value("cache_hits_total", {"tier": "l1"})
+    misses = reg.get_sample_value("cache_misses_total", {"tier": "l1"}) or 0.0
+    assert hits == 3
+    assert reg.get_sample_value("cache_hit_rate", {"tier": "l1"}) == hits / (hits + misses)
+    assert reg.get_sample_value("cache_entries", {"tier": "l1"}) == 4
+    assert reg.get_sample_value("cache_entries", {"tier": "l2"}) == 4
+    assert 0 < reg.get_sample_value("cache_fill_rate", {"tier": "l2"}) < 1
+    assert reg.get_sample_value("cache_lookup_seconds_count", {"tier": "l1"}) == 3
+    assert reg.get_sample_value("cache_thermal_drift", {"tier": "l1"}) >= 0
+    assert reg.get_sample_value("cache_requests_total", {"status": "MISS"}) == 4
+    text = generate_latest(reg).decode()
+    for name in ("cache_errors_total", "cache_evictions_total", "cache_bloom_fp_rate", "cache_writebacks_total"):
+        assert name in text
+    s = stack.stats()
+    orjson.dumps(s)  # JSON-ready
+    assert s["requests"] == {"MISS": 4, "HIT-L1": 3}
+    assert s["tiers"]["l1"]["hits"] == 3 and s["tiers"]["l2"]["entries"] == 4
+    assert s["bloom"]["items"] == 4
+
+
+async def test_l1_entry_caps_count_evictions(make_stack: StackFactory) -> None:
+    stack = await make_stack(l1_max_entries=3)
+    for i in range(5):
+        await stack.put("chat.completions", chat(f"e{i}"), "default", completion(f"v{i}"))
+    assert len(stack.l1) == 3 and stack.l1.evictions == 2
+    await asyncio.sleep(0.5)
+    assert stack.metrics.registry.get_sample_value("cache_evictions_total", {"tier": "l1"}) == 2

@@ -1,0 +1,56 @@
+"""Token-length fitting and prefix sharing under the real MiniLM tokenizer (``tokenizers`` library)."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer
+
+from harness.corpus.tokens import TargetTokenizer, default_tokenizer_path
+
+
+@pytest.fixture(scope="module")
+def tok() -> TargetTokenizer:
+    return TargetTokenizer(seed=0)
+
+
+@pytest.fixture(scope="module")
+def ref() -> Tokenizer:
+    """An independently loaded tokenizer to count with (special tokens off via add_special_tokens)."""
+    t = Tokenizer.from_file(str(default_tokenizer_path()))
+    t.no_truncation()  # the shipped file truncates and pads to 128 for the encoder; we count whole prompts
+    t.no_padding()
+    return t
+
+
+def _ids(ref: Tokenizer, text: str) -> list[int]:
+    return ref.encode(text, add_special_tokens=False).ids
+
+
+def test_blocks_are_exact_and_deterministic(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    assert tok.additive
+    for b in (0, 7, 123456):
+        text = tok.block(b, 512)
+        assert len(_ids(ref, text)) == 512
+        assert TargetTokenizer(seed=0).block(b, 512) == text
+    assert tok.block(1, 512) != tok.block(2, 512)
+    assert TargetTokenizer(seed=1).block(1, 512) != tok.block(1, 512)
+
+
+def test_shared_hash_ids_give_shared_leading_tokens(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    a = tok.prefix([10, 11, 12], 64) + "\n\nfirst request body"
+    b = tok.prefix([10, 11, 99], 64) + "\n\nsecond request body"
+    ia, ib = _ids(ref, a), _ids(ref, b)
+    common = next(i for i, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y)
+    assert common >= 2 * 64
+    assert ia[:128] == _ids(ref, tok.prefix([10, 11], 64))
+
+
+@pytest.mark.parametrize("budget", [1, 17, 200, 1000])
+@pytest.mark.parametrize("text", ["短文本 {{ 7*7 }} with mixed 中文 and English.", "word " * 600])
+def test_fit_lands_on_the_budget(tok: TargetTokenizer, ref: Tokenizer, text: str, budget: int) -> None:
+    fitted, n, how = tok.fit(text, budget, key="k")
+    assert len(_ids(ref, fitted)) == budget == n
+    original = len(_ids(ref, text))
+    assert how == ("exact" if original == budget else "padded" if original < budget else "truncated")
+    if how == "padded":
+        assert fitted.endswith(text.lstrip(" "))

@@ -1,0 +1,54 @@
+"""CUDA runs of the engine (skipped, with the reason, on a machine without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.engine.api import SamplingParams
+from harness.engine.factory import create_core
+
+from .conftest import tiny_settings
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; this machine has none"),
+]
+
+
+def test_cuda_paged_batch_matches_brute_force_fp32() -> None:
+    core, _ = create_core(tiny_settings(device="cuda", dtype="float32", block_size=8))
+    prompts = [
+        core.tokenizer.encode(t) for t in ("short one", "a somewhat longer prompt with more words in it")
+    ]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.add_request(str(i), p, params)
+    got: dict[str, list[int]] = {}
+    metrics = {}
+    while core.has_work():
+        for ev in core.step():
+            if ev.token_id is not None:
+                got.setdefault(ev.request_id, []).append(ev.token_id)
+            if ev.metrics is not None:
+                metrics[ev.request_id] = ev.metrics
+        core.validate()
+    for i, p in enumerate(prompts):
+        ids = list(p)
+        for _ in range(6):
+            ids.append(int(core.model.dense_logits(torch.tensor(ids), last_only=True)[-1].argmax()))
+        assert got[str(i)] == ids[len(p) :]
+        m = metrics[str(i)]
+        assert m.peak_measured and m.prefill_peak_bytes > 0 and m.device.startswith("cuda")
+
+
+def test_cuda_auto_dtype_is_bfloat16_and_sampling_runs() -> None:
+    core, _ = create_core(tiny_settings(device="auto", dtype="auto"))
+    assert core.device.type == "cuda" and core.dtype == torch.bfloat16
+    core.add_request(
+        "s", core.tokenizer.encode("hello"), SamplingParams(max_tokens=5, temperature=0.8, seed=1)
+    )
+    evs = []
+    while core.has_work():
+        evs += core.step()
+    assert evs[-1].finished
