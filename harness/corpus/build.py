@@ -59,6 +59,9 @@ DOMAIN_LABELS = {
 }
 
 
+_EMBEDDERS: dict[tuple[str, int, str], Any] = {}
+
+
 @dataclass
 class BuildInputs:
     template: Path
@@ -213,7 +216,10 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
         n = len(rows)
 
     cache = HarnessSettings().run_dir / "cache" / "embeddings.sqlite" if settings.embed_cache else None
-    embedder = Embedder(device=settings.device, batch_size=settings.batch_size, cache_path=cache)
+    key = (settings.device, settings.batch_size, str(cache))
+    embedder = _EMBEDDERS.get(key)
+    if embedder is None:  # one per process and configuration: loading the model costs seconds
+        embedder = _EMBEDDERS[key] = Embedder(device=settings.device, batch_size=settings.batch_size, cache_path=cache)
     tok = load_tokenizer(str(settings.tokenizer) if settings.tokenizer else None, settings.seed)
     pool: FewShotPool | None = None
     if inputs.fewshot is not None:

@@ -120,6 +120,8 @@ class EngineCore:
         """Refuse up front what can never be served (so the scheduler never spins on it)."""
         if prompt_len < 1:
             raise EngineError("the prompt is empty")
+        if params.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
         if prompt_len + params.max_tokens > self.max_model_len:
             raise PromptTooLong(prompt_len, params.max_tokens, self.max_model_len)
 

@@ -171,7 +171,7 @@ class Block(nn.Module):
         self.ffn = cfg.intermediate_size
         self.scale = 1.0 / math.sqrt(self.dh)
 
-    def forward(  # noqa: PLR0917 - nn.Module call convention
+    def forward(
         self,
         x: torch.Tensor,  # [T, D]
         freqs: torch.Tensor,  # [T, 1, Dh/2] complex
@@ -272,6 +272,10 @@ class Transformer(nn.Module):
         angles = torch.outer(pos, inv)  # [max_len, Dh/2]
         freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
         self._rope = freqs.unsqueeze(1).to(self.embed.weight.device).contiguous()
+
+    def blocks(self) -> list[Block]:
+        """The layers, typed (``nn.ModuleList`` items are plain ``Module`` to a type checker)."""
+        return [b for b in self.layers if isinstance(b, Block)]
 
     def head_weight(self) -> torch.Tensor:
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, D]

@@ -42,6 +42,7 @@ from starlette.types import Receive, Scope, Send
 from harness import __version__
 from harness.cache.api import CachedCompletion, CacheTicket, Endpoint, ResponseCache
 from harness.common import headers as H
+from harness.common.errors import HarnessError
 from harness.common.openai import SSE_DONE, ChatCompletionRequest, CompletionRequest, sse_event
 from harness.engine.api import (
     AsyncEngine,
@@ -357,6 +358,8 @@ class Handler:
         try:
             raw = await read_body(self.request, st.settings.max_body_bytes)
             req = self._validate(parse_json(raw))
+            if req.request_id and not self.request.headers.get(H.REQUEST_ID):
+                ctx.request_id = req.request_id
             if st.settings.strict_model_name and req.model not in (None, st.model_name):
                 raise APIError(
                     404,
@@ -424,6 +427,10 @@ class Handler:
             )
         except ClientGone:
             raise
+        except HarnessError as exc:  # a body the cache cannot key: served uncached
+            log.warning("response cache refused the request (%s); serving from the engine", exc)
+            self.ticket = None
+            return
         except Exception:
             # Fail open: a broken cache must never cost the request; the cache counts its own errors.
             log.exception("response cache begin() failed; serving from the engine")

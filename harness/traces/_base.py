@@ -102,7 +102,7 @@ def normalize_otlp_id(raw: object, width: int) -> str:
     """OTLP IDs: hex (any case) per the OTLP/JSON spec, or base64 as protobuf JSON mapping writes bytes."""
     text = str(raw).strip()
     if _HEX.match(text):
-        return normalize_id(text, width)
+        return text.lower().rjust(width, "0")
     nbytes = width // 2
     try:
         decoded = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)

@@ -100,6 +100,7 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
             first = last = None
             tokens_in = tokens_out = failed = 0
             tenants: set[str] = set()
+            services: set[str] = set()
             for ev in read_requests(path, format=name, skip_invalid=skip_invalid, on_skip=skips):
                 n += 1
                 first = ev.arrival_s if first is None else first
@@ -109,6 +110,8 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
                 failed += ev.failed
                 if ev.tenant:
                     tenants.add(ev.tenant)
+                if ev.service:
+                    services.add(ev.service)
                 if n % 10_000 == 0:
                     advance(10_000)
             info.update(
@@ -116,6 +119,7 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
                 requests=n,
                 failed=failed,
                 tenants=len(tenants),
+                services=sorted(services),
                 input_tokens=tokens_in,
                 output_tokens=tokens_out,
                 time_range_s=[first, last] if n else None,
@@ -123,7 +127,7 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
             )
         else:
             traces = spans = 0
-            services: set[str] = set()
+            services = set()
             lo = hi = None
             epoch = True
             warnings: list[str] = []
@@ -183,7 +187,8 @@ def inspect_cmd(
         typer.echo(f"{path}: {info['format']}")
         if info["family"] == "requests":
             typer.echo(
-                f"  requests {info['requests']:,} (failed {info['failed']:,}), tenants {info['tenants']}"
+                f"  requests {info['requests']:,} (failed {info['failed']:,}), tenants {info['tenants']}, "
+                f"services {len(info['services'])}"
             )
             typer.echo(f"  tokens   in {info['input_tokens']:,}  out {info['output_tokens']:,}")
             if info["time_range_s"]:

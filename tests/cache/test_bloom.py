@@ -50,7 +50,9 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from harness.cache.bloom import BloomGuard
-added, probes, out = json.loads(Path(sys.argv[1]).read_text()), json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+added = json.loads(Path(sys.argv[1]).read_text())
+probes = json.loads(Path(sys.argv[2]).read_text())
+out = sys.argv[3]
 g = BloomGuard(capacity=5000, fp_rate=0.01)
 for k in added:
     g.add(k)
@@ -66,10 +68,15 @@ def test_save_and_load_across_processes_give_the_same_answers(tmp_path: Path) ->
     answers = []
     for seed in ("1", "2"):  # different hash salts: the filter must not depend on Python's hash()
         env = {**os.environ, "PYTHONHASHSEED": seed}
+        args = [str(tmp_path / "a.json"), str(tmp_path / "p.json"), str(tmp_path / f"b{seed}")]
         run = subprocess.run(
-            [sys.executable, "-c", CHILD, str(tmp_path / "a.json"), str(tmp_path / "p.json"), str(tmp_path / f"b{seed}")],
-            capture_output=True, text=True, env=env, check=True, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-c", CHILD, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=60,
+        )
         answers.append(json.loads(run.stdout))
     assert answers[0] == answers[1]
     assert (tmp_path / "b1").read_bytes() == (tmp_path / "b2").read_bytes()

@@ -204,8 +204,16 @@ def test_tenant_slugs_are_safe_and_distinct() -> None:
         ("chat.completions", {"messages": []}, "messages"),
         ("chat.completions", {"messages": [{"content": "x"}]}, "messages[0].role"),
         ("completions", {"prompt": 5}, "prompt"),
-        ("chat.completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
-        ("chat.completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
+        (
+            "chat.completions",
+            {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+            "temperature",
+        ),
+        (
+            "chat.completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5},
+            "max_tokens",
+        ),
     ],
 )
 def test_bad_bodies_name_the_field(endpoint: str, body: dict[str, Any], field: str) -> None:

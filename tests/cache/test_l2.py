@@ -30,7 +30,9 @@ async def test_l2_hit_after_l1_is_dropped(make_stack: StackFactory) -> None:
     await stack.drain()
     r = raw_redis(stack)
     stored = [k for k in r.scan_iter("hc:v1:*")]
-    assert len(stored) == 1 and stored[0].decode().endswith(stack.keys.normalize("chat.completions", body, "default").key)
+    assert len(stored) == 1 and stored[0].decode().endswith(
+        stack.keys.normalize("chat.completions", body, "default").key
+    )
     envelope = orjson.loads(r.get(stored[0]))
     assert set(envelope) == {"schema", "sum", "body"}  # JSON, not pickle
     assert (await serve(stack, engine, body))[0] == "HIT-L1"
@@ -85,7 +87,9 @@ async def test_corrupt_value_is_a_miss_and_is_deleted(make_stack: StackFactory, 
     elif tamper == "schema":
         bad = orjson.dumps({**env, "schema": 99})
     else:
-        other = await stack.put("chat.completions", chat("Tell me about owls."), "default", completion("owls"))
+        other = await stack.put(
+            "chat.completions", chat("Tell me about owls."), "default", completion("owls")
+        )
         bad = r.get(stack.l2.rkey(other))
     r.set(rk, bad)
     await stack.flush("l1")
@@ -137,7 +141,7 @@ async def test_redis_sigstop_times_out_instead_of_hanging(make_stack: StackFacto
         assert status == "MISS" and text == "answer for default: frozen redis"
         assert first < budget + 0.5, first
         t0 = time.perf_counter()
-        for i in range(4):
+        for _ in range(4):
             await stack.flush("l1")
             await serve(stack, engine, body)
         assert time.perf_counter() - t0 < 4 * (budget + 0.5)

@@ -154,8 +154,8 @@ async def test_persistence_and_reload_consistency_check(make_stack: StackFactory
 
 async def test_switches_to_hnsw_and_still_finds_paraphrases(make_stack: StackFactory) -> None:
     stack = await l3_stack(make_stack, l3_hnsw_min=30, l2_enabled=False)
-    fillers = [f"Tell me fact number {i} about the history of {topic}."
-               for i, topic in enumerate(["Rome", "Egypt", "China", "Peru", "Mali", "Japan"] * 5)]  # fmt: skip
+    topics = ["Rome", "Egypt", "China", "Peru", "Mali", "Japan"] * 5
+    fillers = [f"Tell me fact number {i} about the history of {topic}." for i, topic in enumerate(topics)]
     for q in fillers:
         await stack.put("chat.completions", chat(q), "default", completion("filler"))
     orig, para = PARAPHRASES[0]

@@ -125,7 +125,12 @@ async def test_metrics_and_stats(make_stack: StackFactory) -> None:
     assert reg.get_sample_value("cache_thermal_drift", {"tier": "l1"}) >= 0
     assert reg.get_sample_value("cache_requests_total", {"status": "MISS"}) == 4
     text = generate_latest(reg).decode()
-    for name in ("cache_errors_total", "cache_evictions_total", "cache_bloom_fp_rate", "cache_writebacks_total"):
+    for name in (
+        "cache_errors_total",
+        "cache_evictions_total",
+        "cache_bloom_fp_rate",
+        "cache_writebacks_total",
+    ):
         assert name in text
     s = stack.stats()
     orjson.dumps(s)  # JSON-ready

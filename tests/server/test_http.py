@@ -377,6 +377,15 @@ def test_metrics_names_and_stage_label(server):
     assert metric(server.url, "harness_engine_kv_blocks_total") > 0
 
 
+def test_request_id_from_body_when_no_header(server):
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "request_id": "body-7"}
+    )
+    assert r.headers["x-request-id"] == "body-7"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert len(r.headers["x-request-id"]) == 32  # generated: a uuid4 hex
+
+
 def test_cache_admin_without_cache_is_404(server):
     r = httpx.get(server.url + "/cache/stats")
     assert r.status_code == 404

@@ -81,6 +81,46 @@ def test_id_normalization() -> None:
     assert normalize_otlp_id("EEE19B7EC3C1B174", 16) == "eee19b7ec3c1b174"
 
 
+def test_start_time_forms(tmp_path: Path) -> None:
+    """Numeric strings, RFC 3339 strings and nanoseconds all become µs; ES startTimeMillis too."""
+    spans = [
+        {
+            "traceID": "f",
+            "spanID": "1",
+            "operationName": "a",
+            "startTime": "2024-01-01T00:00:00Z",
+            "duration": 5,
+        },
+        {"traceID": "f", "spanID": "2", "operationName": "b", "startTime": "1704067200000001", "duration": 5},
+        {
+            "traceID": "f",
+            "spanID": "3",
+            "operationName": "c",
+            "startTime": 1704067200000002000,
+            "duration": 5,
+        },
+        {
+            "traceID": "f",
+            "spanID": "4",
+            "operationName": "d",
+            "startTimeMillis": 1704067200000,
+            "duration": 5,
+        },
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceID": "f", "spans": spans, "processes": {}}))
+    [tr] = list(read_traces(p))
+    epoch_us = 1_704_067_200_000_000
+    assert [tr.spans[f"{i:016x}"].start_us for i in (1, 2, 3, 4)] == [
+        epoch_us,
+        epoch_us + 1,
+        epoch_us + 2,
+        epoch_us,
+    ]
+    assert tr.epoch_known
+    assert sum("no process" in w for w in tr.warnings) == 4
+
+
 def test_tag_coercion() -> None:
     assert coerce_tag("123", "int64") == 123
     assert coerce_tag("true", "bool") is True
