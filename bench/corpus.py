@@ -26,11 +26,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def embedding_like(n: int, d: int = 384, topics: int = 2000, dup_share: float = 0.03, seed: int = 0) -> np.ndarray:
+def embedding_like(
+    n: int, d: int = 384, topics: int = 2000, dup_share: float = 0.03, seed: int = 0
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((topics, d)).astype(np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
-    x = centers[rng.integers(0, topics, n)] + rng.standard_normal((n, d)).astype(np.float32) * (1.0 / np.sqrt(d)) * 1.2
+    x = (
+        centers[rng.integers(0, topics, n)]
+        + rng.standard_normal((n, d)).astype(np.float32) * (1.0 / np.sqrt(d)) * 1.2
+    )
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return plant(x, int(n * dup_share), rng)
 
@@ -122,7 +127,8 @@ def bench_e2e(n: int) -> dict[str, object]:
         "device": raw.device,
     }
     print(
-        f"e2e n={n}: {pps:.1f} prompts/s ({res.candidates} candidates embedded) vs encoder {sps:.1f} sentences/s "
+        f"e2e n={n}: {pps:.1f} prompts/s ({res.candidates} candidates embedded) "
+        f"vs encoder {sps:.1f} sentences/s "
         f"→ ratio {row['ratio']:.3f}",
         flush=True,
     )
@@ -144,9 +150,11 @@ def main() -> None:
     total = time.perf_counter() - started
     lines = [
         f"\n## corpus — {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n",
-        f"`python bench/corpus.py` on {platform.machine()}, {os.cpu_count()} CPUs, encoder on {e2e['device']}; "
+        f"`python bench/corpus.py` on {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"encoder on {e2e['device']}; "
         f"whole run {total:.0f} s.\n",
-        "| dedup data | n | numpy blockwise s | faiss s | ratio (goal ≤ 0.4) | pairs ≥ 0.82 | missed | same kept set |",
+        "| dedup data | n | numpy blockwise s | faiss s | ratio (goal ≤ 0.4) | pairs ≥ 0.82 | missed "
+        "| same kept set |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

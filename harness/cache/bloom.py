@@ -26,10 +26,14 @@ _PROBES = 20_000
 
 
 def key_item(key: str) -> int:
-    """The filter item of a cache key: the last 32 hex digits as a signed 128-bit integer."""
+    """The filter item of a cache key: its 32 hex digits as a signed 128-bit integer.
+
+    Equal to ``NormalizedRequest.bloom_item``, which the stack uses so the request path never
+    re-parses the key.
+    """
     digest = key.rsplit(":", 1)[-1]
     try:
-        return int(digest[-32:], 16) - _HALF
+        return int(digest[-32:], 16) - (_HALF << 1 if digest[-32] in "89abcdef" else 0)
     except ValueError:
         # Not one of our digests (a caller-made key): hash it so it still maps stably.
         return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=16).digest(), "big") - _HALF
@@ -49,11 +53,18 @@ class BloomGuard:
 
     def check(self, key: str) -> bool:
         """May ``key`` have been written? Counts the outcome."""
-        if key_item(key) in self.bloom:
+        return self.check_item(key_item(key))
+
+    def check_item(self, item: int) -> bool:
+        """:meth:`check` for a precomputed item (``NormalizedRequest.bloom_item``)."""
+        if item in self.bloom:
             self.passed += 1
             return True
         self.intercepted += 1
         return False
+
+    def add_item(self, item: int) -> None:
+        self.bloom.add(item)
 
     def __contains__(self, key: str) -> bool:
         return key_item(key) in self.bloom

@@ -81,11 +81,13 @@ class NormalizedRequest:
     params_hash: str
     """Hash of everything but ``text``: equal for requests an L3 hit may be served across."""
     canonical: str
-    """The canonical JSON the key hashes (for debugging and the docs)."""
+    """What the key hashes: the canonical params JSON, a newline, the normalized text (debugging)."""
     sampled: bool
     """temperature > 0 (after rounding) without a seed: a random draw, cacheable only by policy."""
     numbers: tuple[str, ...]
     negations: int
+    bloom_item: int = 0
+    """The key's 128 hash bits as a signed integer: the Bloom filter's item (see ``bloom.key_item``)."""
 
 
 def tenant_slug(tenant: str) -> str:
@@ -147,14 +149,24 @@ def _normalize_code(text: str) -> str:
 
 def _canon_json_value(value: Any) -> Any:
     """Recursively NFC-normalize strings; dict key order is handled by sorted dumping."""
-    if isinstance(value, str):
-        return unicodedata.normalize("NFC", value)
+    # Exact type checks first: this runs on every request and ABC isinstance checks are slow.
+    t = type(value)
+    if t is str:
+        return value if value.isascii() else unicodedata.normalize("NFC", value)
+    if t is dict:
+        return {(k if type(k) is str else str(k)): _canon_json_value(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_canon_json_value(v) for v in value]
+    if t is int or t is bool or value is None:
+        return value
+    if t is float:
+        return int(value) if value.is_integer() else value  # 1.0 and 1 are the same JSON number
     if isinstance(value, Mapping):
         return {str(k): _canon_json_value(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", str(value))
     if isinstance(value, list | tuple):
         return [_canon_json_value(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)  # 1.0 and 1 are the same JSON number to every consumer
     return value
 
 
@@ -209,8 +221,11 @@ class KeyBuilder:
         )
         params_bytes = dumps_canonical(params)
         params_hash = hashlib.sha256(params_bytes).hexdigest()[:32]
-        canonical = dumps_canonical({"params": params, "text": text})
-        digest = hashlib.sha256(canonical).hexdigest()[:32]
+        # The key hashes the canonical params and the normalized text, separated by a NUL (which
+        # canonical JSON never contains), so no (params, text) pair can collide with another.
+        text_bytes = text.encode("utf-8")
+        full = hashlib.sha256(params_bytes + b"\x00" + text_bytes).digest()
+        digest = full[:16].hex()
         temperature = params.get("temperature", 1.0)
         sampled = bool(temperature and temperature > 0 and params.get("seed") is None)
         return NormalizedRequest(
@@ -220,7 +235,8 @@ class KeyBuilder:
             model=model,
             text=text,
             params_hash=params_hash,
-            canonical=canonical.decode("utf-8"),
+            canonical=params_bytes.decode("utf-8") + "\n" + text,
+            bloom_item=int.from_bytes(full[:16], "big", signed=True),
             sampled=sampled,
             numbers=tuple(sorted(n.replace(",", "") for n in _NUMBER.findall(text))),
             negations=len(_NEGATION.findall(text)),

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -131,6 +132,12 @@ class CacheMetrics:
         self.bloom_fp = Gauge("cache_bloom_fp_rate", "Measured Bloom false-positive rate.", registry=registry)
         self.counts: dict[str, dict[str, int]] = {t: {"hits": 0, "misses": 0, "errors": 0} for t in TIERS}
         self.drift = {t: DriftWindow() for t in TIERS}
+        # Label lookups cost microseconds each; the request path uses these resolved children.
+        self._hits = {t: self.hits.labels(t) for t in TIERS}
+        self._misses = {t: self.misses.labels(t) for t in TIERS}
+        self._errors = {t: self.errors.labels(t) for t in TIERS}
+        self._lookup = {t: self.lookup.labels(t) for t in TIERS}
+        self._requests: dict[str, Any] = {}
         for tier in TIERS:
             self.hit_rate.labels(tier).set_function(self._hit_rate_fn(tier))
             self.drift_gauge.labels(tier).set_function(self.drift[tier].drift)
@@ -156,16 +163,22 @@ class CacheMetrics:
 
     def hit(self, tier: str) -> None:
         self.counts[tier]["hits"] += 1
-        self.hits.labels(tier).inc()
+        self._hits[tier].inc()
 
     def miss(self, tier: str) -> None:
         self.counts[tier]["misses"] += 1
-        self.misses.labels(tier).inc()
+        self._misses[tier].inc()
 
     def error(self, tier: str) -> None:
         self.counts[tier]["errors"] += 1
-        self.errors.labels(tier).inc()
+        self._errors[tier].inc()
 
     def observe(self, tier: str, seconds: float) -> None:
-        self.lookup.labels(tier).observe(seconds)
+        self._lookup[tier].observe(seconds)
         self.drift[tier].add(seconds)
+
+    def request(self, status: str) -> None:
+        child = self._requests.get(status)
+        if child is None:
+            child = self._requests[status] = self.requests.labels(status)
+        child.inc()

@@ -323,7 +323,7 @@ class CacheStack:
         context: dict[str, Any] | None = None,
     ) -> CacheTicket:
         self._status_counts[status] = self._status_counts.get(status, 0) + 1
-        self.metrics.requests.labels(status).inc()
+        self.metrics.request(status)
         return CacheTicket(
             status=status,
             key=key,
@@ -348,7 +348,7 @@ class CacheStack:
         ctx: dict[str, Any] = {"req": req}
         maybe = True
         if self.bloom is not None:
-            maybe = self.bloom.check(req.key)
+            maybe = self.bloom.check_item(req.bloom_item)
             (self.metrics.bloom_passes if maybe else self.metrics.bloom_intercepts).inc()
             ctx["bloom"] = maybe
         if maybe:
@@ -384,7 +384,7 @@ class CacheStack:
                     req.key, e.completion, codec.completion_nbytes(e.completion), e.value_tier, e.expires_at
                 )
                 if self.bloom is not None:
-                    self.bloom.add(req.key)
+                    self.bloom.add_item(req.bloom_item)
                 if self.l2 is not None:
                     value = codec.StoredValue(req.key, e.completion, e.value_tier, time.time(), e.expires_at)
                     self._spawn(self._l2_set(req.key, value))
@@ -476,7 +476,7 @@ class CacheStack:
         self.metrics.writebacks.labels(tier).inc()
         self.l1.put(req.key, completion, codec.completion_nbytes(completion), tier, expires)
         if self.bloom is not None:
-            self.bloom.add(req.key)
+            self.bloom.add_item(req.bloom_item)
         jobs: list[Any] = []
         if self.l2 is not None:
             jobs.append(self._l2_set(req.key, codec.StoredValue(req.key, completion, tier, now, expires)))

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +109,14 @@ def _load_template(path: Path, renderer: PromptRenderer) -> _Template:
         for i, m in enumerate(spec["messages"]):
             role = m.get("role") if isinstance(m, dict) else None
             if role not in ("system", "user", "assistant", "fewshot"):
-                raise TemplateError("role must be system, user, assistant or fewshot", file=path, field=f"messages[{i}].role")
+                raise TemplateError(
+                    "role must be system, user, assistant or fewshot", file=path, field=f"messages[{i}].role"
+                )
             tmpl = m.get("template")
             if role != "fewshot" and not isinstance(tmpl, str):
-                raise TemplateError("a message needs a 'template' name", file=path, field=f"messages[{i}].template")
+                raise TemplateError(
+                    "a message needs a 'template' name", file=path, field=f"messages[{i}].template"
+                )
             parts.append((role, tmpl))
         files = [path] + [renderer.loader.resolve(t) for _, t in parts if t is not None]
         for _, t in parts:
@@ -131,9 +136,11 @@ def _sha(paths: Sequence[Path]) -> str:
 
 def _trace_rows(path: Path, fmt: str | None, limit: int | None) -> list[Any]:
     try:
-        from harness.traces import read_requests  # type: ignore[attr-defined]
+        from harness.traces import read_requests
     except ImportError:
-        raise ConfigError("reading request traces needs the traces stage (harness.traces.read_requests)") from None
+        raise ConfigError(
+            "reading request traces needs the traces stage (harness.traces.read_requests)"
+        ) from None
     rows: list[Any] = []
     for ev in read_requests(path, format=fmt):
         rows.append(ev)
@@ -146,7 +153,7 @@ def _trace_rows(path: Path, fmt: str | None, limit: int | None) -> list[Any]:
 
 def _scenarios(path: Path) -> Any:
     try:
-        from harness.traces import load_scenarios  # type: ignore[attr-defined]
+        from harness.traces import load_scenarios
     except ImportError:
         from harness.traces.model import ScenarioSet
 
@@ -158,7 +165,9 @@ def _scenarios(path: Path) -> Any:
     return load_scenarios(path)
 
 
-def _context(v: RequestVariables, pick: Pick, shots: list[FewShotLogEntry], history: int | None) -> dict[str, Any]:
+def _context(
+    v: RequestVariables, pick: Pick, shots: list[FewShotLogEntry], history: int | None
+) -> dict[str, Any]:
     """Template variables. Values are plain data (dicts, lists, strings): nothing is compiled."""
     lang = v.profile.lang
     label = DOMAIN_LABELS.get(v.domain, (v.domain, v.domain))[1 if lang == "zh" else 0]
@@ -175,7 +184,10 @@ def _context(v: RequestVariables, pick: Pick, shots: list[FewShotLogEntry], hist
         "session": session,
         "request_at": v.request_at,
         "constraints": dict(v.constraints),
-        "fewshots": [{"id": s.id, "text": s.text, "response": s.response or "", "domain": s.domain or ""} for s in shots],
+        "fewshots": [
+            {"id": s.id, "text": s.text, "response": s.response or "", "domain": s.domain or ""}
+            for s in shots
+        ],
         "scenario": {"name": pick.scenario.name, "tags": dict(pick.scenario.tags)} if pick.scenario else None,
     }
 
@@ -195,7 +207,9 @@ def dedup_text(v: RequestVariables, mode: str = "variables") -> str:
     return f"{v.query} | {p.name}, {p.tier}, {p.city} | {actions} | {cons}"
 
 
-def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progress | None = None) -> BuildResult:
+def build_corpus(
+    inputs: BuildInputs, settings: CorpusSettings, progress: Progress | None = None
+) -> BuildResult:
     """Build the corpus described by ``inputs`` into ``inputs.out`` and return what was written."""
     from harness.common.embeddings import Embedder
     from harness.common.settings import HarnessSettings
@@ -205,7 +219,9 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
     if not template_path.is_file():
         raise TemplateError("template file not found", file=template_path)
     roots = [template_path.resolve().parent, *inputs.template_roots]
-    renderer = PromptRenderer(roots, max_output_chars=settings.max_output_chars, max_render_s=settings.max_render_s)
+    renderer = PromptRenderer(
+        roots, max_output_chars=settings.max_output_chars, max_render_s=settings.max_render_s
+    )
     tmpl = _load_template(template_path, renderer)
     scen = _scenarios(inputs.scenarios) if inputs.scenarios is not None else None
     rows = _trace_rows(inputs.trace, inputs.trace_format, inputs.n) if inputs.trace is not None else None
@@ -219,7 +235,9 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
     key = (settings.device, settings.batch_size, str(cache))
     embedder = _EMBEDDERS.get(key)
     if embedder is None:  # one per process and configuration: loading the model costs seconds
-        embedder = _EMBEDDERS[key] = Embedder(device=settings.device, batch_size=settings.batch_size, cache_path=cache)
+        embedder = _EMBEDDERS[key] = Embedder(
+            device=settings.device, batch_size=settings.batch_size, cache_path=cache
+        )
     tok = load_tokenizer(str(settings.tokenizer) if settings.tokenizer else None, settings.seed)
     pool: FewShotPool | None = None
     if inputs.fewshot is not None:
@@ -256,7 +274,7 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
         tick("generate", want, want)
         texts = [dedup_text(v, settings.dedup_on) for v, _ in cand[start:]]
         tick("embed", 0, len(texts))
-        fresh = _encode(embedder, texts, lambda d: tick("embed", d, len(texts)))
+        fresh = _encode(embedder, texts, partial(tick, "embed"))
         vecs = fresh if vecs.size == 0 else np.vstack([vecs, fresh])
         tick("dedup", 0, 1)
         result = dedup_mod.dedup(vecs, settings.dedup_threshold, settings.dedup_method)
@@ -283,7 +301,23 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
         shots = pool.for_request(v.domain, rng, settings.shots_per_prompt) if pool is not None else []
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
-        records.append(_record(k, ci, v, pick, shots, ev, tmpl, renderer, tok, template_sha, id_counts, settings, rng))
+        records.append(
+            _record(
+                k=k,
+                ci=ci,
+                v=v,
+                pick=pick,
+                shots=shots,
+                ev=ev,
+                tmpl=tmpl,
+                renderer=renderer,
+                tok=tok,
+                template_sha=template_sha,
+                id_counts=id_counts,
+                settings=settings,
+                rng=rng,
+            )
+        )
         if k % 20 == 0:
             tick("render", k, n)
     tick("render", n, n)
@@ -336,7 +370,11 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
             "candidates": len(cand),
             "dropped": result.n_dropped,
             "with_prefix": sum(1 for r in records if r.prefix_tokens > 0),
-            "fitted_exact": sum(1 for r in records if r.target_input_tokens is not None and r.prompt_tokens == r.target_input_tokens),
+            "fitted_exact": sum(
+                1
+                for r in records
+                if r.target_input_tokens is not None and r.prompt_tokens == r.target_input_tokens
+            ),
         },
         inputs={
             "template": str(inputs.template),
@@ -351,22 +389,36 @@ def build_corpus(inputs: BuildInputs, settings: CorpusSettings, progress: Progre
     write_jsonl(out / CORPUS_FILE, (r.model_dump(mode="json", exclude_none=True) for r in records))
     write_json(out / MANIFEST_FILE, manifest.model_dump(mode="json"))
     examples = [
-        {"kept": dedup_text(cand[a][0], settings.dedup_on), "dropped": dedup_text(cand[b][0], settings.dedup_on), "cosine": round(s, 4)} for a, b, s in result.examples
+        {
+            "kept": dedup_text(cand[a][0], settings.dedup_on),
+            "dropped": dedup_text(cand[b][0], settings.dedup_on),
+            "cosine": round(s, 4),
+        }
+        for a, b, s in result.examples
     ]
-    write_json(out / QUALITY_FILE, {"metrics": metrics, "thresholds": thresholds.model_dump(), "failures": bad, "dedup_examples": examples})
+    write_json(
+        out / QUALITY_FILE,
+        {
+            "metrics": metrics,
+            "thresholds": thresholds.model_dump(),
+            "failures": bad,
+            "dedup_examples": examples,
+        },
+    )
     return BuildResult(records, manifest, metrics, result, bad, len(cand))
 
 
-def _encode(embedder: Any, texts: list[str], tick: Callable[[int], None]) -> npt.NDArray[np.float32]:
+def _encode(embedder: Any, texts: list[str], tick: Callable[..., None]) -> npt.NDArray[np.float32]:
     chunk = max(embedder.batch_size * 4, 256)
     parts = []
     for s in range(0, len(texts), chunk):
         parts.append(embedder.encode(texts[s : s + chunk]))
-        tick(min(len(texts), s + chunk))
+        tick(min(len(texts), s + chunk), len(texts))
     return np.vstack(parts) if parts else np.zeros((0, 384), dtype=np.float32)
 
 
 def _record(
+    *,
     k: int,
     ci: int,
     v: RequestVariables,
@@ -443,10 +495,10 @@ def _record(
         source=getattr(ev, "source", None) or None,
         source_line=getattr(ev, "line", None),
         source_trace_id=getattr(ev, "source_trace_id", None),
-        fitted=fitted,  # type: ignore[arg-type]
+        fitted=fitted,
     )
     prompt = parts[0][1] if tmpl.kind == "prompt" else None
-    messages = [Message(role=r, content=t) for r, t in parts] if tmpl.kind == "messages" else None  # type: ignore[arg-type]
+    messages = [Message(role=r, content=t) for r, t in parts] if tmpl.kind == "messages" else None
     return CorpusRecord(
         id=f"req-{settings.seed}-{k:06d}",
         tenant=(getattr(ev, "tenant", None) or settings.tenant),
@@ -466,3 +518,16 @@ def _record(
         variables=v,
         provenance=prov,
     )
+
+
+def build_demo(out: Path, n: int = 40, seed: int = 0, root: Path | None = None) -> BuildResult:
+    """The corpus ``make demo`` builds: bundled template, few-shot log and scenarios, no other input."""
+    base = root or Path(__file__).resolve().parents[2]
+    inputs = BuildInputs(
+        template=base / "templates" / "prompts" / "four_section.j2",
+        out=out,
+        n=n,
+        fewshot=base / "fixtures" / "corpus" / "fewshot_log.jsonl",
+        scenarios=base / "fixtures" / "corpus" / "scenarios.json",
+    )
+    return build_corpus(inputs, CorpusSettings(seed=seed))

@@ -41,7 +41,14 @@ DOMAINS: tuple[Domain, ...] = (
     Domain(
         name="travel",
         keywords=("travel", "trip", "flight", "hotel", "booking", "itinerary", "airline"),
-        actions=("search_flights", "view_hotel", "compare_prices", "read_reviews", "add_traveller", "view_map"),
+        actions=(
+            "search_flights",
+            "view_hotel",
+            "compare_prices",
+            "read_reviews",
+            "add_traveller",
+            "view_map",
+        ),
         details_en=(
             "I prefer a window seat if possible.",
             "A late check-out would really help.",
@@ -69,7 +76,8 @@ DOMAINS: tuple[Domain, ...] = (
                 en=(
                     "Find me a hotel in {city} from {start} to {end} for {party} people, under {budget}.",
                     "I need a room in {city} between {start} and {end}; budget is {budget} per night.",
-                    "Can you book {party} guests into somewhere central in {city}, {start}–{end}, max {budget}?",
+                    "Can you book {party} guests into somewhere central in {city}, "
+                    "{start}–{end}, max {budget}?",
                     "Looking for accommodation near the business district of {city}, {start} to {end}, "
                     "{party} adults, no more than {budget}.",
                 ),
@@ -115,7 +123,14 @@ DOMAINS: tuple[Domain, ...] = (
     Domain(
         name="ecommerce",
         keywords=("shop", "cart", "order", "checkout", "product", "catalog", "store", "inventory"),
-        actions=("search_product", "view_item", "add_to_cart", "remove_from_cart", "apply_coupon", "view_order"),
+        actions=(
+            "search_product",
+            "view_item",
+            "add_to_cart",
+            "remove_from_cart",
+            "apply_coupon",
+            "view_order",
+        ),
         details_en=(
             "It is a gift, so please hide the price.",
             "I already have a coupon from last week.",
@@ -187,7 +202,14 @@ DOMAINS: tuple[Domain, ...] = (
     Domain(
         name="banking",
         keywords=("bank", "payment", "account", "card", "loan", "transfer", "ledger", "finance"),
-        actions=("login", "view_balance", "view_statement", "transfer_funds", "update_contact", "freeze_card"),
+        actions=(
+            "login",
+            "view_balance",
+            "view_statement",
+            "transfer_funds",
+            "update_contact",
+            "freeze_card",
+        ),
         details_en=(
             "I am currently abroad.",
             "This is for my business account.",
@@ -321,7 +343,14 @@ DOMAINS: tuple[Domain, ...] = (
     Domain(
         name="food_delivery",
         keywords=("food", "restaurant", "menu", "delivery", "courier", "kitchen", "meal"),
-        actions=("browse_menu", "add_dish", "apply_voucher", "track_courier", "rate_order", "search_restaurant"),
+        actions=(
+            "browse_menu",
+            "add_dish",
+            "apply_voucher",
+            "track_courier",
+            "rate_order",
+            "search_restaurant",
+        ),
         details_en=(
             "One of us is vegetarian.",
             "No peanuts — severe allergy.",

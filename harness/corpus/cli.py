@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import orjson
 import typer
@@ -10,7 +11,9 @@ from rich.console import Console
 
 from harness.common.errors import CheckFailed, InputError
 
-app = typer.Typer(help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True)
+app = typer.Typer(
+    help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
+)
 console = Console(stderr=True)
 
 DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
@@ -18,21 +21,48 @@ DEFAULT_FEWSHOT = Path("fixtures/corpus/fewshot_log.jsonl")
 
 
 @app.command()
-def build(
-    template: Path = typer.Option(DEFAULT_TEMPLATE, "--template", help="A .j2 prompt template or a .messages.json spec."),
-    out: Path = typer.Option(..., "--out", help="Output directory (corpus.jsonl, manifest.json, quality.json)."),
-    n: int | None = typer.Option(None, "--n", min=1, help="Requests to produce (default with --trace: one per trace line)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed; the same seed gives the same corpus."),
-    scenarios: Path | None = typer.Option(None, "--scenarios", help="scenarios.json weighting intents and lengths."),
-    fewshot: Path | None = typer.Option(None, "--fewshot", help="JSONL log of past requests with confidence."),
-    trace: Path | None = typer.Option(None, "--trace", help="Request trace giving arrivals, token lengths, hash_ids."),
-    trace_format: str | None = typer.Option(None, "--trace-format", help="Trace format (default: detected)."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Target tokenizer.json or checkpoint dir."),
-    threshold: float | None = typer.Option(None, "--threshold", help="Dedup cosine threshold (default 0.82)."),
-    dedup_method: str | None = typer.Option(None, "--dedup-method", help="auto, exact or faiss."),
-    locales: str | None = typer.Option(None, "--locales", help="Comma-separated Faker locales (en_US,zh_CN)."),
-    template_root: list[Path] = typer.Option([], "--template-root", help="Extra directory templates may include from."),
-    check: bool = typer.Option(True, "--check/--no-check", help="Fail (exit 1) when quality misses a threshold."),
+def build(  # noqa: PLR0917 - typer maps parameters to options
+    out: Annotated[
+        Path, typer.Option("--out", help="Output directory (corpus.jsonl, manifest.json, quality.json).")
+    ],
+    template: Annotated[
+        Path, typer.Option("--template", help="A .j2 prompt template or a .messages.json spec.")
+    ] = DEFAULT_TEMPLATE,
+    n: Annotated[
+        int | None,
+        typer.Option("--n", min=1, help="Requests to produce (default with --trace: one per line)."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed; the same seed gives the same corpus.")
+    ] = None,
+    scenarios: Annotated[
+        Path | None, typer.Option("--scenarios", help="scenarios.json weighting intents and lengths.")
+    ] = None,
+    fewshot: Annotated[
+        Path | None, typer.Option("--fewshot", help="JSONL log of past requests with confidence.")
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Request trace giving arrivals, token lengths, hash_ids.")
+    ] = None,
+    trace_format: Annotated[
+        str | None, typer.Option("--trace-format", help="Trace format (default: detected).")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="Target tokenizer.json or checkpoint dir.")
+    ] = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help="Dedup cosine threshold (default 0.82).")
+    ] = None,
+    dedup_method: Annotated[str | None, typer.Option("--dedup-method", help="auto, exact or faiss.")] = None,
+    locales: Annotated[
+        str | None, typer.Option("--locales", help="Comma-separated Faker locales (en_US,zh_CN).")
+    ] = None,
+    template_root: Annotated[
+        list[Path] | None, typer.Option("--template-root", help="Extra directory templates may include from.")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Fail (exit 1) when quality misses a threshold.")
+    ] = True,
 ) -> None:
     """Build a corpus; deterministic for a seed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -58,11 +88,15 @@ def build(
         fewshot=fewshot,
         trace=trace,
         trace_format=trace_format,
-        template_roots=list(template_root),
+        template_roots=list(template_root or []),
     )
     tasks: dict[str, TaskID] = {}
     with Progress(
-        TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        TextColumn("{task.description:>14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
     ) as bar:
 
         def tick(phase: str, done: int, total: int) -> None:
@@ -80,13 +114,15 @@ def build(
     for rep, dropped, cos in result.dedup.examples[:3]:
         console.print(f"  dropped #{dropped} ≈ kept #{rep} (cosine {cos:.3f})", highlight=False)
     if check and result.failures:
-        raise CheckFailed("corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json"))
+        raise CheckFailed(
+            "corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json")
+        )
 
 
 @app.command()
 def stats(
-    corpus: Path = typer.Argument(..., help="A corpus directory (or its corpus.jsonl)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    corpus: Annotated[Path, typer.Argument(help="A corpus directory (or its corpus.jsonl).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")] = False,
 ) -> None:
     """Recompute quality metrics from a corpus on disk (no embeddings: diversity is lexical only)."""
     from collections import Counter

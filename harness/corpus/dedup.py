@@ -53,7 +53,9 @@ class DedupResult:
         return len(self.dropped)
 
 
-def _verify(x: npt.NDArray[np.float32], i: npt.NDArray[np.int64], j: npt.NDArray[np.int64], threshold: float) -> Pairs:
+def _verify(
+    x: npt.NDArray[np.float32], i: npt.NDArray[np.int64], j: npt.NDArray[np.int64], threshold: float
+) -> Pairs:
     sims = np.einsum("ij,ij->i", x[i], x[j]).astype(np.float32)
     ok = sims >= threshold
     return i[ok], j[ok], sims[ok]
@@ -168,7 +170,11 @@ def dedup(
     search = searches.get(method)
     pairs = search(x, threshold, **search_kwargs) if search_kwargs else search(x, threshold)
     keep, dropped = greedy_keep(len(x), pairs)
-    sims = {(int(a), int(b)): float(s) for a, b, s in zip(*pairs, strict=True)} if len(pairs[0]) <= 100_000 else {}
+    sims = (
+        {(int(a), int(b)): float(s) for a, b, s in zip(*pairs, strict=True)}
+        if len(pairs[0]) <= 100_000
+        else {}
+    )
     examples = [(rep, d, sims.get((rep, d), float("nan"))) for d, rep in sorted(dropped.items())[:10]]
     return DedupResult(keep=keep, dropped=dropped, pairs=len(pairs[0]), method=method, examples=examples)
 

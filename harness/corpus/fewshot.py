@@ -100,7 +100,7 @@ class FewShotPool:
         return {s: n / len(self.strata) for s, n in c.items()}
 
     def for_request(self, domain: str, rng: np.random.Generator, per_prompt: int) -> list[FewShotLogEntry]:
-        """``per_prompt`` shots: one from the request's own domain when the shot set has it, the rest mixed."""
+        """``per_prompt`` shots: one from the request's own domain when the shot set has one, then mixed."""
         if per_prompt <= 0 or not self.shots:
             return []
         same = [i for i in self.shots if self.strata[i] == domain]
@@ -124,7 +124,9 @@ class FewShotPool:
         }
 
 
-def cluster(vectors: np.ndarray, k: int | None, seed: int, k_range: tuple[int, int] = (2, 10)) -> tuple[np.ndarray, int, float | None]:
+def cluster(
+    vectors: np.ndarray, k: int | None, seed: int, k_range: tuple[int, int] = (2, 10)
+) -> tuple[np.ndarray, int, float | None]:
     """KMeans labels, the ``k`` used, and its silhouette (``k`` chosen by silhouette when not given)."""
     from sklearn.cluster import KMeans
     from sklearn.metrics import silhouette_score
@@ -167,15 +169,15 @@ def build_pool(
     if labelled:
         agree = 0
         for c in set(labels.tolist()):
-            members = [strata[i] for i in range(len(top)) if labels[i] == c]
-            agree += Counter(members).most_common(1)[0][1]
+            in_cluster = [strata[i] for i in range(len(top)) if labels[i] == c]
+            agree += Counter(in_cluster).most_common(1)[0][1]
         purity = agree / len(top)
     pool = FewShotPool(top, strata, [int(c) for c in labels], k_used, sil, purity)
     alloc = allocate(pool.weights, shot_set_size, floor)
     rng = np.random.default_rng(seed)
     shots: list[int] = []
     for stratum in sorted(alloc):
-        members = [i for i, s in enumerate(strata) if s == stratum]
+        members = [i for i, name in enumerate(strata) if name == stratum]
         take = min(alloc[stratum], len(members))
         shots.extend(sorted(int(members[j]) for j in rng.choice(len(members), size=take, replace=False)))
     pool.shots = shots

@@ -28,7 +28,8 @@ HORIZON_DAYS = 300
 
 def candidate_rng(seed: int, index: int, purpose: str = "req") -> np.random.Generator:
     digest = hashlib.sha256(f"{seed}:{purpose}:{index}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    rng: np.random.Generator = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return rng
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ def _intent_weights(domain: catalog.Domain, sc: ScenarioClass | None) -> np.ndar
             for j, it in enumerate(domain.intents):
                 if any(k in low for k in it.keywords):
                     w[j] += 4.0 * share * len(domain.intents)
-    return w / w.sum()
+    out: np.ndarray = w / w.sum()
+    return out
 
 
 class InputSampler:
@@ -86,7 +88,9 @@ class InputSampler:
         if unknown:
             from harness.common.errors import ConfigError
 
-            raise ConfigError(f"unsupported locale(s) {', '.join(unknown)}; supported: {', '.join(LOCALE_LANG)}")
+            raise ConfigError(
+                f"unsupported locale(s) {', '.join(unknown)}; supported: {', '.join(LOCALE_LANG)}"
+            )
         self.seed = seed
         self.locales = list(locales)
         self.fakers = {loc: Faker(loc) for loc in self.locales}
@@ -130,13 +134,15 @@ class InputSampler:
         birth = (request_at - timedelta(days=float(rng.uniform(19 * 365.25, 80 * 365.25)))).date()
         adult = datetime(birth.year + 18, birth.month, min(birth.day, 28), tzinfo=UTC)
         signup_lo = max(adult, request_at - timedelta(days=3650))
-        signup = signup_lo + timedelta(seconds=float(rng.uniform(0, max(1.0, (request_at - signup_lo).total_seconds() - 86400))))
+        signup = signup_lo + timedelta(
+            seconds=float(rng.uniform(0, max(1.0, (request_at - signup_lo).total_seconds() - 86400)))
+        )
         region = fake.province() if lang == "zh" else fake.state()
         profile = Profile(
             user_id=f"u{int(rng.integers(10**9)):09d}",
             name=fake.name(),
             locale=locale,
-            lang=lang,  # type: ignore[arg-type]
+            lang=lang,
             birth_date=birth.isoformat(),
             city=fake.city(),
             region=region,
@@ -164,7 +170,9 @@ class InputSampler:
             end=(request_at + timedelta(minutes=5)).isoformat(),
             events=events,
         )
-        constraints = self._constraints(rng, pick, lang, fake, request_at, profile)
+        constraints = self._constraints(
+            rng=rng, pick=pick, lang=lang, fake=fake, request_at=request_at, profile=profile
+        )
         query = self._query(rng, pick.intent, pick.domain, lang, constraints)
         return (
             RequestVariables(
@@ -181,6 +189,7 @@ class InputSampler:
 
     def _constraints(
         self,
+        *,
         rng: np.random.Generator,
         pick: Pick,
         lang: str,
@@ -259,5 +268,7 @@ class InputSampler:
 def sample_distribution(dist: Distribution, rng: np.random.Generator) -> int:
     """Draw from a summarised distribution by inverting its piecewise-linear quantile function."""
     qs = np.array([0.0, 0.5, 0.9, 0.95, 0.99, 1.0])
-    vs = np.maximum.accumulate(np.array([dist.min, dist.p50, dist.p90, dist.p95, dist.p99, dist.max], dtype=np.float64))
+    vs = np.maximum.accumulate(
+        np.array([dist.min, dist.p50, dist.p90, dist.p95, dist.p99, dist.max], dtype=np.float64)
+    )
     return max(1, round(float(np.interp(rng.random(), qs, vs))))

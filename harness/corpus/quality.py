@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,18 @@ from pydantic import BaseModel, ConfigDict
 from harness.common.errors import CheckFailed
 from harness.corpus.model import CorpusRecord, RequestVariables
 
-REQUIRED_PROFILE = ("user_id", "name", "locale", "birth_date", "city", "region", "email", "phone", "tier", "signup_at")
+REQUIRED_PROFILE = (
+    "user_id",
+    "name",
+    "locale",
+    "birth_date",
+    "city",
+    "region",
+    "email",
+    "phone",
+    "tier",
+    "signup_at",
+)
 _WORD = re.compile(r"[\u4e00-\u9fff]|[^\W\d_]+|\d+", re.UNICODE)
 
 
@@ -73,11 +85,11 @@ def timeline_ok(v: RequestVariables) -> bool:
         start, end, req = _dt(v.session.start), _dt(v.session.end), _dt(v.request_at)
         events = [_dt(e.ts) for e in v.session.events]
         age_at_signup = (signup.date() - birth).days / 365.25
-        if not (17.9 <= age_at_signup and signup <= req):
+        if not (age_at_signup >= 17.9 and signup <= req):
             return False
         if not (start <= req <= end):
             return False
-        if any(b < a for a, b in zip(events, events[1:], strict=False)):
+        if any(b < a for a, b in pairwise(events)):
             return False
         if any(not (start <= t <= req) for t in events):
             return False
@@ -129,9 +141,19 @@ def compute(
     texts: Sequence[str] | None = None,
 ) -> dict[str, float | int | None]:
     """All metrics for ``records`` (``vectors``: their dedup embeddings, same order)."""
-    texts = list(texts) if texts is not None else [r.variables.query if r.variables else r.text() for r in records]
-    prompt_tokens = [r.prompt_tokens for r in records if r.prompt_tokens is not None and r.target_input_tokens is not None]
-    targets = [r.target_input_tokens for r in records if r.prompt_tokens is not None and r.target_input_tokens is not None]
+    texts = (
+        list(texts)
+        if texts is not None
+        else [r.variables.query if r.variables else r.text() for r in records]
+    )
+    prompt_tokens = [
+        r.prompt_tokens for r in records if r.prompt_tokens is not None and r.target_input_tokens is not None
+    ]
+    targets = [
+        r.target_input_tokens
+        for r in records
+        if r.prompt_tokens is not None and r.target_input_tokens is not None
+    ]
     exact = sum(1 for a, b in zip(prompt_tokens, targets, strict=True) if a == b)
     return {
         "records": len(records),
@@ -194,5 +216,7 @@ def table(metrics: dict[str, float | int | None], thresholds: Thresholds) -> obj
             t.add_row(name, shown, "", "")
             continue
         ok = value >= limit if kind == "min" else value <= limit
-        t.add_row(name, shown, f"{'≥' if kind == 'min' else '≤'} {limit}", "[green]✓[/]" if ok else "[red]✗[/]")
+        t.add_row(
+            name, shown, f"{'≥' if kind == 'min' else '≤'} {limit}", "[green]✓[/]" if ok else "[red]✗[/]"
+        )
     return t

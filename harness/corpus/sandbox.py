@@ -44,7 +44,9 @@ class ConfinedLoader(jinja2.BaseLoader):
             raise TemplateError("invalid template name", file=name)
         parts = name.split("/")
         if name.startswith("/") or Path(name).is_absolute() or any(p in ("..", "") for p in parts[:-1]):
-            raise TemplateError("template names must be relative and stay inside the template root", file=name)
+            raise TemplateError(
+                "template names must be relative and stay inside the template root", file=name
+            )
         if ".." in parts:
             raise TemplateError("template names must not contain '..'", file=name)
         for root in self.roots:
@@ -80,9 +82,9 @@ class _Guarded(ImmutableSandboxedEnvironment):
             return operator.pow(left, right)
         # Sequence repetition: the size of the result is len × count.
         for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, str | list | tuple) and isinstance(count, int):
-                if len(seq) * max(count, 0) > self.max_operand:
-                    raise SecurityError("repetition result too large in template")
+            too_big = isinstance(seq, str | list | tuple) and isinstance(count, int)
+            if too_big and len(seq) * max(count, 0) > self.max_operand:
+                raise SecurityError("repetition result too large in template")
         return operator.mul(left, right)
 
 
@@ -122,7 +124,9 @@ class PromptRenderer:
             except TemplateError:
                 raise
             except jinja2.TemplateSyntaxError as exc:
-                raise TemplateError(f"template syntax error: {exc.message}", file=exc.filename or name, line=exc.lineno) from None
+                raise TemplateError(
+                    f"template syntax error: {exc.message}", file=exc.filename or name, line=exc.lineno
+                ) from None
             except jinja2.TemplateNotFound as exc:
                 raise TemplateError(f"included template not found: {exc.name}", file=name) from None
         return self._cache[name]
@@ -140,20 +144,30 @@ class PromptRenderer:
             for chunk in tmpl.generate(**variables):
                 size += len(chunk)
                 if size > self.max_output_chars:
-                    raise TemplateError(f"rendered output exceeds {self.max_output_chars} characters", file=name)
+                    raise TemplateError(
+                        f"rendered output exceeds {self.max_output_chars} characters", file=name
+                    )
                 if time.perf_counter() > deadline:
                     raise TemplateError(f"render took longer than {self.max_render_s} s", file=name)
                 out.append(chunk)
         except TemplateError:
             raise
         except SecurityError as exc:
-            raise TemplateError(f"unsafe template operation refused by the sandbox: {exc}", file=name, line=_line(exc, tmpl)) from None
+            raise TemplateError(
+                f"unsafe template operation refused by the sandbox: {exc}", file=name, line=_line(exc, tmpl)
+            ) from None
         except jinja2.UndefinedError as exc:
-            raise TemplateError(f"undefined template variable: {exc.message}", file=name, line=_line(exc, tmpl)) from None
+            raise TemplateError(
+                f"undefined template variable: {exc.message}", file=name, line=_line(exc, tmpl)
+            ) from None
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"template failed to render: {exc}", file=name, line=_line(exc, tmpl)) from None
+            raise TemplateError(
+                f"template failed to render: {exc}", file=name, line=_line(exc, tmpl)
+            ) from None
         except (TypeError, ValueError, ArithmeticError, KeyError, IndexError) as exc:
-            raise TemplateError(f"template failed to render: {type(exc).__name__}: {exc}", file=name, line=_line(exc, tmpl)) from None
+            raise TemplateError(
+                f"template failed to render: {type(exc).__name__}: {exc}", file=name, line=_line(exc, tmpl)
+            ) from None
         return "".join(out)
 
 

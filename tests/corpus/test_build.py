@@ -41,7 +41,9 @@ def test_same_seed_same_corpus_and_records_validate(tmp_path: Path) -> None:
     quality = json.loads((tmp_path / "a" / "quality.json").read_text())
     assert quality["metrics"]["dup_rate_after"] == 0.0
     # Every record names the few-shot lines it shows, and they are in its prompt.
-    log = {json.loads(line)["id"]: json.loads(line)["text"] for line in (FIXTURES / "fewshot_log.jsonl").open()}
+    log = {
+        json.loads(line)["id"]: json.loads(line)["text"] for line in (FIXTURES / "fewshot_log.jsonl").open()
+    }
     for r in records:
         assert r.variables is not None and r.prompt is not None
         for fid in r.variables.fewshot_ids:
@@ -75,7 +77,11 @@ def test_trace_replay_fits_lengths_and_shares_prefixes(tmp_path: Path) -> None:
             lead = 0
             while lead < min(len(hi), len(hj)) and hi[lead] == hj[lead] and counts[hi[lead]] >= 2:
                 lead += 1
-            want = min(lead * 512, (rows[i]["input_length"] - 32) // 512 * 512, (rows[j]["input_length"] - 32) // 512 * 512)
+            want = min(
+                lead * 512,
+                (rows[i]["input_length"] - 32) // 512 * 512,
+                (rows[j]["input_length"] - 32) // 512 * 512,
+            )
             if want <= 0:
                 continue
             assert ids[i][:want] == ids[j][:want]
@@ -116,7 +122,9 @@ def test_messages_template_and_scenarios(tmp_path: Path) -> None:
     assert res.metrics["token_ks"] is not None
 
 
-def test_cli_build_stats_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+def test_cli_build_stats_and_exit_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
     from harness.cli import main
 
     out = tmp_path / "cli"

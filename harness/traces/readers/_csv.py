@@ -66,12 +66,19 @@ def iter_rows(
             field=missing[0],
         )
     width = len(header)
-    row = 0
-    for _n, text in lines:
-        if not text.strip():
+    # One csv.reader over the remaining lines; the row number is the file line minus the header's,
+    # so it agrees with the numbers in errors raised while decoding lines.
+    numbers: list[int] = [header_at]
+
+    def texts() -> Iterator[str]:
+        for n, text in lines:
+            numbers[0] = n
+            yield text
+
+    for cells in csv.reader(texts()):
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
             continue
-        row += 1
-        cells = next(csv.reader([text]))
+        row = numbers[0] - header_at
         if len(cells) != width:
             err = InputError(f"expected {width} columns, found {len(cells)}", file=path, line=row)
             if not skip:
