@@ -93,7 +93,8 @@ async def bench_stack(quick: bool) -> dict[str, Any]:
         assert stack.bloom is not None
         guard = stack.bloom
         item = key_item(key)
-        res["bloom_item_us"] = per_call_us(lambda: item in guard.bloom, n * 10)
+        res["bloom_item_us"] = per_call_us(lambda: guard.check_item(item), n * 10)
+        res["bloom_raw_us"] = per_call_us(lambda: item in guard.bloom, n * 10)
         res["bloom_check_us"] = per_call_us(lambda: key in guard, n * 10)
 
         def blake(o: object) -> int:
@@ -209,15 +210,21 @@ def report(res: dict[str, Any], http: dict[str, Any] | None, args: argparse.Name
     rows = [
         ("L1 hit (`L1Cache.get`)", f"{res['l1_get_us']:.2f} µs", "goal 10 µs",
          f"{res['l1_get_us'] / 10:.2f}× goal"),
-        ("L1 hit, whole `begin()` (normalize + SHA-256 + Bloom + L1)", f"{res['l1_begin_us']:.1f} µs", "—", "—"),
-        ("Bloom check (precomputed 128-bit item)", f"{res['bloom_item_us']:.3f} µs",
+        ("L1 hit, whole `begin()` (normalize + SHA-256 + Bloom + L1)",
+         f"{res['l1_begin_us']:.1f} µs", "—", "—"),
+        ("Bloom check as on the request path (`check_item`, with counters)", f"{res['bloom_item_us']:.3f} µs",
+         "goal 0.3 µs (seed: 30 µs)", f"{res['bloom_item_us'] / 0.3:.2f}× goal"),
+        ("Bloom membership alone (`item in rbloom`)", f"{res['bloom_raw_us']:.3f} µs",
          f"{res['bloom_ref_us']:.3f} µs (rbloom + Python blake2b hash)",
-         f"{res['bloom_item_us'] / res['bloom_ref_us']:.2f}×"),
-        ("Bloom check from the key string (`key in guard`)", f"{res['bloom_check_us']:.3f} µs",
-         "goal 0.3 µs (seed: 30 µs)", f"{res['bloom_check_us'] / 0.3:.2f}× goal"),
+         f"{res['bloom_raw_us'] / res['bloom_ref_us']:.2f}×"),
+        ("Bloom check re-parsing the key string (`key in guard`, not on the request path)",
+         f"{res['bloom_check_us']:.3f} µs", "—", "—"),
         ("L2 hit (`RedisTier.get` + verify + decode)", f"{res['l2_hit_us']:.1f} µs",
          f"{res['redis_sync_get_us']:.1f} µs (raw redis-py GET)",
          f"{res['l2_hit_us'] / res['redis_sync_get_us']:.2f}× (goal ≤ 1.2)"),
+        ("L2 hit ÷ raw redis.asyncio GET (the client L2 uses)", f"{res['l2_hit_us']:.1f} µs",
+         f"{res['redis_async_get_us']:.1f} µs (raw redis.asyncio GET)",
+         f"{res['l2_hit_us'] / res['redis_async_get_us']:.2f}×"),
         ("raw redis.asyncio GET (context)", f"{res['redis_async_get_us']:.1f} µs",
          f"{res['redis_sync_get_us']:.1f} µs (raw redis-py GET)",
          f"{res['redis_async_get_us'] / res['redis_sync_get_us']:.2f}×"),

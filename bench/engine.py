@@ -328,17 +328,19 @@ def render(  # noqa: PLR0917
     lines.append(
         "| streams | ceiling tok/s | engine tok/s | engine / ceiling |"
         + (
-            " transformers tok/s | transformers / ceiling | engine / transformers | same greedy |"
+            " transformers tok/s | transformers / its ceiling | engine / transformers (raw) |"
+            " engine / transformers (ceiling-normalized) | same greedy |"
             if has_hf
             else ""
         )
     )
-    lines.append("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if has_hf else ""))
+    lines.append("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|---:|" if has_hf else ""))
     for r in rows:
         line = f"| {r['B']} | {r['ceiling']:.0f} | {r['engine']:.0f} | {r['engine'] / r['ceiling']:.2f} |"
         if has_hf:
             hf, hfc = r["hf"], r["hf_ceiling"]
-            line += f" {hf:.0f} | {hf / hfc:.2f} | {r['engine'] / hf:.2f} | {r['same_greedy']} |"
+            norm = (r["engine"] / r["ceiling"]) / (hf / hfc)
+            line += f" {hf:.0f} | {hf / hfc:.2f} | {r['engine'] / hf:.2f} | {norm:.2f} | {r['same_greedy']} |"
         lines.append(line)
     goals = []
     by_b = {r["B"]: r for r in rows}
@@ -349,9 +351,22 @@ def render(  # noqa: PLR0917
         v = by_b[16]["engine"] / by_b[16]["ceiling"]
         goals.append(f"16 streams ≥ 0.7× ceiling: {v:.2f} → {'met' if v >= 0.7 else 'NOT met'}")
         if has_hf:
-            v = by_b[16]["engine"] / by_b[16]["hf"]
-            goals.append(f"16 streams ≥ 1.4× transformers: {v:.2f} → {'met' if v >= 1.4 else 'NOT met'}")
+            r = by_b[16]
+            raw = r["engine"] / r["hf"]
+            norm = (r["engine"] / r["ceiling"]) / (r["hf"] / r["hf_ceiling"])
+            ok = raw >= 1.4 and norm >= 1.4
+            goals.append(
+                f"16 streams ≥ 1.4× transformers: raw {raw:.2f}, ceiling-normalized {norm:.2f} → "
+                f"{'met' if ok else 'NOT met'}"
+            )
     lines += ["", "Goals: " + "; ".join(goals) + ".", ""]
+    if has_hf:
+        lines += [
+            "On a shared machine the raw engine/transformers ratio also carries the load difference "
+            "between the two runs; the normalized one divides each by the ceiling passes interleaved "
+            "with its own steps.",
+            "",
+        ]
     lines += ["| prompt tokens | prefill KV bytes | analytic bytes | ratio |", "|---:|---:|---:|---:|"]
     for n, got, want in kv_rows:
         lines.append(f"| {n} | {got:,} | {want:,} | {got / want:.3f} |")

@@ -113,22 +113,25 @@ class RedisTier:
         self.budget = RetryBudget(settings.retry_budget_ratio)
         self.retries = 0
         self._client: Any = None
+        self._initialized = False
+        self._init_task: asyncio.Task[None] | None = None
         self.info: dict[str, Any] = {}
         """Last INFO snapshot (refreshed in the background; never read on the request path)."""
 
     def _make_client(self) -> Any:
+        from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         s = self.settings
         common: dict[str, Any] = {
             "socket_timeout": s.redis_socket_timeout_s,
             "socket_connect_timeout": s.redis_connect_timeout_s,
-            # Retries are ours (bounded by the budget and the deadline), not redis-py's.
-            "retry": Retry(NoBackoff(), 0),
         }
         if self.cluster:
             from redis.asyncio.cluster import RedisCluster
+
+            # The cluster client keeps its own retries: they follow MOVED/ASK redirections and
+            # topology changes. Our deadline still bounds every operation.
 
             parts = urlsplit(self.url)
             scheme = "rediss" if parts.scheme.startswith("rediss") else "redis"
@@ -136,13 +139,37 @@ class RedisTier:
             return RedisCluster.from_url(plain, **common)
         import redis.asyncio as aredis
 
-        return aredis.Redis.from_url(self.url, **common)
+        # Retries are ours (bounded by the budget and the deadline), not redis-py's.
+        return aredis.Redis.from_url(
+            self.url,
+            socket_timeout=s.redis_socket_timeout_s,
+            socket_connect_timeout=s.redis_connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     @property
     def client(self) -> Any:
         if self._client is None:
             self._client = self._make_client()
         return self._client
+
+    async def _initialize(self) -> None:
+        """Initialize the cluster client once, before any concurrent use.
+
+        redis-py's async cluster client races (AttributeError on a half-open connection) when many
+        first commands overlap, and discovering the slots can take longer than one operation's
+        budget. So one shielded task (bounded by ``max(2 s, budget)``) does it, and each request
+        waits for it only within its own deadline.
+        """
+        if self._init_task is None or (self._init_task.done() and self._init_task.exception() is not None):
+
+            async def init() -> None:
+                async with asyncio.timeout(max(2.0, self.settings.l2_op_timeout_s)):
+                    await self.client.initialize()
+                self._initialized = True
+
+            self._init_task = asyncio.get_running_loop().create_task(init())
+        await asyncio.shield(self._init_task)
 
     def rkey(self, key: str) -> str:
         return self.prefix + key
@@ -156,8 +183,11 @@ class RedisTier:
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
+                    if self.cluster and not self._initialized:
+                        await self._initialize()
                     result = await op()
-            except (rexc.RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:
+                # (redis-py's cluster client can also raise AttributeError and the like on a race).
                 retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
                 if (
                     retryable
@@ -207,8 +237,10 @@ class RedisTier:
             raise L2Unavailable("circuit breaker open")
         try:
             async with asyncio.timeout(max(5.0, self.settings.l2_op_timeout_s)):
+                if self.cluster and not self._initialized:
+                    await self._initialize()
                 result = await op()
-        except (rexc.RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:
             self.breaker.failure()
             raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
         self.breaker.success()
@@ -223,9 +255,17 @@ class RedisTier:
         """INFO memory/stats + key count, stored in :attr:`info`."""
 
         async def op() -> dict[str, Any]:
-            mem = await self.client.info("memory")
-            st = await self.client.info("stats")
-            keys = await self.client.dbsize()
+            if self.cluster:  # per primary; _flatten sums the nodes
+                nodes = self.client.PRIMARIES
+                mem = await self.client.info("memory", target_nodes=nodes)
+                st = await self.client.info("stats", target_nodes=nodes)
+                keys = await self.client.dbsize(target_nodes=nodes)
+                if isinstance(keys, dict):
+                    keys = sum(int(v) for v in keys.values())
+            else:
+                mem = await self.client.info("memory")
+                st = await self.client.info("stats")
+                keys = await self.client.dbsize()
             return {**_flatten(mem), **_flatten(st), "keys": keys}
 
         raw = await self._run(op)
@@ -241,6 +281,7 @@ class RedisTier:
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
+            self._initialized = False
             try:
                 async with asyncio.timeout(1.0):
                     await client.aclose()

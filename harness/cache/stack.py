@@ -88,6 +88,7 @@ class CacheStack:
         self.merges = 0
         self.corrupt = 0
         self._l2_evictions_seen: int | None = None
+        self._l3_evictions_seen = 0
         self._refresher: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._closed = False
@@ -552,6 +553,10 @@ class CacheStack:
             self.l1.purge_expired()
             if self.l3 is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.l3.expire)
+                ev3 = self.l3.evictions()
+                if ev3 > self._l3_evictions_seen:
+                    self.metrics.evictions.labels("l3").inc(ev3 - self._l3_evictions_seen)
+                self._l3_evictions_seen = ev3
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.settings.stats_refresh_s)
 

@@ -56,7 +56,8 @@ def generate(  # noqa: PLR0917 - typer maps parameters to options
     from harness.engine.factory import create_engine
 
     settings = _settings(preset, model, device, dtype)
-    engine = create_engine(settings)
+    with err.status(f"loading {settings.model_dir or settings.preset}…"):
+        engine = create_engine(settings)
     text = prompt
     if chat:
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -102,7 +103,8 @@ def info(
     settings = _settings(preset, model, device, dtype)
     dev = resolve_device(settings.device)
     dt = resolve_dtype(settings.dtype, dev)
-    loaded = load_model(settings, dev, dt)
+    with err.status(f"loading {settings.model_dir or settings.preset}…"):
+        loaded = load_model(settings, dev, dt)
     plan = plan_pool(settings, loaded, dt)
     c = loaded.config
     data = {

@@ -56,6 +56,8 @@ class Request:
     first_scheduled: float | None = None
     prefill_done: bool = False
     finished: bool = False
+    peak_bytes: int = 0
+    """CUDA: the largest per-step peak memory seen while this request was prefilling."""
 
     _computed: int = 0
     """Tokens of ``tokens`` whose K/V are in the cache."""
@@ -284,6 +286,12 @@ class EngineCore:
         for req, n in chosen:
             self.blocks.record_written(req.request_id, req.tokens, req._computed + n)
             req._computed += n
+        if prefilling and self._is_cuda:
+            # Peak over this step, above what was allocated when it began (weights, KV pool);
+            # a chunked prefill keeps the largest of its steps.
+            peak = torch.cuda.max_memory_allocated(self.device) - base_mem
+            for req in prefilling:
+                req.peak_bytes = max(req.peak_bytes, peak)
         events: list[TokenEvent] = []
         if sampled_reqs:
             rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
@@ -296,30 +304,23 @@ class EngineCore:
             if any(p.logprobs for p in params):
                 lp, ent = logprob_entropy(logits, toks)
             now = time.perf_counter()
-            if prefilling:
-                peak = 0
-                measured = False
-                if self._is_cuda:
-                    peak = torch.cuda.max_memory_allocated(self.device) - base_mem
-                    measured = True
-                for req in prefilling:
-                    if req in sampled_reqs:
-                        self._note_prefill(req, now, peak, measured, len(input_ids))
             for j, req in enumerate(sampled_reqs):
+                if not req.prefill_done:
+                    self._note_prefill(req, now)
                 ev = self._emit(req, toks[j], now)
                 if lp is not None and ent is not None and req.params.logprobs:
                     ev.logprob, ev.entropy = lp[j], ent[j]
                 events.append(ev)
         return events
 
-    def _note_prefill(self, req: Request, now: float, peak: int, measured: bool, step_tokens: int) -> None:
+    def _note_prefill(self, req: Request, now: float) -> None:
         req.prefill_done = True
         m = req.metrics
         start = req.first_scheduled or req.arrival
         m.prefill_ms = (now - start) * 1e3
         m.ttft_ms = (now - req.arrival) * 1e3
-        if measured:
-            m.prefill_peak_bytes, m.peak_measured = peak, True
+        if self._is_cuda:
+            m.prefill_peak_bytes, m.peak_measured = req.peak_bytes, True
         else:
             m.prefill_peak_bytes = self.estimate_prefill_bytes(
                 len(req.tokens) - m.cached_prompt_tokens, len(req.tokens)
@@ -406,4 +407,9 @@ class EngineCore:
             steps=self.num_steps,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
+            extra={
+                "block_size": float(self.block_size),
+                "kv_bytes_per_token": float(self.kv_bytes_per_token),
+                "max_model_len": float(self.max_model_len),
+            },
         )

@@ -56,9 +56,8 @@ def build_preset(name: str, seed: int, device: torch.device, dtype: torch.dtype)
     cfg = PRESETS.get(name)
     tok = preset_tokenizer()
     torch.manual_seed(seed)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model = model.to_empty(device="cpu")
+    # device="meta", not a `with torch.device("meta")` block: that imports torch._dynamo (~2 s).
+    model = Transformer(cfg, device="meta").to_empty(device="cpu")
     init_random(model, seed)
     model = model.to(device=device, dtype=dtype).eval()
     # The qwen2-0.5b shape has 151936 ids but the tokenizer only 30522: never emit the others.
@@ -183,9 +182,7 @@ def load_checkpoint(
         gen_eos = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
     tok = load_tokenizer(model_dir, gen_eos)
 
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model = model.to_empty(device=device).to(dtype)
+    model = Transformer(cfg, device="meta").to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     mapping = _hf_name_map(cfg)
     order = rope_pair_order(cfg.dh)

@@ -121,10 +121,10 @@ class StepBatch:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -156,18 +156,19 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 class Block(nn.Module):
     """One transformer layer: pre-norm GQA attention and a pre-norm SwiGLU MLP, both residual."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.h, self.hkv, self.dh = cfg.num_heads, cfg.num_kv_heads, cfg.dh
         self.q_size, self.kv_size = self.h * self.dh, self.hkv * self.dh
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        d, dev = cfg.hidden_size, device
+        self.input_norm = RMSNorm(d, cfg.rms_norm_eps, dev)
         # q, k and v projections fused into one matrix (one matmul per layer instead of three).
-        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv = nn.Linear(d, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias, device=dev)
+        self.o = nn.Linear(self.q_size, d, bias=False, device=dev)
+        self.post_norm = RMSNorm(d, cfg.rms_norm_eps, dev)
         # gate and up projections fused likewise; the first half is the gate.
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False, device=dev)
+        self.down = nn.Linear(cfg.intermediate_size, d, bias=False, device=dev)
         self.ffn = cfg.intermediate_size
         self.scale = 1.0 / math.sqrt(self.dh)
 
@@ -252,14 +253,22 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Embedding → layers → final norm → (tied) LM head, over a paged KV cache."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None) -> None:
+        """``device="meta"`` builds without allocating (then ``to_empty`` + load or init)."""
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # An explicit weight skips nn.Embedding's own init (which on "meta" imports torch._dynamo).
+        self.embed = nn.Embedding(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, device=device),
+        )
+        self.layers = nn.ModuleList(Block(cfg, device) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device)
         self.lm_head: nn.Linear | None = (
-            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            None
+            if cfg.tie_word_embeddings
+            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
         )
         self.vocab_limit = cfg.vocab_size
         """Logits are computed for ids below this only (ids the tokenizer cannot decode are masked)."""

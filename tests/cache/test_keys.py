@@ -179,7 +179,7 @@ def test_completion_prompts_keep_layout_but_not_line_endings(lines: list[str], i
     if code.strip():
         assert KB.normalize("completions", {"model": "m", "prompt": variant}, "t").key == prompt_key
     reindented = "\n".join(("  " if i % 2 else "") + line for i, line in enumerate(lines))
-    if len([x for x in lines if x.strip()]) >= 2 and lines[1].strip():
+    if {i % 2 for i, x in enumerate(lines) if x.strip()} == {0, 1}:
         # Relative indentation changed: a different program, a different key.
         assert KB.normalize("completions", {"model": "m", "prompt": reindented}, "t").key != prompt_key
 

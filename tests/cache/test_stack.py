@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 from prometheus_client import generate_latest
 
 from tests.cache.conftest import CountingEngine, StackFactory, chat, completion, serve
@@ -146,3 +147,44 @@ async def test_l1_entry_caps_count_evictions(make_stack: StackFactory) -> None:
     assert len(stack.l1) == 3 and stack.l1.evictions == 2
     await asyncio.sleep(0.5)
     assert stack.metrics.registry.get_sample_value("cache_evictions_total", {"tier": "l1"}) == 2
+
+
+async def test_unreachable_external_redis_fails_open(make_stack: StackFactory, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stack = await make_stack(redis_url=f"redis://127.0.0.1:{port}/0", breaker_failures=2)
+    assert stack.embedded is None
+    engine = CountingEngine(delay_s=0.0)
+    body = chat("no redis at all")
+    assert await serve(stack, engine, body) == ("MISS", "answer for default: no redis at all")
+    await stack.drain()  # the L2 write-back fails and is counted
+    await stack.flush("l1")
+    assert await serve(stack, engine, body) == ("MISS", "answer for default: no redis at all")
+    assert stack.metrics.counts["l2"]["errors"] >= 2
+    from harness.common.errors import UnavailableError
+
+    with pytest.raises(UnavailableError):
+        stack.l2.breaker.opened_at = None  # let the admin call through to the dead server
+        await stack.flush("l2")
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.cache.settings import CacheSettings
+    from harness.common.errors import ConfigError
+    from harness.common.settings import load_settings
+
+    monkeypatch.setenv("REDIS_URL", "redis://example.invalid:6379/2")
+    monkeypatch.setenv("HARNESS__CACHE__L3_THRESHOLD", "0.95")
+    s = load_settings(CacheSettings)
+    assert s.redis_url == "redis://example.invalid:6379/2" and s.l3_threshold == 0.95
+    monkeypatch.setenv("HARNESS__CACHE__L3_THRESHOLD", "1.5")
+    with pytest.raises(ConfigError) as err:
+        load_settings(CacheSettings)
+    assert err.value.field == "HARNESS__CACHE__L3_THRESHOLD"
+    monkeypatch.delenv("HARNESS__CACHE__L3_THRESHOLD")
+    monkeypatch.setenv("HARNESS__CACHE__TTL_COLD_S", "99999")
+    with pytest.raises(ConfigError):
+        load_settings(CacheSettings)

@@ -151,3 +151,15 @@ def test_cli_build_stats_and_exit_codes(
     with pytest.raises(SystemExit) as cfg:
         main(["corpus", "build", "--template", str(evil), "--n", "2", "--out", str(tmp_path / "e")])
     assert cfg.value.code == 4
+
+
+@pytest.mark.realdata
+def test_real_mooncake_trace_lengths(realdata: Path, tmp_path: Path) -> None:
+    trace = realdata / "mooncake" / "synthetic_trace.jsonl"
+    rows = [json.loads(line) for _, line in zip(range(8), trace.open(), strict=False)]
+    build_corpus(
+        BuildInputs(template=TEMPLATES / "four_section.j2", out=tmp_path / "r", n=8, trace=trace), _settings()
+    )
+    records = list(read_corpus(tmp_path / "r"))
+    assert [r.prompt_tokens for r in records] == [row["input_length"] for row in rows]
+    assert [r.provenance.source_line for r in records] == list(range(1, 9))

@@ -253,8 +253,59 @@ async def test_disconnect_and_abort_free_blocks() -> None:
                 break
             await asyncio.sleep(0.01)
         assert engine.stats().kv_blocks_used == 0
+        # Cancelled consumer task (how a server sees a client going away).
+        seen: list[TokenEvent] = []
+
+        async def consume_c() -> None:
+            async for ev in engine.generate("c", ids, long):
+                seen.append(ev)
+
+        task = asyncio.create_task(consume_c())
+        while len(seen) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if engine.stats().kv_blocks_used == 0 and engine.stats().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats().kv_blocks_used == 0 and engine.stats().running == 0
     finally:
         await engine.shutdown()
+
+
+def test_random_arrivals_and_aborts_keep_the_layout_valid() -> None:
+    """A seeded random mix of arrivals, aborts and steps on a tight pool; every step validated."""
+    import random
+
+    rng = random.Random(5)
+    c, _ = create_core(
+        tiny_settings(num_kv_blocks=24, block_size=4, max_num_seqs=6, max_num_batched_tokens=32)
+    )
+    base = c.tokenizer.encode("common prefix shared by several of the requests here")
+    live: list[str] = []
+    finished: set[str] = set()
+    for i in range(60):
+        r = rng.random()
+        if r < 0.3:
+            prompt = (base if rng.random() < 0.5 else []) + [
+                rng.randrange(2000, 20000) for _ in range(rng.randint(1, 12))
+            ]
+            c.add_request(f"q{i}", prompt, SamplingParams(max_tokens=rng.randint(1, 10), temperature=0.0))
+            live.append(f"q{i}")
+        elif r < 0.4 and live:
+            ev = c.abort(live.pop(rng.randrange(len(live))))
+            assert ev is not None and ev.finish_reason == "abort"
+        for ev in c.step():
+            if ev.finished:
+                finished.add(ev.request_id)
+                if ev.request_id in live:
+                    live.remove(ev.request_id)
+        c.validate()
+    run_all(c)
+    assert c.blocks.num_used == 0
+    assert finished
 
 
 @pytest.mark.slow
@@ -285,3 +336,20 @@ async def test_64_concurrent_requests_finish_with_preemption() -> None:
         assert engine.stats().kv_blocks_used == 0
     finally:
         await engine.shutdown()
+
+
+def test_request_metrics_are_consistent() -> None:
+    c, loaded = create_core(tiny_settings(num_kv_blocks=64, block_size=16, enable_prefix_caching=False))
+    p = c.tokenizer.encode("measure this prompt of a modest number of tokens, twenty or so of them in all")
+    c.add_request("m", p, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    m = run_all(c)["m"][-1].metrics
+    assert m is not None
+    cfg = loaded.config
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.hidden_size // cfg.num_heads) * 4  # fp32
+    blocks = -(-len(p) // 16)
+    assert m.prompt_tokens == len(p) and m.output_tokens == 5 and m.cached_prompt_tokens == 0
+    assert m.prefill_kv_bytes == blocks * 16 * per_token
+    assert not m.peak_measured and m.prefill_peak_bytes >= m.prefill_kv_bytes
+    assert 0 < m.prefill_ms <= m.ttft_ms <= m.e2e_ms
+    assert m.tpot_ms == pytest.approx((m.e2e_ms - m.ttft_ms) / 4)
+    assert m.device == "cpu" and m.preemptions == 0

@@ -1,0 +1,96 @@
+"""BlockManager on its own: chained prefix hashes, reference counts, LRU eviction, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.common.errors import CheckFailed
+from harness.engine.kv_cache import BlockManager
+
+BS = 4
+
+
+def fill(bm: BlockManager, seq_id: str, tokens: list[int]) -> int:
+    """Allocate like the engine does and record the prompt's K/V as written; returns cached tokens."""
+    cached = bm.allocate(seq_id, tokens)
+    bm.record_written(seq_id, tokens, len(tokens))
+    return cached
+
+
+def test_hit_needs_the_whole_prefix_not_just_the_block() -> None:
+    bm = BlockManager(16, BS)
+    a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    fill(bm, "a", a)
+    # Same second block (5..8) after a different first block: no hit at all.
+    assert fill(bm, "b", [0, 0, 0, 0, 5, 6, 7, 8, 9]) == 0
+    # Same first block only: one block.
+    assert fill(bm, "c", [1, 2, 3, 4, 0, 0, 0, 0, 9]) == BS
+    # Both blocks: two; and never the whole prompt (8 tokens = 2 full blocks → last token recomputed).
+    assert fill(bm, "d", [1, 2, 3, 4, 5, 6, 7, 8, 42]) == 2 * BS
+    assert bm.allocate("e", [1, 2, 3, 4, 5, 6, 7, 8]) == BS
+    seqs = {
+        "a": a,
+        "b": [0, 0, 0, 0, 5, 6, 7, 8, 9],
+        "c": [1, 2, 3, 4, 0, 0, 0, 0, 9],
+        "d": [1, 2, 3, 4, 5, 6, 7, 8, 42],
+    }
+    bm.record_written("e", [1, 2, 3, 4, 5, 6, 7, 8], 8)
+    seqs["e"] = [1, 2, 3, 4, 5, 6, 7, 8]
+    bm.validate(seqs.items())
+    assert bm.blocks[bm.tables["a"].blocks[0].block_id].ref_count == 4  # a, c, d, e
+
+
+def test_shared_blocks_survive_until_last_holder_frees_and_stay_cached() -> None:
+    bm = BlockManager(8, BS)
+    p = [1, 2, 3, 4, 5]
+    fill(bm, "a", p)
+    fill(bm, "b", p)
+    shared = bm.tables["a"].blocks[0]
+    assert shared is bm.tables["b"].blocks[0] and shared.ref_count == 2
+    bm.free("a")
+    assert shared.ref_count == 1 and bm.num_used == 2  # b's two blocks
+    bm.free("b")
+    assert bm.num_used == 0 and bm.num_cached_free == 1  # the full block stays cached
+    assert fill(bm, "c", p) == BS
+
+
+def test_lru_eviction_of_unreferenced_cached_blocks() -> None:
+    bm = BlockManager(4, BS)
+    # Three one-block prefixes, freed in the order x, y, z (x least recently used).
+    for name, tok in (("x", 10), ("y", 20), ("z", 30)):
+        fill(bm, name, [tok] * BS)  # exactly one (full, hence hashed) block
+    for name in ("x", "y", "z"):
+        bm.free(name)
+    assert bm.num_cached_free == 3 and bm.num_free == 4
+    # Two fresh blocks needed: the never-hashed free block first, then the LRU cached one (x).
+    fill(bm, "n", [7] * (2 * BS - 1))
+    assert fill(bm, "y2", [20] * BS + [1]) == BS  # y still cached
+    bm.free("y2")
+    bm.free("n")
+    assert fill(bm, "x2", [10] * BS + [1]) == 0  # x was evicted
+
+
+def test_can_admit_counts_cached_hits_as_no_longer_free() -> None:
+    bm = BlockManager(3, BS)
+    p = [5] * BS + [6]
+    fill(bm, "a", p)
+    bm.free("a")
+    # 3 free (one of them the cached prefix). A 2-block prompt with that prefix needs 1 new block.
+    assert bm.can_admit(p, reserve=1)
+    assert not bm.can_admit([1] * (3 * BS + 1))  # 4 blocks never fit
+
+
+def test_validate_catches_ref_count_mismatch() -> None:
+    bm = BlockManager(8, BS)
+    fill(bm, "a", [1, 2, 3, 4, 5])
+    bm.validate([("a", [1, 2, 3, 4, 5])])
+    bm.tables["a"].blocks[0].ref_count = 2
+    with pytest.raises(CheckFailed, match="ref_count"):
+        bm.validate([("a", [1, 2, 3, 4, 5])])
+
+
+def test_validate_catches_tokens_past_length_in_cache() -> None:
+    bm = BlockManager(8, BS)
+    fill(bm, "a", [1, 2, 3, 4, 5])
+    with pytest.raises(CheckFailed, match="only 4 tokens"):
+        bm.validate([("a", [1, 2, 3, 4])])
