@@ -146,9 +146,15 @@ class Tokenizer(Protocol):
 class AsyncEngine(Protocol):
     """The engine as the server sees it."""
 
-    model_name: str
-    max_model_len: int
-    tokenizer: Tokenizer
+    # Read-only properties (not plain attributes) so that an implementation may narrow the types.
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
 
     def generate(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams

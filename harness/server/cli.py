@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -104,8 +104,7 @@ def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any
         with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
             from harness.engine.factory import create_engine
 
-            # cast: the engine's concrete tokenizer type narrows the Protocol's mutable attribute.
-            engine = cast("AsyncEngine", create_engine(engine_settings))
+            engine: AsyncEngine = create_engine(engine_settings)
         registry = CollectorRegistry()
         if settings.cache:
             with console.status("starting the response cache…"):

@@ -91,7 +91,12 @@ def test_settings_read_env_prefix_and_report_bad_values(monkeypatch: pytest.Monk
 def _harness(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "harness.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 

@@ -35,9 +35,13 @@ def _harness_imports(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.startswith("harness")]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("harness"):
-                found.append((node.lineno, node.module))
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.startswith("harness")
+        ):
+            found.append((node.lineno, node.module))
     return found
 
 
