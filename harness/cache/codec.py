@@ -1,7 +1,8 @@
 """Stored value format: JSON with a schema version and a checksum, never pickle.
 
-``{"schema": 1, "sum": "<sha256 of body, 16 hex>", "body": "<JSON text>"}`` where the body holds
-the key it was written under, the value tier, write and expiry times and the completion. A value
+``{"schema":1,"sum":"<first 16 hex of the body's SHA-256>","body":{…}}`` where the body holds the
+key it was written under, the value tier, write and expiry times and the completion. The checksum
+covers the body's exact bytes, which sit at a fixed offset, so reading a value parses JSON once. A value
 that does not parse, has another schema, a wrong checksum or another key is corrupt: the caller
 treats it as a miss and deletes it.
 """
@@ -53,30 +54,41 @@ def completion_from_dict(d: Any) -> CachedCompletion:
     return c
 
 
+def _head(schema: int) -> bytes:
+    return b'{"schema":%d,"sum":"' % schema
+
+
+_MID = b'","body":'
+_SUM_LEN = 16
+
+
 def encode(value: StoredValue, schema: int) -> bytes:
-    body = orjson.dumps(
-        {
-            "key": value.key,
-            "tier": value.value_tier,
-            "written_at": value.written_at,
-            "expires_at": value.expires_at,
-            "completion": completion_to_dict(value.completion),
-        }
-    )
-    return orjson.dumps(
-        {"schema": schema, "sum": hashlib.sha256(body).hexdigest()[:16], "body": body.decode("utf-8")}
-    )
+    """``{"schema":N,"sum":"<16 hex>","body":{…}}`` — valid JSON, laid out so that ``decode`` can
+    checksum the body's exact bytes and parse JSON once."""
+    try:
+        body = orjson.dumps(
+            {
+                "key": value.key,
+                "tier": value.value_tier,
+                "written_at": value.written_at,
+                "expires_at": value.expires_at,
+                "completion": completion_to_dict(value.completion),
+            }
+        )
+    except TypeError as exc:  # e.g. an int beyond 64 bits or an object in ``meta``
+        raise ValueError(f"completion is not JSON-serializable: {exc}") from None
+    return _head(schema) + hashlib.sha256(body).hexdigest()[:_SUM_LEN].encode() + _MID + body + b"}"
 
 
 def decode(raw: bytes, key: str, schema: int) -> StoredValue:
+    head = _head(schema)
+    start = len(head) + _SUM_LEN + len(_MID)
+    if not raw.startswith(head) or raw[len(head) + _SUM_LEN : start] != _MID or not raw.endswith(b"}"):
+        raise CorruptValue(f"not a schema-{schema} cache value")
+    body_bytes = raw[start:-1]
+    if hashlib.sha256(body_bytes).hexdigest()[:_SUM_LEN].encode() != raw[len(head) : len(head) + _SUM_LEN]:
+        raise CorruptValue("checksum mismatch")
     try:
-        env = orjson.loads(raw)
-        body_text = env["body"]
-        if env.get("schema") != schema:
-            raise CorruptValue(f"schema {env.get('schema')!r}, expected {schema}")
-        body_bytes = body_text.encode("utf-8")
-        if hashlib.sha256(body_bytes).hexdigest()[:16] != env.get("sum"):
-            raise CorruptValue("checksum mismatch")
         body = orjson.loads(body_bytes)
         if body.get("key") != key:
             raise CorruptValue("value was written under another key")

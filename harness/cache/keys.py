@@ -238,8 +238,9 @@ class KeyBuilder:
             canonical=params_bytes.decode("utf-8") + "\n" + text,
             bloom_item=int.from_bytes(full[:16], "big", signed=True),
             sampled=sampled,
-            numbers=tuple(sorted(n.replace(",", "") for n in _NUMBER.findall(text))),
-            negations=len(_NEGATION.findall(text)),
+            # Only the L3 verifier reads these; skip the regexes when there is no L3.
+            numbers=tuple(sorted(n.replace(",", "") for n in _NUMBER.findall(text))) if s.l3_enabled else (),
+            negations=len(_NEGATION.findall(text)) if s.l3_enabled else 0,
         )
 
     # ------------------------------------------------------------------ pieces

@@ -102,6 +102,8 @@ class TenantIndex:
         self.settings = settings
         self.vectors: Vector = np.zeros((0, dim), dtype=np.float32)
         self.entries: list[L3Entry | None] = []
+        self.pos: dict[str, int] = {}
+        """Key → position of its live entry (a re-written key replaces its old entry)."""
         self.live = 0
         self.index: Any = self._new_index(0)
         self.lock = threading.Lock()
@@ -127,24 +129,22 @@ class TenantIndex:
             np.ascontiguousarray(self.vectors[keep]) if keep else np.zeros((0, self.dim), np.float32)
         )
         self.entries = [self.entries[i] for i in keep]
+        self.pos = {e.key: i for i, e in enumerate(self.entries) if e is not None}
         self.index = self._new_index(len(keep))
         if keep:
             self.index.add(self.vectors)
         self.live = len(keep)
 
     def add(self, vec: Vector, entry: L3Entry) -> None:
-        # The same key again replaces the old entry.
-        for i, e in enumerate(self.entries):
-            if e is not None and e.key == entry.key:
-                self.entries[i] = None
-                self.live -= 1
+        old = self.pos.get(entry.key)
+        if old is not None:  # the same key again replaces the old entry
+            self.drop(old)
         while self.live >= self.settings.l3_max_entries:
-            oldest = next(i for i, e in enumerate(self.entries) if e is not None)
-            self.entries[oldest] = None
-            self.live -= 1
+            self.drop(next(i for i, e in enumerate(self.entries) if e is not None))
             self.evictions += 1
         self.vectors = np.concatenate([self.vectors, vec.reshape(1, -1).astype(np.float32)])
         self.entries.append(entry)
+        self.pos[entry.key] = len(self.entries) - 1
         self.live += 1
         self.index.add(vec.reshape(1, -1).astype(np.float32))
         total = len(self.entries)
@@ -168,16 +168,18 @@ class TenantIndex:
         return out
 
     def drop(self, pos: int) -> None:
-        if self.entries[pos] is not None:
+        e = self.entries[pos]
+        if e is not None:
             self.entries[pos] = None
             self.live -= 1
+            if self.pos.get(e.key) == pos:
+                del self.pos[e.key]
 
     def expire(self, now: float) -> int:
         n = 0
         for i, e in enumerate(self.entries):
             if e is not None and e.expires_at <= now:
-                self.entries[i] = None
-                self.live -= 1
+                self.drop(i)
                 n += 1
         return n
 
@@ -385,6 +387,7 @@ class SemanticCache:
             t = TenantIndex(vectors.shape[1], self.settings)
             t.vectors = np.ascontiguousarray(vectors)
             t.entries = list(entries)
+            t.pos = {e.key: i for i, e in enumerate(entries)}
             t.live = len(entries)
             status = "ok"
             try:

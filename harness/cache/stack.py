@@ -294,11 +294,15 @@ class CacheStack:
         return self.settings.resolved_state_dir()
 
     def save_state(self) -> None:
+        """Save the Bloom filter and the L3 indexes; a failure is logged, never raised (shutdown)."""
         d = self.state_dir()
-        if self.bloom is not None:
-            self.bloom.save(d / "bloom.bin")
-        if self.l3 is not None:
-            self.l3.save(d / "l3")
+        try:
+            if self.bloom is not None:
+                self.bloom.save(d / "bloom.bin")
+            if self.l3 is not None:
+                self.l3.save(d / "l3")
+        except Exception:
+            log.exception("cache state not saved to %s", d)
 
     def load_state(self) -> None:
         d = self.state_dir()
@@ -434,7 +438,13 @@ class CacheStack:
         if ttl <= 0:
             return
         try:
-            await self.l2.set(key, codec.encode(value, self.settings.schema_version), ttl)
+            raw = codec.encode(value, self.settings.schema_version)
+        except ValueError as exc:
+            self.metrics.error("l2")
+            log.warning("not writing %s to L2: %s", key, exc)
+            return
+        try:
+            await self.l2.set(key, raw, ttl)
         except L2Unavailable as exc:
             self.metrics.error("l2")
             log.debug("L2 set failed: %s", exc)

@@ -28,6 +28,10 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     binary = "b" in mode
     try:
+        # mkstemp creates 0600; outputs are ordinary files, so give them the mode open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
             yield fh
             fh.flush()

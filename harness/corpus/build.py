@@ -47,6 +47,7 @@ from harness.corpus.model import (
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings
 from harness.corpus.tokens import TargetTokenizer, load_tokenizer
+from harness.traces.model import ScenarioSet
 
 Progress = Callable[[str, int, int], None]
 """``(phase, done, total)`` callback for progress bars."""
@@ -151,17 +152,9 @@ def _trace_rows(path: Path, fmt: str | None, limit: int | None) -> list[Any]:
     return rows
 
 
-def _scenarios(path: Path) -> Any:
-    try:
-        from harness.traces import load_scenarios
-    except ImportError:
-        from harness.traces.model import ScenarioSet
+def _scenarios(path: Path) -> ScenarioSet:
+    from harness.traces import load_scenarios
 
-        check_input_file(path)
-        try:
-            return ScenarioSet.model_validate_json(path.read_bytes())
-        except Exception as exc:
-            raise InputError(f"not a scenarios document: {exc}".splitlines()[0], file=path) from None
     return load_scenarios(path)
 
 

@@ -100,12 +100,12 @@ def pairs_faiss(
     n, d = x.shape
     if n < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    nlist = nlist or max(1, min(1024, int(math.sqrt(n))))
+    nlist = nlist or max(1, min(4096, int(3 * math.sqrt(n))))
     nlist = max(1, min(nlist, n // 39))  # FAISS wants ~39 training points per list
-    nprobe = min(nprobe or max(12, nlist // 20), nlist)
+    nprobe = min(nprobe or max(16, nlist // 20), nlist)
     rng = np.random.default_rng(seed)
-    train = x if n <= nlist * 64 else x[np.sort(rng.choice(n, size=nlist * 64, replace=False))]
-    km = faiss.Kmeans(d, nlist, niter=12, spherical=True, seed=seed, verbose=False)
+    train = x if n <= nlist * 40 else x[np.sort(rng.choice(n, size=nlist * 40, replace=False))]
+    km = faiss.Kmeans(d, nlist, niter=10, spherical=True, seed=seed, verbose=False)
     km.train(np.ascontiguousarray(train))
     _, probes = km.index.search(x, nprobe)  # (n, nprobe) nearest lists, nearest first
     primary = probes[:, 0]

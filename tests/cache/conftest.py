@@ -18,7 +18,10 @@ import pytest
 import redis
 
 from harness.cache.api import CachedCompletion, Endpoint
+from harness.cache.bloom import BloomGuard
 from harness.cache.factory import build_stack
+from harness.cache.l2 import RedisTier
+from harness.cache.redis_server import EmbeddedRedis
 from harness.cache.settings import CacheSettings
 from harness.cache.stack import CacheStack
 
@@ -57,10 +60,25 @@ async def make_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
         await st.close()
 
 
-def raw_redis(stack: CacheStack) -> redis.Redis:
+def raw_redis(stack: CacheStack) -> redis.Redis[bytes]:
     """An independent redis-py client on the stack's embedded server (to inspect or tamper)."""
     assert stack.embedded is not None
     return redis.Redis(unix_socket_path=stack.embedded.socket_path, socket_timeout=2)
+
+
+def l2_of(stack: CacheStack) -> RedisTier:
+    assert stack.l2 is not None
+    return stack.l2
+
+
+def redis_of(stack: CacheStack) -> EmbeddedRedis:
+    assert stack.embedded is not None and stack.embedded.proc is not None
+    return stack.embedded
+
+
+def bloom_of(stack: CacheStack) -> BloomGuard:
+    assert stack.bloom is not None
+    return stack.bloom
 
 
 def completion(text: str, **kw: Any) -> CachedCompletion:

@@ -80,7 +80,9 @@ def cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]
                 proc.wait(5)
 
 
-async def test_l2_on_a_redis_cluster(make_stack: StackFactory, cluster: list) -> None:
+async def test_l2_on_a_redis_cluster(
+    make_stack: StackFactory, cluster: list[tuple[int, subprocess.Popen[bytes]]]
+) -> None:
     port = cluster[0][0]
     stack = await make_stack(redis_url=f"redis+cluster://127.0.0.1:{port}")
     assert stack.l2 is not None and stack.l2.cluster and stack.embedded is None

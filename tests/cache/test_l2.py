@@ -14,7 +14,16 @@ import time
 import orjson
 import pytest
 
-from tests.cache.conftest import CountingEngine, StackFactory, chat, completion, raw_redis, serve
+from tests.cache.conftest import (
+    CountingEngine,
+    StackFactory,
+    chat,
+    completion,
+    l2_of,
+    raw_redis,
+    redis_of,
+    serve,
+)
 
 
 def errors_l2(stack) -> float:
@@ -33,7 +42,7 @@ async def test_l2_hit_after_l1_is_dropped(make_stack: StackFactory) -> None:
     assert len(stored) == 1 and stored[0].decode().endswith(
         stack.keys.normalize("chat.completions", body, "default").key
     )
-    envelope = orjson.loads(r.get(stored[0]))
+    envelope = orjson.loads(r.get(stored[0]) or b"")
     assert set(envelope) == {"schema", "sum", "body"}  # JSON, not pickle
     assert (await serve(stack, engine, body))[0] == "HIT-L1"
     await stack.flush("l1")
@@ -52,7 +61,7 @@ async def test_ttl_follows_the_value_tier_and_is_not_refreshed_by_hits(make_stac
         await stack.put("chat.completions", body, "default", completion(tier, mean_entropy=entropy[tier]))
     ttl0 = {}
     for tier, body in bodies.items():
-        k = stack.l2.rkey(stack.keys.normalize("chat.completions", body, "default").key)
+        k = l2_of(stack).rkey(stack.keys.normalize("chat.completions", body, "default").key)
         ttl0[tier] = r.pttl(k)
     assert 2500 < ttl0["hot"] <= 3000 and 1500 < ttl0["warm"] <= 2000 and 500 < ttl0["cold"] <= 1000
     # L1 expires after 0.3 s; repeated L2 hits must not push the L2 expiry back.
@@ -60,7 +69,7 @@ async def test_ttl_follows_the_value_tier_and_is_not_refreshed_by_hits(make_stac
         await asyncio.sleep(0.35)
         st = await stack.begin("chat.completions", bodies["warm"], "default")
         assert st.status == "HIT-L2"
-    k = stack.l2.rkey(stack.keys.normalize("chat.completions", bodies["warm"], "default").key)
+    k = l2_of(stack).rkey(stack.keys.normalize("chat.completions", bodies["warm"], "default").key)
     assert r.pttl(k) < ttl0["warm"] - 900
     await asyncio.sleep(1.1)  # past the cold TTL (plus L1's)
     cold = await stack.begin("chat.completions", bodies["cold"], "default")
@@ -77,20 +86,22 @@ async def test_corrupt_value_is_a_miss_and_is_deleted(make_stack: StackFactory, 
     stack = await make_stack()
     body = chat("Tell me about otters.")
     key = await stack.put("chat.completions", body, "default", completion("otters"))
-    rk = stack.l2.rkey(key)
+    rk = l2_of(stack).rkey(key)
     r = raw_redis(stack)
-    env = orjson.loads(r.get(rk))
+    env = orjson.loads(r.get(rk) or b"")
     if tamper == "garbage":
         bad = b"\x80\x04\x95 definitely not json"
     elif tamper == "checksum":
-        bad = orjson.dumps({**env, "body": env["body"].replace("otters", "beavers")})
+        bad = (r.get(rk) or b"").replace(b"otters", b"beavers")  # still valid JSON, wrong sum
     elif tamper == "schema":
         bad = orjson.dumps({**env, "schema": 99})
     else:
         other = await stack.put(
             "chat.completions", chat("Tell me about owls."), "default", completion("owls")
         )
-        bad = r.get(stack.l2.rkey(other))
+        bad = r.get(l2_of(stack).rkey(other)) or b""
+    if tamper == "checksum":
+        assert orjson.loads(bad)["body"]["completion"]["text"] == "beavers"
     r.set(rk, bad)
     await stack.flush("l1")
     ticket = await stack.begin("chat.completions", body, "default")
@@ -107,8 +118,10 @@ async def test_redis_killed_requests_still_served_and_errors_counted(make_stack:
     warm = chat("cached before the crash")
     await serve(stack, engine, warm)
     await stack.drain()
-    os.kill(stack.embedded.pid, signal.SIGKILL)
-    stack.embedded.proc.wait(timeout=5)
+    os.kill(redis_of(stack).pid, signal.SIGKILL)
+    proc = redis_of(stack).proc
+    assert proc is not None
+    proc.wait(timeout=5)
     await stack.flush("l1")
     t0 = time.perf_counter()
     results = [await serve(stack, engine, chat(f"after the crash {i}")) for i in range(5)]
@@ -118,7 +131,7 @@ async def test_redis_killed_requests_still_served_and_errors_counted(make_stack:
     assert [t for _, t in results][-1] == "answer for default: cached before the crash"
     assert elapsed < 3.0
     assert errors_l2(stack) >= 1
-    assert stack.l2.breaker.state == "open"
+    assert l2_of(stack).breaker.state == "open"
     s = stack.stats()
     assert s["tiers"]["l2"]["breaker"] == "open" and s["tiers"]["l2"]["errors"] >= 1
     assert (await serve(stack, engine, chat("after the crash 0")))[0] == "HIT-L1"  # L1 still works
@@ -131,7 +144,7 @@ async def test_redis_sigstop_times_out_instead_of_hanging(make_stack: StackFacto
     body = chat("frozen redis")
     await stack.put("chat.completions", body, "default", completion("stored"))
     await stack.flush("l1")
-    pid = stack.embedded.pid
+    pid = redis_of(stack).pid
     os.kill(pid, signal.SIGSTOP)
     try:
         before = errors_l2(stack)
@@ -146,14 +159,14 @@ async def test_redis_sigstop_times_out_instead_of_hanging(make_stack: StackFacto
             await serve(stack, engine, body)
         assert time.perf_counter() - t0 < 4 * (budget + 0.5)
         assert errors_l2(stack) >= before + 2
-        assert stack.l2.breaker.state in {"open", "half-open"}
+        assert l2_of(stack).breaker.state in {"open", "half-open"}
     finally:
         os.kill(pid, signal.SIGCONT)
     await asyncio.sleep(0.6)  # past breaker_reset_s: the next call probes and closes the breaker
     await stack.flush("l1")
     status, _ = await serve(stack, engine, body)
     assert status == "HIT-L2"
-    assert stack.l2.breaker.state == "closed"
+    assert l2_of(stack).breaker.state == "closed"
 
 
 async def test_l2_flush_and_admin_errors(make_stack: StackFactory) -> None:

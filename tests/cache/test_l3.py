@@ -40,7 +40,7 @@ async def miss(stack, body, tenant="default") -> str:
     t = await stack.begin("chat.completions", body, tenant)
     if t.status == "MISS":
         await stack.finish(t, None)
-    return t.status
+    return str(t.status)
 
 
 async def test_paraphrases_hit_l3_and_unrelated_prompts_miss(make_stack: StackFactory) -> None:

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from tests.cache.conftest import CountingEngine, StackFactory, chat, completion, serve
+from tests.cache.conftest import CountingEngine, StackFactory, bloom_of, chat, completion, l2_of, serve
 
 
 async def test_32_concurrent_identical_requests_make_one_engine_call(make_stack: StackFactory) -> None:
@@ -96,13 +96,13 @@ async def test_bloom_guard_skips_lookups_for_unseen_keys(make_stack: StackFactor
     for i in range(10):
         await serve(stack, engine, chat(f"unique prompt {i}"))
     await stack.drain()
-    assert stack.bloom.intercepted == 10 and stack.bloom.passed == 0
+    assert bloom_of(stack).intercepted == 10 and bloom_of(stack).passed == 0
     # Intercepted keys never reached Redis: no L2 lookups were counted.
     c = stack.metrics.counts["l2"]
     assert c["hits"] + c["misses"] + c["errors"] == 0
     await stack.flush("l1")
     assert (await serve(stack, engine, chat("unique prompt 3")))[0] == "HIT-L2"
-    assert stack.bloom.passed == 1
+    assert bloom_of(stack).passed == 1
     assert stack.metrics.registry.get_sample_value("cache_bloom_intercepts_total") == 10
 
 
@@ -121,9 +121,9 @@ async def test_metrics_and_stats(make_stack: StackFactory) -> None:
     assert reg.get_sample_value("cache_hit_rate", {"tier": "l1"}) == hits / (hits + misses)
     assert reg.get_sample_value("cache_entries", {"tier": "l1"}) == 4
     assert reg.get_sample_value("cache_entries", {"tier": "l2"}) == 4
-    assert 0 < reg.get_sample_value("cache_fill_rate", {"tier": "l2"}) < 1
+    assert 0 < (reg.get_sample_value("cache_fill_rate", {"tier": "l2"}) or 0) < 1
     assert reg.get_sample_value("cache_lookup_seconds_count", {"tier": "l1"}) == 3
-    assert reg.get_sample_value("cache_thermal_drift", {"tier": "l1"}) >= 0
+    assert (reg.get_sample_value("cache_thermal_drift", {"tier": "l1"}) or 0) >= 0
     assert reg.get_sample_value("cache_requests_total", {"status": "MISS"}) == 4
     text = generate_latest(reg).decode()
     for name in (
@@ -167,7 +167,7 @@ async def test_unreachable_external_redis_fails_open(make_stack: StackFactory, t
     from harness.common.errors import UnavailableError
 
     with pytest.raises(UnavailableError):
-        stack.l2.breaker.opened_at = None  # let the admin call through to the dead server
+        l2_of(stack).breaker.opened_at = None  # let the admin call through to the dead server
         await stack.flush("l2")
 
 

@@ -111,3 +111,12 @@ def test_cli_usage_error_exits_2_without_traceback() -> None:
     res = _harness("no-such-command")
     assert res.returncode == ExitCode.USAGE
     assert "Traceback" not in res.stderr
+
+
+def test_atomic_write_gives_ordinary_file_mode(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        write_jsonl(tmp_path / "a.jsonl", [{"x": 1}])
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "a.jsonl").stat().st_mode & 0o777 == 0o644

@@ -60,9 +60,17 @@ def test_minilm_paraphrases_match_brute_force(embedder) -> None:
     assert surviving_pairs(x, res.keep, 0.82) == 0
 
 
-def planted(n: int, d: int, dups: int, seed: int) -> np.ndarray:
+def planted(n: int, d: int, dups: int, seed: int, topics: int = 0) -> np.ndarray:
+    """Random unit vectors (isotropic, or around ``topics`` directions like embeddings) + planted pairs."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, d)).astype(np.float32)
+    if topics:
+        centers = rng.standard_normal((topics, d)).astype(np.float32)
+        centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+        x = centers[rng.integers(0, topics, n)] + rng.standard_normal((n, d)).astype(
+            np.float32
+        ) * 1.2 / np.sqrt(d)
+    else:
+        x = rng.standard_normal((n, d)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     src = rng.integers(0, n, dups)
     dst = rng.choice(n, dups, replace=False)
@@ -77,14 +85,24 @@ def planted(n: int, d: int, dups: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("method", ["exact", "faiss"])
-def test_planted_duplicates_match_brute_force(method: str) -> None:
-    x = planted(4000, 64, 300, seed=5)
+@pytest.mark.parametrize(
+    ("method", "topics", "params"),
+    [
+        ("exact", 0, {}),
+        ("exact", 100, {}),
+        # Embedding-like data with the default partition: every pair found (as in the benchmark).
+        ("faiss", 100, {}),
+        # Isotropic vectors are the worst case for any partition: probe half the lists.
+        ("faiss", 0, {"nlist": 32, "nprobe": 16}),
+    ],
+)
+def test_planted_duplicates_match_brute_force(method: str, topics: int, params: dict[str, int]) -> None:
+    x = planted(4000, 64, 300, seed=5, topics=topics)
     truth = brute_pairs(x, 0.82)
     assert len(truth) >= 250  # the planted pairs (and chains of them) are really there
-    found = pairs_exact(x, 0.82) if method == "exact" else pairs_faiss(x, 0.82, nlist=32, nprobe=8)
+    found = pairs_exact(x, 0.82) if method == "exact" else pairs_faiss(x, 0.82, **params)
     assert set(zip(found[0].tolist(), found[1].tolist(), strict=True)) == truth
-    res = dedup(x, 0.82, method=method, **({"nlist": 32, "nprobe": 8} if method == "faiss" else {}))
+    res = dedup(x, 0.82, method=method, **params)
     assert res.keep.tolist() == brute_force_keep(x, 0.82)
     assert surviving_pairs(x, res.keep, 0.82) == 0
 
