@@ -1,13 +1,17 @@
 """``make demo`` (``python -m harness.demo``): the harness end to end on this machine, in steps.
 
-Today the steps are: start ``harness serve --preset tiny`` on a free port, wait for ``/health``,
-stream a few chat and completion requests (timing every SSE line on arrival), print TTFT and TPOT
-per request, write a JSON report atomically under ``<run_dir>/demo/`` and stop the server. The
-server is stopped on every exit path (error, Ctrl-C).
+The steps, all on bundled fixtures and with the same commands a user would type:
 
-Each step is a :class:`Step` with a name and ``run(ctx)``; they share a :class:`DemoContext` and
-add their results to ``ctx.report``. Extending the demo to the whole pipeline (traces → corpus →
-load → gates) means appending steps to :func:`default_steps`.
+1. ``harness traces inspect / coldpaths / scenarios`` on the bundled GenAI Jaeger trace and Mooncake
+   sample: cold first hops grouped into scenario classes;
+2. ``harness corpus build`` from the bundled template and few-shot log, weighted by those scenarios;
+3. ``harness serve --preset tiny --cache`` on a free port (engine + cache stack with embedded Redis);
+4. a few streamed chat and completion requests (TTFT and TPOT per request, then all at once);
+5. the corpus replayed twice — cold (empty caches) then warm — to show what the cache stack changes;
+6. the server stopped and a JSON report written atomically under ``<run_dir>/demo/``.
+
+The server is stopped on every exit path (error, Ctrl-C). Each step is a :class:`Step` with a name
+and ``run(ctx)``; they share a :class:`DemoContext` and add their results to ``ctx.report``.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 import orjson
 from rich.console import Console
 from rich.table import Table
 
-from harness.common.errors import HarnessError, UnavailableError
+from harness.common.errors import HarnessError, InputError, UnavailableError
+from harness.common.headers import CACHE_STATUS, STAGE
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
 
@@ -273,6 +279,168 @@ def _table(title: str, rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+# -------------------------------------------------------------------------------------- pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_harness(ctx: DemoContext, *args: str) -> None:
+    """Run one ``harness`` command as a user would; its output goes to the console as it comes."""
+    cmd = [sys.executable, "-m", "harness.cli", *args]
+    ctx.console.print(f"[dim]$ harness {' '.join(args)}[/]")
+    proc = subprocess.run(cmd, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise HarnessError(f"`harness {' '.join(args)}` exited with {proc.returncode}")
+
+
+@dataclass
+class ExtractScenarios:
+    """Cold paths from the bundled GenAI trace, grouped into scenario classes."""
+
+    trace: Path = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
+    requests: Path = ROOT / "fixtures" / "traces" / "mooncake_synthetic_head20.jsonl"
+    name: str = "traces → cold paths → scenarios"
+
+    def run(self, ctx: DemoContext) -> None:
+        out = ctx.out_dir / "run"
+        run_harness(ctx, "traces", "inspect", str(self.trace), str(self.requests))
+        # The GenAI trace's entry hop is GraphQL (no http.* attributes), so every cross-service hop
+        # of any protocol is considered, and a cache read counts only on the hop itself.
+        cold = out / "coldpaths.jsonl"
+        run_harness(
+            ctx, "traces", "coldpaths", str(self.trace), "--hops", "all", "--protocol", "any",
+            "--cache-scope", "hop", "-o", str(cold),
+        )  # fmt: skip
+        run_harness(ctx, "traces", "scenarios", str(cold), "--k", "12", "-o", str(out / "scenarios.json"))
+        scen = orjson.loads((out / "scenarios.json").read_bytes())
+        ctx.report["scenarios"] = [
+            {"name": c["name"], "weight": c["weight"], "p95_ms": c["latency_ms"]["p95"]}
+            for c in scen["classes"]
+        ]
+
+
+@dataclass
+class BuildCorpus:
+    """A request corpus from the bundled template and few-shot log, weighted by the scenarios."""
+
+    n: int = 16
+    max_input_tokens: int = 1536
+    name: str = "corpus build"
+
+    def run(self, ctx: DemoContext) -> None:
+        run_dir = ctx.out_dir / "run"
+        args = [
+            "corpus", "build",
+            "--template", str(ROOT / "templates" / "prompts" / "four_section.j2"),
+            "--fewshot", str(ROOT / "fixtures" / "corpus" / "fewshot_log.jsonl"),
+            "--scenarios", str(run_dir / "scenarios.json"),
+            "--n", str(self.n), "--seed", "0", "--out", str(run_dir / "corpus"),
+            # The trace's slowest hop carried 8k prompt tokens; the tiny preset's context is 2048.
+            "--max-input-tokens", str(self.max_input_tokens),
+        ]  # fmt: skip
+        run_harness(ctx, *args)
+        ctx.report["corpus"] = orjson.loads((run_dir / "corpus" / "quality.json").read_bytes())
+
+
+async def replay_one(
+    client: httpx.AsyncClient, record: dict[str, Any], stage: str, max_tokens: int
+) -> dict[str, Any]:
+    """Send one corpus record, streamed, and time its first and last content chunks."""
+    body: dict[str, Any] = {
+        "max_tokens": min(int(record["max_tokens"]), max_tokens),
+        "temperature": record["sampling"]["temperature"],
+        "top_p": record["sampling"]["top_p"],
+        "stream": True,
+    }
+    if record["sampling"].get("seed") is not None:
+        body["seed"] = record["sampling"]["seed"]
+    if record.get("messages"):
+        path, body["messages"] = "/v1/chat/completions", record["messages"]
+    else:
+        path, body["prompt"] = "/v1/completions", record["prompt"]
+    headers = {STAGE: stage, "X-Tenant-ID": record.get("tenant") or "default"}
+    t0 = time.perf_counter()
+    arrivals: list[float] = []
+    async with client.stream("POST", path, json=body, headers=headers) as r:
+        cache = r.headers.get(CACHE_STATUS, "—")
+        if r.status_code != 200:
+            await r.aread()
+            return {"id": record["id"], "status": r.status_code, "cache": cache, "error": r.text[:200]}
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            for choice in orjson.loads(line[5:]).get("choices", []):
+                if choice.get("text") or (choice.get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
+    ttft = (arrivals[0] - t0) * 1000 if arrivals else None
+    tpot = (arrivals[-1] - arrivals[0]) * 1000 / (len(arrivals) - 1) if len(arrivals) > 1 else None
+    return {"id": record["id"], "status": 200, "cache": cache, "ttft_ms": ttft, "tpot_ms": tpot}
+
+
+@dataclass
+class ReplayColdWarm:
+    """The corpus twice: cold (caches empty) then warm; TTFT and cache statuses side by side."""
+
+    concurrency: int = 4
+    max_tokens: int = 32
+    name: str = "replay corpus: cold, then warm"
+
+    def run(self, ctx: DemoContext) -> None:
+        assert ctx.base_url is not None, "StartServer must run first"
+        path = ctx.out_dir / "run" / "corpus" / "corpus.jsonl"
+        if not path.is_file():
+            raise InputError("no corpus to replay; BuildCorpus must run first", file=path)
+        records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+        async def one_pass(stage: str) -> list[dict[str, Any]]:
+            sem = asyncio.Semaphore(self.concurrency)
+
+            async def guarded(rec: dict[str, Any]) -> dict[str, Any]:
+                async with sem:
+                    return await replay_one(client, rec, stage, self.max_tokens)
+
+            async with httpx.AsyncClient(base_url=ctx.base_url or "", timeout=300) as client:
+                return list(await asyncio.gather(*(guarded(r) for r in records)))
+
+        passes: dict[str, list[dict[str, Any]]] = {}
+        for stage in ("cold", "warm"):
+            with ctx.console.status(f"{stage} pass: {len(records)} requests, {self.concurrency} at a time …"):
+                passes[stage] = asyncio.run(one_pass(stage))
+        summary = {stage: _summarize(rows) for stage, rows in passes.items()}
+        ctx.report["replay"] = {"summary": summary, "requests": passes}
+        t = Table(title="Corpus replay: cold vs warm", title_justify="left")
+        for col in ("pass", "ok", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "x-cache"):
+            t.add_column(col, justify="right" if col != "x-cache" else "left")
+        for stage, s in summary.items():
+            statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["cache"].items()))
+            t.add_row(
+                stage, f"{s['ok']}/{s['n']}", _fmt(s["ttft_p50_ms"]), _fmt(s["ttft_p95_ms"]),
+                _fmt(s["tpot_p50_ms"]), statuses,
+            )  # fmt: skip
+        ctx.console.print(t)
+
+
+def _summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == 200]
+    ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
+    tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
+    cache: dict[str, int] = {}
+    for r in rows:
+        cache[r["cache"]] = cache.get(r["cache"], 0) + 1
+
+    def pct(values: list[float], q: float) -> float | None:
+        return float(np.percentile(values, q)) if values else None
+
+    return {
+        "n": len(rows),
+        "ok": len(ok),
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p95_ms": pct(ttft, 95),
+        "tpot_p50_ms": pct(tpot, 50),
+        "cache": cache,
+    }
+
+
 # -------------------------------------------------------------------------------------- report
 
 
@@ -290,7 +458,15 @@ class WriteReport:
 
 
 def default_steps() -> list[Step]:
-    return [StartServer(), StreamRequests(), StopServer(), WriteReport()]
+    return [
+        ExtractScenarios(),
+        BuildCorpus(),
+        StartServer(args=("--preset", "tiny", "--cache")),
+        StreamRequests(),
+        ReplayColdWarm(),
+        StopServer(),
+        WriteReport(),
+    ]
 
 
 def run_demo(steps: Sequence[Step] | None = None, out_dir: Path | None = None) -> DemoContext:

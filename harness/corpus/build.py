@@ -430,8 +430,9 @@ def _record(
     target: int | None = None
     prefix_ids: tuple[int, ...] = ()
     bs = settings.block_size
+    cap = settings.max_input_tokens
     if ev is not None:
-        target = int(ev.input_tokens)
+        target = int(ev.input_tokens) if cap is None else min(int(ev.input_tokens), cap)
         bs = int(ev.block_size or settings.block_size)
         lead = 0
         for b in ev.prefix_block_ids:
@@ -444,6 +445,8 @@ def _record(
     else:
         if sc is not None and sc.input_tokens is not None:
             target = sample_distribution(sc.input_tokens, rng)
+            if cap is not None:
+                target = min(target, cap)
         if sc is not None and sc.output_tokens is not None:
             out_tokens = sample_distribution(sc.output_tokens, rng)
         else:

@@ -60,6 +60,10 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     template_root: Annotated[
         list[Path] | None, typer.Option("--template-root", help="Extra directory templates may include from.")
     ] = None,
+    max_input_tokens: Annotated[
+        int | None,
+        typer.Option("--max-input-tokens", min=1, help="Clip prompt-length targets to the target's context."),
+    ] = None,
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Fail (exit 1) when quality misses a threshold.")
     ] = True,
@@ -78,6 +82,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         tokenizer=tokenizer,
         dedup_threshold=threshold,
         dedup_method=dedup_method,
+        max_input_tokens=max_input_tokens,
         locales=[s.strip() for s in locales.split(",") if s.strip()] if locales else None,
     )
     inputs = BuildInputs(

@@ -35,6 +35,9 @@ class CorpusSettings(BaseSettings):
     """Target tokenizer (``tokenizer.json`` or checkpoint dir); default: MiniLM's."""
     block_size: int = Field(default=512, ge=1)
     """Tokens per trace ``hash_ids`` block when the trace does not say (Mooncake: 512)."""
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    """Cap on prompt tokens: a trace or scenario target above it is clipped to it, so a corpus built
+    from production lengths still fits a target with a shorter context (``None``: no cap)."""
     min_body_tokens: int = Field(default=32, ge=0)
     """Tokens kept for the request itself after a shared prefix, when the target allows."""
     tenant: str = "default"

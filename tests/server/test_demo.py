@@ -19,7 +19,24 @@ def test_demo_runs_and_writes_its_report(tmp_path):
     report = json.loads(reports[0].read_text())
     assert report == json.loads((tmp_path / "latest.json").read_text())
     assert report["server"]["exit_code"] == 0
-    assert [s["name"] for s in report["steps"]] == ["start server", "stream requests", "stop server"]
+    assert [s["name"] for s in report["steps"]] == [
+        "traces → cold paths → scenarios",
+        "corpus build",
+        "start server",
+        "stream requests",
+        "replay corpus: cold, then warm",
+        "stop server",
+    ]
+    # The bundled GenAI trace has slow cross-service hops, so scenarios exist and weigh 1 in total.
+    assert report["scenarios"] and abs(sum(c["weight"] for c in report["scenarios"]) - 1) < 1e-6
+    assert report["corpus"]["metrics"]["records"] == 16
+    summary = report["replay"]["summary"]
+    assert summary["cold"]["ok"] == summary["cold"]["n"] == 16
+    assert summary["warm"]["ok"] == 16
+    # Seeded, deterministic requests: the cold pass generates, the warm pass is served from cache.
+    assert summary["cold"]["cache"].get("MISS", 0) >= 1
+    warm_hits = sum(v for k, v in summary["warm"]["cache"].items() if k.startswith("HIT"))
+    assert warm_hits == 16, summary["warm"]["cache"]
     for phase in ("sequential", "concurrent"):
         rows = report["requests"][phase]
         assert [r["label"] for r in rows] == [r.label for r in DEFAULT_REQUESTS]
