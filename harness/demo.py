@@ -188,6 +188,7 @@ async def stream_one(client: httpx.AsyncClient, req: DemoRequest) -> dict[str, A
     usage: dict[str, Any] = {}
     finish = None
     async with client.stream("POST", path, json=body) as r:
+        cache = r.headers.get(CACHE_STATUS)
         if r.status_code != 200:
             await r.aread()
             return {"label": req.label, "status": r.status_code, "error": r.text}
@@ -223,6 +224,7 @@ async def stream_one(client: httpx.AsyncClient, req: DemoRequest) -> dict[str, A
         "completion_tokens": usage.get("completion_tokens"),
         "finish_reason": finish,
         "server": usage.get("harness", {}),
+        "cache": cache,
         "text": "".join(text),
     }
 
