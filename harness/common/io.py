@@ -3,7 +3,10 @@
 Outputs are written to a temporary file beside the target and renamed into place, so a crash or
 Ctrl-C never leaves a half-written report, corpus or index behind: readers see the old file or the
 new one. Inputs are checked before parsing so that a directory, an empty file or a binary file gets
-a clear :class:`InputError` instead of a parser traceback.
+a clear :class:`InputError` instead of a parser traceback. JSONL inputs (one JSON object per line,
+optionally a pydantic model) are read with :func:`iter_jsonl`, or line by line with
+:func:`parse_jsonl_line` for bodies already in memory, so every stage reports a bad line the same
+way: file, line and the field's dotted path (``messages.0.role``).
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar, overload
 
 import orjson
+from pydantic import BaseModel, ValidationError
 
 from harness.common.errors import InputError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @contextlib.contextmanager
@@ -78,3 +84,101 @@ def check_input_file(path: str | Path, *, allow_empty: bool = False) -> Path:
     if b"\x00" in head:
         raise InputError("looks binary (contains NUL bytes), expected text", file=p)
     return p
+
+
+def _expecting(message: str, expected: str | None) -> str:
+    return f"{message}, expected {expected}" if expected else message
+
+
+@overload
+def parse_jsonl_line(
+    raw: bytes | str,
+    lineno: int | None,
+    model: None = None,
+    *,
+    file: str | Path | None = None,
+    expected: str | None = None,
+) -> dict[str, Any]: ...
+
+
+@overload
+def parse_jsonl_line(
+    raw: bytes | str,
+    lineno: int | None,
+    model: type[M],
+    *,
+    file: str | Path | None = None,
+    expected: str | None = None,
+) -> M: ...
+
+
+def parse_jsonl_line(
+    raw: bytes | str,
+    lineno: int | None,
+    model: type[M] | None = None,
+    *,
+    file: str | Path | None = None,
+    expected: str | None = None,
+) -> M | dict[str, Any]:
+    """One JSONL line as a validated ``model`` (or, without one, as a JSON object).
+
+    Raises :class:`InputError` naming ``file``, ``lineno`` and, for a validation error, the first
+    failing field as a dotted path (``messages.0.role``). ``expected`` (``"a schedule entry"``) is
+    appended to every message as ``…, expected a schedule entry``.
+    """
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(_expecting(f"invalid JSON ({exc.msg})", expected), file=file, line=lineno) from None
+    if model is None:
+        if not isinstance(obj, dict):
+            raise InputError(_expecting("not a JSON object", expected), file=file, line=lineno)
+        return obj
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=file, line=lineno, expected=expected) from None
+
+
+def validation_input_error(
+    exc: ValidationError,
+    *,
+    file: str | Path | None = None,
+    line: int | None = None,
+    expected: str | None = None,
+) -> InputError:
+    """The first problem of a pydantic ``ValidationError`` as an :class:`InputError` naming its field."""
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err.get("loc", ())) or None
+    message = _expecting(err.get("msg", "invalid value"), expected)
+    return InputError(message, file=file, line=line, field=field)
+
+
+@overload
+def iter_jsonl(
+    path: str | Path, model: None = None, *, expected: str | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]: ...
+
+
+@overload
+def iter_jsonl(
+    path: str | Path, model: type[M], *, expected: str | None = None
+) -> Iterator[tuple[int, M]]: ...
+
+
+def iter_jsonl(
+    path: str | Path, model: type[M] | None = None, *, expected: str | None = None
+) -> Iterator[tuple[int, M | dict[str, Any]]]:
+    """Stream ``(1-based line number, value)`` from a JSONL file, one line in memory at a time.
+
+    The file is checked with :func:`check_input_file` first; blank lines are skipped and a UTF-8
+    byte-order mark on the first line is ignored. Each line goes through :func:`parse_jsonl_line`,
+    so the first bad line raises :class:`InputError` naming the file, line and field.
+    """
+    p = check_input_file(path)
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+            if not line.strip():
+                continue
+            yield lineno, parse_jsonl_line(line, lineno, model, file=p, expected=expected)

@@ -332,14 +332,7 @@ def build_corpus(
     )
     metrics["candidates"] = len(cand)
     metrics["dropped"] = result.n_dropped
-    thresholds = quality.Thresholds(
-        min_completeness=settings.min_completeness,
-        min_temporal=settings.min_temporal,
-        max_dup_rate_after=settings.max_dup_rate_after,
-        max_mean_cosine=settings.max_mean_cosine,
-        min_distinct_2=settings.min_distinct_2,
-        max_ks=settings.max_ks,
-    )
+    thresholds = quality.Thresholds.of(settings)
     bad = quality.failures(metrics, thresholds)
 
     manifest = Manifest(

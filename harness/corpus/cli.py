@@ -110,7 +110,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
             bar.update(tasks[phase], completed=done, total=total)
 
         result = build_corpus(inputs, settings, tick)
-    thresholds = quality.Thresholds(**{k: getattr(settings, k) for k in quality.Thresholds.model_fields})
+    thresholds = quality.Thresholds.of(settings)
     Console().print(quality.table(result.metrics, thresholds))
     console.print(
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "

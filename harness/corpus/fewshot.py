@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
-from pydantic import ValidationError
 
 from harness.common.errors import InputError
-from harness.common.io import check_input_file
+from harness.common.io import iter_jsonl
 from harness.corpus.model import FewShotLogEntry
 
 if TYPE_CHECKING:
@@ -29,29 +27,15 @@ if TYPE_CHECKING:
 
 def read_log(path: str | Path) -> list[FewShotLogEntry]:
     """Parse a few-shot JSONL log; errors name the file, line and field."""
-    p = check_input_file(path)
     out: list[FewShotLogEntry] = []
     seen: set[str] = set()
-    with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON: {exc}", file=p, line=lineno) from None
-            try:
-                entry = FewShotLogEntry.model_validate(obj)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field_ = ".".join(str(x) for x in err.get("loc", ())) or None
-                raise InputError(err.get("msg", "invalid line"), file=p, line=lineno, field=field_) from None
-            if entry.id in seen:
-                raise InputError(f"duplicate id {entry.id!r}", file=p, line=lineno, field="id")
-            seen.add(entry.id)
-            out.append(entry)
+    for lineno, entry in iter_jsonl(path, FewShotLogEntry):
+        if entry.id in seen:
+            raise InputError(f"duplicate id {entry.id!r}", file=path, line=lineno, field="id")
+        seen.add(entry.id)
+        out.append(entry)
     if not out:
-        raise InputError("no log lines", file=p)
+        raise InputError("no log lines", file=path)
     return out
 
 

@@ -13,11 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.common.errors import InputError
-from harness.common.io import check_input_file
+from harness.common.io import iter_jsonl
 
 CORPUS_FILE = "corpus.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -179,18 +177,5 @@ def read_corpus(path: str | Path) -> Iterator[CorpusRecord]:
     p = Path(path)
     if p.is_dir():
         p = p / CORPUS_FILE
-    check_input_file(p)
-    with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON: {exc}", file=p, line=lineno) from None
-            try:
-                yield CorpusRecord.model_validate(obj)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(x) for x in err.get("loc", ())) or None
-                raise InputError(err.get("msg", "invalid record"), file=p, line=lineno, field=field) from None
+    for _, record in iter_jsonl(p, CorpusRecord, expected="a corpus record"):
+        yield record

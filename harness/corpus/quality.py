@@ -56,6 +56,11 @@ class Thresholds(BaseModel):
     min_distinct_2: float | None = None
     max_ks: float | None = None
 
+    @classmethod
+    def of(cls, settings: object) -> Thresholds:
+        """The thresholds a settings object (``CorpusSettings``) carries under the same field names."""
+        return cls(**{name: getattr(settings, name) for name in cls.model_fields})
+
 
 def completeness(records: Sequence[CorpusRecord]) -> float:
     total = 0

@@ -18,10 +18,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from pydantic import ValidationError
 
 from harness.cache.api import CachedCompletion, ResponseCache
+from harness.common.errors import InputError
+from harness.common.io import parse_jsonl_line
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
 from harness.server.protocol import Prepared, prepare
@@ -42,15 +43,15 @@ class _Line:
 
 def _parse(st: ServerState, raw: bytes, default_tenant: str) -> list[_Line]:
     lines: list[_Line] = []
-    for number, text in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+    # bytes.splitlines splits on \n and \r only; str.splitlines would also split inside JSON strings
+    # holding U+2028 and friends.
+    for number, text in enumerate(raw.splitlines(), start=1):
         if not text.strip():
             continue
         try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise bad_request(f"line {number}: not valid JSON: {exc}", code="invalid_json") from None
-        if not isinstance(obj, dict):
-            raise bad_request(f"line {number}: expected a JSON object", code="invalid_json")
+            obj = parse_jsonl_line(text, number)
+        except InputError as exc:
+            raise bad_request(f"line {number}: {exc.message}", code="invalid_json") from None
         completion = obj.pop("completion", None)
         tenant = obj.pop("tenant", None) or default_tenant
         if completion is not None and not isinstance(completion, str):

@@ -14,10 +14,10 @@ import binascii
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from harness.common.errors import InputError
 from harness.common.io import check_input_file
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 Family = Literal["requests", "traces"]
 OnSkip = Callable[[InputError], None]
+R = TypeVar("R")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +218,10 @@ def utf8_error(path: Path, head: bytes) -> InputError | None:
 
 
 def iter_lines(
-    path: Path, skip: bool = False, on_skip: OnSkip = default_on_skip
+    path: Path, skip: bool = False, on_skip: OnSkip = default_on_skip, *, blank: bool = True
 ) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line without its CR/LF) for each line; blank lines included.
+    """(1-based line number, decoded line without its CR/LF) for each line; blank lines (whitespace
+    only) are included unless ``blank`` is false.
 
     Decoding per line keeps memory bounded and locates invalid UTF-8 to its line.
     """
@@ -234,7 +237,8 @@ def iter_lines(
                 continue
             if n == 1 and text.startswith("\ufeff"):
                 text = text[1:]
-            yield n, text.rstrip("\r\n")
+            if blank or text.strip():
+                yield n, text.rstrip("\r\n")
 
 
 def read_head(path: Path, size: int = MAX_SNIFF) -> bytes:
@@ -246,16 +250,76 @@ def first_line(head: bytes) -> bytes:
     return head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
 
 
-def pydantic_error(exc: Exception, path: Path, line: int | None, what: str) -> InputError:
-    """The first problem of a pydantic ``ValidationError`` as an :class:`InputError` naming the field."""
-    from pydantic import ValidationError
+# --------------------------------------------------------------------------- rows → events
 
-    if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        if err.get("type") == "json_invalid":
-            return InputError(f"invalid JSON, expected {what}", file=path, line=line)
-        return InputError(
-            f"{err.get('msg', 'invalid value')}, expected {what}", file=path, line=line, field=loc or None
-        )
-    return InputError(f"{exc}, expected {what}", file=path, line=line)
+
+def reject(err: InputError, skip: bool, on_skip: OnSkip) -> None:
+    """Raise ``err``; under ``--skip-invalid`` pass it to ``on_skip`` instead (the caller drops the row)."""
+    if not skip:
+        raise err
+    on_skip(err)
+
+
+def span_error(msg: str, path: Path | str, line: int | None, where: str, expected: str) -> InputError:
+    """A span converter's ``"field: detail"`` message as an :class:`InputError` located at ``where.field``."""
+    field, sep, detail = msg.partition(": ")
+    return InputError(
+        f"{detail if sep else msg}, expected {expected}",
+        file=path,
+        line=line,
+        field=f"{where}.{field}" if sep and field else where,
+    )
+
+
+def convert_rows(
+    rows: Iterable[tuple[int, R]], convert: Callable[[int, R], P], skip: bool, on_skip: OnSkip
+) -> Iterator[tuple[int, P]]:
+    """``(line, convert(line, row))`` per row; a row whose conversion raises :class:`InputError` is
+    :func:`reject`-ed, so one bad row either stops the read or is skipped, never both."""
+    for n, row in rows:
+        try:
+            value = convert(n, row)
+        except InputError as err:
+            reject(err, skip, on_skip)
+            continue
+        yield n, value
+
+
+class ArrivalClock:
+    """Arrival offsets from the first row's time, for sources that must list requests in time order.
+
+    ``per_second`` is the source's time unit per second (1 for seconds, 1e3 for ms, 1e9 for ns). The
+    origin is the first row whose time was read; a later row before it is an :class:`InputError`
+    naming ``field`` (as the file spells it) rather than a negative arrival. Integer times (Azure's
+    nanoseconds) are subtracted as integers, so the offset keeps their full resolution.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        field: str,
+        *,
+        what: str = "timestamp",
+        order: str = "arrival",
+        per_second: float = 1.0,
+    ) -> None:
+        self.path = path
+        self.field = field
+        self.what = what
+        self.order = order
+        self.per_second = per_second
+        self.origin: float | None = None
+
+    def offset(self, line: int, time: float) -> float:
+        """Seconds since the first row's time; raises if ``time`` is before it."""
+        if self.origin is None:
+            self.origin = time
+        if time < self.origin:
+            early = (self.origin - time) / self.per_second
+            raise InputError(
+                f"{self.what} is {early:g} s before the first row's (expected rows in {self.order} order)",
+                file=self.path,
+                line=line,
+                field=self.field,
+            )
+        return (time - self.origin) / self.per_second

@@ -12,13 +12,13 @@ import orjson
 from pydantic import ValidationError
 
 from harness.common.errors import InputError
+from harness.common.io import iter_jsonl, validation_input_error
 from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
 from harness.traces._base import (
     READERS,
     OnSkip,
     Reader,
     default_on_skip,
-    iter_lines,
     open_checked,
     read_head,
     utf8_error,
@@ -118,11 +118,7 @@ def load_scenarios(path: str | Path) -> ScenarioSet:
     try:
         scenarios = ScenarioSet.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise InputError(
-            f"{err.get('msg')}, expected a scenarios document", file=p, field=loc or None
-        ) from None
+        raise validation_input_error(exc, file=p, expected="a scenarios document") from None
     if scenarios.classes:
         total = sum(c.weight for c in scenarios.classes)
         if abs(total - 1.0) > 1e-3:
@@ -134,20 +130,8 @@ def load_scenarios(path: str | Path) -> ScenarioSet:
 
 def iter_schedule(path: str | Path) -> Iterator[ScheduleEntry]:
     """Stream a schedule JSONL (one :class:`ScheduleEntry` per line)."""
-    p = open_checked(path)
-    for n, text in iter_lines(p):
-        if not text.strip():
-            continue
-        try:
-            yield ScheduleEntry.model_validate_json(text)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            if err.get("type") == "json_invalid":
-                raise InputError("invalid JSON, expected a schedule entry object", file=p, line=n) from None
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            raise InputError(
-                f"{err.get('msg')}, expected a schedule entry", file=p, line=n, field=loc or None
-            ) from None
+    for _, entry in iter_jsonl(path, ScheduleEntry, expected="a schedule entry"):
+        yield entry
 
 
 def load_schedule(path: str | Path) -> list[ScheduleEntry]:

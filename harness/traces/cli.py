@@ -28,6 +28,13 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 
+
+def _say(text: str) -> None:
+    """One plain message on stderr: file names and messages are not Rich markup, and long lines wrap
+    softly so paths stay copyable."""
+    err_console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
 FORMAT_HELP = "Input format (default: detected). One of the names `harness traces formats` lists."
 SKIP_HELP = "Skip invalid rows/spans instead of stopping at the first; report how many and why."
 
@@ -56,11 +63,9 @@ def _progress(label: str) -> Iterator[Any]:
 
 def _report_skips(skips: Any) -> None:
     if skips.count:
-        err_console.print(
-            f"harness: warning: {skips.summary()}", highlight=False, markup=False, soft_wrap=True
-        )
+        _say(f"harness: warning: {skips.summary()}")
         for example in skips.examples[:3]:
-            err_console.print(f"  e.g. {example}", highlight=False, markup=False, soft_wrap=True)
+            _say(f"  e.g. {example}")
 
 
 def _fmt_time(us: float, epoch: bool) -> str:
@@ -289,13 +294,10 @@ def coldpaths_cmd(
     paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
     n = write_jsonl(output, (p.model_dump(mode="json") for p in paths))
     rejected = ", ".join(f"{v} {k}" for k, v in stats.rejected.most_common())
-    err_console.print(
+    _say(
         f"{n} cold path(s) from {stats.traces} trace(s), {stats.hops} hop(s)"
         + (f"; rejected: {rejected}" if rejected else "")
-        + f" → {output}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+        + f" → {output}"
     )
     _report_skips(skips)
 
@@ -334,14 +336,9 @@ def scenarios_cmd(
         paths, k=k, threshold_ms=config.threshold_ms, sources=files, seed=s.seed if seed is None else seed
     )
     for w in _warnings:
-        err_console.print(f"harness: warning: {w}", highlight=False, markup=False, soft_wrap=True)
+        _say(f"harness: warning: {w}")
     write_json(output, scen.model_dump(mode="json"))
-    err_console.print(
-        f"{len(scen.classes)} scenario class(es) from {len(paths)} cold path(s) → {output}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    _say(f"{len(scen.classes)} scenario class(es) from {len(paths)} cold path(s) → {output}")
     _report_skips(skips)
 
 
@@ -413,7 +410,5 @@ def schedule_cmd(
                 yield e.model_dump(mode="json", exclude_defaults=True) | {"offset_s": e.offset_s}
 
         n = write_jsonl(output, rows())
-    err_console.print(
-        f"{n} schedule entr{'y' if n == 1 else 'ies'} → {output}", highlight=False, markup=False
-    )
+    _say(f"{n} schedule entr{'y' if n == 1 else 'ies'} → {output}")
     _report_skips(skips)

@@ -1,5 +1,10 @@
 """CSV plumbing shared by the request-trace readers (Azure, BurstGPT, Splitwise).
 
+A reader states its format as a :class:`CsvRequests` (which columns hold the arrival time and the
+token counts, how to read the time, what else of a row becomes part of the event) and registers it
+with :func:`register_csv`; header sniffing, row streaming, cell errors, ``--skip-invalid`` and the
+arrival-order check are done here once.
+
 Rows are streamed through :func:`csv.reader` over lines decoded one at a time, so CRLF files, a
 missing final newline and invalid UTF-8 are all handled without loading the file. Row numbers count
 data rows from 1 (the header is row 0), as :class:`~harness.common.errors.HarnessError` documents.
@@ -9,11 +14,16 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.common.errors import InputError
-from harness.traces._base import OnSkip, iter_lines
+from harness.traces._base import READERS, ArrivalClock, OnSkip, Reader, convert_rows, iter_lines, reject
+from harness.traces.model import RequestEvent
+
+Cells = dict[str, str]
 
 
 def header_of(head: bytes) -> list[str]:
@@ -26,7 +36,7 @@ def header_of(head: bytes) -> list[str]:
 
 def iter_rows(
     path: Path, required: Sequence[str], skip: bool, on_skip: OnSkip
-) -> Iterator[tuple[int, dict[str, str]]]:
+) -> Iterator[tuple[int, Cells]]:
     """(row number, {lower-cased column: cell}) per data row; checks that ``required`` columns exist."""
     header_at = 0
 
@@ -80,15 +90,16 @@ def iter_rows(
             continue
         row = numbers[0] - header_at
         if len(cells) != width:
-            err = InputError(f"expected {width} columns, found {len(cells)}", file=path, line=row)
-            if not skip:
-                raise err
-            on_skip(err)
+            reject(
+                InputError(f"expected {width} columns, found {len(cells)}", file=path, line=row),
+                skip,
+                on_skip,
+            )
             continue
         yield row, dict(zip(header, cells, strict=True))
 
 
-def int_cell(path: Path, row: int, cells: dict[str, str], column: str, *, minimum: int = 0) -> int:
+def int_cell(path: Path, row: int, cells: Cells, column: str, *, minimum: int = 0) -> int:
     text = cells[column].strip()
     try:
         value = int(text) if text.lstrip("-").isdigit() else int(float(text))
@@ -99,7 +110,7 @@ def int_cell(path: Path, row: int, cells: dict[str, str], column: str, *, minimu
     return value
 
 
-def float_cell(path: Path, row: int, cells: dict[str, str], column: str) -> float:
+def float_cell(path: Path, row: int, cells: Cells, column: str) -> float:
     text = cells[column].strip()
     try:
         value = float(text)
@@ -108,3 +119,67 @@ def float_cell(path: Path, row: int, cells: dict[str, str], column: str) -> floa
     if math.isnan(value) or value < 0:
         raise InputError(f"expected a number ≥ 0, got {text!r}", file=path, line=row, field=column)
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class CsvRequests:
+    """A CSV request-trace format, stated as its columns and conversions.
+
+    Column names are the lower-cased header cells. ``time`` is read with ``parse_time`` (default: a
+    number ≥ 0, :func:`float_cell`) in units of ``per_second`` per second; rows must come in arrival
+    order, and a row before the first is reported against ``time_field`` (the column as the format's
+    documentation spells it). ``extras(cells, output_tokens)`` returns further
+    :class:`RequestEvent` fields (tags, tenant, operation, failed).
+    """
+
+    name: str
+    description: str
+    time: str
+    input: str
+    output: str
+    time_field: str
+    what: str = "timestamp"
+    per_second: float = 1.0
+    parse_time: Callable[[Path, int, Cells], float] | None = None
+    extras: Callable[[Cells, int], dict[str, Any]] | None = None
+    priority: int = 20
+
+    @property
+    def columns(self) -> tuple[str, str, str]:
+        return (self.time, self.input, self.output)
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        cols = header_of(head)
+        return all(c in cols for c in self.columns)
+
+    def read(self, path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
+        clock = ArrivalClock(path, self.time_field, what=self.what, per_second=self.per_second)
+        source = f"{self.name}:{path}"
+
+        def convert(row: int, cells: Cells) -> tuple[Cells, float, int, int]:
+            if self.parse_time is None:
+                ts = float_cell(path, row, cells, self.time)
+            else:
+                ts = self.parse_time(path, row, cells)
+            inp = int_cell(path, row, cells, self.input)
+            out = int_cell(path, row, cells, self.output)
+            return cells, clock.offset(row, ts), inp, out
+
+        rows = iter_rows(path, self.columns, skip, on_skip)
+        for row, (cells, arrival_s, inp, out) in convert_rows(rows, convert, skip, on_skip):
+            yield RequestEvent(
+                arrival_s=arrival_s,
+                input_tokens=inp,
+                output_tokens=out,
+                source=source,
+                line=row,
+                **(self.extras(cells, out) if self.extras else {}),
+            )
+
+
+def register_csv(fmt: CsvRequests) -> CsvRequests:
+    """Register ``fmt`` in :data:`READERS` under its name (family ``requests``)."""
+    READERS.register(fmt.name)(
+        Reader(fmt.name, "requests", fmt.description, fmt.sniff, fmt.read, fmt.priority)
+    )
+    return fmt

@@ -40,9 +40,7 @@ def is_json_lines(path: Path) -> bool:
 
 
 def iter_json_lines(path: Path, skip: bool, on_skip: OnSkip, expected: str) -> Iterator[tuple[int, Any]]:
-    for n, text in iter_lines(path, skip, on_skip):
-        if not text.strip():
-            continue
+    for n, text in iter_lines(path, skip, on_skip, blank=False):
         try:
             yield n, orjson.loads(text)
         except orjson.JSONDecodeError as exc:

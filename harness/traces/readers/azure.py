@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.common.errors import InputError
-from harness.traces._base import READERS, OnSkip, Reader
-from harness.traces.model import RequestEvent
-from harness.traces.readers._csv import header_of, int_cell, iter_rows
-
-COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
+from harness.traces.readers._csv import Cells, CsvRequests, register_csv
 
 _TS = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?$"
@@ -51,53 +46,28 @@ def parse_timestamp(text: str) -> int:
     return base
 
 
-def sniff(path: Path, head: bytes) -> bool:
-    cols = header_of(head)
-    return all(c in cols for c in COLUMNS)
+def _time(path: Path, row: int, cells: Cells) -> int:
+    try:
+        return parse_timestamp(cells["timestamp"])
+    except ValueError:
+        raise InputError(
+            f"expected a time like 2023-11-16 18:17:03.9799600, got {cells['timestamp']!r}",
+            file=path,
+            line=row,
+            field="TIMESTAMP",
+        ) from None
 
 
-def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
-    origin: int | None = None
-    source = f"azure:{path}"
-    for row, cells in iter_rows(path, COLUMNS, skip, on_skip):
-        try:
-            try:
-                ts = parse_timestamp(cells["timestamp"])
-            except ValueError:
-                raise InputError(
-                    f"expected a time like 2023-11-16 18:17:03.9799600, got {cells['timestamp']!r}",
-                    file=path,
-                    line=row,
-                    field="TIMESTAMP",
-                ) from None
-            inp = int_cell(path, row, cells, "contexttokens")
-            out = int_cell(path, row, cells, "generatedtokens")
-            if origin is None:
-                origin = ts
-            if ts < origin:
-                raise InputError(
-                    "time is before the first row's (expected rows in arrival order)",
-                    file=path,
-                    line=row,
-                    field="TIMESTAMP",
-                )
-        except InputError as err:
-            if not skip:
-                raise
-            on_skip(err)
-            continue
-        yield RequestEvent(
-            arrival_s=(ts - origin) / 1e9, input_tokens=inp, output_tokens=out, source=source, line=row
-        )
-
-
-READERS.register("azure")(
-    Reader(
+FORMAT = register_csv(
+    CsvRequests(
         "azure",
-        "requests",
         "Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens)",
-        sniff,
-        read,
-        20,
+        time="timestamp",
+        input="contexttokens",
+        output="generatedtokens",
+        time_field="TIMESTAMP",
+        what="time",
+        per_second=1e9,
+        parse_time=_time,
     )
 )

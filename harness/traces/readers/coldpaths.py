@@ -5,10 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from harness.common.errors import InputError
-from harness.traces._base import READERS, OnSkip, Reader, first_line, iter_lines, pydantic_error
+from harness.common.io import parse_jsonl_line
+from harness.traces._base import (
+    READERS,
+    ArrivalClock,
+    OnSkip,
+    Reader,
+    convert_rows,
+    first_line,
+    iter_lines,
+)
 from harness.traces.model import ColdPathRecord, RequestEvent, TagValue
 
 EXPECTED = "a cold-path record written by `harness traces coldpaths`"
@@ -47,41 +53,26 @@ def to_event(rec: ColdPathRecord, arrival_s: float, source: str, line: int) -> R
     )
 
 
+def _read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[tuple[int, tuple[ColdPathRecord, float]]]:
+    clock = ArrivalClock(path, "start_us", what="start_us", order="start", per_second=1e6)
+
+    def convert(n: int, text: str) -> tuple[ColdPathRecord, float]:
+        rec = parse_jsonl_line(text, n, ColdPathRecord, file=path, expected=EXPECTED)
+        return rec, clock.offset(n, rec.start_us)
+
+    return convert_rows(iter_lines(path, skip, on_skip, blank=False), convert, skip, on_skip)
+
+
 def read_records(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[tuple[int, ColdPathRecord]]:
     """(line, record) per cold path; records must be in ``start_us`` order (as the command writes them)."""
-    origin: int | None = None
-    for n, text in iter_lines(path, skip, on_skip):
-        if not text.strip():
-            continue
-        try:
-            try:
-                rec = ColdPathRecord.model_validate_json(text)
-            except ValidationError as exc:
-                raise pydantic_error(exc, path, n, EXPECTED) from None
-            if origin is None:
-                origin = rec.start_us
-            if rec.start_us < origin:
-                raise InputError(
-                    "start_us is before the first row's (expected rows in start order)",
-                    file=path,
-                    line=n,
-                    field="start_us",
-                )
-        except InputError as err:
-            if not skip:
-                raise
-            on_skip(err)
-            continue
+    for n, (rec, _) in _read(path, skip, on_skip):
         yield n, rec
 
 
 def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
-    origin: int | None = None
     source = f"coldpaths:{path}"
-    for n, rec in read_records(path, skip, on_skip):
-        if origin is None:
-            origin = rec.start_us
-        yield to_event(rec, (rec.start_us - origin) / 1e6, source, n)
+    for n, (rec, arrival_s) in _read(path, skip, on_skip):
+        yield to_event(rec, arrival_s, source, n)
 
 
 READERS.register("coldpaths")(

@@ -27,6 +27,8 @@ from harness.traces._base import (
     coerce_tag,
     error_from_tags,
     normalize_id,
+    reject,
+    span_error,
 )
 from harness.traces.model import RefType, Span, SpanKind, SpanRef, TagValue, Trace
 from harness.traces.readers._json import is_json_lines, iter_items, iter_json_lines, to_int, top_level_keys
@@ -151,16 +153,7 @@ def convert_span(
 
 
 def _fail(msg: str, path: Path | str, line: int | None, where: str, *, skip: bool, on_skip: OnSkip) -> None:
-    field, _, detail = msg.partition(": ") if ": " in msg else ("", "", msg)
-    err = InputError(
-        f"{detail or msg}, expected a Jaeger span",
-        file=path,
-        line=line,
-        field=f"{where}.{field}" if field else where,
-    )
-    if not skip:
-        raise err
-    on_skip(err)
+    reject(span_error(msg, path, line, where, "a Jaeger span"), skip, on_skip)
 
 
 def convert_trace(
@@ -221,9 +214,7 @@ def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[Trace]:
                 line=line,
                 field=where.rstrip(".") or None,
             )
-            if not skip:
-                raise err
-            on_skip(err)
+            reject(err, skip, on_skip)
 
     if is_json_lines(path):
         for n, obj in iter_json_lines(path, skip, on_skip, EXPECTED):

@@ -6,10 +6,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from harness.common.errors import InputError
-from harness.traces._base import READERS, OnSkip, Reader, first_line, iter_lines, pydantic_error
+from harness.common.io import parse_jsonl_line
+from harness.traces._base import (
+    READERS,
+    ArrivalClock,
+    OnSkip,
+    Reader,
+    convert_rows,
+    first_line,
+    iter_lines,
+)
 from harness.traces.model import RequestEvent
 
 BLOCK_SIZE = 512
@@ -34,33 +42,18 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
-    origin: float | None = None
+    clock = ArrivalClock(path, "timestamp", per_second=1000.0)
     source = f"mooncake:{path}"
-    for n, text in iter_lines(path, skip, on_skip):
-        if not text.strip():
-            continue
-        try:
-            try:
-                row = MooncakeRow.model_validate_json(text)
-            except ValidationError as exc:
-                raise pydantic_error(exc, path, n, EXPECTED) from None
-            if origin is None:
-                origin = row.timestamp
-            if row.timestamp < origin:
-                raise InputError(
-                    f"timestamp {row.timestamp:g} is before the first row's {origin:g} "
-                    "(expected rows in arrival order)",
-                    file=path,
-                    line=n,
-                    field="timestamp",
-                )
-        except InputError as err:
-            if not skip:
-                raise
-            on_skip(err)
-            continue
+
+    def convert(n: int, text: str) -> tuple[MooncakeRow, float]:
+        row = parse_jsonl_line(text, n, MooncakeRow, file=path, expected=EXPECTED)
+        return row, clock.offset(n, row.timestamp)
+
+    for n, (row, arrival_s) in convert_rows(
+        iter_lines(path, skip, on_skip, blank=False), convert, skip, on_skip
+    ):
         yield RequestEvent(
-            arrival_s=(row.timestamp - origin) / 1000.0,
+            arrival_s=arrival_s,
             input_tokens=row.input_length,
             output_tokens=row.output_length,
             prefix_block_ids=tuple(row.hash_ids),

@@ -17,7 +17,15 @@ from typing import Any
 import orjson
 
 from harness.common.errors import InputError
-from harness.traces._base import READERS, OnSkip, Reader, error_from_tags, normalize_otlp_id
+from harness.traces._base import (
+    READERS,
+    OnSkip,
+    Reader,
+    error_from_tags,
+    normalize_otlp_id,
+    reject,
+    span_error,
+)
 from harness.traces.model import RefType, Span, SpanKind, SpanRef, TagValue, Trace
 from harness.traces.readers._json import is_json_lines, iter_items, iter_json_lines, to_int, top_level_keys
 from harness.traces.tree import SpanAssembler
@@ -157,16 +165,7 @@ def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None
     assembler = SpanAssembler(str(path), max_buffered_spans)
 
     def fail(msg: str, line: int | None, where: str) -> None:
-        field, sep, detail = msg.partition(": ")
-        err = InputError(
-            f"{detail if sep else msg}, expected an OTLP span",
-            file=path,
-            line=line,
-            field=f"{where}.{field}" if sep else where,
-        )
-        if not skip:
-            raise err
-        on_skip(err)
+        reject(span_error(msg, path, line, where, "an OTLP span"), skip, on_skip)
 
     def resource_spans(rs: Any, line: int | None, where: str) -> Iterator[Trace]:
         if not isinstance(rs, dict):
@@ -195,9 +194,7 @@ def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None
             obj.get("resourceSpans", obj.get("resource_spans")), list
         ):
             err = InputError("JSON of the wrong shape, expected " + EXPECTED, file=path, line=line)
-            if not skip:
-                raise err
-            on_skip(err)
+            reject(err, skip, on_skip)
             return
         blocks: list[Any] = obj.get("resourceSpans", obj.get("resource_spans")) or []
         for i, rs in enumerate(blocks):

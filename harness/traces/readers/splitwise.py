@@ -3,66 +3,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
-from harness.common.errors import InputError
-from harness.traces._base import READERS, OnSkip, Reader
-from harness.traces.model import RequestEvent, TagValue
-from harness.traces.readers._csv import float_cell, header_of, int_cell, iter_rows
-
-COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
+from harness.traces.model import TagValue
+from harness.traces.readers._csv import Cells, CsvRequests, register_csv
 
 
-def sniff(path: Path, head: bytes) -> bool:
-    cols = header_of(head)
-    return all(c in cols for c in COLUMNS)
+def _extras(cells: Cells, output_tokens: int) -> dict[str, Any]:
+    tags: dict[str, TagValue] = {
+        col: cells[col] for col in ("request_id", "request_type", "batch_size") if cells.get(col)
+    }
+    return {"tenant": cells.get("application_id") or None, "tags": tags}
 
 
-def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
-    origin: float | None = None
-    source = f"splitwise:{path}"
-    for row, cells in iter_rows(path, COLUMNS, skip, on_skip):
-        try:
-            ts = float_cell(path, row, cells, "arrival_timestamp")
-            inp = int_cell(path, row, cells, "prompt_size")
-            out = int_cell(path, row, cells, "token_size")
-            if origin is None:
-                origin = ts
-            if ts < origin:
-                raise InputError(
-                    "arrival is before the first row's (expected rows in arrival order)",
-                    file=path,
-                    line=row,
-                    field="arrival_timestamp",
-                )
-        except InputError as err:
-            if not skip:
-                raise
-            on_skip(err)
-            continue
-        tags: dict[str, TagValue] = {}
-        for col in ("request_id", "request_type", "batch_size"):
-            if cells.get(col):
-                tags[col] = cells[col]
-        yield RequestEvent(
-            arrival_s=ts - origin,
-            input_tokens=inp,
-            output_tokens=out,
-            tenant=cells.get("application_id") or None,
-            tags=tags,
-            source=source,
-            line=row,
-        )
-
-
-READERS.register("splitwise")(
-    Reader(
+FORMAT = register_csv(
+    CsvRequests(
         "splitwise",
-        "requests",
         "SplitwiseSim CSV (arrival_timestamp, prompt_size, token_size)",
-        sniff,
-        read,
-        20,
+        time="arrival_timestamp",
+        input="prompt_size",
+        output="token_size",
+        time_field="arrival_timestamp",
+        what="arrival",
+        extras=_extras,
     )
 )

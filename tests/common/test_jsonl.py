@@ -1,0 +1,146 @@
+"""JSONL reading shared by every stage: ``iter_jsonl`` for files, ``parse_jsonl_line`` for bodies.
+
+Expected values come from the raw text written in each test (line numbers counted by hand from the
+lines we wrote, values from ``json.loads``), never from a run of the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.common.errors import InputError
+from harness.common.io import iter_jsonl, parse_jsonl_line, validation_input_error
+
+
+class Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Req(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    messages: list[Msg] = Field(min_length=1)
+    n: int = Field(default=1, ge=1)
+
+
+def _write(tmp_path: Path, lines: list[str], name: str = "in.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def test_iter_jsonl_yields_validated_models_with_file_line_numbers(tmp_path: Path) -> None:
+    rows = [
+        {"id": "a", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "b", "messages": [{"role": "system", "content": "be brief"}], "n": 3},
+    ]
+    lines = [json.dumps(rows[0]), "", "   ", json.dumps(rows[1])]
+    p = _write(tmp_path, lines)
+    got = list(iter_jsonl(p, Req))
+    # Blank lines are skipped but still counted: the second record is on file line 4.
+    assert [n for n, _ in got] == [1, 4]
+    assert [r.model_dump(exclude_defaults=True) for _, r in got] == rows
+
+
+def test_iter_jsonl_without_model_yields_objects(tmp_path: Path) -> None:
+    lines = ['{"prompt": "x", "max_tokens": 2}', '{"messages": []}']
+    p = _write(tmp_path, lines)
+    assert list(iter_jsonl(p)) == [(1, json.loads(lines[0])), (2, json.loads(lines[1]))]
+
+
+def test_iter_jsonl_ignores_a_byte_order_mark_and_crlf(tmp_path: Path) -> None:
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"id": "a", "messages": [{"role": "user", "content": "x"}]}\r\n')
+    [(n, rec)] = list(iter_jsonl(p, Req))
+    assert n == 1 and rec.id == "a"
+
+
+def test_validation_error_names_file_line_and_dotted_field(tmp_path: Path) -> None:
+    good = '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}'
+    bad = '{"id": "b", "messages": [{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}]}'
+    p = _write(tmp_path, [good, good.replace('"a"', '"c"'), bad])
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p, Req, expected="a request"))
+    err = info.value
+    assert (err.file, err.line, err.field) == (str(p), 3, "messages.1.role")
+    assert err.message.endswith(", expected a request")
+    assert str(err).startswith(f"{p}:3: field 'messages.1.role': ")
+
+
+def test_extra_field_is_named(tmp_path: Path) -> None:
+    p = _write(tmp_path, ['{"id": "a", "messages": [{"role": "user", "content": "x"}], "max_tokns": 2}'])
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p, Req))
+    assert info.value.line == 1 and info.value.field == "max_tokns"
+
+
+def test_invalid_json_names_line_without_field(tmp_path: Path) -> None:
+    p = _write(tmp_path, ['{"prompt": "x"}', '{"prompt": "unterminated'])
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p))
+    err = info.value
+    assert (err.file, err.line, err.field) == (str(p), 2, None)
+    assert err.message.startswith("invalid JSON (")
+
+
+def test_non_object_line_is_rejected_without_model(tmp_path: Path) -> None:
+    p = _write(tmp_path, ['{"prompt": "x"}', "[1, 2]"])
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p, expected="an OpenAI request body"))
+    assert info.value.line == 2
+    assert info.value.message == "not a JSON object, expected an OpenAI request body"
+
+
+def test_invalid_utf8_is_located_to_its_line(tmp_path: Path) -> None:
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p))
+    assert info.value.line == 2 and info.value.message.startswith("invalid JSON (")
+
+
+def test_missing_and_empty_files_are_input_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        list(iter_jsonl(tmp_path / "absent.jsonl"))
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(InputError, match="file is empty"):
+        list(iter_jsonl(tmp_path / "empty.jsonl"))
+
+
+def test_iter_jsonl_streams_and_stops_at_first_bad_line(tmp_path: Path) -> None:
+    p = _write(tmp_path, ['{"a": 1}', '{"a": 2}', "not json", '{"a": 4}'])
+    it = iter_jsonl(p)
+    assert next(it) == (1, {"a": 1})  # the bad line has not been read yet
+    assert next(it) == (2, {"a": 2})
+    with pytest.raises(InputError) as info:
+        next(it)
+    assert info.value.line == 3
+
+
+def test_parse_jsonl_line_for_in_memory_bodies() -> None:
+    body = b'{"id": "x", "messages": [{"role": "assistant", "content": "y"}]}'
+    rec = parse_jsonl_line(body, 7, Req)
+    assert rec.messages[0].role == "assistant"
+    assert parse_jsonl_line(body.decode(), 7) == json.loads(body)
+    with pytest.raises(InputError) as info:
+        parse_jsonl_line(b'{"id": "x", "messages": []}', 7, Req)
+    # No file: the location is the line and field only.
+    assert (info.value.file, info.value.line, info.value.field) == (None, 7, "messages")
+    assert str(info.value).startswith("line 7: field 'messages': ")
+
+
+def test_validation_input_error_for_whole_documents() -> None:
+    with pytest.raises(ValidationError) as info:
+        Req.model_validate({"id": 1, "messages": [{"role": "user", "content": "x"}]})
+    err = validation_input_error(info.value, file="doc.json", expected="a request")
+    assert (err.file, err.line, err.field) == ("doc.json", None, "id")
+    assert err.message.endswith(", expected a request")
