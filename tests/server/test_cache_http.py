@@ -122,6 +122,15 @@ def test_preload_bad_line_is_400_naming_it(server):
     assert complete(server, {"prompt": "ok"}).headers["x-cache"] == "MISS"
 
 
+def test_preload_invalid_utf8_is_400_naming_the_line(server):
+    jsonl = b'{"prompt": "utf8 ok", "completion": "fine"}\n{"prompt": "bad \xff byte", "completion": "x"}\n'
+    r = httpx.post(server.url + "/cache/preload", content=jsonl)
+    assert r.status_code == 400
+    e = ErrorResponse.model_validate(r.json())
+    assert "line 2" in e.error.message
+    assert complete(server, {"prompt": "utf8 ok"}).headers["x-cache"] == "MISS"
+
+
 def test_flush_and_stats(server):
     body = {"prompt": "flush me please"}
     assert complete(server, body).headers["x-cache"] == "MISS"
