@@ -89,7 +89,10 @@ class Embedder:
                     os.environ.setdefault("HF_HUB_OFFLINE", "1")
                     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                     from sentence_transformers import SentenceTransformer
+                    from transformers.utils import logging as hf_logging
 
+                    # Loading a 22 MB local model needs no per-tensor progress bar in our output.
+                    hf_logging.disable_progress_bar()
                     self._model = SentenceTransformer(self.model_path, device=self.device)
         return self._model
 
