@@ -92,7 +92,7 @@ class Embedder:
                     from transformers.utils import logging as hf_logging
 
                     # Loading a 22 MB local model needs no per-tensor progress bar in our output.
-                    hf_logging.disable_progress_bar()
+                    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
                     self._model = SentenceTransformer(self.model_path, device=self.device)
         return self._model
 
