@@ -87,7 +87,7 @@ class NormalizedRequest:
     numbers: tuple[str, ...]
     negations: int
     bloom_item: int = 0
-    """The key's 128 hash bits as a signed integer: the Bloom filter's item (see ``bloom.key_item``)."""
+    """The key's first 64 hash bits as a signed integer: the Bloom filter's item (``bloom.key_item``)."""
 
 
 def tenant_slug(tenant: str) -> str:
@@ -99,11 +99,40 @@ def tenant_slug(tenant: str) -> str:
     return "t~" + hashlib.sha256(t.encode("utf-8")).hexdigest()[:24]
 
 
+# ASCII characters ``str.rstrip``/``str.split`` treat as whitespace besides space, tab and newline.
+_ODD_ASCII_SPACE = re.compile(r"[\r\x0b\x0c\x1c-\x1f]")
+
+
+def _lines_already_normal(text: str) -> bool:
+    """True when ``lines`` normalization would return ``text`` unchanged (checked without copying).
+
+    ASCII only (NFC is the identity there), no CR or odd whitespace, no trailing blanks on any
+    line, no blank first/last line and an unindented first line (so there is no common indentation).
+    """
+    return (
+        text.isascii()
+        and bool(text)
+        and text[0] not in " \t\n"
+        and text[-1] not in " \t\n"
+        and " \n" not in text
+        and "\t\n" not in text
+        and _ODD_ASCII_SPACE.search(text) is None
+    )
+
+
 def normalize_text(text: str, mode: WhitespaceMode) -> str:
     """Normalize one piece of message text (see the module docstring for the rules)."""
-    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    if mode == "lines" and _lines_already_normal(text):
+        return text  # the common case of a prompt that is already canonical: no copies, no dedent
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     if mode == "lines":
         return _normalize_code(text)
+    if "`" not in text and "~~~" not in text:
+        # No fence and no inline code can start without these: the text is all prose.
+        return _WS.sub(" ", text).strip()
     out: list[str] = []
     pos = 0
     lines_iter = list(_FENCE.finditer(text))
@@ -180,6 +209,12 @@ class KeyBuilder:
     def __init__(self, settings: CacheSettings) -> None:
         self.settings = settings
         self._drop = frozenset(settings.drop_fields)
+        prec = settings.float_precision
+        self._defaults: dict[str, Any] = {
+            **{k: _json_num(_round(v, prec, k)) for k, v in _FLOAT_DEFAULTS.items()},
+            **_INT_DEFAULTS,
+            **_BOOL_DEFAULTS,
+        }
 
     def normalize(
         self, endpoint: str, body: Mapping[str, Any], tenant: str, *, model_revision: str | None = None
@@ -197,11 +232,11 @@ class KeyBuilder:
             if not isinstance(messages, list) or not messages:
                 raise InputError("'messages' must be a non-empty list", field="messages")
             system, convo = self._messages(messages)
-            params["system"] = system
-            params["messages_shape"] = [m["role"] for m in convo]
+            params["system"] = _canon_json_value(system) if system else []
+            params["messages_shape"] = [_nfc(m["role"]) for m in convo]
             text_parts = [f"{m['role']}: {m['content']}" for m in convo]
             params["messages_extra"] = [
-                {k: v for k, v in m.items() if k not in {"role", "content"}} for m in convo
+                _canon_json_value({k: v for k, v in m.items() if k not in {"role", "content"}}) for m in convo
             ]
         elif endpoint == "completions":
             prompt = rest.pop("prompt", None)
@@ -214,12 +249,15 @@ class KeyBuilder:
         text = "\n".join(text_parts)
         params.update(
             schema=s.schema_version,
-            tenant=tenant,
-            endpoint=endpoint,
-            model=unicodedata.normalize("NFC", model),
-            revision=model_revision if model_revision is not None else s.model_revision,
+            tenant=_nfc(tenant),
+            endpoint=_nfc(endpoint),
+            model=_nfc(model),
+            revision=_nfc(model_revision if model_revision is not None else s.model_revision),
         )
-        params_bytes = dumps_canonical(params)
+        # Every part of ``params`` is canonical already (strings NFC, integral floats as ints, raw
+        # user values through ``_canon_json_value``), so this equals ``dumps_canonical(params)``
+        # without walking the whole structure again.
+        params_bytes = orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
         params_hash = hashlib.sha256(params_bytes).hexdigest()[:32]
         # The key hashes the canonical params and the normalized text, separated by a NUL (which
         # canonical JSON never contains), so no (params, text) pair can collide with another.
@@ -236,7 +274,7 @@ class KeyBuilder:
             text=text,
             params_hash=params_hash,
             canonical=params_bytes.decode("utf-8") + "\n" + text,
-            bloom_item=int.from_bytes(full[:16], "big", signed=True),
+            bloom_item=int.from_bytes(full[:8], "big", signed=True),
             sampled=sampled,
             # Only the L3 verifier reads these; skip the regexes when there is no L3.
             numbers=tuple(sorted(n.replace(",", "") for n in _NUMBER.findall(text))) if s.l3_enabled else (),
@@ -340,16 +378,20 @@ class KeyBuilder:
 
     def _sampling(self, endpoint: str, rest: dict[str, Any]) -> dict[str, Any]:
         prec = self.settings.float_precision
-        out: dict[str, Any] = {}
-        for name, default in _FLOAT_DEFAULTS.items():
-            raw = rest.pop(name, None)
-            out[name] = _round(raw if raw is not None else default, prec, name)
-        for name, default_i in _INT_DEFAULTS.items():
-            raw = rest.pop(name, None)
-            out[name] = _int(raw, name) if raw is not None else default_i
-        for name, default_b in _BOOL_DEFAULTS.items():
-            raw = rest.pop(name, None)
-            out[name] = bool(raw) if raw is not None else default_b
+        # Start from the defaults (computed once) and convert only the fields the body has.
+        out = dict(self._defaults)
+        for name in _FLOAT_DEFAULTS.keys() & rest.keys():
+            raw = rest.pop(name)
+            if raw is not None:
+                out[name] = _json_num(_round(raw, prec, name))
+        for name in _INT_DEFAULTS.keys() & rest.keys():
+            raw = rest.pop(name)
+            if raw is not None:
+                out[name] = _int(raw, name)
+        for name in _BOOL_DEFAULTS.keys() & rest.keys():
+            raw = rest.pop(name)
+            if raw is not None:
+                out[name] = bool(raw)
         mt = rest.pop("max_tokens", None)
         out["max_tokens"] = _int(mt, "max_tokens") if mt is not None else _MAX_TOKENS_DEFAULT[endpoint]
         stop = rest.pop("stop", None)
@@ -358,7 +400,9 @@ class KeyBuilder:
         out["stop"] = sorted({unicodedata.normalize("NFC", str(x)) for x in stop}) if stop else []
         bias = rest.pop("logit_bias", None)
         if isinstance(bias, Mapping):
-            out["logit_bias"] = {str(k): _round(v, prec, "logit_bias") for k, v in bias.items() if v}
+            out["logit_bias"] = {
+                str(k): _json_num(_round(v, prec, "logit_bias")) for k, v in bias.items() if v
+            }
         for name in ("tools", "functions"):
             if isinstance(rest.get(name), list):
                 out[name] = sorted(
@@ -369,6 +413,15 @@ class KeyBuilder:
         # verbatim: a field we do not know might change the output, so it must split the key.
         out["extra"] = {k: _canon_json_value(v) for k, v in rest.items()}
         return out
+
+
+def _nfc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def _json_num(f: float) -> float | int:
+    """What ``_canon_json_value`` makes of a float: 1.0 and 1 are the same JSON number."""
+    return int(f) if f.is_integer() else f
 
 
 def _round(value: Any, prec: int, field: str) -> float:

@@ -3,6 +3,15 @@
 Every operation runs on the event loop through ``redis.asyncio`` under one deadline
 (``l2_op_timeout_s``) covering the call and its retries, so a dead, hung (SIGSTOP) or slow Redis
 costs a request at most that budget; socket and connect timeouts bound each attempt as well.
+
+The one exception is the request path's GET on a local unix socket (the embedded Redis, or a
+``unix://`` URL) with ``l2_blocking_get``: it is a plain blocking call on one dedicated redis-py
+connection, made directly from the event loop. A local GET answers in tens of µs, less than
+``redis.asyncio``'s own per-call machinery, so the asyncio client made an L2 hit ~2× a blocking GET.
+The price is that a hung Redis blocks the loop, so every blocking attempt is capped by a tight
+socket timeout (``l2_blocking_timeout_s``, at most a third of ``l2_op_timeout_s``: connect,
+handshake and the GET each get one), the whole call by ``l2_op_timeout_s``, and the breaker opens
+after ``breaker_failures`` such failures, after which L2 costs nothing until the next probe.
 After ``breaker_failures`` consecutive failures the breaker opens and L2 is skipped outright for
 ``breaker_reset_s``; then one probe is let through (half-open) and its outcome closes or re-opens
 it. Retries (on connection errors only) draw from a token bucket refilled by a fraction of the
@@ -115,6 +124,10 @@ class RedisTier:
         self._client: Any = None
         self._initialized = False
         self._init_task: asyncio.Task[None] | None = None
+        self.blocking = settings.l2_blocking_get and not self.cluster and urlsplit(url).scheme == "unix"
+        """GETs use :meth:`_get_blocking` (one blocking connection on a local unix socket)."""
+        self.blocking_timeout_s = min(settings.l2_blocking_timeout_s, settings.l2_op_timeout_s / 3)
+        self._conn: Any = None
         self.info: dict[str, Any] = {}
         """Last INFO snapshot (refreshed in the background; never read on the request path)."""
 
@@ -205,9 +218,59 @@ class RedisTier:
             return result
 
     async def get(self, key: str) -> bytes | None:
-        rk = self.rkey(key)
+        rk = self.prefix + key
+        if self.blocking:
+            return self._get_blocking(rk)
         value: bytes | None = await self._run(lambda: self.client.get(rk))
         return value
+
+    def _blocking_conn(self) -> Any:
+        if self._conn is None:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            t = self.blocking_timeout_s
+            pool = redis.ConnectionPool.from_url(
+                self.url, socket_timeout=t, socket_connect_timeout=t, retry=Retry(NoBackoff(), 0)
+            )
+            # Not connected yet: ``send_command`` connects lazily, under the same timeouts.
+            self._conn = pool.make_connection()
+        return self._conn
+
+    def _get_blocking(self, rk: str) -> bytes | None:
+        """GET on the dedicated connection, blocking the loop for at most ``l2_op_timeout_s``.
+
+        Each attempt is bounded by ``blocking_timeout_s`` per step (connect, handshake, reply), at
+        most three steps, and a retry starts only if a whole attempt still fits in the budget.
+        """
+        if not self.breaker.allow():
+            raise L2Unavailable("circuit breaker open")
+        end = time.monotonic() + self.settings.l2_op_timeout_s
+        attempt = 0
+        while True:
+            conn = self._blocking_conn()
+            try:
+                conn.send_command("GET", rk)
+                value: bytes | None = conn.read_response()
+            except Exception as exc:
+                # The connection's state is unknown after any failure (a half-read reply).
+                conn.disconnect()
+                retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
+                if (
+                    retryable
+                    and attempt < self.settings.l2_max_retries
+                    and time.monotonic() + 3 * self.blocking_timeout_s <= end
+                    and self.budget.withdraw()
+                ):
+                    attempt += 1
+                    self.retries += 1
+                    continue
+                self.breaker.failure()
+                raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
+            self.breaker.success()
+            self.budget.deposit()
+            return value
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         rk = self.rkey(key)
@@ -279,6 +342,9 @@ class RedisTier:
         return self.info
 
     async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.disconnect()
         if self._client is not None:
             client, self._client = self._client, None
             self._initialized = False

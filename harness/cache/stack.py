@@ -25,6 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from harness.cache import codec
 from harness.cache.api import CachedCompletion, CacheStatus, CacheTicket, Endpoint
 from harness.cache.bloom import BloomGuard
 from harness.cache.keys import KeyBuilder, NormalizedRequest
-from harness.cache.l1 import L1Cache
+from harness.cache.l1 import L1Cache, L1Entry
 from harness.cache.l2 import L2Unavailable, RedisTier, redact
 from harness.cache.l3 import L3Entry, SemanticCache, Vector
 from harness.cache.metrics import TIERS, CacheMetrics
@@ -49,6 +50,18 @@ log = logging.getLogger(__name__)
 CACHEABLE_FINISH = frozenset({"stop", "length"})
 FLUSH_TIERS = ("l1", "l2", "l3", "bloom")
 _HIT_COUNTS_MAX = 100_000
+_MEMOS_MAX = 1024
+
+
+@dataclass(slots=True)
+class _Memo:
+    body: Mapping[str, Any]
+    endpoint: str
+    tenant: str
+    revision: str | None
+    req: NormalizedRequest
+    local: tuple[bool, dict[str, Any]] | None
+    """(Bloom says maybe, lookup context) of an L1 miss already counted; None: nothing looked up."""
 
 
 class CacheStack:
@@ -92,6 +105,9 @@ class CacheStack:
         self._refresher: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._closed = False
+        self._memos: dict[int, _Memo] = {}
+        """``begin_nowait``'s work for the ``begin`` call that follows it, by ``id(body)`` (the memo
+        holds the body, so the id cannot be reused while it is there)."""
         self.metrics.bind_gauges(self._fill_rate, self._entries, self._bloom_fp)
 
     # ------------------------------------------------------------------ protocol
@@ -102,15 +118,18 @@ class CacheStack:
         t0 = time.perf_counter()
         self._ensure_background()
         tenant = tenant or DEFAULT_TENANT
-        try:
-            req = self.keys.normalize(endpoint, body, tenant, model_revision=self.model_revision)
-        except HarnessError as exc:
-            # The cache never rejects a request: the server validates and answers errors itself.
-            return self._ticket("BYPASS", "", tenant, t0, context={"reason": f"unkeyable: {exc}"})
-        if no_cache:
-            return self._ticket("BYPASS", req.key, tenant, t0, context={"reason": "no-cache"})
-        if req.sampled and not self.settings.cache_sampled:
-            return self._ticket("BYPASS", req.key, tenant, t0, context={"reason": "sampled"})
+        memo = self._take_memo(endpoint, body, tenant) if self._memos else None
+        local: tuple[bool, dict[str, Any]] | None = None
+        if memo is not None:
+            req, local = memo
+        else:
+            try:
+                req = self.keys.normalize(endpoint, body, tenant, model_revision=self.model_revision)
+            except HarnessError as exc:
+                # The cache never rejects a request: the server validates and answers errors itself.
+                return self._ticket("BYPASS", "", tenant, t0, context={"reason": f"unkeyable: {exc}"})
+        if no_cache or (req.sampled and not self.settings.cache_sampled):
+            return self._bypass(req, tenant, t0, no_cache)
         deadline = time.monotonic() + self.settings.singleflight_timeout_s
         while True:
             fut = self._inflight.get(req.key)
@@ -132,10 +151,11 @@ class CacheStack:
                     "HIT-L1", req.key, tenant, t0, completion=completion, context={"merged": True, "req": req}
                 )
             # The leader failed: loop, and one of the followers becomes the next leader.
+            local = None  # a Bloom/L1 outcome from before the wait is stale
         leader_fut: asyncio.Future[CachedCompletion | None] = asyncio.get_running_loop().create_future()
         self._inflight[req.key] = leader_fut
         try:
-            status, completion, ctx = await self._lookup(req)
+            status, completion, ctx = await self._lookup(req, local)
         except BaseException:
             self._release(req.key, leader_fut, None)
             raise
@@ -144,6 +164,56 @@ class CacheStack:
             return self._ticket(status, req.key, tenant, t0, completion=completion, context=ctx)
         ctx["future"] = leader_fut
         return self._ticket("MISS", req.key, tenant, t0, is_leader=True, context=ctx)
+
+    def begin_nowait(
+        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
+    ) -> CacheTicket | None:
+        """:meth:`begin` for the answers that need no I/O: a BYPASS or an L1 hit, with the same
+        statuses and counters ``begin`` would give. ``None`` means "now call ``begin``" (with the same
+        arguments), which then reuses this call's key and Bloom/L1 outcome instead of counting them
+        twice. Lets the server skip a task and a disconnect watcher on an L1 hit.
+        """
+        t0 = time.perf_counter()
+        tenant = tenant or DEFAULT_TENANT
+        try:
+            req = self.keys.normalize(endpoint, body, tenant, model_revision=self.model_revision)
+        except HarnessError:
+            return None  # ``begin`` answers it (BYPASS, with the reason)
+        if no_cache or (req.sampled and not self.settings.cache_sampled):
+            return self._bypass(req, tenant, t0, no_cache)
+        if req.key in self._inflight:
+            self._put_memo(_Memo(body, endpoint, tenant, self.model_revision, req, None))
+            return None  # a leader is at work: ``begin`` waits for it
+        self._ensure_background()
+        ctx: dict[str, Any] = {"req": req}
+        maybe, entry = self._lookup_local(req, ctx)
+        if entry is not None:
+            return self._ticket("HIT-L1", req.key, tenant, t0, completion=entry.completion, context=ctx)
+        self._put_memo(_Memo(body, endpoint, tenant, self.model_revision, req, (maybe, ctx)))
+        return None
+
+    def _bypass(self, req: NormalizedRequest, tenant: str, t0: float, no_cache: bool) -> CacheTicket:
+        reason = "no-cache" if no_cache else "sampled"
+        return self._ticket("BYPASS", req.key, tenant, t0, context={"reason": reason})
+
+    def _put_memo(self, memo: _Memo) -> None:
+        self._memos[id(memo.body)] = memo
+        if len(self._memos) > _MEMOS_MAX:  # a caller that never followed up with ``begin``
+            del self._memos[next(iter(self._memos))]
+
+    def _take_memo(
+        self, endpoint: str, body: Mapping[str, Any], tenant: str
+    ) -> tuple[NormalizedRequest, tuple[bool, dict[str, Any]] | None] | None:
+        m = self._memos.pop(id(body), None)
+        if (
+            m is not None
+            and m.body is body
+            and m.endpoint == endpoint
+            and m.tenant == tenant
+            and m.revision == self.model_revision
+        ):
+            return m.req, m.local
+        return None
 
     async def finish(self, ticket: CacheTicket, completion: CachedCompletion | None) -> None:
         if ticket.status != "MISS":
@@ -347,36 +417,47 @@ class CacheStack:
         if not fut.done():
             fut.set_result(value)
 
-    async def _lookup(
-        self, req: NormalizedRequest
-    ) -> tuple[CacheStatus, CachedCompletion | None, dict[str, Any]]:
-        ctx: dict[str, Any] = {"req": req}
+    def _lookup_local(self, req: NormalizedRequest, ctx: dict[str, Any]) -> tuple[bool, L1Entry | None]:
+        """Bloom guard, then L1: (may the key exist, the L1 entry on a hit). Counts both."""
         maybe = True
         if self.bloom is not None:
             maybe = self.bloom.check_item(req.bloom_item)
             (self.metrics.bloom_passes if maybe else self.metrics.bloom_intercepts).inc()
             ctx["bloom"] = maybe
-        if maybe:
-            t = time.perf_counter()
-            entry = self.l1.get(req.key)
-            self.metrics.observe("l1", time.perf_counter() - t)
+        if not maybe:
+            return False, None
+        t = time.perf_counter()
+        entry = self.l1.get(req.key)
+        self.metrics.observe("l1", time.perf_counter() - t)
+        if entry is not None:
+            self.metrics.hit("l1")
+            self._count_hit(req.key)
+            return True, entry
+        self.metrics.miss("l1")
+        return True, None
+
+    async def _lookup(
+        self, req: NormalizedRequest, local: tuple[bool, dict[str, Any]] | None = None
+    ) -> tuple[CacheStatus, CachedCompletion | None, dict[str, Any]]:
+        if local is not None:
+            maybe, ctx = local  # from ``begin_nowait``: an L1 miss, already counted
+        else:
+            ctx = {"req": req}
+            maybe, entry = self._lookup_local(req, ctx)
             if entry is not None:
-                self.metrics.hit("l1")
-                self._count_hit(req.key)
                 return "HIT-L1", entry.completion, ctx
-            self.metrics.miss("l1")
-            if self.l2 is not None:
-                stored = await self._l2_get(req.key)
-                if stored is not None:
-                    self._count_hit(req.key)
-                    self.l1.put(
-                        req.key,
-                        stored.completion,
-                        codec.completion_nbytes(stored.completion),
-                        stored.value_tier,
-                        stored.expires_at,
-                    )
-                    return "HIT-L2", stored.completion, ctx
+        if maybe and self.l2 is not None:
+            stored = await self._l2_get(req.key)
+            if stored is not None:
+                self._count_hit(req.key)
+                self.l1.put(
+                    req.key,
+                    stored.completion,
+                    codec.completion_nbytes(stored.completion),
+                    stored.value_tier,
+                    stored.expires_at,
+                )
+                return "HIT-L2", stored.completion, ctx
         if self.l3 is not None and (maybe or self.settings.bloom_l3_on_first_sight) and req.text:
             hit, vec = await self._l3_lookup(req)
             ctx["vec"] = vec

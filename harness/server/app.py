@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -59,9 +60,11 @@ from harness.server.protocol import (
     CompletionsFormat,
     Prepared,
     TokenLog,
+    check_context,
     formatter,
     prepare,
     split_tokens,
+    tokenize_prepared,
     usage_dict,
 )
 from harness.server.settings import ServerSettings
@@ -72,6 +75,14 @@ T = TypeVar("T")
 
 _FLUSH_TIERS = ("l1", "l2", "l3", "bloom", "all")
 _COMPLETED = ("stop", "length")
+
+
+def new_id() -> str:
+    """32 random hex digits, like ``uuid4().hex`` without its ``os.urandom`` system call.
+
+    Request, response and engine ids must be unique, not unpredictable.
+    """
+    return f"{random.getrandbits(128):032x}"
 
 
 class ClientGone(Exception):
@@ -196,14 +207,40 @@ class ServerState:
         self.ready = False
         self.cache_closed = False
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
+        self.begin_nowait: Callable[..., CacheTicket | None] | None = getattr(cache, "begin_nowait", None)
+        """The cache's optional synchronous fast path (``CacheStack.begin_nowait``)."""
+        self._device: str | None = None
+        self._request_counters: dict[tuple[str, int, str | None], Any] = {}
+        self._hit_metrics: dict[str, tuple[Any, Any, Any, Any]] = {}
+
+    @property
+    def device(self) -> str:
+        """The engine's device, read once (it never changes; ``engine.stats()`` is not free)."""
+        if self._device is None:
+            self._device = self.engine.stats().device
+        return self._device
+
+    def hit_metrics(self, endpoint: str) -> tuple[Any, Any, Any, Any]:
+        """The labelled children a cache hit updates, resolved once per endpoint (``labels()`` costs µs)."""
+        m = self._hit_metrics.get(endpoint)
+        if m is None:
+            mt = self.metrics
+            m = (
+                mt.ttft.labels(endpoint, "cache"),
+                mt.e2e.labels(endpoint, "cache"),
+                mt.prompt_tokens.labels("cache"),
+                mt.output_tokens.labels("cache"),
+            )
+            self._hit_metrics[endpoint] = m
+        return m
 
     def context(self, request: Request, endpoint: str) -> RequestContext:
         hdr = request.headers
-        rid = hdr.get(H.REQUEST_ID) or uuid.uuid4().hex
+        rid = hdr.get(H.REQUEST_ID) or new_id()
         cache_control = hdr.get("cache-control", "").lower()
         return RequestContext(
             request_id=rid,
-            engine_id=uuid.uuid4().hex,
+            engine_id=new_id(),
             stage=hdr.get(H.STAGE),
             trace_id=hdr.get(H.TRACE_ID),
             warmup_id=hdr.get(H.WARMUP_ID),
@@ -215,7 +252,15 @@ class ServerState:
 
     def count(self, ctx: RequestContext, status: int) -> None:
         ctx.status = status
-        self.metrics.requests.labels(ctx.endpoint, str(status), self.metrics.stage_label(ctx.stage)).inc()
+        label = (ctx.endpoint, status, ctx.stage)
+        child = self._request_counters.get(label)
+        if child is None:
+            stage = self.metrics.stage_label(ctx.stage)
+            child = self.metrics.requests.labels(ctx.endpoint, str(status), stage)
+            if stage == ctx.stage or ctx.stage is None:
+                # Bounded like the labels themselves: only stages that got their own label are kept.
+                self._request_counters[label] = child
+        child.inc()
 
     def log_request(self, ctx: RequestContext, out: Outcome | None) -> None:
         if not self.settings.log_requests:
@@ -251,9 +296,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             code="request_too_large",
             reason="body_too_large",
         )
+    # The ASGI receive channel directly: Starlette's ``request.stream()`` generator costs tens of µs.
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise APIError(
@@ -263,7 +313,9 @@ async def read_body(request: Request, limit: int) -> bytes:
                 reason="body_too_large",
             )
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -321,6 +373,7 @@ async def _close(gen: AsyncIterator[TokenEvent] | None) -> None:
 
 
 def _cached_completion(st: ServerState, prep: Prepared, out: Outcome) -> CachedCompletion:
+    # ``prompt_fp`` lets a later hit on the same prompt report ``prompt_tokens`` without tokenizing.
     return CachedCompletion(
         text="".join(out.text),
         finish_reason=out.finish_reason or "stop",
@@ -330,7 +383,7 @@ def _cached_completion(st: ServerState, prep: Prepared, out: Outcome) -> CachedC
         created=int(time.time()),
         mean_logprob=out.logprob_sum / out.logprob_n if out.logprob_n else None,
         mean_entropy=out.entropy_sum / out.entropy_n if out.entropy_n else None,
-        meta={"engine_model": st.engine.model_name},
+        meta={"engine_model": st.engine.model_name, "prompt_fp": prep.prompt_fp},
     )
 
 
@@ -374,14 +427,15 @@ class Handler:
                 model_name=st.model_name,
                 max_model_len=st.engine.max_model_len,
                 default_max_tokens=st.settings.default_max_tokens,
+                # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
+                tokenize=st.cache is None or ctx.no_cache,
             )
-            self.fmt = formatter(
-                self.endpoint, uuid.uuid4().hex, int(time.time()), st.model_name, prep.include_usage
-            )
+            self.fmt = formatter(self.endpoint, new_id(), int(time.time()), st.model_name, prep.include_usage)
             await self._begin_cache(prep)
             if self.ticket is not None and self.ticket.completion is not None:
                 resp = self._serve_hit(prep, self.ticket.completion)
             else:
+                tokenize_prepared(prep, st.engine.tokenizer, st.engine.max_model_len)
                 resp = await self._serve_engine(prep)
             handed_off = isinstance(resp, StreamingResponse)
             return resp
@@ -422,9 +476,18 @@ class Handler:
             return
         no_cache = self.ctx.no_cache or not prep.cacheable
         try:
-            self.ticket = await until_disconnect(
-                self.request, cache.begin(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache)
-            )
+            ticket = None
+            if self.st.begin_nowait is not None:
+                # An L1 hit or a bypass is decided without I/O: no task, no disconnect watcher.
+                ticket = self.st.begin_nowait(
+                    self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache
+                )
+            if ticket is None:
+                ticket = await until_disconnect(
+                    self.request,
+                    cache.begin(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache),
+                )
+            self.ticket = ticket
         except ClientGone:
             raise
         except HarnessError as exc:  # a body the cache cannot key: served uncached
@@ -454,7 +517,9 @@ class Handler:
         st, ctx, fmt = self.st, self.ctx, self.fmt
         assert fmt is not None
         echo = prep.prompt_text if prep.echo else None
-        n_prompt = len(prep.prompt_ids)
+        n_prompt = self._hit_prompt_tokens(prep, hit)
+        device = st.device
+        m_ttft, m_e2e, m_prompt, m_output = st.hit_metrics(self.endpoint)
 
         def usage(ttft_ms: float, e2e_ms: float) -> dict[str, Any]:
             tpot = (e2e_ms - ttft_ms) / (hit.completion_tokens - 1) if hit.completion_tokens > 1 else 0.0
@@ -467,15 +532,15 @@ class Handler:
                 ttft_ms=ttft_ms,
                 tpot_ms=tpot,
                 e2e_ms=e2e_ms,
-                device=st.engine.stats().device,
+                device=device,
             )
 
         def account(ttft_s: float) -> None:
             e2e_s = time.perf_counter() - ctx.t0
-            st.metrics.ttft.labels(self.endpoint, "cache").observe(ttft_s)
-            st.metrics.e2e.labels(self.endpoint, "cache").observe(e2e_s)
-            st.metrics.prompt_tokens.labels("cache").inc(n_prompt)
-            st.metrics.output_tokens.labels("cache").inc(hit.completion_tokens)
+            m_ttft.observe(ttft_s)
+            m_e2e.observe(e2e_s)
+            m_prompt.inc(n_prompt)
+            m_output.inc(hit.completion_tokens)
 
         if not prep.stream:
             ttft = time.perf_counter() - ctx.t0
@@ -520,6 +585,18 @@ class Handler:
 
         st.count(ctx, 200)
         return GuardedStream(replay(), close, self._stream_headers())
+
+    def _hit_prompt_tokens(self, prep: Prepared, hit: CachedCompletion) -> int:
+        """The hit's ``prompt_tokens``: the entry's own count when it was made from this very prompt
+        (same fingerprint), else this request's prompt tokenized now (an L3 or preloaded entry, or a
+        prompt that differs from the cached one only in normalized whitespace)."""
+        st = self.st
+        if not prep.tokenized and hit.meta.get("prompt_fp") == prep.prompt_fp:
+            param = "prompt" if prep.endpoint == "completions" else "messages"
+            check_context(hit.prompt_tokens, prep.params.max_tokens, st.engine.max_model_len, param)
+            return hit.prompt_tokens
+        tokenize_prepared(prep, st.engine.tokenizer, st.engine.max_model_len)
+        return len(prep.prompt_ids)
 
     def _stream_headers(self) -> dict[str, str]:
         return {**self.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -753,13 +830,16 @@ def create_app(
         log.exception("unhandled error", exc_info=exc)
         return APIError(500, f"internal server error: {type(exc).__name__}", type="server_error").response()
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await Handler(st, request, "completions").run()
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await Handler(st, request, "chat.completions").run()
+
+    # Plain Starlette routes: the handlers take the raw Request, so FastAPI's dependency solving
+    # (tens of µs per request) would buy nothing on the hottest path. Exception handlers still apply.
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -10,9 +10,12 @@ models in :mod:`harness.common.openai`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from harness.cache.api import Endpoint
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
@@ -39,6 +42,14 @@ class Prepared:
     cache_body: dict[str, Any]
     cacheable: bool
     """False when the answer cannot be replayed from a cache entry (logprobs were asked for)."""
+    prompt_fp: str = ""
+    """Fingerprint of exactly what is tokenized (see :func:`prompt_fingerprint`)."""
+    tokenized: bool = True
+    """False while ``prompt_ids`` is still empty (``prepare(..., tokenize=False)``): a cache hit
+    whose entry carries the same fingerprint needs no tokenization; :func:`tokenize_prepared`
+    finishes the job otherwise."""
+    source: Any = None
+    """What :func:`tokenize_prepared` tokenizes: the prompt string, or (messages, add_generation_prompt)."""
 
 
 def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -74,6 +85,58 @@ def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
             raise unsupported("modalities", "only the text modality is supported")
         if req.echo:
             raise unsupported("echo", "echo is only supported on /v1/completions")
+
+
+def prompt_fingerprint(source: Any) -> str:
+    """A 128-bit fingerprint of a text prompt (a string) or a chat (messages, add_generation_prompt).
+
+    Equal fingerprints mean the same tokenizer input for the same model, so a cached completion
+    carrying its prompt's fingerprint and token count (``meta["prompt_fp"]``, ``prompt_tokens``)
+    lets a hit report usage without tokenizing. Response-cache keys normalize whitespace; this does
+    not, so a differently spaced prompt that hits the same entry is tokenized as before.
+    """
+    if isinstance(source, str):
+        data = b"p\x00" + source.encode("utf-8", "surrogatepass")
+    else:
+        messages, add_gen = source
+        data = b"m\x00" + orjson.dumps([[m["role"], m["content"]] for m in messages] + [bool(add_gen)])
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def check_context(n_prompt: int, max_tokens: int | None, max_model_len: int, prompt_param: str) -> int:
+    """Refuse an empty prompt or one that leaves no room for ``max_tokens``; returns the room left."""
+    if not n_prompt:
+        raise bad_request("the prompt is empty after tokenization", param=prompt_param)
+    room = max_model_len - n_prompt
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        asked = n_prompt + (max_tokens or 1)
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the request asks for {asked} "
+            f"({n_prompt} in the prompt, {max_tokens or 1} to generate). "
+            "Shorten the prompt or lower max_tokens.",
+            param=prompt_param if room <= 0 else "max_tokens",
+            code="context_length_exceeded",
+            reason="too_long",
+        )
+    return room
+
+
+def tokenize_prepared(prep: Prepared, tokenizer: Tokenizer, max_model_len: int) -> None:
+    """Finish a ``prepare(..., tokenize=False)``: tokenize the prompt and check the context length."""
+    if prep.tokenized:
+        return
+    if isinstance(prep.source, str):
+        ids = tokenizer.encode(prep.source)
+        param = "prompt"
+    else:
+        messages, add_gen = prep.source
+        prep.prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
+        ids = tokenizer.encode(prep.prompt_text)
+        param = "messages"
+    check_context(len(ids), prep.params.max_tokens, max_model_len, param)
+    prep.prompt_ids = ids
+    prep.tokenized = True
 
 
 def _prompt_of(req: CompletionRequest, tokenizer: Tokenizer) -> tuple[list[int], str]:
@@ -125,48 +188,59 @@ def prepare(
     model_name: str,
     max_model_len: int,
     default_max_tokens: int,
+    tokenize: bool = True,
 ) -> Prepared:
-    """Check, tokenize and translate one request. Raises :class:`APIError` (HTTP 400)."""
+    """Check, tokenize and translate one request. Raises :class:`APIError` (HTTP 400).
+
+    ``tokenize=False`` (the server with a response cache) defers tokenizing a text prompt or chat
+    and the context-length check to :func:`tokenize_prepared`, so a cache hit can skip them. It is
+    ignored when the request sets no ``max_tokens``: the default depends on the prompt's length,
+    and the cache key on the default.
+    """
     check_supported(req)
     endpoint: Endpoint
     body: dict[str, Any] = {"model": model_name}
+    source: Any
+    ids: list[int] | None
     if isinstance(req, CompletionRequest):
         endpoint = "completions"
-        ids, prompt_text = _prompt_of(req, tokenizer)
-        # Token-id prompts are keyed by their ids (exact), text prompts by their text.
-        text_given = isinstance(req.prompt, str) or isinstance(req.prompt[0], str)
-        body["prompt"] = prompt_text if text_given else ids
+        max_tokens = req.max_tokens
+        p = req.prompt
+        if isinstance(p, str) or (isinstance(p, list) and len(p) == 1 and isinstance(p[0], str)):
+            source = p if isinstance(p, str) else p[0]
+            prompt_text = source
+            lazy = not tokenize and max_tokens is not None
+            ids = None if lazy else tokenizer.encode(source)
+            body["prompt"] = prompt_text
+        else:
+            ids, prompt_text = _prompt_of(req, tokenizer)
+            source = prompt_text
+            # Token-id prompts are keyed by their ids (exact), text prompts by their text.
+            text_given = isinstance(req.prompt, str) or isinstance(req.prompt[0], str)
+            body["prompt"] = prompt_text if text_given else ids
         prompt_param = "prompt"
         want_logprobs = req.logprobs is not None
         echo = bool(req.echo)
-        max_tokens = req.max_tokens
     else:
         endpoint = "chat.completions"
         messages = chat_messages(req)
         add_gen = req.add_generation_prompt is not False and not req.continue_final_message
-        prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
-        ids = tokenizer.encode(prompt_text)
+        source = (messages, add_gen)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if not tokenize and max_tokens is not None:
+            prompt_text, ids = "", None
+        else:
+            prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
+            ids = tokenizer.encode(prompt_text)
         body["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
         prompt_param = "messages"
         want_logprobs = bool(req.logprobs)
         echo = False
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if not ids:
-        raise bad_request("the prompt is empty after tokenization", param=prompt_param)
-    room = max_model_len - len(ids)
-    if room <= 0 or (max_tokens is not None and max_tokens > room):
-        asked = len(ids) + (max_tokens or 1)
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens; the request asks for {asked} "
-            f"({len(ids)} in the prompt, {max_tokens or 1} to generate). "
-            "Shorten the prompt or lower max_tokens.",
-            param=prompt_param if room <= 0 else "max_tokens",
-            code="context_length_exceeded",
-            reason="too_long",
-        )
-    if max_tokens is None:
-        max_tokens = min(default_max_tokens, room)
+    if ids is not None:
+        room = check_context(len(ids), max_tokens, max_model_len, prompt_param)
+        if max_tokens is None:
+            max_tokens = min(default_max_tokens, room)
+    assert max_tokens is not None  # lazy only with an explicit max_tokens
     ignore_eos = bool(req.ignore_eos)
     if req.min_tokens:
         # The engine has no min_tokens; it is exactly ignore_eos when the floor is the ceiling, which
@@ -208,7 +282,7 @@ def prepare(
     include_usage = bool(stream and req.stream_options and req.stream_options.include_usage)
     return Prepared(
         endpoint=endpoint,
-        prompt_ids=ids,
+        prompt_ids=ids if ids is not None else [],
         prompt_text=prompt_text,
         params=params,
         stream=stream,
@@ -217,6 +291,9 @@ def prepare(
         echo=echo,
         cache_body=body,
         cacheable=not want_logprobs,
+        prompt_fp=prompt_fingerprint(source),
+        tokenized=ids is not None,
+        source=source,
     )
 
 
