@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,8 +78,13 @@ class StartServer:
         log_path = ctx.out_dir / "server.log"
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "harness.cli", "serve", *self.args, "--port", "0"]
+        # A run directory of its own, emptied first: the cache persists its state on shutdown, and
+        # the demo's cold pass must start with empty caches however often the demo is run.
+        state = ctx.out_dir / "server-state"
+        shutil.rmtree(state, ignore_errors=True)
+        env = {**os.environ, "HARNESS__RUN_DIR": str(state)}
         with open(log_path, "wb") as log:
-            ctx.server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            ctx.server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         started = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         with ctx.console.status(f"starting {' '.join(cmd[3:])} …"):

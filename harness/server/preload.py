@@ -120,7 +120,7 @@ async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
         created=int(time.time()),
         mean_logprob=sum(lps) / len(lps) if lps else None,
         mean_entropy=sum(ents) / len(ents) if ents else None,
-        meta={"source": "preload"},
+        meta={"source": "preload", "prompt_fp": prep.prompt_fp},
     )
 
 
@@ -145,7 +145,7 @@ async def preload(st: ServerState, cache: ResponseCache, raw: bytes, default_ten
                     prompt_tokens=len(line.prep.prompt_ids),
                     completion_tokens=len(st.engine.tokenizer.encode(line.completion)),
                     created=int(time.time()),
-                    meta={"source": "preload"},
+                    meta={"source": "preload", "prompt_fp": line.prep.prompt_fp},
                 )
             keys.append(await cache.put(line.prep.endpoint, line.prep.cache_body, line.tenant, comp))
         except Exception as exc:  # reported per line: one failed generation does not sink the batch
