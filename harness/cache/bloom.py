@@ -16,6 +16,7 @@ files from several processes merge by adding all their items.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -51,6 +52,12 @@ def key_item(key: str) -> int:
 
 def _probe_item(i: int) -> int:
     return int.from_bytes(hashlib.sha256(b"probe:%d" % i).digest()[:8], "big", signed=True)
+
+
+@functools.cache
+def _probes() -> tuple[int, ...]:
+    """The fixed probe items, hashed once per process (a /metrics scrape re-measures the rate)."""
+    return tuple(_probe_item(i) for i in range(_PROBES))
 
 
 class BloomGuard:
@@ -121,10 +128,8 @@ class BloomGuard:
         n = self.approx_items
         if self._fp_cache is not None and self._fp_cache[0] == n:
             return self._fp_cache[1]
-        hits = 0
-        for i in range(_PROBES):
-            hits += _probe_item(i) in self.bloom
-        rate = hits / _PROBES
+        bloom = self.bloom
+        rate = sum(1 for item in _probes() if item in bloom) / _PROBES
         self._fp_cache = (n, rate)
         return rate
 

@@ -55,6 +55,8 @@ def build_stack(
         if s.persist:
             stack.load_state()
     except BaseException:
+        if semantic is not None:
+            semantic.close()  # its embedding thread pool
         if embedded is not None:
             embedded.stop()
         raise

@@ -145,7 +145,6 @@ class RedisTier:
 
             # The cluster client keeps its own retries: they follow MOVED/ASK redirections and
             # topology changes. Our deadline still bounds every operation.
-
             parts = urlsplit(self.url)
             scheme = "rediss" if parts.scheme.startswith("rediss") else "redis"
             plain = urlunsplit(parts._replace(scheme=scheme, query=""))
@@ -153,12 +152,7 @@ class RedisTier:
         import redis.asyncio as aredis
 
         # Retries are ours (bounded by the budget and the deadline), not redis-py's.
-        return aredis.Redis.from_url(
-            self.url,
-            socket_timeout=s.redis_socket_timeout_s,
-            socket_connect_timeout=s.redis_connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        return aredis.Redis.from_url(self.url, retry=Retry(NoBackoff(), 0), **common)
 
     @property
     def client(self) -> Any:

@@ -269,9 +269,6 @@ class SemanticCache:
 
     # ------------------------------------------------------------------ async API
 
-    async def embed(self, text: str) -> Vector:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.embed_sync, text)
-
     async def lookup(self, req: NormalizedRequest) -> tuple[L3Hit | None, Vector]:
         def work() -> tuple[L3Hit | None, Vector]:
             vec = self.embed_sync(req.text)
@@ -293,12 +290,6 @@ class SemanticCache:
 
     def evictions(self) -> int:
         return sum(t.evictions for t in self.tenants.values())
-
-    def nbytes(self) -> int:
-        return sum(t.vectors.nbytes for t in self.tenants.values())
-
-    def capacity_bytes(self) -> int:
-        return self.settings.l3_max_entries * 384 * 4 * max(1, len(self.tenants))
 
     def clear(self) -> int:
         with self._tenants_lock:

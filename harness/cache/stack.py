@@ -42,7 +42,7 @@ from harness.cache.metrics import TIERS, CacheMetrics
 from harness.cache.policy import TIER_POLICIES, TierPolicy
 from harness.cache.redis_server import EmbeddedRedis
 from harness.cache.settings import CacheSettings
-from harness.common.errors import HarnessError
+from harness.common.errors import HarnessError, InputError, UnavailableError
 from harness.common.headers import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
@@ -261,8 +261,6 @@ class CacheStack:
             elif t == "bloom":
                 out["bloom"] = self.bloom.clear() if self.bloom is not None else 0
             else:
-                from harness.common.errors import InputError
-
                 raise InputError(
                     f"unknown cache tier {t!r}; expected one of {', '.join(FLUSH_TIERS)}", field="tier"
                 )
@@ -426,6 +424,8 @@ class CacheStack:
             ctx["bloom"] = maybe
         if not maybe:
             return False, None
+        if not self.settings.l1_enabled:
+            return True, None
         t = time.perf_counter()
         entry = self.l1.get(req.key)
         self.metrics.observe("l1", time.perf_counter() - t)
@@ -450,13 +450,7 @@ class CacheStack:
             stored = await self._l2_get(req.key)
             if stored is not None:
                 self._count_hit(req.key)
-                self.l1.put(
-                    req.key,
-                    stored.completion,
-                    codec.completion_nbytes(stored.completion),
-                    stored.value_tier,
-                    stored.expires_at,
-                )
+                self._l1_put(req.key, stored.completion, stored.value_tier, stored.expires_at)
                 return "HIT-L2", stored.completion, ctx
         if self.l3 is not None and (maybe or self.settings.bloom_l3_on_first_sight) and req.text:
             hit, vec = await self._l3_lookup(req)
@@ -466,9 +460,7 @@ class CacheStack:
                 e = hit.entry
                 ctx.update(l3_score=hit.score, l3_source_key=e.key)
                 # Promote under this request's own key, keeping the source's expiry.
-                self.l1.put(
-                    req.key, e.completion, codec.completion_nbytes(e.completion), e.value_tier, e.expires_at
-                )
+                self._l1_put(req.key, e.completion, e.value_tier, e.expires_at)
                 if self.bloom is not None:
                     self.bloom.add_item(req.bloom_item)
                 if self.l2 is not None:
@@ -566,7 +558,7 @@ class CacheStack:
         now = time.time()
         expires = now + self.settings.ttl_for(tier)
         self.metrics.writebacks.labels(tier).inc()
-        self.l1.put(req.key, completion, codec.completion_nbytes(completion), tier, expires)
+        self._l1_put(req.key, completion, tier, expires)
         if self.bloom is not None:
             self.bloom.add_item(req.bloom_item)
         jobs: list[Any] = []
@@ -583,6 +575,10 @@ class CacheStack:
             return None
         return asyncio.gather(*jobs)
 
+    def _l1_put(self, key: str, completion: CachedCompletion, tier: str, expires_at: float) -> None:
+        if self.settings.l1_enabled:
+            self.l1.put(key, completion, codec.completion_nbytes(completion), tier, expires_at)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)
@@ -595,7 +591,7 @@ class CacheStack:
             self._hit_counts.popitem(last=False)
 
     def _tier_enabled(self, tier: str) -> bool:
-        return {"l1": True, "l2": self.l2 is not None, "l3": self.l3 is not None}[tier]
+        return {"l1": self.settings.l1_enabled, "l2": self.l2 is not None, "l3": self.l3 is not None}[tier]
 
     def _entries(self, tier: str) -> float:
         if tier == "l1":
@@ -653,6 +649,4 @@ class CacheStack:
 
 
 def _unavailable(exc: Exception) -> HarnessError:
-    from harness.common.errors import UnavailableError
-
     return UnavailableError(f"Redis (L2) is unavailable: {exc}")

@@ -28,6 +28,10 @@ class EngineFull(EngineError):
         self.retry_after_s = retry_after_s
 
 
+class InvalidPrompt(EngineError):
+    """The prompt holds token ids the model's embedding table does not have (HTTP 400)."""
+
+
 class PromptTooLong(EngineError):
     """prompt tokens + max_tokens exceed the model's context (HTTP 400)."""
 

@@ -95,6 +95,7 @@ class ThreadedAsyncEngine:
         """Validate now (raising :class:`EngineFull` / :class:`PromptTooLong` at once), stream later."""
         if self._thread is None:
             raise EngineError("the engine is not started")
+        self.core.check_prompt(prompt_token_ids)
         self._check(request_id, prompt_token_ids, params)
         return self._stream(request_id, list(prompt_token_ids), params)
 
@@ -174,21 +175,30 @@ class ThreadedAsyncEngine:
                     events = core.step()
                     if self._validate_every_step:
                         core.validate()
-                except Exception as exc:  # a bug or OOM: fail the in-flight requests, keep serving
+                except Exception:  # a bug or OOM: fail the in-flight requests, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(exc)
+                    self._fail_all()
                     events = []
                 for ev in events:
                     self._deliver(ev.request_id, ev)
             self._stats = core.stats()
-        self._fail_all(EngineError("the engine shut down"))
+        self._fail_all()
+        # Requests posted after the last inbox read would otherwise wait on their queues for ever.
+        with contextlib.suppress(queue.Empty):
+            while True:
+                kind, payload = self._inbox.get_nowait()
+                if kind == "add":
+                    request_id = cast("tuple[str, list[int], SamplingParams]", payload)[0]
+                    with self._lock:
+                        self._pending -= 1
+                    self._deliver(request_id, EngineError("the engine shut down"))
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self) -> None:
+        """End every request with ``finish_reason="error"`` and free its blocks (a failed step, shutdown)."""
         core = self.core
         for req in list(core.running) + list(core.waiting):
             ev = core.abort(req.request_id)
             if ev is not None:
                 ev.finish_reason = "error"
                 self._deliver(ev.request_id, ev)
-        del exc
         self._stats = core.stats()

@@ -52,7 +52,8 @@ def generate(  # noqa: PLR0917 - typer maps parameters to options
     """Stream a completion to stdout, then print the request's metrics."""
     from dataclasses import asdict
 
-    from harness.engine.api import SamplingParams
+    from harness.common.errors import InputError
+    from harness.engine.api import EngineError, PromptTooLong, SamplingParams
     from harness.engine.factory import create_engine
 
     settings = _settings(preset, model, device, dtype)
@@ -71,7 +72,12 @@ def generate(  # noqa: PLR0917 - typer maps parameters to options
         await engine.start()
         try:
             last = None
-            async for ev in engine.generate("cli-0", ids, params):
+            try:
+                stream = engine.generate("cli-0", ids, params)
+            except EngineError as exc:  # the user's prompt / --max-tokens: one line, exit 3
+                field = "--max-tokens" if isinstance(exc, PromptTooLong) else "PROMPT"
+                raise InputError(str(exc), field=field) from None
+            async for ev in stream:
                 out.print(ev.text, end="", markup=False, highlight=False, soft_wrap=True)
                 last = ev
             out.print()

@@ -25,6 +25,7 @@ from harness.engine.api import (
     EngineError,
     EngineStats,
     FinishReason,
+    InvalidPrompt,
     PromptTooLong,
     RequestMetrics,
     SamplingParams,
@@ -127,8 +128,18 @@ class EngineCore:
         if prompt_len + params.max_tokens > self.max_model_len:
             raise PromptTooLong(prompt_len, params.max_tokens, self.max_model_len)
 
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Refuse token ids outside the embedding table: one would fail the step of the whole batch."""
+        vocab = self.cfg.vocab_size
+        if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab):
+            pos, tok = next((i, t) for i, t in enumerate(prompt_ids) if not 0 <= t < vocab)
+            raise InvalidPrompt(
+                f"token id {tok} at prompt position {pos} is outside the vocabulary (0..{vocab - 1})"
+            )
+
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         self.check_request(len(prompt_ids), params)
+        self.check_prompt(prompt_ids)
         if request_id in self.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
         req = Request(request_id, list(prompt_ids), params, time.perf_counter())
@@ -380,8 +391,6 @@ class EngineCore:
         m = req.metrics
         m.output_tokens = len(req.output_ids)
         m.e2e_ms = (now - req.arrival) * 1e3
-        if not req.prefill_done:
-            m.ttft_ms = m.ttft_ms or 0.0
         if m.output_tokens > 1:
             m.tpot_ms = (m.e2e_ms - m.ttft_ms) / (m.output_tokens - 1)
         text = req.text[req.emitted :] if reason != "abort" else ""

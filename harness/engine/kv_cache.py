@@ -48,10 +48,6 @@ class BlockTable:
         self.num_tokens = 0
         """Tokens whose K/V are in the cache (cached prefix + computed)."""
 
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
-
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
     return hash((parent, tuple(tokens)))

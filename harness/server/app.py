@@ -49,6 +49,7 @@ from harness.engine.api import (
     AsyncEngine,
     EngineError,
     EngineFull,
+    InvalidPrompt,
     PromptTooLong,
     RequestMetrics,
     SamplingParams,
@@ -634,6 +635,9 @@ class Handler:
                 code="context_length_exceeded",
                 reason="too_long",
             ) from None
+        except InvalidPrompt as exc:
+            await _close(gen)
+            raise bad_request(str(exc), param="prompt") from None
         except EngineError as exc:
             await _close(gen)
             raise APIError(
@@ -661,8 +665,7 @@ class Handler:
         except ClientGone:
             await self._abort(gen)
             raise
-        if out.finish_reason not in _COMPLETED:
-            await self._finish_cache(None)
+        if out.finish_reason not in _COMPLETED:  # ``run`` settles the cache ticket
             raise APIError(
                 500,
                 f"generation ended with '{out.finish_reason}'",
@@ -705,7 +708,7 @@ class Handler:
             ttft_ms=(first - self.ctx.t0) * 1000,
             tpot_ms=0.0,
             e2e_ms=(now - self.ctx.t0) * 1000,
-            device=self.st.engine.stats().device if m is None else m.device,
+            device=self.st.device if m is None else m.device,
         )
 
     def _account(self, out: Outcome) -> None:
@@ -902,6 +905,8 @@ def create_app(
             return Response(orjson.dumps({"tier": tier, "dropped": dropped}), media_type="application/json")
         except APIError as exc:
             return exc.response()
+        except HarnessError as exc:  # Redis (L2) is down: a 503 the CLI reports, not a 500 traceback
+            return APIError(503, str(exc), type="server_error", code="cache_unavailable").response()
 
     @app.post("/cache/preload")
     async def cache_preload(request: Request) -> Response:
@@ -915,5 +920,7 @@ def create_app(
             return Response(orjson.dumps(result), media_type="application/json")
         except APIError as exc:
             return exc.response()
+        except ClientGone:  # left mid-upload: nothing to answer, and not a server error
+            return Response(status_code=499)
 
     return app

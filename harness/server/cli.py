@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -118,7 +119,8 @@ def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any
             log_level="warning",
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=int(settings.graceful_shutdown_s) or None,
+            # Rounded up, never to None: uvicorn reads None as "wait for ever" (0 must mean no grace).
+            timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_s),
             server_header=False,
         )
         server = uvicorn.Server(config)

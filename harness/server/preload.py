@@ -88,40 +88,19 @@ def _parse(st: ServerState, raw: bytes, default_tenant: str) -> list[_Line]:
 
 
 async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
+    from harness.server.app import Outcome, _cached_completion  # app imports this module lazily
+
     params = dataclasses.replace(prep.params, logprobs=True)
-    text: list[str] = []
-    reason: str | None = None
-    tokens = 0
-    lps: list[float] = []
-    ents: list[float] = []
+    out = Outcome()
     async with st.preload_sem:
         async for ev in st.engine.generate("preload-" + uuid.uuid4().hex, prep.prompt_ids, params):
-            if ev.token_id is not None:
-                tokens += 1
-            if ev.text:
-                text.append(ev.text)
-            if ev.logprob is not None:
-                lps.append(ev.logprob)
-            if ev.entropy is not None:
-                ents.append(ev.entropy)
+            out.add(ev)
             if ev.finished:
-                reason = ev.finish_reason
-                if ev.metrics is not None:
-                    tokens = ev.metrics.output_tokens
                 break
-    if reason not in ("stop", "length"):
-        raise RuntimeError(f"generation ended with '{reason}'")
-    return CachedCompletion(
-        text="".join(text),
-        finish_reason=reason or "stop",
-        model=st.model_name,
-        prompt_tokens=len(prep.prompt_ids),
-        completion_tokens=tokens,
-        created=int(time.time()),
-        mean_logprob=sum(lps) / len(lps) if lps else None,
-        mean_entropy=sum(ents) / len(ents) if ents else None,
-        meta={"source": "preload", "prompt_fp": prep.prompt_fp},
-    )
+    if out.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"generation ended with '{out.finish_reason}'")
+    comp = _cached_completion(st, prep, out)
+    return dataclasses.replace(comp, meta={"source": "preload", "prompt_fp": prep.prompt_fp})
 
 
 async def preload(st: ServerState, cache: ResponseCache, raw: bytes, default_tenant: str) -> dict[str, Any]:

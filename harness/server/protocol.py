@@ -451,9 +451,7 @@ class CompletionsFormat:
 
     def response(self, text: str, reason: str, log: TokenLog | None, usage: dict[str, Any]) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": self._logprobs(log), "finish_reason": reason}
-        d = self._base([choice], usage)
-        d["usage"] = usage
-        return d
+        return self._base([choice], usage)
 
 
 class ChatFormat(CompletionsFormat):
@@ -516,7 +514,6 @@ class ChatFormat(CompletionsFormat):
         }
         d = self._base([choice], usage)
         d["object"] = "chat.completion"
-        d["usage"] = usage
         return d
 
 

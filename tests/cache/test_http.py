@@ -178,3 +178,6 @@ def test_redis_stopped_then_killed_requests_still_served(lean_server: ServerProc
     assert r.status_code == 200 and text(r) == truth
     assert errors_l2(srv) > before
     assert stats(srv)["tiers"]["l2"]["errors"] >= 2
+    # An L2 flush cannot be done without Redis: a 503 naming it, not a 500 with a traceback.
+    r = httpx.post(srv.url + "/cache/flush?tier=l2", timeout=10)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "cache_unavailable"

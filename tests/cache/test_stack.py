@@ -149,6 +149,18 @@ async def test_l1_entry_caps_count_evictions(make_stack: StackFactory) -> None:
     assert stack.metrics.registry.get_sample_value("cache_evictions_total", {"tier": "l1"}) == 2
 
 
+async def test_l1_disabled_serves_from_l2_and_stores_nothing_in_l1(make_stack: StackFactory) -> None:
+    stack = await make_stack(l1_enabled=False)
+    engine = CountingEngine(delay_s=0.0)
+    body = chat("Where does a hit come from without L1?")
+    assert (await serve(stack, engine, body))[0] == "MISS"
+    await stack.drain()
+    assert len(stack.l1) == 0
+    assert [(await serve(stack, engine, body))[0] for _ in range(2)] == ["HIT-L2", "HIT-L2"]
+    assert len(stack.l1) == 0 and engine.calls == 1
+    assert stack.stats()["tiers"]["l1"]["enabled"] is False
+
+
 async def test_unreachable_external_redis_fails_open(make_stack: StackFactory, tmp_path) -> None:
     import socket
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.common.errors import CheckFailed
-from harness.engine.api import EngineFull, PromptTooLong, SamplingParams, TokenEvent
+from harness.engine.api import EngineFull, InvalidPrompt, PromptTooLong, SamplingParams, TokenEvent
 from harness.engine.core import EngineCore
 from harness.engine.factory import create_core, create_engine
 
@@ -201,6 +201,27 @@ def test_prompt_too_long_and_engine_full() -> None:
     with pytest.raises(PromptTooLong):
         c.check_request(30, SamplingParams(max_tokens=3))
     c.check_request(29, SamplingParams(max_tokens=3))
+
+
+async def test_out_of_vocabulary_token_is_refused_and_spares_batch_mates() -> None:
+    """An id past the embedding table used to fail the whole step, so every in-flight request."""
+    c, _ = create_core(tiny_settings(num_kv_blocks=64, block_size=4))
+    vocab = c.model.embed.weight.shape[0]  # the table the forward pass indexes
+    with pytest.raises(InvalidPrompt, match=f"token id {vocab} at prompt position 1"):
+        c.add_request("bad", [5, vocab, 6], GREEDY)
+    with pytest.raises(InvalidPrompt):
+        c.add_request("neg", [-1], GREEDY)
+    good = c.tokenizer.encode("the quick brown fox")
+    c.add_request("good", good, GREEDY)
+    events = run_all(c)
+    assert tokens(events["good"]) == brute_force_greedy(c, good, GREEDY.max_tokens)
+    engine = create_engine(tiny_settings())
+    await engine.start()
+    try:
+        with pytest.raises(InvalidPrompt):
+            engine.generate("bad", [5, vocab], GREEDY)  # refused at call time, before the step loop
+    finally:
+        await engine.shutdown()
 
 
 async def test_engine_full_when_waiting_queue_is_full() -> None:

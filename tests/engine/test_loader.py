@@ -162,6 +162,17 @@ def test_cli_generate_and_info(llama_dir: Path) -> None:
     assert len(words) == 5 and all(w.startswith("w") or w.startswith("<") for w in words)
 
 
+def test_cli_generate_too_long_is_a_one_line_input_error(llama_dir: Path, capsys) -> None:
+    from harness.cli import main
+
+    max_pos = json.loads((llama_dir / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(SystemExit) as exc:
+        main(["engine", "generate", "--model", str(llama_dir), "w1", "--max-tokens", str(max_pos + 1)])
+    assert exc.value.code == 3
+    err = capsys.readouterr().err
+    assert "--max-tokens" in err and "Traceback" not in err
+
+
 def test_cli_missing_model_dir_exit_code(tmp_path: Path) -> None:
     from harness.cli import main
 

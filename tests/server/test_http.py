@@ -31,6 +31,7 @@ from harness.common.openai import (
     iter_sse_data,
     parse_chunk,
 )
+from harness.engine.loader import PRESETS
 from harness.engine.tokenizer import preset_tokenizer
 from tests.server.conftest import ServerProc, harness_server
 
@@ -222,6 +223,16 @@ def test_prompt_too_long_is_400(server):
     assert e.error.code == "context_length_exceeded" and e.error.param == "prompt"
     e = _error(httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": max_len}), 400)
     assert e.error.code == "context_length_exceeded" and e.error.param == "max_tokens"
+
+
+def test_out_of_vocabulary_token_id_is_400_and_server_keeps_serving(server):
+    """Such an id used to fail the engine step (a 500 for it and every batch-mate)."""
+    vocab = PRESETS.get("tiny").vocab_size
+    body = {"prompt": [5, vocab], "max_tokens": 2}
+    e = _error(httpx.post(server.url + "/v1/completions", json=body), 400)
+    assert e.error.param == "prompt" and str(vocab) in e.error.message
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": [5, vocab - 1], "max_tokens": 2})
+    assert ok.status_code == 200
 
 
 @pytest.mark.parametrize(
