@@ -19,6 +19,7 @@ import click
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from harness import __version__
 from harness.common.errors import ExitCode, HarnessError
@@ -38,6 +39,7 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
 TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (("serve", "harness.server.cli", "serve"),)
 
 stderr = Console(stderr=True)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _import_optional(module: str) -> object | None:
@@ -72,8 +74,13 @@ def build_app() -> typer.Typer:
             False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ) -> None:
+        level = log_level.upper()
+        if level not in LOG_LEVELS:
+            raise typer.BadParameter(
+                f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
+            )
         logging.basicConfig(
-            level=log_level.upper(),
+            level=level,
             format="%(message)s",
             handlers=[RichHandler(console=stderr, show_path=False)],
         )
@@ -97,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = list(argv) if argv is not None else None
         rv = command.main(args=args, prog_name="harness", standalone_mode=False)
     except HarnessError as exc:
-        stderr.print(f"[bold red]harness: error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        # The message quotes user data (a cell like "[/x]"), which must not be read as Rich markup.
+        stderr.print(f"[bold red]harness: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(int(exc.exit_code))
     except (typer.Exit, click.exceptions.Exit) as exc:
         sys.exit(exc.exit_code)

@@ -35,12 +35,14 @@ import httpx
 import numpy as np
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.common.errors import HarnessError, InputError, UnavailableError
-from harness.common.headers import CACHE_STATUS, STAGE
+from harness.common.headers import CACHE_STATUS, DEFAULT_TENANT, STAGE, TENANT
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
+from harness.corpus.model import read_corpus
 
 _ANNOUNCE = re.compile(r"serving (\S+) at (http://\S+)")
 
@@ -367,7 +369,7 @@ async def replay_one(
         path, body["messages"] = "/v1/chat/completions", record["messages"]
     else:
         path, body["prompt"] = "/v1/completions", record["prompt"]
-    headers = {STAGE: stage, "X-Tenant-ID": record.get("tenant") or "default"}
+    headers = {STAGE: stage, TENANT: record.get("tenant") or DEFAULT_TENANT}
     t0 = time.perf_counter()
     arrivals: list[float] = []
     async with client.stream("POST", path, json=body, headers=headers) as r:
@@ -399,7 +401,8 @@ class ReplayColdWarm:
         path = ctx.out_dir / "run" / "corpus" / "corpus.jsonl"
         if not path.is_file():
             raise InputError("no corpus to replay; BuildCorpus must run first", file=path)
-        records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        # Validated as the load stage would read it; the dicts are what was written to the file.
+        records = [r.model_dump(mode="json", exclude_none=True) for r in read_corpus(path)]
 
         async def one_pass(stage: str) -> list[dict[str, Any]]:
             sem = asyncio.Semaphore(self.concurrency)
@@ -499,7 +502,7 @@ def main() -> None:
     try:
         run_demo()
     except HarnessError as exc:
-        Console(stderr=True).print(f"[bold red]demo: error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]demo: error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         Console(stderr=True).print("demo: interrupted (server stopped)")

@@ -136,12 +136,8 @@ def _sha(paths: Sequence[Path]) -> str:
 
 
 def _trace_rows(path: Path, fmt: str | None, limit: int | None) -> list[Any]:
-    try:
-        from harness.traces import read_requests
-    except ImportError:
-        raise ConfigError(
-            "reading request traces needs the traces stage (harness.traces.read_requests)"
-        ) from None
+    from harness.traces import read_requests
+
     rows: list[Any] = []
     for ev in read_requests(path, format=fmt):
         rows.append(ev)
@@ -400,7 +396,7 @@ def _encode(embedder: Any, texts: list[str], tick: Callable[..., None]) -> npt.N
     for s in range(0, len(texts), chunk):
         parts.append(embedder.encode(texts[s : s + chunk]))
         tick(min(len(texts), s + chunk), len(texts))
-    return np.vstack(parts) if parts else np.zeros((0, 384), dtype=np.float32)
+    return np.vstack(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)
 
 
 def _record(
@@ -507,16 +503,3 @@ def _record(
         variables=v,
         provenance=prov,
     )
-
-
-def build_demo(out: Path, n: int = 40, seed: int = 0, root: Path | None = None) -> BuildResult:
-    """The corpus ``make demo`` builds: bundled template, few-shot log and scenarios, no other input."""
-    base = root or Path(__file__).resolve().parents[2]
-    inputs = BuildInputs(
-        template=base / "templates" / "prompts" / "four_section.j2",
-        out=out,
-        n=n,
-        fewshot=base / "fixtures" / "corpus" / "fewshot_log.jsonl",
-        scenarios=base / "fixtures" / "corpus" / "scenarios.json",
-    )
-    return build_corpus(inputs, CorpusSettings(seed=seed))

@@ -9,7 +9,7 @@ import orjson
 import typer
 from rich.console import Console
 
-from harness.common.errors import CheckFailed, InputError
+from harness.common.errors import InputError
 
 app = typer.Typer(
     help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
@@ -118,10 +118,8 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     )
     for rep, dropped, cos in result.dedup.examples[:3]:
         console.print(f"  dropped #{dropped} ≈ kept #{rep} (cosine {cos:.3f})", highlight=False)
-    if check and result.failures:
-        raise CheckFailed(
-            "corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json")
-        )
+    if check:
+        quality.check(result.metrics, thresholds, file=str(out / "quality.json"))
 
 
 @app.command()
@@ -134,8 +132,10 @@ def stats(
 
     from rich.table import Table
 
+    from harness.common.settings import load_settings
     from harness.corpus import quality
     from harness.corpus.model import read_corpus
+    from harness.corpus.settings import CorpusSettings
 
     records = list(read_corpus(corpus))
     if not records:
@@ -145,7 +145,8 @@ def stats(
         typer.echo(orjson.dumps(metrics, option=orjson.OPT_INDENT_2).decode())
         return
     out = Console()
-    out.print(quality.table(metrics, quality.Thresholds()))
+    # The same thresholds `build` checks, so HARNESS__CORPUS__MIN_* settings apply here too.
+    out.print(quality.table(metrics, quality.Thresholds.of(load_settings(CorpusSettings))))
     t = Table(title="composition")
     t.add_column("field")
     t.add_column("counts")

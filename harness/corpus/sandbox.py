@@ -12,7 +12,6 @@ and ``*`` / ``**`` results are size-checked so one expression cannot allocate gi
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import time
 import traceback
@@ -74,12 +73,24 @@ class _Guarded(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset(["*", "**"])
     max_operand = 1_000_000
+    max_int_bits = 1 << 16
+    """Integer results are capped too: one big-int ``**`` or ``*`` runs in C, so the render-time check
+    between output chunks cannot interrupt it (``(((9**64)**64)**64)**64`` takes about a minute)."""
+
+    def _check_int_bits(self, bits: int) -> None:
+        if bits > self.max_int_bits:
+            raise SecurityError("integer result too large in template")
 
     def call_binop(self, context: jinja2.runtime.Context, operator_: str, left: Any, right: Any) -> Any:
+        both_int = isinstance(left, int) and isinstance(right, int)
         if operator_ == "**":
             if isinstance(left, int | float) and isinstance(right, int | float) and abs(right) > 64:
                 raise SecurityError("exponent too large in template")
+            if both_int and right > 0:
+                self._check_int_bits(abs(left).bit_length() * right)
             return operator.pow(left, right)
+        if both_int:
+            self._check_int_bits(abs(left).bit_length() + abs(right).bit_length())
         # Sequence repetition: the size of the result is len × count.
         for seq, count in ((left, right), (right, left)):
             too_big = isinstance(seq, str | list | tuple) and isinstance(count, int)
@@ -130,9 +141,6 @@ class PromptRenderer:
             except jinja2.TemplateNotFound as exc:
                 raise TemplateError(f"included template not found: {exc.name}", file=name) from None
         return self._cache[name]
-
-    def sha256(self, name: str) -> str:
-        return hashlib.sha256(self.loader.resolve(name).read_bytes()).hexdigest()
 
     def render(self, name: str, variables: Mapping[str, Any]) -> str:
         """Render template ``name`` with ``variables`` (data, rendered literally)."""

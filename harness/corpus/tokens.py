@@ -69,9 +69,6 @@ class TargetTokenizer:
     def count_batch(self, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
-    def ids(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False).ids)
-
     def _vocabulary(self) -> tuple[list[str], np.ndarray, list[str]]:
         from faker.providers.lorem.en_US import Provider
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from harness.common.errors import InputError
-from harness.common.io import check_input_file
 from harness.common.registry import Registry
 from harness.traces.model import RequestEvent, TagValue, Trace
 
@@ -196,11 +195,6 @@ def error_from_tags(tags: dict[str, TagValue]) -> bool:
 # --------------------------------------------------------------------------- line streaming
 
 MAX_SNIFF = 64 * 1024
-
-
-def open_checked(path: str | Path) -> Path:
-    """:func:`check_input_file`: exists, is a file, not empty, no NUL bytes in the head."""
-    return check_input_file(path)
 
 
 def utf8_error(path: Path, head: bytes) -> InputError | None:

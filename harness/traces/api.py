@@ -12,14 +12,13 @@ import orjson
 from pydantic import ValidationError
 
 from harness.common.errors import InputError
-from harness.common.io import iter_jsonl, validation_input_error
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error
 from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
 from harness.traces._base import (
     READERS,
     OnSkip,
     Reader,
     default_on_skip,
-    open_checked,
     read_head,
     utf8_error,
 )
@@ -41,7 +40,7 @@ def detect_format(path: str | Path) -> str:
     text = str(path)
     if text.startswith(URL_PREFIXES):
         return "jaeger-query"
-    p = open_checked(path)
+    p = check_input_file(path)
     head = read_head(p)
     for reader in sorted((r for _, r in READERS.items()), key=lambda r: r.priority):
         if reader.sniff(p, head):
@@ -74,7 +73,7 @@ def _reader(path: str | Path, format: str | None, family: str) -> tuple[Reader, 
         )
     if str(path).startswith(URL_PREFIXES):
         return reader, str(path)
-    return reader, open_checked(path)
+    return reader, check_input_file(path)
 
 
 def read_requests(
@@ -108,7 +107,7 @@ def read_traces(
 
 def load_scenarios(path: str | Path) -> ScenarioSet:
     """Read and validate a ``scenarios.json`` (:class:`ScenarioSet`); errors name file and field."""
-    p = open_checked(path)
+    p = check_input_file(path)
     try:
         doc = orjson.loads(p.read_bytes())
     except orjson.JSONDecodeError as exc:

@@ -246,10 +246,10 @@ def collect_coldpaths(
     for path in files:
         name = fmt or detect_format(path)
         if name == "coldpaths":
-            from harness.traces._base import open_checked
+            from harness.common.io import check_input_file
             from harness.traces.readers.coldpaths import read_records
 
-            out.extend(rec for _, rec in read_records(open_checked(path), skip_invalid, skips))
+            out.extend(rec for _, rec in read_records(check_input_file(path), skip_invalid, skips))
             continue
         with _progress(f"cold paths in {Path(path).name}") as advance:
             for tr in read_traces(path, format=name, skip_invalid=skip_invalid, on_skip=skips):

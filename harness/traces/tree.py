@@ -69,7 +69,8 @@ def build_trace(
     def order(sid: str) -> tuple[int, str]:
         return (by_id[sid].start_us, sid)
 
-    roots = sorted((s for s, p in parent.items() if p is None and s not in orphans), key=order)
+    orphan_set = set(orphans)  # a list lookup here is quadratic on traces with many orphans
+    roots = sorted((s for s, p in parent.items() if p is None and s not in orphan_set), key=order)
     orphans.sort(key=order)
     if not roots and orphans:
         first = orphans.pop(0)

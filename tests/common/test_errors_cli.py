@@ -113,6 +113,12 @@ def test_cli_usage_error_exits_2_without_traceback() -> None:
     assert "Traceback" not in res.stderr
 
 
+def test_cli_bad_log_level_is_a_usage_error() -> None:
+    res = _harness("--log-level", "loud", "traces", "formats")
+    assert res.returncode == ExitCode.USAGE
+    assert "Traceback" not in res.stderr and "--log-level" in res.stderr
+
+
 def test_atomic_write_gives_ordinary_file_mode(tmp_path: Path) -> None:
     umask = os.umask(0o022)
     try:
@@ -120,3 +126,14 @@ def test_atomic_write_gives_ordinary_file_mode(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert (tmp_path / "a.jsonl").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("cell", ["[/x]", "[bold]12"])
+def test_cli_error_prints_user_data_literally(tmp_path: Path, cell: str) -> None:
+    """A bad cell that looks like Rich markup is quoted as typed: no traceback, nothing swallowed."""
+    csv = tmp_path / "t.csv"
+    csv.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,{cell},3\n")
+    res = _harness("traces", "inspect", str(csv))
+    assert res.returncode == ExitCode.INPUT, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"got '{cell}'" in res.stderr

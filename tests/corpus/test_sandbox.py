@@ -91,6 +91,22 @@ def test_output_size_and_repetition_limits(tmp_path: Path) -> None:
         r.render("mul.j2", {})
 
 
+def test_big_integer_arithmetic_is_refused(tmp_path: Path) -> None:
+    """A big-int ``**`` runs in C where the render-time check cannot stop it: refused up front."""
+    r = _renderer(
+        tmp_path,
+        {
+            "pow.j2": "{{ (((9**64)**64)**64)**64 }}",
+            "mul.j2": "{{ ((9**64)**64)**4 * ((9**64)**64)**4 }}",
+            "ok.j2": "{{ 2**64 }}",
+        },
+    )
+    for name in ("pow.j2", "mul.j2"):
+        with pytest.raises(TemplateError, match="too large"):
+            r.render(name, {})
+    assert r.render("ok.j2", {}) == str(2**64)
+
+
 def test_render_time_limit(tmp_path: Path) -> None:
     src = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}x{% endfor %}"
     r = _renderer(tmp_path, {"slow.j2": src}, max_render_s=0.2)

@@ -179,3 +179,23 @@ def test_connection_refused_is_unavailable() -> None:
         JaegerQueryClient(f"http://127.0.0.1:{port}") as c,
     ):
         c.services()
+
+
+@pytest.mark.parametrize("server", ["v1"], indirect=True)
+def test_reader_url_defaults_come_from_settings(
+    server: tuple[str, Replay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HARNESS__TRACES__QUERY_*`` set what a query URL leaves out; the URL's own parameters win."""
+    url, replay = server
+    monkeypatch.setenv("HARNESS__TRACES__QUERY_LIMIT", "7")
+    monkeypatch.setenv("HARNESS__TRACES__QUERY_PAGE_S", "1800")
+    list(read_traces(f"{url}/?service=service-x&lookback=2h"))
+    searches = [q for p, q in replay.requests if p == "/api/traces"]
+    assert len(searches) == 4  # 2 h of look-back in 30-minute pages
+    assert {q["limit"] for q in searches} == {"7"}
+    replay.requests.clear()
+    list(read_traces(f"{url}/?service=service-x&lookback=2h&page=1h&limit=3"))
+    searches = [q for p, q in replay.requests if p == "/api/traces"]
+    assert len(searches) == 2 and {q["limit"] for q in searches} == {"3"}
+    with pytest.raises(InputError, match="timeout"):
+        list(read_traces(f"{url}/?service=service-x&timeout=soon"))

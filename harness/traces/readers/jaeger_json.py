@@ -179,7 +179,14 @@ def convert_trace(
         raise InputError(
             "trace has no valid spans", file=path, line=line, field=f"{where}spans" if where else "spans"
         )
-    tid = normalize_id(obj["traceID"], 32) if obj.get("traceID") not in (None, "") else spans[0].trace_id
+    tid = spans[0].trace_id
+    if obj.get("traceID") not in (None, ""):
+        try:
+            tid = normalize_id(obj["traceID"], 32)
+        except ValueError as exc:
+            raise InputError(
+                f"{exc}, expected a trace ID", file=path, line=line, field=f"{where}traceID"
+            ) from None
     return build_trace(tid, spans, source=str(path), warnings=warns)
 
 
@@ -218,12 +225,7 @@ def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[Trace]:
 
     if is_json_lines(path):
         for n, obj in iter_json_lines(path, skip, on_skip, EXPECTED):
-            try:
-                yield from handle(obj, n, "")
-            except InputError as err:
-                if not skip:
-                    raise
-                on_skip(err)
+            yield from _guard(handle(obj, n, ""), skip=skip, on_skip=on_skip)
     else:
         shape, key = top_level_keys(path, {"data", "hits", "spans", "spanID", "traceID", "processes"})
         if shape == "array":

@@ -232,15 +232,16 @@ class JaegerQueryClient:
     def _v3_traces(self, body: Any) -> Iterator[Trace]:
         docs = body if isinstance(body, list) else [body]
         by_trace: dict[str, list[Any]] = {}
-        warns: list[str] = []
+        warns: dict[str, list[str]] = {}  # per trace: a span's warnings belong to its own trace only
         for doc in docs:
             try:
-                for span in document_spans(doc, warns):
+                for span, span_warns in document_spans(doc):
                     by_trace.setdefault(span.trace_id, []).append(span)
+                    warns.setdefault(span.trace_id, []).extend(span_warns)
             except ValueError as exc:
                 raise InputError(f"unexpected api_v3 response: {exc}", file=self.base_url) from None
         for tid, spans in by_trace.items():
-            yield build_trace(tid, spans, source=self.base_url, warnings=list(warns))
+            yield build_trace(tid, spans, source=self.base_url, warnings=warns[tid])
 
 
 def _ignore(_err: InputError) -> None:
@@ -278,7 +279,16 @@ def read(url: str, skip: bool, on_skip: OnSkip) -> Iterator[Trace]:
     trace_id: str | None = None
     if "/trace/" in path:
         prefix, _, trace_id = path.partition("/trace/")
-    with JaegerQueryClient(base + prefix, timeout_s=float(q.get("timeout", 10))) as client:
+    # URL parameters win over the HARNESS__TRACES__QUERY_* settings, which win over the defaults.
+    from harness.common.settings import load_settings
+    from harness.traces.settings import TracesSettings
+
+    settings = load_settings(TracesSettings)
+    try:
+        timeout_s = float(q["timeout"]) if "timeout" in q else settings.query_timeout_s
+    except ValueError:
+        raise InputError("timeout must be a number of seconds", file=url, field="timeout") from None
+    with JaegerQueryClient(base + prefix, timeout_s=timeout_s) as client:
         if trace_id:
             yield client.get_trace(trace_id)
             return
@@ -293,13 +303,13 @@ def read(url: str, skip: bool, on_skip: OnSkip) -> Iterator[Trace]:
             except (orjson.JSONDecodeError, AttributeError):
                 raise InputError("tags must be a JSON object", file=url, field="tags") from None
         try:
-            limit = int(q.get("limit", 100))
+            limit = int(q["limit"]) if "limit" in q else settings.query_limit
             start = int(q["start"]) if "start" in q else None
             end = int(q["end"]) if "end" in q else None
         except ValueError:
             raise InputError("limit, start and end must be integers (start/end in µs)", file=url) from None
         lookback = parse_duration_us(q.get("lookback", "1h")) / 1e6
-        page = parse_duration_us(q.get("page", "1h")) / 1e6
+        page = parse_duration_us(q["page"]) / 1e6 if "page" in q else settings.query_page_s
         yield from client.find_traces(
             q["service"],
             operation=q.get("operation"),

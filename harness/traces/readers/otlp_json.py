@@ -142,23 +142,42 @@ def convert_span(obj: Any, resource: dict[str, TagValue], scope: str | None, war
     )
 
 
-def document_spans(obj: Any, warns: list[str]) -> Iterator[Span]:
-    """All spans of one OTLP / api_v3 document that is already in memory (query responses)."""
+def _raw_spans(rs: dict[str, Any]) -> Iterator[tuple[str, Any, dict[str, TagValue], str | None]]:
+    """(JSON path below the resourceSpans entry, raw span, resource attributes, scope name) per span."""
+    resource = attrs((rs.get("resource") or {}).get("attributes"))
+    blocks = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or rs.get("scope_spans") or []
+    for b, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            continue
+        scope_obj = block.get("scope") or block.get("instrumentationLibrary") or {}
+        scope = scope_obj.get("name") if isinstance(scope_obj, dict) else None
+        for s, raw in enumerate(block.get("spans") or []):
+            yield f"scopeSpans[{b}].spans[{s}]", raw, resource, scope
+
+
+def _resource_spans_of(obj: Any) -> list[Any] | None:
+    """The ``resourceSpans`` list of an OTLP document or api_v3 ``{result: …}`` response, else ``None``."""
     if isinstance(obj, dict) and isinstance(obj.get("result"), dict):
         obj = obj["result"]
-    if not isinstance(obj, dict) or not isinstance(obj.get("resourceSpans"), list):
+    if not isinstance(obj, dict):
+        return None
+    blocks = obj.get("resourceSpans", obj.get("resource_spans"))
+    return blocks if isinstance(blocks, list) else None
+
+
+def document_spans(obj: Any) -> Iterator[tuple[Span, list[str]]]:
+    """(span, its conversion warnings) for each span of one OTLP / api_v3 document already in memory
+    (query responses); ``ValueError`` for a document or span of the wrong shape."""
+    blocks = _resource_spans_of(obj)
+    if blocks is None:
         raise ValueError("expected " + EXPECTED)
-    for rs in obj["resourceSpans"]:
+    for rs in blocks:
         if not isinstance(rs, dict):
             continue
-        resource = attrs((rs.get("resource") or {}).get("attributes"))
-        for block in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []:
-            if not isinstance(block, dict):
-                continue
-            scope_obj = block.get("scope") or {}
-            scope = scope_obj.get("name") if isinstance(scope_obj, dict) else None
-            for raw in block.get("spans") or []:
-                yield convert_span(raw, resource, scope, warns)
+        for _, raw, resource, scope in _raw_spans(rs):
+            warns: list[str] = []
+            span = convert_span(raw, resource, scope, warns)
+            yield span, warns
 
 
 def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None = None) -> Iterator[Trace]:
@@ -171,32 +190,21 @@ def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None
         if not isinstance(rs, dict):
             fail("expected a resourceSpans object", line, where)
             return
-        resource = attrs((rs.get("resource") or {}).get("attributes"))
-        blocks = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or rs.get("scope_spans") or []
-        for b, block in enumerate(blocks):
-            if not isinstance(block, dict):
+        for at, raw, resource, scope in _raw_spans(rs):
+            warns: list[str] = []
+            try:
+                span = convert_span(raw, resource, scope, warns)
+            except ValueError as exc:
+                fail(str(exc), line, f"{where}.{at}")
                 continue
-            scope_obj = block.get("scope") or block.get("instrumentationLibrary") or {}
-            scope = scope_obj.get("name") if isinstance(scope_obj, dict) else None
-            for s, raw in enumerate(block.get("spans") or []):
-                warns: list[str] = []
-                try:
-                    span = convert_span(raw, resource, scope, warns)
-                except ValueError as exc:
-                    fail(str(exc), line, f"{where}.scopeSpans[{b}].spans[{s}]")
-                    continue
-                yield from assembler.add(span, warns)
+            yield from assembler.add(span, warns)
 
     def document(obj: Any, line: int | None) -> Iterator[Trace]:
-        if isinstance(obj, dict) and isinstance(obj.get("result"), dict):
-            obj = obj["result"]
-        if not isinstance(obj, dict) or not isinstance(
-            obj.get("resourceSpans", obj.get("resource_spans")), list
-        ):
+        blocks = _resource_spans_of(obj)
+        if blocks is None:
             err = InputError("JSON of the wrong shape, expected " + EXPECTED, file=path, line=line)
             reject(err, skip, on_skip)
             return
-        blocks: list[Any] = obj.get("resourceSpans", obj.get("resource_spans")) or []
         for i, rs in enumerate(blocks):
             yield from resource_spans(rs, line, f"resourceSpans[{i}]")
 
