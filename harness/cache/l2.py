@@ -195,21 +195,27 @@ class RedisTier:
                     result = await op()
             except Exception as exc:
                 # (redis-py's cluster client can also raise AttributeError and the like on a race).
-                retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
-                if (
-                    retryable
-                    and attempt < self.settings.l2_max_retries
-                    and loop.time() < deadline
-                    and self.budget.withdraw()
-                ):
+                if self._may_retry(exc, attempt, fits=loop.time() < deadline):
                     attempt += 1
-                    self.retries += 1
                     continue
-                self.breaker.failure()
                 raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
             self.breaker.success()
             self.budget.deposit()
             return result
+
+    def _may_retry(self, exc: Exception, attempt: int, *, fits: bool) -> bool:
+        """Whether a failed attempt may be retried, for the async and the blocking path alike.
+
+        Only connection errors are retried (a timeout already spent the budget), within the retry
+        count, only when another attempt ``fits`` the deadline, and only while the retry budget
+        lasts. A refusal counts as a breaker failure; a retry is counted in ``retries``.
+        """
+        retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
+        if retryable and attempt < self.settings.l2_max_retries and fits and self.budget.withdraw():
+            self.retries += 1
+            return True
+        self.breaker.failure()
+        return False
 
     async def get(self, key: str) -> bytes | None:
         rk = self.prefix + key
@@ -250,17 +256,9 @@ class RedisTier:
             except Exception as exc:
                 # The connection's state is unknown after any failure (a half-read reply).
                 conn.disconnect()
-                retryable = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError)
-                if (
-                    retryable
-                    and attempt < self.settings.l2_max_retries
-                    and time.monotonic() + 3 * self.blocking_timeout_s <= end
-                    and self.budget.withdraw()
-                ):
+                if self._may_retry(exc, attempt, fits=time.monotonic() + 3 * self.blocking_timeout_s <= end):
                     attempt += 1
-                    self.retries += 1
                     continue
-                self.breaker.failure()
                 raise L2Unavailable(f"{type(exc).__name__}: {exc}") from exc
             self.breaker.success()
             self.budget.deposit()
