@@ -45,7 +45,7 @@ from harness.corpus.model import (
     TemplateInfo,
 )
 from harness.corpus.sandbox import PromptRenderer, TemplateError
-from harness.corpus.settings import CorpusSettings
+from harness.corpus.settings import CorpusSettings, Thresholds
 from harness.corpus.tokens import TargetTokenizer, load_tokenizer
 from harness.traces.model import ScenarioSet
 
@@ -328,7 +328,7 @@ def build_corpus(
     )
     metrics["candidates"] = len(cand)
     metrics["dropped"] = result.n_dropped
-    thresholds = quality.Thresholds.of(settings)
+    thresholds = Thresholds.of(settings)
     bad = quality.failures(metrics, thresholds)
 
     manifest = Manifest(

@@ -74,7 +74,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     from harness.common.settings import load_settings
     from harness.corpus import quality
     from harness.corpus.build import BuildInputs, build_corpus
-    from harness.corpus.settings import CorpusSettings
+    from harness.corpus.settings import CorpusSettings, Thresholds
 
     settings = load_settings(
         CorpusSettings,
@@ -110,7 +110,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
             bar.update(tasks[phase], completed=done, total=total)
 
         result = build_corpus(inputs, settings, tick)
-    thresholds = quality.Thresholds.of(settings)
+    thresholds = Thresholds.of(settings)
     Console().print(quality.table(result.metrics, thresholds))
     console.print(
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "
@@ -135,7 +135,7 @@ def stats(
     from harness.common.settings import load_settings
     from harness.corpus import quality
     from harness.corpus.model import read_corpus
-    from harness.corpus.settings import CorpusSettings
+    from harness.corpus.settings import CorpusSettings, Thresholds
 
     records = list(read_corpus(corpus))
     if not records:
@@ -146,7 +146,7 @@ def stats(
         return
     out = Console()
     # The same thresholds `build` checks, so HARNESS__CORPUS__MIN_* settings apply here too.
-    out.print(quality.table(metrics, quality.Thresholds.of(load_settings(CorpusSettings))))
+    out.print(quality.table(metrics, Thresholds.of(load_settings(CorpusSettings))))
     t = Table(title="composition")
     t.add_column("field")
     t.add_column("counts")

@@ -24,10 +24,10 @@ from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict
 
 from harness.common.errors import CheckFailed
 from harness.corpus.model import CorpusRecord, RequestVariables
+from harness.corpus.settings import Thresholds
 
 REQUIRED_PROFILE = (
     "user_id",
@@ -42,24 +42,6 @@ REQUIRED_PROFILE = (
     "signup_at",
 )
 _WORD = re.compile(r"[\u4e00-\u9fff]|[^\W\d_]+|\d+", re.UNICODE)
-
-
-class Thresholds(BaseModel):
-    """Minimums / maximums a corpus must meet; ``None`` disables a check."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    min_completeness: float | None = 0.987
-    min_temporal: float | None = 0.959
-    max_dup_rate_after: float | None = 0.0
-    max_mean_cosine: float | None = None
-    min_distinct_2: float | None = None
-    max_ks: float | None = None
-
-    @classmethod
-    def of(cls, settings: object) -> Thresholds:
-        """The thresholds a settings object (``CorpusSettings``) carries under the same field names."""
-        return cls(**{name: getattr(settings, name) for name in cls.model_fields})
 
 
 def completeness(records: Sequence[CorpusRecord]) -> float:

@@ -5,13 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import stage_config
 
 
-class CorpusSettings(BaseSettings):
+class Thresholds(BaseModel):
+    """Minimums / maximums a corpus must meet; ``None`` disables a check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_completeness: float | None = 0.987
+    min_temporal: float | None = 0.959
+    max_dup_rate_after: float | None = 0.0
+    max_mean_cosine: float | None = None
+    min_distinct_2: float | None = None
+    max_ks: float | None = None
+
+    @classmethod
+    def of(cls, settings: object) -> Thresholds:
+        """The thresholds a settings object (``CorpusSettings``) carries under the same field names."""
+        return cls(**{name: getattr(settings, name) for name in cls.model_fields})
+
+
+# The quality thresholds are declared once, in Thresholds, and settable as HARNESS__CORPUS__MIN_* too.
+class CorpusSettings(BaseSettings, Thresholds):
     """Defaults for building a corpus."""
 
     model_config = stage_config("corpus")
@@ -48,9 +67,3 @@ class CorpusSettings(BaseSettings):
     batch_size: int = Field(default=64, ge=1)
     embed_cache: bool = True
     """Cache embeddings in ``<run_dir>/cache/embeddings.sqlite`` keyed by text hash."""
-    min_completeness: float | None = 0.987
-    min_temporal: float | None = 0.959
-    max_dup_rate_after: float | None = 0.0
-    max_mean_cosine: float | None = None
-    min_distinct_2: float | None = None
-    max_ks: float | None = None
