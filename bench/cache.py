@@ -24,7 +24,6 @@ import hashlib
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.common.stats import percentile  # noqa: E402  (after the path is set)
+
 
 def per_call_us(fn: Callable[[], object], n: int, repeats: int = 5) -> float:
     """Median over ``repeats`` of the mean time of ``n`` calls, in µs."""
@@ -48,7 +49,7 @@ def per_call_us(fn: Callable[[], object], n: int, repeats: int = 5) -> float:
         for _ in range(n):
             fn()
         out.append((time.perf_counter_ns() - t0) / n / 1000)
-    return statistics.median(out)
+    return percentile(out, 50)
 
 
 async def per_call_us_async(fn: Callable[[], Awaitable[object]], n: int, repeats: int = 5) -> float:
@@ -58,7 +59,7 @@ async def per_call_us_async(fn: Callable[[], Awaitable[object]], n: int, repeats
         for _ in range(n):
             await fn()
         out.append((time.perf_counter_ns() - t0) / n / 1000)
-    return statistics.median(out)
+    return percentile(out, 50)
 
 
 async def bench_stack(quick: bool) -> dict[str, Any]:
@@ -224,8 +225,8 @@ def bench_http(quick: bool) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 client.post("/v1/completions", json=body)
                 hits.append(time.perf_counter() - t0)
-            res["health_med_ms"] = statistics.median(health) * 1000
-            res["hit_med_ms"] = statistics.median(hits) * 1000
+            res["health_med_ms"] = percentile(health, 50) * 1000
+            res["hit_med_ms"] = percentile(hits, 50) * 1000
             return res
     finally:
         proc.terminate()

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from harness.common.stats import percentile
 from harness.engine.api import SamplingParams
 from harness.engine.core import EngineCore
 from harness.engine.factory import create_core
@@ -235,11 +236,6 @@ def run_hf(
     }
 
 
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -287,8 +283,8 @@ def main() -> None:
                     "B": b,
                     "prefill_mem": statistics.mean(m.prefill_peak_bytes for m in ms),
                     "measured": all(m.peak_measured for m in ms),
-                    "p95_itl_ms": pct(best["itl"], 0.95) * 1e3,
-                    "p50_itl_ms": pct(best["itl"], 0.5) * 1e3,
+                    "p95_itl_ms": percentile(best["itl"], 95) * 1e3,
+                    "p50_itl_ms": percentile(best["itl"], 50) * 1e3,
                 }
             )
     # KV bytes per prefill over the analytic bytes, at several prompt lengths (bs rounding included).

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import numpy as np
 import orjson
 from rich.console import Console
 from rich.markup import escape
@@ -42,6 +41,7 @@ from harness.common.errors import HarnessError, InputError, UnavailableError
 from harness.common.headers import CACHE_STATUS, DEFAULT_TENANT, STAGE, TENANT
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
+from harness.common.stats import percentile
 from harness.corpus.model import read_corpus
 
 _ANNOUNCE = re.compile(r"serving (\S+) at (http://\S+)")
@@ -441,7 +441,7 @@ def _summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         cache[r["cache"]] = cache.get(r["cache"], 0) + 1
 
     def pct(values: list[float], q: float) -> float | None:
-        return float(np.percentile(values, q)) if values else None
+        return percentile(values, q) if values else None
 
     return {
         "n": len(rows),

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-CacheStatus = Literal["HIT-L1", "HIT-L2", "HIT-L3", "MISS", "BYPASS"]
-Endpoint = Literal["completions", "chat.completions"]
+from harness.common.headers import CacheStatus
+from harness.common.openai import Endpoint
+
 Tier = Literal["hot", "warm", "cold"]
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from harness.common.stats import percentile
+
 TIERS = ("l1", "l2", "l3")
 _BUCKETS = (
     1e-6,
@@ -70,11 +72,10 @@ class DriftWindow:
         var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
         return math.sqrt(var) / mean
 
-    def quantile(self, q: float) -> float:
-        vals = sorted(self.values())
-        if not vals:
-            return 0.0
-        return vals[min(len(vals) - 1, int(q * len(vals)))]
+    def percentile(self, q: float) -> float:
+        """Nearest-rank ``q``-th percentile (0–100) of the window, in seconds; 0 when it is empty."""
+        vals = self.values()
+        return percentile(vals, q) if vals else 0.0
 
 
 class CacheMetrics:

@@ -32,7 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from harness.cache import codec
-from harness.cache.api import CachedCompletion, CacheStatus, CacheTicket, Endpoint
+from harness.cache.api import CachedCompletion, CacheTicket
 from harness.cache.bloom import BloomGuard
 from harness.cache.keys import KeyBuilder, NormalizedRequest
 from harness.cache.l1 import L1Cache, L1Entry
@@ -43,7 +43,8 @@ from harness.cache.policy import TIER_POLICIES, TierPolicy
 from harness.cache.redis_server import EmbeddedRedis
 from harness.cache.settings import CacheSettings
 from harness.common.errors import HarnessError, InputError, UnavailableError
-from harness.common.headers import DEFAULT_TENANT
+from harness.common.headers import DEFAULT_TENANT, CacheStatus
+from harness.common.openai import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +282,8 @@ class CacheStack:
                 "entries": int(self._entries(t)),
                 "fill_rate": self._fill_rate(t),
                 "evictions": self._evictions(t),
-                "lookup_ms_p50": win.quantile(0.5) * 1000,
-                "lookup_ms_p99": win.quantile(0.99) * 1000,
+                "lookup_ms_p50": win.percentile(50) * 1000,
+                "lookup_ms_p99": win.percentile(99) * 1000,
                 "thermal_drift": win.drift(),
             }
         tiers["l1"].update(bytes=self.l1.bytes_used, capacity_bytes=self.l1.max_bytes, ttl_s=self.l1.ttl_s)

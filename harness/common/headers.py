@@ -6,18 +6,25 @@ metrics can be joined back to the load stage, trace and warmup step that caused 
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 TENANT = "X-Tenant-ID"
 """Cache partition and isolation key; absent means the default tenant."""
 DEFAULT_TENANT = "default"
 
-STAGE = "X-Harness-Stage"
-"""Load stage (ladder step or replay phase) that sent the request."""
-TRACE_ID = "X-Harness-Trace-Id"
-"""Source trace or request id the request replays."""
-WARMUP_ID = "X-Harness-Warmup-Id"
-"""Warmup plan step, when the request is part of a cache warmup."""
+STAGE = "X-Traffic-Stage"
+"""Load stage (ladder step or replay phase: ``cold``, ``warm``, ``stage-2`` …) that sent the request."""
+TRACE_ID = "X-Trace-ID"
+"""Source trace or request id the request replays, when the record came from a trace."""
+WARMUP_ID = "X-Warmup-ID"
+"""One id per load run (warmup or replay), so a server can group a run's requests."""
+PREHEAT = "x-env"
+"""``x-env: preheat`` marks warmup traffic for mesh routing (Istio) apart from user traffic."""
 REQUEST_ID = "X-Request-Id"
 
 CACHE_STATUS = "x-cache"
-"""Response header: HIT-L1 | HIT-L2 | HIT-L3 | MISS | BYPASS."""
+"""Response header carrying a :data:`CacheStatus`."""
+CacheStatus = Literal["HIT-L1", "HIT-L2", "HIT-L3", "MISS", "BYPASS"]
+"""Which response-cache tier answered (``HIT-*``), or that the engine did (``MISS``, ``BYPASS``)."""
+CACHE_STATUSES: tuple[CacheStatus, ...] = get_args(CacheStatus)
 CACHE_KEY = "x-cache-key"

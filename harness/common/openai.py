@@ -21,6 +21,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+Endpoint = Literal["completions", "chat.completions"]
+"""The two generation endpoints, named by the ``object`` prefix of their responses."""
+
 # --------------------------------------------------------------------------------------------------
 # requests
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from harness.common.stats import Distribution
 from harness.corpus import catalog
 from harness.corpus.model import HistoryEvent, Profile, RequestVariables, Session
-from harness.traces.model import Distribution, ScenarioClass, ScenarioSet
+from harness.traces.model import ScenarioClass, ScenarioSet
 
 LOCALE_LANG = {"en_US": "en", "zh_CN": "zh"}
 CURRENCY = {"en": "USD", "zh": "CNY"}
@@ -268,7 +269,8 @@ class InputSampler:
 def sample_distribution(dist: Distribution, rng: np.random.Generator) -> int:
     """Draw from a summarised distribution by inverting its piecewise-linear quantile function."""
     qs = np.array([0.0, 0.5, 0.9, 0.95, 0.99, 1.0])
-    vs = np.maximum.accumulate(
-        np.array([dist.min, dist.p50, dist.p90, dist.p95, dist.p99, dist.max], dtype=np.float64)
-    )
+    points = [dist.min, dist.p50, dist.p90, dist.p95, dist.p99, dist.max]
+    if any(v is None for v in points):
+        raise ValueError("cannot sample from an empty distribution")
+    vs = np.maximum.accumulate(np.array(points, dtype=np.float64))
     return max(1, round(float(np.interp(rng.random(), qs, vs))))

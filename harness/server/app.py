@@ -41,10 +41,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from harness import __version__
-from harness.cache.api import CachedCompletion, CacheTicket, Endpoint, ResponseCache
+from harness.cache.api import CachedCompletion, CacheTicket, ResponseCache
 from harness.common import headers as H
 from harness.common.errors import HarnessError
-from harness.common.openai import SSE_DONE, ChatCompletionRequest, CompletionRequest, sse_event
+from harness.common.openai import SSE_DONE, ChatCompletionRequest, CompletionRequest, Endpoint, sse_event
 from harness.engine.api import (
     AsyncEngine,
     EngineError,

@@ -84,7 +84,7 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self.requests = Counter(
             "harness_server_requests",
-            "HTTP requests by endpoint, status code and X-Harness-Stage.",
+            "HTTP requests by endpoint, status code and X-Traffic-Stage.",
             ["endpoint", "status", "stage"],
             registry=registry,
         )

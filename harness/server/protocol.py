@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
-from harness.cache.api import Endpoint
-from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.common.openai import ChatCompletionRequest, CompletionRequest, Endpoint
 from harness.engine.api import RequestMetrics, SamplingParams, Tokenizer
 from harness.server.errors import APIError, bad_request, unsupported
 

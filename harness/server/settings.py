@@ -31,7 +31,7 @@ class ServerSettings(BaseSettings):
     cache: bool = False
     """Put the response cache stack in front of the engine (``--cache``)."""
     max_stage_labels: int = Field(default=64, ge=1)
-    """Distinct ``X-Harness-Stage`` values kept as metric labels; later ones count as ``other``."""
+    """Distinct ``X-Traffic-Stage`` values kept as metric labels; later ones count as ``other``."""
     preload_concurrency: int = Field(default=4, ge=1)
     """Engine generations in flight while preloading prompts that have no completion."""
     log_requests: bool = False

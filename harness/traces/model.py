@@ -22,6 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.common.stats import Distribution
+
 TagValue = str | int | float | bool
 
 
@@ -150,22 +152,6 @@ class RequestEvent:
 
 
 # --------------------------------------------------------------------------- on-disk documents
-
-
-class Distribution(BaseModel):
-    """Summary of a numeric sample, as written into scenario files."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    count: int = Field(ge=0)
-    mean: float
-    std: float = 0.0
-    min: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    max: float
 
 
 class ScenarioClass(BaseModel):

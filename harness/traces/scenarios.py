@@ -13,28 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.common.errors import InputError
-from harness.traces.model import ColdPathRecord, Distribution, ScenarioClass, ScenarioSet
+from harness.common.stats import Distribution
+from harness.traces.model import ColdPathRecord, ScenarioClass, ScenarioSet
 
 MAX_OPERATIONS = 50
 EXAMPLES = 5
-
-
-def distribution(values: Sequence[float]) -> Distribution:
-    import numpy as np
-
-    arr = np.asarray(values, dtype=float)
-    q = np.percentile(arr, [50, 90, 95, 99])
-    return Distribution(
-        count=int(arr.size),
-        mean=float(arr.mean()),
-        std=float(arr.std()),
-        min=float(arr.min()),
-        p50=float(q[0]),
-        p90=float(q[1]),
-        p95=float(q[2]),
-        p99=float(q[3]),
-        max=float(arr.max()),
-    )
 
 
 def featurize(paths: Sequence[ColdPathRecord]) -> Any:
@@ -120,9 +103,9 @@ def build_scenarios(
                 size=len(members),
                 service_path=top_path,
                 operations={op: n / len(members) for op, n in op_counts.most_common()},
-                latency_ms=distribution([p.latency_ms for p in members]),
-                input_tokens=distribution(inputs) if inputs else None,
-                output_tokens=distribution(outputs) if outputs else None,
+                latency_ms=Distribution.of([p.latency_ms for p in members]),
+                input_tokens=Distribution.of(inputs) if inputs else None,
+                output_tokens=Distribution.of(outputs) if outputs else None,
                 error_rate=sum(p.error for p in members) / len(members),
                 examples=examples,
                 tags=tags,

@@ -363,7 +363,7 @@ def test_metrics_names_and_stage_label(server):
     r = httpx.post(
         server.url + "/v1/completions",
         json={"prompt": "metrics please", "max_tokens": 2},
-        headers={"X-Harness-Stage": "ladder-3", "X-Harness-Trace-Id": "t-1"},
+        headers={"X-Traffic-Stage": "ladder-3", "X-Trace-ID": "t-1"},
         timeout=60,
     )
     assert r.status_code == 200

@@ -1,0 +1,299 @@
+"""The results of a load run: one record per request, one summary per run, and how to read them.
+
+A run directory holds ``records.jsonl`` (one :class:`RequestRecord` a line, appended while the run
+goes) and ``summary.json`` (one :class:`RunSummary`, written atomically when it ends). The gates,
+reports and analyses downstream read these two files and nothing else, so any load generator that
+writes them (ours, or a converter from another tool's output) can be gated and reported.
+
+Times: ``intended_s`` and ``sent_s`` are seconds since the run's epoch, one monotonic origin shared
+by every worker of a distributed run. Latencies are milliseconds measured with ``perf_counter`` in
+the process that sent the request:
+
+- ``ttft_ms``: from the request being written to the first content token arriving;
+- ``ttft_from_intended_ms``: the same, from the time the schedule intended the request to go out,
+  so client queueing (every user busy) and a stalled server both show (coordinated omission);
+- ``itl_ms``: one inter-token gap per generated token after the first: a chunk carrying ``k``
+  tokens contributes its gap once and ``k − 1`` zero gaps, so ``len(itl_ms) == completion_tokens − 1``;
+- ``tpot_ms``: (last token − first token) / (completion_tokens − 1);
+- ``e2e_ms`` / ``e2e_from_intended_ms``: to the end of the stream, from send or from intent.
+
+Every percentile here is the project's one definition, :mod:`harness.common.stats`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.common.errors import InputError
+from harness.common.headers import CACHE_STATUSES
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error
+from harness.common.stats import Distribution, percentile
+
+SCHEMA_VERSION: Literal[1] = 1
+RECORDS_FILE = "records.jsonl"
+SUMMARY_FILE = "summary.json"
+
+LATENCY_FIELDS: tuple[str, ...] = (
+    "lateness_ms",
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "itl_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "e2e_from_intended_ms",
+)
+"""Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request)."""
+BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
+METRIC_FIELDS: tuple[str, ...] = LATENCY_FIELDS + BYTES_FIELDS
+
+CLIENT_BOUND_LATENESS_MS = 5.0
+"""p99 lateness above this means the client, not the target, set the pace."""
+CLIENT_BOUND_CPU_PCT = 90.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestRecord(_Strict):
+    """One request as the client saw it (one line of ``records.jsonl``).
+
+    Latency fields are ``None`` when they do not exist for this request (no first token: no TTFT;
+    one token: no TPOT), never 0. ``status`` is the HTTP status, or 0 when no response arrived
+    (connection refused, reset, timeout); ``error`` then says what happened.
+    """
+
+    id: str
+    """The corpus record id (several records of a run may share it when the corpus wraps)."""
+    scenario: str | None = None
+    stage: str
+    """Traffic stage: ``replay``, ``cold``, ``warm``, or a ladder stage name."""
+    intended_s: float
+    sent_s: float
+    lateness_ms: float = Field(ge=0.0)
+    """``sent_s − intended_s``, in ms: how late the client was in sending."""
+    ttft_ms: float | None = None
+    ttft_from_intended_ms: float | None = None
+    itl_ms: list[float] = Field(default_factory=list)
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    e2e_from_intended_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """``usage.prompt_tokens_details.cached_tokens``: prompt tokens the target's prefix cache held."""
+    prefill_kv_bytes: int | None = None
+    prefill_peak_bytes: int | None = None
+    peak_measured: bool | None = None
+    """Whether ``prefill_peak_bytes`` was measured (CUDA) rather than estimated; ``None``: not reported."""
+    cache: str | None = None
+    """The ``x-cache`` response header (``HIT-L1`` … ``MISS``, ``BYPASS``); ``None`` when absent."""
+    status: int = Field(ge=0)
+    error: str | None = None
+    worker: int = 0
+    """Index of the worker process that sent it (0 for a single-process run)."""
+    tenant: str | None = None
+    trace_id: str | None = None
+    """The source trace, when the record came from one."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and 200 <= self.status < 300
+
+
+class InputRef(_Strict):
+    """A file a run read, identified by content."""
+
+    path: str
+    sha256: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> InputRef:
+        h = hashlib.sha256()
+        with Path(path).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return cls(path=str(path), sha256=h.hexdigest())
+
+
+class TargetInfo(_Strict):
+    url: str
+    model: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+
+
+class StageOutcome(_Strict):
+    """One stage of a staged run (the warmup ladder), as it ended."""
+
+    name: str
+    target_rate: float
+    """Arrivals per second the stage offered."""
+    started_s: float
+    ended_s: float
+    requests: int = 0
+    errors: int = 0
+    failure_rate: float = 0.0
+    tolerance: float = 1.0
+    verdict: Literal["passed", "rolled_back", "stopped", "interrupted"] = "passed"
+    rolled_back_to: str | None = None
+    """The stage the ladder went back to, when this one exceeded its tolerance."""
+
+
+class WorkerShare(_Strict):
+    """What one worker of a distributed run was given and what came back from it."""
+
+    worker: int
+    scheduled: int
+    recorded: int
+    missing: bool = False
+    """The worker was lost; its share's unsent requests are not in the records."""
+
+
+class RunSummary(_Strict):
+    """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    requests: int
+    errors: int
+    metrics: dict[str, Distribution]
+    """``metrics.<field>.{n, p50, p90, p95, p99, max, mean, …}`` for every field in :data:`METRIC_FIELDS`."""
+    hit_rate: dict[str, float]
+    """Share of requests answered by each ``x-cache`` status, plus ``any`` (any ``HIT-*``) and
+    ``prefix`` (share of requests with ``cached_tokens > 0``). Empty when the target sends neither."""
+    target_rate: float | None = None
+    """Requests per second the schedule offered (``None``: no schedule, closed loop)."""
+    achieved_rate: float
+    """Requests sent per second of the send window."""
+    client_cpu_pct: float | None = None
+    client_bound: bool = False
+    interrupted: bool = False
+    started_at: str
+    """ISO 8601 wall time of the epoch."""
+    duration_s: float
+    target: TargetInfo
+    corpus: InputRef | None = None
+    schedule: InputRef | None = None
+    stages: list[StageOutcome] = Field(default_factory=list)
+    workers: list[WorkerShare] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+def hit_rates(records: Iterable[RequestRecord]) -> dict[str, float]:
+    """Share of requests per ``x-cache`` status, ``any`` hit, and ``prefix`` (``cached_tokens > 0``)."""
+    cache: Counter[str] = Counter()
+    told = prefix = with_usage = 0
+    for r in records:
+        if r.cache is not None:
+            told += 1
+            cache[r.cache] += 1
+        if r.cached_tokens is not None:
+            with_usage += 1
+            prefix += r.cached_tokens > 0
+    out: dict[str, float] = {}
+    if told:
+        out = {status: cache[status] / told for status in CACHE_STATUSES}
+        out["any"] = sum(n for status, n in cache.items() if status.startswith("HIT")) / told
+    if with_usage:
+        out["prefix"] = prefix / with_usage
+    return out
+
+
+def metric_values(records: Iterable[RequestRecord], name: str) -> list[float]:
+    """The samples of one metric over ``records`` (``itl_ms`` pools every gap)."""
+    out: list[float] = []
+    for r in records:
+        value = getattr(r, name)
+        if isinstance(value, list):
+            out.extend(value)
+        elif value is not None:
+            out.append(float(value))
+    return out
+
+
+def summarize(
+    records: list[RequestRecord],
+    *,
+    started_at: str,
+    duration_s: float,
+    target: TargetInfo,
+    target_rate: float | None = None,
+    client_cpu_pct: float | None = None,
+    interrupted: bool = False,
+    corpus: InputRef | None = None,
+    schedule: InputRef | None = None,
+    stages: list[StageOutcome] | None = None,
+    workers: list[WorkerShare] | None = None,
+    warnings: list[str] | None = None,
+) -> RunSummary:
+    """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` and warns when it was."""
+    warnings = list(warnings or [])
+    metrics = {name: Distribution.of(metric_values(records, name)) for name in METRIC_FIELDS}
+    if records:
+        first = min(r.sent_s for r in records)
+        last = max(r.sent_s for r in records)
+        window = last - first
+        achieved = (len(records) - 1) / window if window > 0 else math.nan
+    else:
+        achieved = 0.0
+    lateness_p99 = percentile(metric_values(records, "lateness_ms"), 99)
+    client_bound = False
+    if lateness_p99 > CLIENT_BOUND_LATENESS_MS:
+        client_bound = True
+        warnings.append(
+            f"client-bound: p99 lateness {lateness_p99:.1f} ms > {CLIENT_BOUND_LATENESS_MS:g} ms "
+            "(requests left later than scheduled: too few users, or the client's CPU is saturated)"
+        )
+    if client_cpu_pct is not None and client_cpu_pct > CLIENT_BOUND_CPU_PCT:
+        client_bound = True
+        warnings.append(f"client-bound: client CPU {client_cpu_pct:.0f} % > {CLIENT_BOUND_CPU_PCT:g} %")
+    return RunSummary(
+        requests=len(records),
+        errors=sum(not r.ok for r in records),
+        metrics=metrics,
+        hit_rate=hit_rates(records),
+        target_rate=target_rate,
+        achieved_rate=0.0 if math.isnan(achieved) else achieved,
+        client_cpu_pct=client_cpu_pct,
+        client_bound=client_bound,
+        interrupted=interrupted,
+        started_at=started_at,
+        duration_s=duration_s,
+        target=target,
+        corpus=corpus,
+        schedule=schedule,
+        stages=stages or [],
+        workers=workers or [],
+        warnings=warnings,
+    )
+
+
+def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
+    """Stream the validated records of a run directory (or a ``records.jsonl`` path)."""
+    p = Path(run_dir)
+    if p.is_dir():
+        p = p / RECORDS_FILE
+    for _, record in iter_jsonl(p, RequestRecord, expected="a request record"):
+        yield record
+
+
+def read_summary(run_dir: str | Path) -> RunSummary:
+    """The validated ``summary.json`` of a run directory (or the file itself)."""
+    from pydantic import ValidationError
+
+    p = Path(run_dir)
+    if p.is_dir():
+        p = p / SUMMARY_FILE
+    check_input_file(p)
+    try:
+        return RunSummary.model_validate_json(p.read_bytes())
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected="a run summary") from None
+    except ValueError as exc:  # not JSON at all
+        raise InputError(f"not a run summary: {exc}", file=p) from None

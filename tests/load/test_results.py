@@ -1,0 +1,81 @@
+"""The results model: records validate strictly, summaries are computed from records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from harness.common.errors import InputError
+from harness.common.io import write_json, write_jsonl
+from harness.load.results import (
+    METRIC_FIELDS,
+    RequestRecord,
+    TargetInfo,
+    read_records,
+    read_summary,
+    summarize,
+)
+
+
+def record(i: int, **kw: object) -> RequestRecord:
+    base: dict[str, object] = {
+        "id": f"r{i}",
+        "stage": "replay",
+        "intended_s": i * 0.1,
+        "sent_s": i * 0.1 + 0.0005,
+        "lateness_ms": 0.5,
+        "ttft_ms": 50.0 + i,
+        "itl_ms": [10.0, 0.0, 0.0],
+        "tpot_ms": 10.0 / 3,
+        "e2e_ms": 90.0,
+        "completion_tokens": 4,
+        "cached_tokens": 0,
+        "cache": "MISS",
+        "status": 200,
+    }
+    base.update(kw)
+    return RequestRecord.model_validate(base)
+
+
+def test_summary_metrics_come_from_the_records() -> None:
+    recs = [record(i) for i in range(20)] + [record(20, status=0, error="connection refused", ttft_ms=None)]
+    s = summarize(recs, started_at="2026-12-01T00:00:00Z", duration_s=2.1, target=TargetInfo(url="http://x"))
+    assert s.requests == 21 and s.errors == 1
+    assert set(s.metrics) == set(METRIC_FIELDS)
+    assert s.metrics["ttft_ms"].n == 20 and s.metrics["ttft_ms"].p95 == 68.0  # 50..69: the 19th
+    assert s.metrics["itl_ms"].n == 63  # every gap of every request, pooled
+    assert s.metrics["prefill_kv_bytes"].n == 0 and s.metrics["prefill_kv_bytes"].p95 is None
+    assert s.hit_rate["MISS"] == 1.0 and s.hit_rate["any"] == 0.0 and s.hit_rate["prefix"] == 0.0
+    assert s.achieved_rate == pytest.approx(10.0)
+    assert not s.client_bound
+
+
+def test_late_or_busy_client_is_marked_client_bound() -> None:
+    recs = [record(i, lateness_ms=40.0) for i in range(10)]
+    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="http://x"))
+    assert s.client_bound and "lateness" in s.warnings[0]
+    s = summarize([record(0)], started_at="x", duration_s=1.0, target=TargetInfo(url="u"), client_cpu_pct=97)
+    assert s.client_bound and "CPU" in s.warnings[0]
+
+
+def test_round_trip_and_bad_lines_name_file_line_field(tmp_path: Path) -> None:
+    recs = [record(i) for i in range(3)]
+    write_jsonl(tmp_path / "records.jsonl", [r.model_dump(mode="json") for r in recs])
+    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="u"))
+    write_json(tmp_path / "summary.json", s.model_dump(mode="json"))
+    assert list(read_records(tmp_path)) == recs
+    assert read_summary(tmp_path) == s
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    rows = [r.model_dump(mode="json") for r in recs]
+    rows[1]["lateness_ms"] = -1
+    (bad / "records.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
+    with pytest.raises(InputError) as err:
+        list(read_records(bad))
+    assert err.value.line == 2 and err.value.field == "lateness_ms"
+    (bad / "summary.json").write_text('{"requests": 1}')
+    with pytest.raises(InputError) as err:
+        read_summary(bad)
+    assert err.value.file is not None and err.value.file.endswith("summary.json")
