@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.common.io import iter_jsonl
+from harness.common.openai import Endpoint
 
 CORPUS_FILE = "corpus.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -135,6 +136,40 @@ class CorpusRecord(_Strict):
         if self.prompt is not None:
             return self.prompt
         return "\n".join(m.content for m in self.messages or [])
+
+    def to_request(
+        self,
+        api: Endpoint | None = None,
+        *,
+        model: str | None = None,
+        max_tokens_cap: int | None = None,
+        stream: bool = True,
+    ) -> tuple[Endpoint, dict[str, Any]]:
+        """The OpenAI request body that replays this record, and the endpoint it goes to.
+
+        ``api`` defaults to the record's own shape (``messages`` → chat, ``prompt`` → completions);
+        forcing the other sends a prompt as one user message, or the messages' text as a prompt.
+        Every sampling field is sent (``stop`` only when non-empty); ``max_tokens`` is capped at
+        ``max_tokens_cap``. A streamed body asks for ``usage`` in the last chunk, which is where the
+        load stage gets its token counts from.
+        """
+        endpoint: Endpoint = api or ("chat.completions" if self.messages is not None else "completions")
+        body: dict[str, Any] = {}
+        if model is not None:
+            body["model"] = model
+        if endpoint == "chat.completions":
+            msgs = self.messages if self.messages is not None else [Message(role="user", content=self.text())]
+            body["messages"] = [m.model_dump() for m in msgs]
+        else:
+            body["prompt"] = self.text()
+        body["max_tokens"] = min(self.max_tokens, max_tokens_cap) if max_tokens_cap else self.max_tokens
+        body.update(self.sampling.model_dump(exclude_none=True))
+        if not body.get("stop"):
+            body.pop("stop", None)
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return endpoint, body
 
 
 class TemplateInfo(_Strict):

@@ -3,8 +3,11 @@
 Options override ``HARNESS__ENGINE__*`` / ``HARNESS__SERVER__*`` / ``HARNESS__CACHE__*`` settings.
 The listening socket is bound before the model loads, so a busy port fails fast (exit 5); with
 ``--port 0`` the OS picks a free port. Either way one line ``serving MODEL at http://HOST:PORT`` is
-printed on stdout once the port is known. SIGINT/SIGTERM stop accepting connections, give in-flight
-requests ``graceful_shutdown_s`` to finish, stop the engine thread and close the cache.
+printed on stdout once the port is known, for people. Programs pass ``--ready-file PATH`` instead:
+once the server accepts requests (startup complete), :class:`ReadyInfo` is written there atomically
+as JSON (``url``, ``model``, ``pid``, ``cache``), so a caller waits for the file, never parses logs.
+SIGINT/SIGTERM stop accepting connections, give in-flight requests ``graceful_shutdown_s`` to
+finish, stop the engine thread and close the cache.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import BaseModel, ConfigDict
 
 from harness.common.errors import ConfigError, UnavailableError
+from harness.common.io import write_json
 from harness.common.settings import load_settings
 from harness.server.settings import ServerSettings
 
@@ -35,6 +40,26 @@ if TYPE_CHECKING:
     from harness.engine.settings import EngineSettings
 
 log = logging.getLogger("harness.server")
+
+
+class ReadyInfo(BaseModel):
+    """The ``--ready-file`` document: where a started server listens and what it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    """Base URL without ``/v1`` (``http://127.0.0.1:PORT``)."""
+    model: str
+    pid: int
+    cache: bool
+
+
+def read_ready_file(path: str | Path) -> ReadyInfo | None:
+    """The ready file's contents, or ``None`` while it does not exist yet (it appears atomically)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    return ReadyInfo.model_validate_json(p.read_bytes())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -87,7 +112,9 @@ def open_cache(engine_settings: EngineSettings, registry: CollectorRegistry) -> 
     return cache
 
 
-def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any]) -> None:
+def run_server(
+    engine_overrides: dict[str, Any], server_overrides: dict[str, Any], ready_file: Path | None = None
+) -> None:
     """Build engine, cache and app from settings plus overrides, and serve until a signal."""
     import uvicorn
     from prometheus_client import CollectorRegistry
@@ -123,10 +150,23 @@ def run_server(engine_overrides: dict[str, Any], server_overrides: dict[str, Any
             timeout_graceful_shutdown=math.ceil(settings.graceful_shutdown_s),
             server_header=False,
         )
-        server = uvicorn.Server(config)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"serving {app.state.harness.model_name} at http://{shown}:{port}", flush=True)
+        ready = ReadyInfo(
+            url=f"http://{shown}:{port}",
+            model=app.state.harness.model_name,
+            pid=os.getpid(),
+            cache=cache is not None,
+        )
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started and ready_file is not None:  # lifespan done: requests are served
+                    write_json(ready_file, ready.model_dump())
+
+        server = Server(config)
+        print(f"serving {ready.model} at {ready.url}", flush=True)
         # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
@@ -165,6 +205,10 @@ def serve(
     cache: Annotated[
         bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
     ] = None,
+    ready_file: Annotated[
+        Path | None,
+        typer.Option("--ready-file", help="Write url/model/pid as JSON here once requests are served."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
     engine_overrides: dict[str, Any] = {
@@ -179,4 +223,6 @@ def serve(
     if model is not None and not model.is_dir():
         raise ConfigError("model directory does not exist", file=model, field="--model")
     server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
-    run_server(engine_overrides, server_overrides)
+    if ready_file is not None:
+        ready_file.unlink(missing_ok=True)  # a stale file from an earlier run must not look ready
+    run_server(engine_overrides, server_overrides, ready_file)

@@ -434,6 +434,15 @@ def test_busy_port_is_a_one_line_error(tmp_path):
 def test_sigterm_stops_cleanly(server):
     """Runs last in this module: it stops the shared server."""
     rc = server.stop()
-    assert rc == 0, server.stderr()
-    assert "Traceback" not in server.stderr()
+    assert rc == 0, server.log_tail()
+    assert "Traceback" not in server.log_tail(1000)
     assert Path(server.log_dir).is_dir()
+
+
+def test_ready_file_is_written_once_serving(tmp_path):
+    """--ready-file appears only after startup and names a URL that answers at once."""
+    with harness_server(tmp_path / "ready") as srv:
+        info = srv.info
+        assert info.pid == srv.proc.pid and info.cache is False and info.model == srv.model
+        assert httpx.get(info.url + "/health", timeout=5).status_code == 200
+    assert srv.proc.returncode == 0

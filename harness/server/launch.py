@@ -1,0 +1,122 @@
+"""Start ``harness serve`` as a child process and know when it serves (tests, demo, ``harness run``).
+
+The child gets ``--port 0`` (the OS picks a free port, so parallel runs never race for one) and
+``--ready-file``; the parent waits until that file appears, which the server writes only after its
+startup completed, so no log line is parsed and no ``/health`` loop is needed. While waiting it checks
+that the child is still alive, so a server that fails to start is reported at once with the end of its
+log, not after a timeout. :meth:`ServerProcess.stop` sends SIGTERM (graceful: in-flight requests
+finish, the cache persists) and kills only if that takes too long; it is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.common.errors import UnavailableError
+from harness.server.cli import ReadyInfo, read_ready_file
+
+POLL_S = 0.05
+
+
+@dataclass
+class ServerProcess:
+    """A running ``harness serve`` child."""
+
+    info: ReadyInfo
+    proc: subprocess.Popen[bytes]
+    log_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    @property
+    def model(self) -> str:
+        return self.info.model
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = (self.log_dir / "server.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return int(self.proc.returncode)
+
+
+def start_server(
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 180.0,
+) -> ServerProcess:
+    """Start ``harness serve ARGS --port 0`` and return once it serves requests.
+
+    Its stdout and stderr go to ``log_dir/server.log``. Raises :class:`UnavailableError` (naming the
+    log) when the child exits or is not ready within ``timeout_s``; the child is killed then.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ready_file = log_dir / "ready.json"
+    ready_file.unlink(missing_ok=True)
+    log_path = log_dir / "server.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "serve",
+        *args,
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready_file),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=log_dir
+        )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (info := read_ready_file(ready_file)) is None:
+            if proc.poll() is not None:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-5:])
+                raise UnavailableError(f"harness serve exited with {proc.returncode}: {tail}", file=log_path)
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"harness serve was not ready within {timeout_s:g} s", file=log_path)
+            time.sleep(POLL_S)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        raise
+    return ServerProcess(info=info, proc=proc, log_dir=log_dir)
+
+
+@contextmanager
+def running_server(
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 180.0,
+) -> Iterator[ServerProcess]:
+    """:func:`start_server` as a context manager that stops the server on every exit path."""
+    server = start_server(args, log_dir=log_dir, env=env, timeout_s=timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()
