@@ -17,8 +17,9 @@ Symptoms (:data:`SYMPTOMS`): ``HitRate`` down (``cache_hit_rate``), ``FillRate``
 The tree (:class:`AnomalyReport`, stable JSON, version 1): root → dimension (``tier``, ``tenant``,
 ``scenario``, ``stage``: whichever labels the anomalous series carry) → value (``tier=l2``) →
 symptom → leaf causes found under the same label value. Nodes are scored by the largest ``|z|``
-below them and sorted by score, so the first path from the root is the likeliest explanation.
-Anomalous causes with no symptom under the same label value are leaves of the value node.
+below them; siblings with a symptom below them come first, then by score, so the first path from
+the root is the likeliest explanation of a symptom. Anomalous causes with no symptom under the
+same label value are leaves of the value node (errors that did not move the cache).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ Kind = Literal["gauge", "counter", "histogram"]
 Direction = Literal["up", "down", "both"]
 
 DIMENSIONS: tuple[str, ...] = ("tier", "tenant", "scenario", "stage")
+TARGET_LABELS = frozenset({"job", "instance"})
 REL_FLOOR = 0.05
 
 
@@ -131,6 +133,8 @@ class AnomalyNode(BaseModel):
     value: str | None = None
     score: float
     """Largest ``|z|`` in the subtree."""
+    symptoms: int = 0
+    """Symptom nodes in the subtree (this one included)."""
     deviation: Deviation | None = None
     """Set on symptom and cause nodes."""
     children: list[AnomalyNode] = Field(default_factory=list)
@@ -369,7 +373,8 @@ def _harmful(spec: MetricSpec, d: Deviation, z_min: float) -> bool:
 
 
 def _label_str(labels: dict[str, str], skip: str) -> str:
-    rest = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != skip)
+    # Target labels a Prometheus server adds (job, instance) say where, not what: not in node ids.
+    rest = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != skip and k not in TARGET_LABELS)
     return f"{{{rest}}}" if rest else ""
 
 
@@ -435,6 +440,7 @@ def attribute(
                     dimension=dim,
                     value=value,
                     score=max([abs(d.z), *(leaf.score for leaf in leaves)]),
+                    symptoms=1,
                     deviation=d,
                     children=_sorted(leaves),
                 )
@@ -449,6 +455,7 @@ def attribute(
                 dimension=dim,
                 value=value,
                 score=max(c.score for c in children),
+                symptoms=sum(c.symptoms for c in children),
                 children=_sorted(children),
             )
         )
@@ -459,6 +466,7 @@ def attribute(
             name=dim,
             dimension=dim,
             score=max(v.score for v in values),
+            symptoms=sum(v.symptoms for v in values),
             children=_sorted(values),
         )
         for dim, values in dim_nodes.items()
@@ -468,6 +476,7 @@ def attribute(
         level="root",
         name="run",
         score=max((d.score for d in dims), default=0.0),
+        symptoms=sum(d.symptoms for d in dims),
         children=_sorted(dims),
     )
     return AnomalyReport(
@@ -482,7 +491,10 @@ def attribute(
 
 
 def _sorted(nodes: list[AnomalyNode]) -> list[AnomalyNode]:
-    return sorted(nodes, key=lambda n: (-n.score if math.isfinite(n.score) else -math.inf, n.id))
+    # Explanations of a symptom first, then the strongest deviation.
+    return sorted(
+        nodes, key=lambda n: (n.symptoms == 0, -n.score if math.isfinite(n.score) else -math.inf, n.id)
+    )
 
 
 def render_tree(node: AnomalyNode, depth: int = 0, max_depth: int = 6) -> list[str]:

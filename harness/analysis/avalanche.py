@@ -320,7 +320,7 @@ def measure_rto(
     after = np.flatnonzero(t >= event_s + window_s)
     csum = np.concatenate([[0.0], np.cumsum(h)])
     for i in after.tolist():
-        lo = int(np.searchsorted(t, t[i] - window_s, side="left"))
+        lo = int(np.searchsorted(t, t[i] - window_s, side="right"))  # the window (t − W, t]
         n = i + 1 - lo
         if n and (csum[i + 1] - csum[lo]) / n >= goal:
             return float(t[i] - event_s)

@@ -225,13 +225,13 @@ def corpus_texts(corpus: str | Path) -> list[str]:
 
 def load_vectors(path: str | Path) -> FloatMatrix:
     """An ``(n, d)`` float32 ``.npy`` matrix (no pickle), rows normalized."""
-    from harness.common.io import check_input_file
-
-    p = check_input_file(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such file", file=p)
     try:
         with p.open("rb") as fh:
             x = np.load(fh, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"not a NumPy array file ({exc})", file=p) from None
     if x.ndim != 2 or x.shape[0] == 0:
         raise InputError(f"expected an (n, d) matrix, got shape {x.shape}", file=p)

@@ -1,4 +1,4 @@
-"""``harness analysis tiers`` → ``harness serve --cache --tiers FILE``: served requests get the file's tiers."""
+"""Tier file from ``harness analysis tiers`` → ``harness serve --cache --tiers``: requests take its tiers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.analysis.tiers import build_tiers, embed_queries, queries_from_rows
 from harness.analysis.anomaly import parse_exposition
-from harness.common.io import write_json, write_jsonl
+from harness.analysis.tiers import build_tiers, embed_queries, queries_from_rows
 from harness.cache.policy import TierTTLs
+from harness.common.io import write_json, write_jsonl
 from tests.server.conftest import ServerProc, harness_server
 
 HOT_Q = "How do I reset my password?"
@@ -80,6 +80,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
 
 
