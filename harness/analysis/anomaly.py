@@ -30,13 +30,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import iter_jsonl
+
+if TYPE_CHECKING:
+    import httpx
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 """(metric sample name, sorted label pairs)."""
@@ -223,16 +226,13 @@ def collect_scrapes(
 
 
 def series_from_prometheus(
-    base_url: str, start: float, end: float, step_s: float, *, transport: object | None = None
+    base_url: str, start: float, end: float, step_s: float, *, transport: httpx.BaseTransport | None = None
 ) -> dict[SeriesKey, Samples]:
     """Time series of every sample the tree reads from a Prometheus server's ``query_range`` API."""
     import httpx
 
     series: dict[SeriesKey, Samples] = {}
-    kwargs: dict[str, object] = {"timeout": 30.0}
-    if transport is not None:
-        kwargs["transport"] = transport
-    with httpx.Client(**kwargs) as client:  # type: ignore[arg-type]
+    with httpx.Client(timeout=30.0, transport=transport) as client:
         for name in metric_names():
             try:
                 resp = client.get(

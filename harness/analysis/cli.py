@@ -233,9 +233,12 @@ def tiers(
     )
     from harness.cache.policy import TierTTLs
 
-    if (corpus is None) == (queries is None):
+    if corpus is not None and queries is None:
+        qs = queries_from_corpus(corpus, run or [])
+    elif queries is not None and corpus is None:
+        qs = queries_from_rows(queries)
+    else:
         raise typer.BadParameter("give exactly one of --corpus and --queries", param_hint="--corpus")
-    qs = queries_from_corpus(corpus, run or []) if corpus is not None else queries_from_rows(queries)  # type: ignore[arg-type]
     if entropy is not None:
         apply_entropy_file(qs, entropy)
     if cache_state is not None:
