@@ -37,6 +37,7 @@ bench: setup
 	$(PY) bench/traces.py
 	$(PY) bench/cache.py
 	$(PY) bench/corpus.py
+	$(PY) bench/analysis.py
 
 clean:
 	rm -rf .harness .pytest_cache .mypy_cache .ruff_cache

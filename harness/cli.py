@@ -34,6 +34,7 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
     ("gates", "harness.gates.cli"),
     ("reports", "harness.reports.cli"),
     ("analysis", "harness.analysis.cli"),
+    ("deploy", "harness.analysis.deploy_cli"),
 )
 # Top-level commands: (command name, module, attribute).
 TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (("serve", "harness.server.cli", "serve"),)

@@ -12,6 +12,7 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from harness.cache.api import ResponseCache
+from harness.cache.policy import with_tier_file
 from harness.cache.redis_server import EmbeddedRedis
 from harness.cache.settings import CacheSettings
 from harness.cache.stack import CacheStack
@@ -36,6 +37,7 @@ def build_stack(
 ) -> CacheStack:
     """Like :func:`create_cache`, typed as the concrete stack (tests, benchmarks, the CLI)."""
     s = settings if settings is not None else load_settings(CacheSettings)
+    s = with_tier_file(s)  # a tier file brings its policy and TTLs
     reg = registry if registry is not None else CollectorRegistry()
     embedded: EmbeddedRedis | None = None
     url = s.redis_url

@@ -5,15 +5,28 @@ tiers to TTLs (``ttl_hot_s`` ≥ ``ttl_warm_s`` ≥ ``ttl_cold_s``). Hits never 
 expiry: a key's hit count only matters the next time the key is (re)written. Policies are looked
 up by name in :data:`TIER_POLICIES`, so the analysis stage can register its own (for example one
 that reads a key → tier table it has learned) and select it with ``HARNESS__CACHE__TIER_POLICY``.
+
+A **tier policy file** (:class:`TierFile`, JSON; ``harness analysis tiers`` writes one) is how a
+learned table reaches the cache: ``HARNESS__CACHE__TIER_FILE`` (``harness serve --tiers FILE``)
+makes the factory select the ``table`` policy, which reads the file's entries, and use the file's
+tier → TTL map (:func:`with_tier_file`). Entries name a completion by its prompt fingerprint (the
+``prompt_fp`` the server stores in every completion's ``meta``: the same prompt gives the same
+fingerprint whatever the model revision, tenant or ``max_tokens``) or by its exact cache key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.cache.api import CachedCompletion, Tier
 from harness.cache.settings import CacheSettings
+from harness.common.errors import ConfigError, InputError
+from harness.common.io import check_input_file, validation_input_error
 from harness.common.registry import Registry
 
 
@@ -55,17 +68,43 @@ class HeuristicPolicy:
 
 @TIER_POLICIES.register("table")
 class TablePolicy:
-    """Tiers from an explicit key → tier table (fed by the analysis stage); others via the heuristic."""
+    """Tiers from an explicit table (fed by the analysis stage); unlisted completions via the heuristic.
+
+    The table maps exact cache keys, and prompt fingerprints (``completion.meta["prompt_fp"]``), to
+    tiers; a key entry wins over a fingerprint entry. With ``settings.tier_file`` set it is filled
+    from that :class:`TierFile` at construction, and the file's ``default_tier`` (when given)
+    replaces the heuristic for completions the file does not list.
+    """
 
     def __init__(self, settings: CacheSettings, table: Mapping[str, Tier] | None = None) -> None:
         self.table: dict[str, Tier] = dict(table or {})
+        self.by_prompt: dict[str, Tier] = {}
+        self.default: Tier | None = None
         self.fallback = HeuristicPolicy(settings)
+        if settings.tier_file is not None:
+            self.load(load_tier_file(settings.tier_file))
 
     def update(self, table: Mapping[str, Tier]) -> None:
         self.table.update(table)
 
+    def load(self, tiers: TierFile) -> None:
+        """Add a tier file's entries (later entries for the same key or fingerprint win)."""
+        for e in tiers.entries:
+            if e.key is not None:
+                self.table[e.key] = e.tier
+            if e.prompt_fp is not None:
+                self.by_prompt[e.prompt_fp] = e.tier
+        self.default = tiers.default_tier
+
     def tier(self, key: str, completion: CachedCompletion, hits: int) -> Tier:
-        return self.table.get(key) or self.fallback.tier(key, completion, hits)
+        listed = self.table.get(key)
+        if listed is not None:
+            return listed
+        if self.by_prompt:
+            fp = completion.meta.get("prompt_fp")
+            if isinstance(fp, str) and fp in self.by_prompt:
+                return self.by_prompt[fp]
+        return self.default or self.fallback.tier(key, completion, hits)
 
 
 @TIER_POLICIES.register("fixed-warm")
@@ -77,3 +116,96 @@ class FixedWarmPolicy:
 
     def tier(self, key: str, completion: CachedCompletion, hits: int) -> Tier:
         return "warm"
+
+
+# --------------------------------------------------------------------------- the tier policy file
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TierTTLs(_Strict):
+    """Seconds an entry of each value tier lives in L2 and L3 (hot ≥ warm ≥ cold)."""
+
+    hot: float = Field(gt=0.0)
+    warm: float = Field(gt=0.0)
+    cold: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _order(self) -> TierTTLs:
+        if not (self.hot >= self.warm >= self.cold):
+            raise ValueError("TTLs must satisfy hot >= warm >= cold")
+        return self
+
+
+class TierEntry(_Strict):
+    """One completion's tier, named by prompt fingerprint and/or exact cache key."""
+
+    tier: Tier
+    prompt_fp: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    """``harness.server.protocol.prompt_fingerprint`` of the prompt (32 hex digits)."""
+    key: str | None = None
+    """An exact cache key ``<tenant>:<32 hex>`` (as in the ``x-cache-key`` response header)."""
+    query: str | None = None
+    """The query text, for people reading the file; the cache ignores it."""
+    zone: int | None = None
+    """The hot zone (embedding cluster) the analysis put the query in; the cache ignores it."""
+
+    @model_validator(mode="after")
+    def _named(self) -> TierEntry:
+        if self.prompt_fp is None and self.key is None:
+            raise ValueError("an entry needs 'prompt_fp' or 'key'")
+        return self
+
+
+class TierFile(_Strict):
+    """A tier → TTL policy and the completions it classifies (``HARNESS__CACHE__TIER_FILE``)."""
+
+    version: Literal[1] = 1
+    ttl_s: TierTTLs
+    default_tier: Tier | None = None
+    """Tier of completions no entry lists; ``None``: the ``heuristic`` policy decides."""
+    entries: list[TierEntry] = Field(default_factory=list)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    """What the producer wants to record (thresholds, zones, inputs); the cache ignores it."""
+
+
+def load_tier_file(path: str | Path) -> TierFile:
+    """Read and validate a :class:`TierFile`; errors are :class:`InputError` naming file and field."""
+    p = check_input_file(path)
+    try:
+        doc = orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise InputError(
+            f"invalid JSON ({exc.msg}), expected a tier policy file", file=p, line=exc.lineno
+        ) from None
+    try:
+        return TierFile.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected="a tier policy file") from None
+
+
+def with_tier_file(settings: CacheSettings) -> CacheSettings:
+    """``settings`` with the ``table`` policy and the TTLs of ``settings.tier_file`` (if one is set).
+
+    Naming another policy explicitly together with a tier file is a :class:`ConfigError`: the file
+    would be silently unused.
+    """
+    if settings.tier_file is None:
+        return settings
+    if "tier_policy" in settings.model_fields_set and settings.tier_policy != "table":
+        raise ConfigError(
+            f"a tier file needs the 'table' policy, not {settings.tier_policy!r}",
+            field="HARNESS__CACHE__TIER_POLICY",
+            hint="unset it, or unset HARNESS__CACHE__TIER_FILE",
+        )
+    tiers = load_tier_file(settings.tier_file)
+    return settings.model_copy(
+        update={
+            "tier_policy": "table",
+            "ttl_hot_s": tiers.ttl_s.hot,
+            "ttl_warm_s": tiers.ttl_s.warm,
+            "ttl_cold_s": tiers.ttl_s.cold,
+        }
+    )

@@ -119,6 +119,10 @@ class CacheSettings(BaseSettings):
     # ------------------------------------------------------------------ write-back and TTLs
     tier_policy: str = "heuristic"
     """Value-tier policy name in :data:`harness.cache.policy.TIER_POLICIES`."""
+    tier_file: Path | None = None
+    """A tier policy file (:class:`harness.cache.policy.TierFile`, written by ``harness analysis
+    tiers``): the stack then uses the ``table`` policy fed from it, and the file's TTLs replace
+    ``ttl_hot_s`` / ``ttl_warm_s`` / ``ttl_cold_s`` (``harness serve --tiers FILE`` sets it)."""
     ttl_hot_s: float = Field(default=3600.0, gt=0.0)
     ttl_warm_s: float = Field(default=1200.0, gt=0.0)
     ttl_cold_s: float = Field(default=300.0, gt=0.0)

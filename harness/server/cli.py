@@ -7,7 +7,8 @@ printed on stdout once the port is known, for people. Programs pass ``--ready-fi
 once the server accepts requests (startup complete), :class:`ReadyInfo` is written there atomically
 as JSON (``url``, ``model``, ``pid``, ``cache``), so a caller waits for the file, never parses logs.
 SIGINT/SIGTERM stop accepting connections, give in-flight requests ``graceful_shutdown_s`` to
-finish, stop the engine thread and close the cache.
+finish, stop the engine thread and close the cache. ``--tiers FILE`` hands the cache a tier policy
+file (``HARNESS__CACHE__TIER_FILE``, checked before the model loads): value tiers and TTLs from it.
 """
 
 from __future__ import annotations
@@ -92,8 +93,15 @@ def model_revision(settings: EngineSettings) -> str:
     return "dir:" + ";".join(parts)
 
 
-def open_cache(engine_settings: EngineSettings, registry: CollectorRegistry) -> ResponseCache:
-    """The response cache stack, imported lazily (it starts an embedded Redis)."""
+def open_cache(
+    engine_settings: EngineSettings,
+    registry: CollectorRegistry,
+    overrides: dict[str, Any] | None = None,
+) -> ResponseCache:
+    """The response cache stack, imported lazily (it starts an embedded Redis).
+
+    ``overrides`` are cache settings given on the command line (``--tiers`` → ``tier_file``).
+    """
     try:
         factory = importlib.import_module("harness.cache.factory")
         cache_settings_mod = importlib.import_module("harness.cache.settings")
@@ -104,16 +112,19 @@ def open_cache(engine_settings: EngineSettings, registry: CollectorRegistry) -> 
                 field="HARNESS__SERVER__CACHE",
             ) from None
         raise
-    overrides: dict[str, Any] = {}
+    given: dict[str, Any] = dict(overrides or {})
     if not os.environ.get("HARNESS__CACHE__MODEL_REVISION"):
-        overrides["model_revision"] = model_revision(engine_settings)
-    cache_settings = load_settings(cache_settings_mod.CacheSettings, **overrides)
+        given["model_revision"] = model_revision(engine_settings)
+    cache_settings = load_settings(cache_settings_mod.CacheSettings, **given)
     cache: ResponseCache = factory.create_cache(cache_settings, registry=registry)
     return cache
 
 
 def run_server(
-    engine_overrides: dict[str, Any], server_overrides: dict[str, Any], ready_file: Path | None = None
+    engine_overrides: dict[str, Any],
+    server_overrides: dict[str, Any],
+    ready_file: Path | None = None,
+    cache_overrides: dict[str, Any] | None = None,
 ) -> None:
     """Build engine, cache and app from settings plus overrides, and serve until a signal."""
     import uvicorn
@@ -136,7 +147,7 @@ def run_server(
         registry = CollectorRegistry()
         if settings.cache:
             with console.status("starting the response cache…"):
-                cache = open_cache(engine_settings, registry)
+                cache = open_cache(engine_settings, registry, cache_overrides)
 
         from harness.server.app import create_app
 
@@ -209,6 +220,13 @@ def serve(
         Path | None,
         typer.Option("--ready-file", help="Write url/model/pid as JSON here once requests are served."),
     ] = None,
+    tiers: Annotated[
+        Path | None,
+        typer.Option(
+            "--tiers",
+            help="Tier policy file (harness analysis tiers): value tiers and TTLs for the cache.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
     engine_overrides: dict[str, Any] = {
@@ -223,6 +241,14 @@ def serve(
     if model is not None and not model.is_dir():
         raise ConfigError("model directory does not exist", file=model, field="--model")
     server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
+    cache_overrides: dict[str, Any] = {}
+    if tiers is not None:
+        if cache is False:
+            raise ConfigError("--tiers configures the response cache; drop --no-cache", field="--tiers")
+        # Checked now, not after the model has loaded; --tiers implies --cache.
+        importlib.import_module("harness.cache.policy").load_tier_file(tiers)
+        server_overrides["cache"] = True
+        cache_overrides["tier_file"] = tiers.resolve()
     if ready_file is not None:
         ready_file.unlink(missing_ok=True)  # a stale file from an earlier run must not look ready
-    run_server(engine_overrides, server_overrides, ready_file)
+    run_server(engine_overrides, server_overrides, ready_file, cache_overrides)

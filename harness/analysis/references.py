@@ -1,0 +1,215 @@
+"""Request histories reduced to what a cache simulator needs: one integer key per cache reference.
+
+Two units of caching are modelled:
+
+* ``entries``: one reference per request, keyed by what makes two requests the same cache entry.
+  For an LLM request trace that is the whole prompt identity, i.e. the tuple of its
+  ``prefix_block_ids`` (Mooncake ``hash_ids``; equal tuples mean equal prompts); for a load run's
+  ``records.jsonl`` it is the corpus record id the request replayed.
+* ``blocks``: one reference per KV block of the prompt, keyed by its block id, in prompt order, as a
+  prefix cache (vLLM, SGLang, our engine) looks them up. Mooncake's ids are prefix hashes: equal ids
+  at a position mean an equal prefix up to there, so a block id is a complete cache key.
+
+Keys are partitioned by tenant (a tenant never hits another's entry, as in every tier of the
+cache). Keys are mapped to dense integers so the simulators work on NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.common.errors import InputError
+
+Unit = Literal["entries", "blocks"]
+UNITS: tuple[Unit, ...] = ("entries", "blocks")
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class RefTrace:
+    """A reference sequence in arrival order.
+
+    ``keys[i]`` is the dense key id of reference ``i`` and ``req[i]`` the request it belongs to;
+    ``arrival_s[r]`` is request ``r``'s arrival (seconds from the first request);
+    ``labels[k]`` is the original key of dense id ``k`` (a block id, a block-id tuple, a record id,
+    each with its tenant); ``bodies`` maps a request index to where its text can be found (a corpus
+    record id or a source line), when known.
+    """
+
+    unit: Unit
+    keys: IntArray
+    req: IntArray
+    arrival_s: FloatArray
+    labels: list[Hashable]
+    source: str
+    request_refs: list[str] = field(default_factory=list)
+    """Per request: what identifies it in its source (``records:<id>`` or ``line:<n>``)."""
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.arrival_s.size)
+
+    @property
+    def n_refs(self) -> int:
+        return int(self.keys.size)
+
+    @property
+    def distinct(self) -> int:
+        return int(np.unique(self.keys).size) if self.keys.size else 0
+
+    def head(self, fraction: float | None = None, requests: int | None = None) -> RefTrace:
+        """The first ``requests`` requests (or the first ``fraction`` of them, at least one)."""
+        if requests is None:
+            if fraction is None or not 0.0 < fraction <= 1.0:
+                raise InputError(f"fraction {fraction} is not in (0, 1]", field="fraction")
+            requests = max(1, int(self.n_requests * fraction))
+        return self.window(0, requests)
+
+    def window(self, start: int, stop: int) -> RefTrace:
+        """Requests ``start`` … ``stop − 1`` (key ids and labels are kept as they are)."""
+        stop = min(stop, self.n_requests)
+        lo = int(np.searchsorted(self.req, start, side="left"))
+        hi = int(np.searchsorted(self.req, stop, side="left"))
+        return RefTrace(
+            unit=self.unit,
+            keys=self.keys[lo:hi],
+            req=self.req[lo:hi] - start,
+            arrival_s=self.arrival_s[start:stop] - (self.arrival_s[start] if stop > start else 0.0),
+            labels=self.labels,
+            source=self.source,
+            request_refs=self.request_refs[start:stop],
+        )
+
+    def ref_times(self) -> FloatArray:
+        """Arrival time of the request of each reference."""
+        return self.arrival_s[self.req]
+
+
+class _Builder:
+    def __init__(self, unit: Unit, source: str) -> None:
+        self.unit = unit
+        self.source = source
+        self.ids: dict[Hashable, int] = {}
+        self.labels: list[Hashable] = []
+        self.keys: list[int] = []
+        self.req: list[int] = []
+        self.arrivals: list[float] = []
+        self.refs: list[str] = []
+
+    def _id(self, label: Hashable) -> int:
+        k = self.ids.get(label)
+        if k is None:
+            k = self.ids[label] = len(self.labels)
+            self.labels.append(label)
+        return k
+
+    def add(self, arrival_s: float, labels: Iterable[Hashable], ref: str) -> None:
+        r = len(self.arrivals)
+        self.arrivals.append(arrival_s)
+        self.refs.append(ref)
+        for label in labels:
+            self.keys.append(self._id(label))
+            self.req.append(r)
+
+    def build(self) -> RefTrace:
+        if not self.arrivals:
+            raise InputError("no requests to analyse", file=self.source)
+        arrivals = np.asarray(self.arrivals, dtype=np.float64)
+        order = np.argsort(arrivals, kind="stable")
+        if np.any(order != np.arange(order.size)):
+            # Sort requests by arrival (records.jsonl is written in completion order).
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            req = rank[np.asarray(self.req, dtype=np.int64)]
+            ref_order = np.lexsort((np.arange(req.size), req))
+            keys = np.asarray(self.keys, dtype=np.int64)[ref_order]
+            req = req[ref_order]
+            arrivals = arrivals[order]
+            refs = [self.refs[i] for i in order.tolist()]
+        else:
+            keys = np.asarray(self.keys, dtype=np.int64)
+            req = np.asarray(self.req, dtype=np.int64)
+            refs = self.refs
+        return RefTrace(
+            unit=self.unit,
+            keys=keys,
+            req=req,
+            arrival_s=arrivals - (arrivals[0] if arrivals.size else 0.0),
+            labels=self.labels,
+            source=self.source,
+            request_refs=refs,
+        )
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A load run directory, or its ``records.jsonl``."""
+    from harness.load.results import RECORDS_FILE
+
+    p = Path(path)
+    return (p.is_dir() and (p / RECORDS_FILE).is_file()) or p.name == RECORDS_FILE
+
+
+def load_refs(
+    path: str | Path, unit: Unit = "entries", *, format: str | None = None, skip_invalid: bool = False
+) -> RefTrace:
+    """The :class:`RefTrace` of a request trace (any format ``harness traces formats`` lists) or of a
+    load run directory (``records.jsonl``: entries only, keyed by corpus record id).
+
+    Raises :class:`InputError` when the source cannot identify cache entries: a trace without
+    ``prefix_block_ids`` (Azure, BurstGPT carry only lengths) gives every request a unique prompt,
+    so its hit rate would be 0 by construction.
+    """
+    if unit not in UNITS:
+        raise InputError(f"unknown unit {unit!r}; expected one of {', '.join(UNITS)}", field="unit")
+    if is_run_dir(path):
+        return _from_records(path, unit)
+    from harness.traces.api import read_requests
+
+    b = _Builder(unit, str(path))
+    with_ids = 0
+    for i, ev in enumerate(read_requests(path, format=format, skip_invalid=skip_invalid)):
+        tenant = ev.tenant or ""
+        ids = ev.prefix_block_ids
+        with_ids += bool(ids)
+        ref = f"line:{ev.line}" if ev.line is not None else f"request:{i}"
+        if unit == "blocks":
+            b.add(ev.arrival_s, ((tenant, h) for h in ids), ref)
+        else:
+            b.add(ev.arrival_s, [(tenant, ids) if ids else ("unique", i)], ref)
+    if not with_ids:
+        raise InputError(
+            "the trace has no prefix block ids (hash_ids), so no two requests can be identified as "
+            "the same cache entry",
+            file=path,
+            hint="use a trace with hash_ids (Mooncake), or a load run directory (records.jsonl)",
+        )
+    return b.build()
+
+
+def _from_records(path: str | Path, unit: Unit) -> RefTrace:
+    from harness.common.io import iter_jsonl
+    from harness.load.results import RECORDS_FILE
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / RECORDS_FILE
+    if unit != "entries":
+        raise InputError(
+            "a load run's records carry no KV block ids; use --unit entries", file=p, field="unit"
+        )
+    b = _Builder(unit, str(p))
+    for lineno, row in iter_jsonl(p, expected="a request record"):
+        rid, sent = row.get("id"), row.get("sent_s")
+        if not isinstance(rid, str) or not isinstance(sent, int | float):
+            raise InputError("a record needs 'id' (string) and 'sent_s' (number)", file=p, line=lineno)
+        tenant: Any = row.get("tenant") or ""
+        b.add(float(sent), [(str(tenant), rid)], f"records:{rid}")
+    return b.build()

@@ -1,0 +1,385 @@
+"""Warmup planning: what to preload before a cold start, and how to ramp traffic up afterwards.
+
+1. **Predict reuse.** Every key (a prompt, or a KV block of a prefix) gets a predicted value from
+   the history by a predictor from :data:`PREDICTORS`:
+
+   * ``replay`` (default): the history *is* the traffic about to come (the trace the load stage
+     will replay): a reference at offset ``t`` from the start weighs ``exp(−t/τ)``, so keys used
+     soon and often rank first, which is what a cache that starts empty misses most;
+   * ``recent``: the history ended just before the cold start (yesterday's log): a reference weighs
+     ``exp(−(T − t)/τ)`` from the end ``T`` (an exponentially weighted request rate);
+   * ``frequency``: plain counts.
+
+2. **Pick the preload set.** The ``capacity`` best keys, in the trace's unit. For KV blocks the
+   server can only be warmed by sending prompts, so the plan also picks the requests whose prompts
+   cover the chosen blocks (each prompt brings its whole prefix chain).
+
+3. **Expected hit rate.** The evaluation window (by default the first 10 % of the history, the
+   cold-start window of a replay) is simulated with the cache starting from the preload, under the
+   target cache's replacement policy (LRU by default: L1, Redis ``allkeys-lru`` and the engine's
+   prefix cache all are). It is reported beside the **Belady ceiling**: MIN from the optimal warm
+   start (:func:`harness.analysis.sim.optimal_preload`), the best hit rate any warmup with any
+   replacement policy could reach at that capacity. ``plan + MIN`` separates the plan's choice
+   from the replacement policy's losses.
+
+4. **Outputs.** ``preload.jsonl`` in the format ``POST /cache/preload`` accepts (one OpenAI request
+   body per line, optional ``tenant``; no ``completion``, so the server generates each answer, which
+   also fills the engine's prefix cache), and a ladder plan (:class:`LadderPlan`, YAML) for the
+   warmup locustfile: stages with a target QPS, a duration and a tolerated failure rate, and the
+   rollback policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.analysis.references import FloatArray, IntArray, RefTrace
+from harness.analysis.sim import optimal_preload, simulate
+from harness.common.errors import InputError
+from harness.common.headers import DEFAULT_TENANT
+from harness.common.io import atomic_write, write_jsonl
+from harness.common.registry import Registry
+from harness.common.stats import percentile
+
+Predictor = Callable[[RefTrace, float], FloatArray]
+"""(history, τ seconds) → predicted reuse per key id (``len(history.labels)`` values)."""
+PREDICTORS: Registry[Predictor] = Registry("reuse predictor")
+
+
+def _weighted(trace: RefTrace, weights: FloatArray) -> FloatArray:
+    out: FloatArray = np.bincount(trace.keys, weights=weights, minlength=len(trace.labels)).astype(np.float64)
+    return out
+
+
+@PREDICTORS.register("replay")
+def predict_replay(trace: RefTrace, tau_s: float) -> FloatArray:
+    """References weighted by ``exp(−t/τ)`` from the start: soon and often first."""
+    return _weighted(trace, np.exp(-trace.ref_times() / max(tau_s, 1e-9)))
+
+
+@PREDICTORS.register("recent")
+def predict_recent(trace: RefTrace, tau_s: float) -> FloatArray:
+    """References weighted by ``exp(−(T − t)/τ)`` from the end ``T``: an exponentially weighted rate."""
+    t = trace.ref_times()
+    end = float(trace.arrival_s[-1]) if trace.n_requests else 0.0
+    return _weighted(trace, np.exp(-(end - t) / max(tau_s, 1e-9)))
+
+
+@PREDICTORS.register("frequency")
+def predict_frequency(trace: RefTrace, tau_s: float) -> FloatArray:
+    """Plain reference counts."""
+    return _weighted(trace, np.ones(trace.n_refs, dtype=np.float64))
+
+
+def rank_keys(history: RefTrace, predictor: str, tau_s: float) -> IntArray:
+    """Key ids seen in ``history``, best predicted reuse first (ties: earlier first use first)."""
+    scores = PREDICTORS.get(predictor)(history, tau_s)
+    uniq, first = np.unique(history.keys, return_index=True)
+    order = np.lexsort((first, -scores[uniq]))
+    ranked: IntArray = uniq[order]
+    return ranked
+
+
+def ids_in(labels: Sequence[Hashable], trace: RefTrace) -> list[int]:
+    """Map keys (by label) into ``trace``'s id space; keys it never saw get fresh, never-used ids."""
+    index = {label: i for i, label in enumerate(trace.labels)}
+    fresh = len(trace.labels)
+    out: list[int] = []
+    for label in labels:
+        k = index.get(label)
+        if k is None:
+            k, fresh = fresh, fresh + 1
+        out.append(k)
+    return out
+
+
+def covering_requests(history: RefTrace, chosen: Iterable[int]) -> list[int]:
+    """Requests whose prompts bring the ``chosen`` keys into a cache, in the chosen keys' rank order.
+
+    For each chosen key not yet covered, the first request that references it is taken (with a KV
+    block, that request's prompt carries the block's whole prefix chain).
+    """
+    first_req: dict[int, int] = {}
+    for k, r in zip(history.keys.tolist(), history.req.tolist(), strict=True):
+        first_req.setdefault(k, r)
+    by_req: dict[int, list[int]] = {}
+    for k, r in zip(history.keys.tolist(), history.req.tolist(), strict=True):
+        by_req.setdefault(r, []).append(k)
+    covered: set[int] = set()
+    out: list[int] = []
+    for k in chosen:
+        if k in covered or k not in first_req:
+            continue
+        r = first_req[k]
+        out.append(r)
+        covered.update(by_req[r])
+    return out
+
+
+# --------------------------------------------------------------------------- ladder plan
+
+
+class LadderStage(BaseModel):
+    """One step of the warmup ladder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    target_qps: float = Field(gt=0.0)
+    duration_s: float = Field(gt=0.0)
+    max_failure_rate: float = Field(ge=0.0, le=1.0)
+    """Failed requests / requests in the stage above which the ladder rolls back."""
+
+
+class RollbackPolicy(BaseModel):
+    """What the ladder does when a stage's failure rate exceeds its tolerance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_failure: Literal["previous-stage", "first-stage", "abort"] = "previous-stage"
+    max_rollbacks: int = Field(default=2, ge=0)
+    """Rollbacks allowed in one run; one more failure aborts the ladder."""
+    cooldown_s: float = Field(default=30.0, ge=0.0)
+    """Time spent at the stage rolled back to before climbing again."""
+
+
+class LadderPlan(BaseModel):
+    """The warmup ladder for the warmup locustfile (YAML).
+
+    The load stage owns the schema it reads; this is the shape the analysis emits (version 1):
+    preload first, then stages of increasing QPS, rolling back on failures.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    name: str = "warmup"
+    preload: str | None = None
+    """The preload JSONL to ``POST /cache/preload`` before the first stage."""
+    stages: list[LadderStage]
+    rollback: RollbackPolicy = Field(default_factory=RollbackPolicy)
+
+    @model_validator(mode="after")
+    def _stages(self) -> LadderPlan:
+        if not self.stages:
+            raise ValueError("a ladder needs at least one stage")
+        return self
+
+
+def arrival_rates(trace: RefTrace, bin_s: float = 10.0) -> list[float]:
+    """Requests per second in consecutive ``bin_s`` bins over the trace's span."""
+    if trace.n_requests == 0:
+        return []
+    span = float(trace.arrival_s[-1])
+    bins = max(1, math.ceil(span / bin_s)) if span > 0 else 1
+    counts = np.bincount(np.minimum((trace.arrival_s // bin_s).astype(np.int64), bins - 1), minlength=bins)
+    return [float(c) / bin_s for c in counts.tolist()]
+
+
+def ladder_plan(
+    history: RefTrace,
+    *,
+    fractions: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 1.0),
+    peak_percentile: float = 95.0,
+    stage_s: float = 60.0,
+    max_failure_rate: float = 0.01,
+    bin_s: float = 10.0,
+    preload: str | None = None,
+    rollback: RollbackPolicy | None = None,
+) -> LadderPlan:
+    """Stages at ``fractions`` of the history's ``peak_percentile`` arrival rate (per ``bin_s`` bin)."""
+    rates = arrival_rates(history, bin_s)
+    peak = percentile(rates, peak_percentile) if rates else math.nan
+    if not peak > 0:
+        raise InputError("the history has no arrival rate to plan a ladder from", file=history.source)
+    stages = [
+        LadderStage(
+            name=f"stage-{i + 1}",
+            target_qps=round(max(f * peak, 1e-3), 4),
+            duration_s=stage_s,
+            max_failure_rate=max_failure_rate,
+        )
+        for i, f in enumerate(sorted(fractions))
+    ]
+    return LadderPlan(preload=preload, stages=stages, rollback=rollback or RollbackPolicy())
+
+
+def write_ladder(path: str | Path, plan: LadderPlan) -> None:
+    """Write the ladder plan as YAML, atomically."""
+    import yaml
+
+    with atomic_write(path) as fh:
+        yaml.safe_dump(plan.model_dump(mode="json"), fh, sort_keys=False)
+
+
+def read_ladder(path: str | Path) -> LadderPlan:
+    """Read a ladder plan YAML back (errors name the file and field)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from harness.common.io import check_input_file, validation_input_error
+
+    p = check_input_file(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise InputError(f"invalid YAML ({exc}), expected a ladder plan", file=p) from None
+    try:
+        return LadderPlan.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected="a ladder plan") from None
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class PlanReport(BaseModel):
+    """``plan.json``: the preload set and its expected hit rate against the Belady ceiling."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    unit: str
+    capacity: int
+    predictor: str
+    tau_s: float
+    policy: str
+    """Replacement policy of the cache being warmed, used for the expected hit rate."""
+    window_requests: int
+    window_refs: int
+    window_distinct: int
+    preload_keys: int
+    preload_requests: int
+    """Requests whose prompts carry the preload set (the lines of the preload JSONL)."""
+    preload_lines_written: int = 0
+    """Of those, lines written (a request needs a corpus record with its text)."""
+    expected_hit_rate: float
+    """The evaluation window simulated under ``policy`` from the preload."""
+    plan_min_hit_rate: float
+    """MIN from the plan's preload: what the preload allows with a perfect replacement policy."""
+    ceiling: float
+    """MIN from the optimal preload: the best any warmup and any policy can do here."""
+    ratio: float
+    """``expected_hit_rate / ceiling``."""
+    cold: dict[str, float]
+    """Hit rates from an empty cache: ``min``, ``lru``, ``lfu``."""
+    top: list[dict[str, Any]] = Field(default_factory=list)
+    """The best keys with their predicted reuse (at most 20), for people."""
+
+
+def plan_warmup(
+    history: RefTrace,
+    capacity: int,
+    *,
+    window: RefTrace | None = None,
+    predictor: str = "replay",
+    tau_s: float | None = None,
+    policy: str = "lru",
+) -> tuple[PlanReport, list[int], list[int]]:
+    """Plan a warmup; returns the report, the preload key ids (best first) and the covering requests.
+
+    ``window`` is the traffic the warm cache will meet (default: the first 10 % of ``history``);
+    it may come from another source with the same kind of keys (labels are matched). ``tau_s``
+    defaults to a tenth of the window's span (at least one second).
+    """
+    if capacity < 1:
+        raise InputError(f"capacity must be at least 1, got {capacity}", field="capacity")
+    win = window if window is not None else history.head(0.1)
+    if win.n_refs == 0:
+        raise InputError("the evaluation window has no references", file=win.source)
+    span = float(win.arrival_s[-1]) if win.n_requests else 0.0
+    tau = tau_s if tau_s is not None else max(span / 10.0, 1.0)
+    ranked = rank_keys(history, predictor, tau)
+    chosen = ranked[:capacity]
+    scores = PREDICTORS.get(predictor)(history, tau)
+    requests = covering_requests(history, chosen.tolist())
+    labels = [history.labels[k] for k in chosen.tolist()]
+    # LRU/LFU evict the front of the initial order first: least valuable first.
+    initial = list(reversed(ids_in(labels, win)))
+    expected = simulate(win, capacity, policy, initial=initial, warm="plan")
+    plan_min = simulate(win, capacity, "min", initial=initial, warm="plan")
+    ceiling = simulate(win, capacity, "min", initial=optimal_preload(win.keys, capacity), warm="optimal")
+    cold = {p: simulate(win, capacity, p).hit_rate for p in ("min", "lru", "lfu")}
+    report = PlanReport(
+        source=history.source,
+        unit=history.unit,
+        capacity=capacity,
+        predictor=predictor,
+        tau_s=tau,
+        policy=policy,
+        window_requests=win.n_requests,
+        window_refs=win.n_refs,
+        window_distinct=win.distinct,
+        preload_keys=len(chosen),
+        preload_requests=len(requests),
+        expected_hit_rate=expected.hit_rate,
+        plan_min_hit_rate=plan_min.hit_rate,
+        ceiling=ceiling.hit_rate,
+        ratio=expected.hit_rate / ceiling.hit_rate if ceiling.hit_rate > 0 else 1.0,
+        cold=cold,
+        top=[
+            {"key": _label_json(history.labels[k]), "score": float(scores[k])} for k in chosen[:20].tolist()
+        ],
+    )
+    return report, chosen.tolist(), requests
+
+
+def _label_json(label: Hashable) -> Any:
+    if isinstance(label, tuple):
+        return [_label_json(x) for x in label]
+    return label
+
+
+# --------------------------------------------------------------------------- preload JSONL
+
+
+def preload_lines(
+    history: RefTrace, requests: Sequence[int], corpus: Path
+) -> tuple[list[dict[str, Any]], int]:
+    """``POST /cache/preload`` lines for ``requests`` of ``history``, from the corpus that replays it.
+
+    A request of a load run (``records:<id>``) is the corpus record with that id; a request of a
+    trace (``line:<n>``) is the corpus record generated from that trace line
+    (``provenance.source_line``). Returns the lines and how many requests had no record.
+    """
+    from harness.corpus.model import CorpusRecord, read_corpus
+
+    by_id: dict[str, CorpusRecord] = {}
+    by_line: dict[int, CorpusRecord] = {}
+    for record in read_corpus(corpus):
+        by_id.setdefault(record.id, record)
+        if record.provenance.source_line is not None:
+            by_line.setdefault(record.provenance.source_line, record)
+    lines: list[dict[str, Any]] = []
+    missing = 0
+    seen: set[str] = set()
+    for r in requests:
+        ref = history.request_refs[r] if r < len(history.request_refs) else ""
+        kind, _, value = ref.partition(":")
+        rec: CorpusRecord | None = None
+        if kind == "records":
+            rec = by_id.get(value)
+        elif kind == "line":
+            rec = by_line.get(int(value))
+        if rec is None:
+            missing += 1
+            continue
+        if rec.id in seen:
+            continue
+        seen.add(rec.id)
+        _, body = rec.to_request(stream=False)
+        if rec.tenant and rec.tenant != DEFAULT_TENANT:
+            body["tenant"] = rec.tenant
+        lines.append(body)
+    return lines, missing
+
+
+def write_preload(path: str | Path, lines: Iterable[dict[str, Any]]) -> int:
+    """Write preload JSONL atomically; returns the number of lines."""
+    return write_jsonl(path, lines)

@@ -1,0 +1,148 @@
+"""Reference traces, the warmup plan, preload JSONL and the ladder plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from harness.analysis.references import load_refs
+from harness.analysis.sim import simulate
+from harness.analysis.warmup import (
+    LadderPlan,
+    covering_requests,
+    ladder_plan,
+    plan_warmup,
+    preload_lines,
+    rank_keys,
+    read_ladder,
+    write_ladder,
+)
+from harness.common.errors import InputError
+from harness.common.openai import ChatCompletionRequest, CompletionRequest
+
+from .conftest import corpus_record, record, write_corpus, write_run
+
+SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "mooncake_sample.jsonl"
+
+
+def test_mooncake_sample_as_entries_and_blocks() -> None:
+    blocks = load_refs(SAMPLE, "blocks")
+    lines = [orjson.loads(x) for x in SAMPLE.read_bytes().splitlines()]
+    assert blocks.n_requests == len(lines) == 40
+    assert blocks.n_refs == sum(len(x["hash_ids"]) for x in lines)
+    assert blocks.distinct == len({h for x in lines for h in x["hash_ids"]})
+    entries = load_refs(SAMPLE, "entries")
+    assert entries.n_refs == 40
+    assert entries.distinct == len({tuple(x["hash_ids"]) for x in lines})
+    assert entries.request_refs[0] == "line:1"
+    # A shared leading block is a hit for a block cache, not for an entry cache.
+    assert simulate(blocks, 10_000, "min").hits > 0
+
+
+def test_a_trace_without_block_ids_is_refused(repo_root: Path) -> None:
+    with pytest.raises(InputError, match="no prefix block ids"):
+        load_refs(repo_root / "fixtures" / "traces" / "azure_code_head20.csv", "entries")
+
+
+def test_records_are_keyed_by_id_and_sorted_by_send_time(tmp_path: Path) -> None:
+    # Written in completion order, not send order.
+    recs = [record(2, id="a", sent_s=0.3), record(0, id="b", sent_s=0.1), record(1, id="a", sent_s=0.2)]
+    run = write_run(tmp_path / "run", recs)
+    refs = load_refs(run, "entries")
+    assert refs.request_refs == ["records:b", "records:a", "records:a"]
+    assert simulate(refs, 1, "lru").hits == 1
+    with pytest.raises(InputError, match="no KV block ids"):
+        load_refs(run, "blocks")
+
+
+def test_replay_predictor_ranks_soon_and_often_first(tmp_path: Path) -> None:
+    # c used early twice, a used early once, b only late.
+    recs = [
+        record(0, id="c", sent_s=0.0),
+        record(1, id="a", sent_s=1.0),
+        record(2, id="c", sent_s=2.0),
+        record(3, id="b", sent_s=100.0),
+    ]
+    refs = load_refs(write_run(tmp_path / "run", recs), "entries")
+    ranked = [refs.labels[k] for k in rank_keys(refs, "replay", 10.0).tolist()]
+    assert ranked == [("", "c"), ("", "a"), ("", "b")]
+    ranked = [refs.labels[k] for k in rank_keys(refs, "recent", 10.0).tolist()]
+    assert ranked[0] == ("", "b")
+
+
+def test_plan_is_bounded_by_the_ceiling_and_beats_a_cold_cache() -> None:
+    blocks = load_refs(SAMPLE, "blocks")
+    window = blocks.head(0.5)
+    for cap in (20, 100, 400):
+        report, chosen, requests = plan_warmup(blocks, cap, window=window)
+        assert len(chosen) <= cap
+        assert report.expected_hit_rate <= report.plan_min_hit_rate + 1e-12
+        assert report.plan_min_hit_rate <= report.ceiling + 1e-12
+        assert report.ceiling >= report.cold["min"] >= report.cold["lru"] - 1e-12
+        assert report.expected_hit_rate >= report.cold["lru"]
+        # Every chosen block is carried by one of the covering requests.
+        carried = {k for r in requests for k in blocks.keys[blocks.req == r].tolist()}
+        assert set(chosen) <= carried
+        assert covering_requests(blocks, chosen) == requests
+
+
+def test_preload_lines_are_what_post_cache_preload_accepts(tmp_path: Path) -> None:
+    blocks = load_refs(SAMPLE, "blocks")
+    _, _, requests = plan_warmup(blocks, 60, window=blocks.head(0.5))
+    # A corpus generated from the trace: record i reproduces trace line i + 1; every third has a tenant.
+    corpus = write_corpus(
+        tmp_path / "corpus.jsonl",
+        [
+            corpus_record(
+                f"c{i}",
+                tenant="acme" if i % 3 == 0 else "default",
+                provenance={
+                    "seed": 0,
+                    "candidate": i,
+                    "template": "t.j2",
+                    "template_sha256": "0" * 64,
+                    "source_line": i + 1,
+                },
+            )
+            for i in range(40)
+        ],
+    )
+    lines, missing = preload_lines(blocks, requests, corpus)
+    assert missing == 0 and len(lines) == len(requests)
+    for line, r in zip(lines, requests, strict=True):
+        assert line["messages"][-1]["content"] == f"question c{r}"
+        assert line.get("tenant") == ("acme" if r % 3 == 0 else None)
+        body = {k: v for k, v in line.items() if k not in ("tenant", "completion")}
+        assert "stream" not in body
+        (ChatCompletionRequest if "messages" in body else CompletionRequest).model_validate(body)
+
+
+def test_ladder_plan_shape_and_round_trip(tmp_path: Path) -> None:
+    refs = load_refs(SAMPLE, "entries")
+    plan = ladder_plan(refs, stage_s=30, max_failure_rate=0.02, preload="preload.jsonl")
+    qps = [s.target_qps for s in plan.stages]
+    assert qps == sorted(qps) and len(qps) == 5 and qps[0] > 0
+    write_ladder(tmp_path / "ladder.yaml", plan)
+    doc = yaml.safe_load((tmp_path / "ladder.yaml").read_text())
+    assert set(doc) == {"version", "name", "preload", "stages", "rollback"}
+    assert set(doc["stages"][0]) == {"name", "target_qps", "duration_s", "max_failure_rate"}
+    assert doc["rollback"]["on_failure"] == "previous-stage"
+    assert read_ladder(tmp_path / "ladder.yaml") == plan
+    (tmp_path / "bad.yaml").write_text("version: 1\nstages: []\n")
+    with pytest.raises(InputError, match="at least one stage"):
+        read_ladder(tmp_path / "bad.yaml")
+    assert LadderPlan.model_json_schema()["properties"]["stages"]
+
+
+@pytest.mark.realdata
+def test_mooncake_plan_reaches_the_ceiling_at_half_the_window(realdata: Path) -> None:
+    trace = realdata / "mooncake" / "synthetic_trace.jsonl"
+    blocks = load_refs(trace, "blocks")
+    window = blocks.head(0.1)
+    cap = window.distinct // 2
+    report, _, _ = plan_warmup(blocks, cap, window=window)
+    assert report.ratio >= 0.95, report
+    assert report.expected_hit_rate > 5 * report.cold["lru"]
