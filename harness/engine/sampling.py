@@ -1,13 +1,34 @@
-"""Next-token selection for a batch: greedy rows in one argmax, sampled rows each with its own RNG.
+"""Next-token selection for a whole step: every request's sampling parameters as per-row tensors.
 
-A request with a ``seed`` gets its own ``torch.Generator`` that draws exactly one sample per output
-token, so its continuation does not depend on what else is in the batch. Logprob and entropy,
-when asked for, describe the model's raw distribution (temperature 1, no top-k/top-p filtering).
+One call of :meth:`Sampler.sample` handles the ``N`` rows (requests) sampled in a step with the
+same few tensor ops, whatever mix of parameters they carry; rows that do not use a step get its
+neutral value (bias 0, penalty 1, ``min_p`` 0, no top-k, ``top_p`` above 1). The order is vLLM's:
+
+1. raw statistics of the model's distribution: log-softmax, the entropy, the chosen token's logprob
+   and the top-k alternatives are all read from the raw logits (vLLM's default ``raw_logprobs``);
+2. ``logit_bias`` (added) and the ``min_tokens`` floor (EOS and stop ids set to ``-inf``);
+3. penalties: ``repetition_penalty`` over every token seen in the prompt or the output (as vLLM and
+   Hugging Face ``RepetitionPenaltyLogitsProcessor`` apply it), then ``frequency_penalty`` ×
+   count and ``presence_penalty`` over the output tokens only (as OpenAI defines them);
+4. greedy rows (``temperature == 0``) take the argmax here;
+5. sampled rows: temperature, ``min_p`` (relative to the top token's probability after
+   temperature), top-k, top-p, then one uniform draw per row mapped through the row's cumulative
+   distribution.
+
+Steps 2, 3 and 5's filters run only when some row of the step uses them, so a batch of default
+requests pays for the log-softmax and an argmax or a softmax, nothing else.
+
+Penalties need per-request token statistics; :class:`PenaltyState` keeps them on the device as rows
+of two ``[rows, V]`` tensors that are updated with one scatter per step, so no step rebuilds them
+from token lists. A request with a ``seed`` draws from its own ``torch.Generator`` exactly once per
+output token, so its continuation does not depend on what else is in the batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -18,49 +39,265 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k and top-p applied to one row of logits [V] (float32)."""
-    x = logits / params.temperature
-    v = x.shape[-1]
-    if 0 < params.top_k < v:
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # Keep the smallest head whose mass reaches top_p (the token that crosses it included).
-        drop = (probs.cumsum(-1) - probs) >= params.top_p
-        drop[0] = False
-        x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return x
+class SampledSequence(Protocol):
+    """What the sampler reads from a request (``core.Request`` satisfies it)."""
+
+    request_id: str
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_ids: list[int]
+    output_ids: list[int]
 
 
-def sample(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
-) -> list[int]:
-    """Pick one token per row of ``logits`` [N, V] (float32)."""
-    n = logits.shape[0]
-    greedy = [i for i in range(n) if params[i].temperature <= 0.0]
-    out = [0] * n
-    if greedy:
-        rows = logits if len(greedy) == n else logits[greedy]
-        for i, t in zip(greedy, rows.argmax(-1).tolist(), strict=True):
-            out[i] = int(t)
-    for i in range(n):
-        p = params[i]
-        if p.temperature <= 0.0:
-            continue
-        probs = torch.softmax(filter_logits(logits[i], p), dim=-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    return out
+@dataclass(slots=True)
+class SampleOutput:
+    """One step's choices, one entry per row, as Python values."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    """The chosen token's logprob under the raw distribution."""
+    entropies: list[float]
+    """Entropy (nats) of the raw distribution."""
+    top_ids: list[list[int]] | None = None
+    """Per row the ``max(top_logprobs)`` most likely token ids of the step, most likely first
+    (each row keeps only its own ``top_logprobs`` of them); None when no row asked."""
+    top_logprobs: list[list[float]] | None = None
 
 
-def logprob_entropy(logits: torch.Tensor, tokens: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Logprob of each chosen token and the entropy (nats) of each row's distribution."""
-    logp = torch.log_softmax(logits, dim=-1)  # [N, V]
-    idx = torch.tensor(list(tokens), device=logits.device).unsqueeze(1)
-    chosen = logp.gather(1, idx).squeeze(1)
-    ent = -(logp.exp() * logp).nan_to_num().sum(-1)
-    return chosen.tolist(), ent.tolist()
+def _uses_penalty(p: SamplingParams) -> bool:
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
+class PenaltyState:
+    """Token statistics of the running requests that use a penalty, as rows of device tensors.
+
+    ``counts[r, t]`` is how often token ``t`` occurs in the output of the request holding row ``r``;
+    ``prompt_seen[r, t]`` whether it occurs in its prompt. A request gets a row when it is first
+    sampled and gives it back when it finishes or is preempted; a row is (re)built from the
+    request's token lists when acquired, so preemption by recompute needs no special case. Only
+    running requests hold rows, so ``max_num_seqs`` rows always suffice; they are allocated on the
+    first penalized request (``max_num_seqs`` × V × 5 bytes: 4.7 MiB for 32 × 30522).
+    """
+
+    def __init__(self, max_rows: int, vocab: int, device: torch.device) -> None:
+        self.max_rows = max_rows
+        self.vocab = vocab
+        self.device = device
+        self.counts: torch.Tensor | None = None  # [rows, V] float32
+        self.prompt_seen: torch.Tensor | None = None  # [rows, V] bool
+        self._row: dict[str, int] = {}
+        self._free: list[int] = []
+
+    def rows_for(self, seqs: Sequence[SampledSequence]) -> torch.Tensor:
+        """Row indices [P] for ``seqs``, acquiring (and filling) rows for those that have none."""
+        if self.counts is None:
+            self.counts = torch.zeros((self.max_rows, self.vocab), device=self.device)
+            self.prompt_seen = torch.zeros((self.max_rows, self.vocab), dtype=torch.bool, device=self.device)
+            self._free = list(range(self.max_rows - 1, -1, -1))
+        rows = []
+        for s in seqs:
+            r = self._row.get(s.request_id)
+            if r is None:
+                r = self._acquire(s)
+            rows.append(r)
+        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+
+    def _acquire(self, s: SampledSequence) -> int:
+        assert self.counts is not None and self.prompt_seen is not None
+        if not self._free:
+            raise RuntimeError("no penalty row free (more sampled requests than max_num_seqs)")
+        r = self._free.pop()
+        self._row[s.request_id] = r
+        self.counts[r].zero_()
+        self.prompt_seen[r].zero_()
+        # Ids outside the logits (a prompt may hold ids the LM head does not cover) are dropped.
+        prompt = torch.tensor(s.prompt_ids, dtype=torch.long, device=self.device)
+        self.prompt_seen[r, prompt[prompt < self.vocab]] = True
+        if s.output_ids:  # re-acquired after preemption
+            out = torch.tensor(s.output_ids, dtype=torch.long, device=self.device)
+            self.counts[r].index_add_(0, out, torch.ones(out.shape, device=self.device))
+        return r
+
+    def record(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Count this step's chosen ``tokens`` [P] in ``rows`` [P] (one scatter)."""
+        assert self.counts is not None
+        self.counts.index_put_((rows, tokens), torch.ones(rows.shape, device=self.device), accumulate=True)
+
+    def release(self, request_id: str) -> None:
+        r = self._row.pop(request_id, None)
+        if r is not None:
+            self._free.append(r)
+
+
+class Sampler:
+    """Picks one token per row of a step's logits; owns the penalty statistics."""
+
+    def __init__(
+        self,
+        vocab: int,
+        max_rows: int,
+        device: torch.device,
+        eos_ids: Sequence[int],
+        default_generator: torch.Generator,
+    ) -> None:
+        self.vocab = vocab
+        self.device = device
+        self.eos_ids = tuple(eos_ids)
+        self.default_generator = default_generator
+        self.penalties = PenaltyState(max_rows, vocab, device)
+
+    def release(self, request_id: str) -> None:
+        """The request finished or was preempted: free its penalty row."""
+        self.penalties.release(request_id)
+
+    def _tensor(self, values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def process(self, logits: torch.Tensor, seqs: Sequence[SampledSequence]) -> torch.Tensor:
+        """Steps 2 and 3: bias, the ``min_tokens`` floor and penalties. ``logits`` [N, V] float32 is
+        not modified; the result is the tensor greedy rows take their argmax of."""
+        return self._process(logits, seqs)[0]
+
+    def _process(
+        self, logits: torch.Tensor, seqs: Sequence[SampledSequence]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """:meth:`process`, also returning (batch rows [P], penalty-state rows [P]) of the
+        penalized requests, for recording the chosen tokens."""
+        params = [s.params for s in seqs]
+        x = logits
+        pen_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        # -- logit_bias: one scatter-add of all rows' (row, token, bias) triples.
+        if any(p.logit_bias for p in params):
+            rows, toks, vals = [], [], []
+            for i, p in enumerate(params):
+                for t, b in p.logit_bias:
+                    rows.append(i)
+                    toks.append(t)
+                    vals.append(b)
+            x = x.index_put(
+                (self._tensor(rows, torch.long), self._tensor(toks, torch.long)),
+                self._tensor(vals),
+                accumulate=True,
+            )
+        # -- min_tokens: until the floor, no EOS (unless ignored) and no stop token ids.
+        floor = [i for i, s in enumerate(seqs) if len(s.output_ids) < s.params.min_tokens]
+        if floor:
+            rows, toks = [], []
+            for i in floor:
+                p = params[i]
+                banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
+                for t in banned:
+                    if t < self.vocab:
+                        rows.append(i)
+                        toks.append(t)
+            if rows:
+                x = x.index_put(
+                    (self._tensor(rows, torch.long), self._tensor(toks, torch.long)),
+                    torch.tensor(float("-inf"), device=self.device),
+                )
+        # -- penalties, on the rows that use one.
+        pen = [i for i, p in enumerate(params) if _uses_penalty(p)]
+        if pen:
+            state_rows = self.penalties.rows_for([seqs[i] for i in pen])
+            assert self.penalties.counts is not None and self.penalties.prompt_seen is not None
+            counts = self.penalties.counts.index_select(0, state_rows)  # [P, V]
+            in_output = counts > 0  # [P, V]
+            seen = self.penalties.prompt_seen.index_select(0, state_rows) | in_output  # [P, V]
+            rep = self._tensor([params[i].repetition_penalty for i in pen]).unsqueeze(1)  # [P, 1]
+            freq = self._tensor([params[i].frequency_penalty for i in pen]).unsqueeze(1)  # [P, 1]
+            pres = self._tensor([params[i].presence_penalty for i in pen]).unsqueeze(1)  # [P, 1]
+            pen_idx = self._tensor(pen, torch.long)  # [P]
+            xp = x.index_select(0, pen_idx)  # [P, V]
+            xp = torch.where(seen, torch.where(xp > 0, xp / rep, xp * rep), xp)
+            xp = xp - freq * counts - pres * in_output.float()
+            x = x.index_copy(0, pen_idx, xp)
+            pen_rows = (pen_idx, state_rows)
+        return x, pen_rows
+
+    def warp(self, x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Step 5's filters for sampled rows: temperature, ``min_p``, top-k, top-p.
+        ``x`` [S, V] (processed logits of rows with temperature > 0) → logits to sample from."""
+        v = x.shape[1]
+        x = x / self._tensor([p.temperature for p in params]).unsqueeze(1)  # [S, V]
+        if any(p.min_p > 0.0 for p in params):
+            min_p = self._tensor([p.min_p for p in params]).unsqueeze(1)  # [S, 1]
+            probs = torch.softmax(x, dim=-1)
+            # Rows with min_p == 0 get threshold 0: nothing is below it.
+            x = x.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+        ks = [p.top_k if 0 < p.top_k < v else 0 for p in params]
+        if any(ks):
+            k_max = max(ks)
+            kth = torch.topk(x, k_max, dim=-1).values  # [S, k_max], descending
+            k_idx = self._tensor([max(k, 1) - 1 for k in ks], torch.long).unsqueeze(1)  # [S, 1]
+            threshold = kth.gather(1, k_idx)  # [S, 1]: each row's k-th largest logit
+            off = self._tensor([k == 0 for k in ks], torch.bool).unsqueeze(1)  # [S, 1]
+            # Ties with the k-th logit are kept (as Hugging Face's TopKLogitsWarper does).
+            x = x.masked_fill((x < threshold) & ~off, float("-inf"))
+        if any(p.top_p < 1.0 for p in params):
+            # Rows without top-p get 2: no cumulative mass reaches it, even with rounding.
+            top_p = self._tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params]).unsqueeze(1)
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [S, V]
+            probs = torch.softmax(sorted_x, dim=-1)
+            # Keep the smallest head whose mass reaches top_p (the token that crosses it included).
+            drop = (probs.cumsum(dim=-1) - probs) >= top_p  # [S, V]
+            drop[:, 0] = False
+            x = x.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+        return x
+
+    def _uniforms(self, seqs: Sequence[SampledSequence]) -> torch.Tensor:
+        """One uniform draw in (0, 1] per row [S, 1]: seeded requests from their own generator,
+        the others from the engine's, in one call."""
+        default = self.default_generator
+        own = [s.generator not in (None, default) for s in seqs]
+        shared = [i for i, o in enumerate(own) if not o]
+        u = torch.empty((len(seqs), 1), device=self.device)
+        if shared:
+            draws = torch.rand((len(shared), 1), generator=default, device=self.device)
+            u[self._tensor(shared, torch.long)] = draws
+        for i, s in enumerate(seqs):
+            if own[i]:
+                u[i] = torch.rand(1, generator=s.generator, device=self.device)
+        return 1.0 - u  # torch.rand is [0, 1); a draw of 0 could land on a zero-probability token
+
+    def sample(self, logits: torch.Tensor, seqs: Sequence[SampledSequence]) -> SampleOutput:
+        """Pick one token per row of ``logits`` [N, V] (float32, raw) for the requests ``seqs``."""
+        n, v = logits.shape
+        params = [s.params for s in seqs]
+        # 1. Raw statistics (what logprobs and entropy report).
+        logp = torch.log_softmax(logits, dim=-1)  # [N, V]
+        entropy = -(logp.exp() * logp).sum(dim=-1)  # [N]
+        k_top = max(p.top_logprobs for p in params)
+        top: tuple[torch.Tensor, torch.Tensor] | None = None
+        if k_top > 0:
+            vals, ids = torch.topk(logp, min(k_top, v), dim=-1)  # [N, k_top]
+            top = (vals, ids)
+        # 2–3. Bias, floor, penalties.
+        x, pen_rows = self._process(logits, seqs)  # [N, V]
+        # 4–5. Greedy rows: argmax. Sampled rows: filters, then inverse-CDF with one draw each.
+        sampled = [i for i, p in enumerate(params) if p.temperature > 0.0]
+        if not sampled:
+            tokens = x.argmax(dim=-1)  # [N]
+        else:
+            all_sampled = len(sampled) == n
+            s_idx = self._tensor(sampled, torch.long)  # [S]
+            xs = x if all_sampled else x.index_select(0, s_idx)  # [S, V]
+            xs = self.warp(xs, [params[i] for i in sampled])
+            cdf = torch.softmax(xs, dim=-1).cumsum(dim=-1)  # [S, V]
+            u = self._uniforms([seqs[i] for i in sampled])  # [S, 1]
+            # First index whose cumulative mass reaches u: always a token of non-zero probability.
+            picked = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=v - 1).squeeze(1)  # [S]
+            if all_sampled:
+                tokens = picked
+            else:
+                greedy = self._tensor([i for i, p in enumerate(params) if p.temperature <= 0.0], torch.long)
+                tokens = torch.empty(n, dtype=torch.long, device=self.device)
+                tokens[greedy] = x.index_select(0, greedy).argmax(dim=-1)
+                tokens[s_idx] = picked
+        chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [N]
+        if pen_rows is not None:
+            pen_idx, state_rows = pen_rows
+            self.penalties.record(state_rows, tokens.index_select(0, pen_idx))
+        out = SampleOutput(tokens.tolist(), chosen.tolist(), entropy.tolist())
+        if top is not None:
+            out.top_logprobs, out.top_ids = top[0].tolist(), top[1].tolist()
+        return out
