@@ -19,8 +19,8 @@ Steps 2, 3 and 5's filters run only when some row of the step uses them, so a ba
 requests pays for the log-softmax and an argmax or a softmax, nothing else.
 
 Penalties need per-request token statistics; :class:`PenaltyState` keeps them on the device as rows
-of two ``[rows, V]`` tensors that are updated with one scatter per step, so no step rebuilds them
-from token lists. A request with a ``seed`` draws from its own ``torch.Generator`` exactly once per
+of ``[rows, V]`` tensors that are updated with one scatter per step, so no step rebuilds them from
+token lists. A request with a ``seed`` draws from its own ``torch.Generator`` exactly once per
 output token, so its continuation does not depend on what else is in the batch.
 """
 
@@ -64,35 +64,50 @@ class SampleOutput:
     top_logprobs: list[list[float]] | None = None
 
 
+# First guess of how many tokens a top-p head holds (see Sampler.warp).
+_TOP_P_FIRST_K = 256
+
+
 def _uses_penalty(p: SamplingParams) -> bool:
     return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
 
 
 class PenaltyState:
-    """Token statistics of the running requests that use a penalty, as rows of device tensors.
+    """Penalty statistics of the running requests that use a penalty, as rows of device tensors.
 
-    ``counts[r, t]`` is how often token ``t`` occurs in the output of the request holding row ``r``;
-    ``prompt_seen[r, t]`` whether it occurs in its prompt. A request gets a row when it is first
-    sampled and gives it back when it finishes or is preempted; a row is (re)built from the
-    request's token lists when acquired, so preemption by recompute needs no special case. Only
-    running requests hold rows, so ``max_num_seqs`` rows always suffice; they are allocated on the
-    first penalized request (``max_num_seqs`` × V × 5 bytes: 4.7 MiB for 32 × 30522).
+    For the request holding row ``r``: ``offset[r, t]`` is what its frequency and presence
+    penalties subtract from token ``t``'s logit (``frequency_penalty`` × count in the output +
+    ``presence_penalty`` if it occurs there), ``in_output[r, t]`` whether ``t`` occurs in the
+    output, and ``seen[r, t]`` whether it occurs in the prompt or the output (what the repetition
+    penalty covers). A step's chosen tokens update all three with one scatter each, so a step reads
+    them with one gather and one subtraction. A request gets a row when first sampled and gives it
+    back when it finishes or is preempted; a row is (re)built from the request's token lists when
+    acquired, so preemption by recompute needs no special case. Only running requests hold rows, so
+    ``max_num_seqs`` rows always suffice; they are allocated on the first penalized request
+    (``max_num_seqs`` × V × 6 bytes: 5.6 MiB for 32 × 30522).
     """
 
     def __init__(self, max_rows: int, vocab: int, device: torch.device) -> None:
         self.max_rows = max_rows
         self.vocab = vocab
         self.device = device
-        self.counts: torch.Tensor | None = None  # [rows, V] float32
-        self.prompt_seen: torch.Tensor | None = None  # [rows, V] bool
+        self.offset = torch.empty(0)  # [rows, V] float32, allocated on first use
+        self.in_output = torch.empty(0, dtype=torch.bool)  # [rows, V]
+        self.seen = torch.empty(0, dtype=torch.bool)  # [rows, V]
+        self.frequency = torch.empty(0)  # [rows] the holder's frequency_penalty
+        self.presence = torch.empty(0)  # [rows] the holder's presence_penalty
         self._row: dict[str, int] = {}
         self._free: list[int] = []
 
     def rows_for(self, seqs: Sequence[SampledSequence]) -> torch.Tensor:
         """Row indices [P] for ``seqs``, acquiring (and filling) rows for those that have none."""
-        if self.counts is None:
-            self.counts = torch.zeros((self.max_rows, self.vocab), device=self.device)
-            self.prompt_seen = torch.zeros((self.max_rows, self.vocab), dtype=torch.bool, device=self.device)
+        if self.offset.numel() == 0:
+            shape, dev = (self.max_rows, self.vocab), self.device
+            self.offset = torch.zeros(shape, device=dev)
+            self.in_output = torch.zeros(shape, dtype=torch.bool, device=dev)
+            self.seen = torch.zeros(shape, dtype=torch.bool, device=dev)
+            self.frequency = torch.zeros(self.max_rows, device=dev)
+            self.presence = torch.zeros(self.max_rows, device=dev)
             self._free = list(range(self.max_rows - 1, -1, -1))
         rows = []
         for s in seqs:
@@ -103,25 +118,32 @@ class PenaltyState:
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
 
     def _acquire(self, s: SampledSequence) -> int:
-        assert self.counts is not None and self.prompt_seen is not None
         if not self._free:
             raise RuntimeError("no penalty row free (more sampled requests than max_num_seqs)")
         r = self._free.pop()
         self._row[s.request_id] = r
-        self.counts[r].zero_()
-        self.prompt_seen[r].zero_()
-        # Ids outside the logits (a prompt may hold ids the LM head does not cover) are dropped.
-        prompt = torch.tensor(s.prompt_ids, dtype=torch.long, device=self.device)
-        self.prompt_seen[r, prompt[prompt < self.vocab]] = True
+        p, dev = s.params, self.device
+        self.frequency[r] = p.frequency_penalty
+        self.presence[r] = p.presence_penalty
+        counts = torch.zeros(self.vocab, device=dev)
         if s.output_ids:  # re-acquired after preemption
-            out = torch.tensor(s.output_ids, dtype=torch.long, device=self.device)
-            self.counts[r].index_add_(0, out, torch.ones(out.shape, device=self.device))
+            out = torch.tensor(s.output_ids, dtype=torch.long, device=dev)
+            counts.index_add_(0, out, torch.ones(out.shape, device=dev))
+        self.in_output[r] = counts > 0
+        self.offset[r] = p.frequency_penalty * counts + p.presence_penalty * self.in_output[r].float()
+        self.seen[r] = self.in_output[r]
+        # Ids outside the logits (a prompt may hold ids the LM head does not cover) are dropped.
+        prompt = torch.tensor(s.prompt_ids, dtype=torch.long, device=dev)
+        self.seen[r, prompt[prompt < self.vocab]] = True
         return r
 
     def record(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Count this step's chosen ``tokens`` [P] in ``rows`` [P] (one scatter)."""
-        assert self.counts is not None
-        self.counts.index_put_((rows, tokens), torch.ones(rows.shape, device=self.device), accumulate=True)
+        """Account this step's chosen ``tokens`` [P] of the requests holding ``rows`` [P]."""
+        first = ~self.in_output[rows, tokens]  # [P]: presence applies once per token
+        add = self.frequency[rows] + self.presence[rows] * first.float()  # [P]
+        self.offset.index_put_((rows, tokens), add, accumulate=True)
+        self.in_output[rows, tokens] = True
+        self.seen[rows, tokens] = True
 
     def release(self, request_id: str) -> None:
         r = self._row.pop(request_id, None)
@@ -198,19 +220,20 @@ class Sampler:
         # -- penalties, on the rows that use one.
         pen = [i for i, p in enumerate(params) if _uses_penalty(p)]
         if pen:
-            state_rows = self.penalties.rows_for([seqs[i] for i in pen])
-            assert self.penalties.counts is not None and self.penalties.prompt_seen is not None
-            counts = self.penalties.counts.index_select(0, state_rows)  # [P, V]
-            in_output = counts > 0  # [P, V]
-            seen = self.penalties.prompt_seen.index_select(0, state_rows) | in_output  # [P, V]
-            rep = self._tensor([params[i].repetition_penalty for i in pen]).unsqueeze(1)  # [P, 1]
-            freq = self._tensor([params[i].frequency_penalty for i in pen]).unsqueeze(1)  # [P, 1]
-            pres = self._tensor([params[i].presence_penalty for i in pen]).unsqueeze(1)  # [P, 1]
+            state = self.penalties
+            state_rows = state.rows_for([seqs[i] for i in pen])  # [P]
             pen_idx = self._tensor(pen, torch.long)  # [P]
-            xp = x.index_select(0, pen_idx)  # [P, V]
-            xp = torch.where(seen, torch.where(xp > 0, xp / rep, xp * rep), xp)
-            xp = xp - freq * counts - pres * in_output.float()
-            x = x.index_copy(0, pen_idx, xp)
+            every_row = len(pen) == len(params)
+            xp = x if every_row else x.index_select(0, pen_idx)  # [P, V]
+            reps = [params[i].repetition_penalty for i in pen]
+            if any(r != 1.0 for r in reps):
+                rep = self._tensor(reps).unsqueeze(1)  # [P, 1]
+                seen = state.seen.index_select(0, state_rows)  # [P, V]
+                # Seen tokens: positive logits divided by the penalty, negative ones multiplied.
+                scale = torch.where(xp > 0, 1.0 / rep, rep)  # [P, V]
+                xp = torch.where(seen, xp * scale, xp)
+            xp = xp - state.offset.index_select(0, state_rows)  # frequency and presence
+            x = xp if every_row else x.index_copy(0, pen_idx, xp)
             pen_rows = (pen_idx, state_rows)
         return x, pen_rows
 
@@ -235,13 +258,23 @@ class Sampler:
             x = x.masked_fill((x < threshold) & ~off, float("-inf"))
         if any(p.top_p < 1.0 for p in params):
             # Rows without top-p get 2: no cumulative mass reaches it, even with rounding.
-            top_p = self._tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params]).unsqueeze(1)
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [S, V]
-            probs = torch.softmax(sorted_x, dim=-1)
-            # Keep the smallest head whose mass reaches top_p (the token that crosses it included).
-            drop = (probs.cumsum(dim=-1) - probs) >= top_p  # [S, V]
-            drop[:, 0] = False
-            x = x.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+            top_p = self._tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params]).unsqueeze(1)  # [S, 1]
+            probs = torch.softmax(x, dim=-1)  # [S, V]
+            # The kept head is usually short: sort only the k most likely tokens, growing k until
+            # every row's head is inside (a full sort of [S, V] costs ~40x a softmax on CPU).
+            k = min(v, _TOP_P_FIRST_K)
+            while True:
+                head = torch.topk(probs, k, dim=-1).values  # [S, k], descending
+                mass = head.cumsum(dim=-1)  # [S, k]
+                if k == v or bool(((mass[:, -1:] >= top_p) | (top_p > 1.0)).all()):
+                    break
+                k = v if 16 * k >= v else 8 * k  # past half the vocabulary, a full sort is cheaper
+            # Keep the smallest head whose mass reaches top_p (the token that crosses it included):
+            # its least likely member is the row's threshold.
+            keep = (mass - head) < top_p  # [S, k]; the first token always
+            threshold = head.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)  # [S, 1]
+            threshold = threshold.masked_fill(top_p > 1.0, 0.0)
+            x = x.masked_fill(probs < threshold, float("-inf"))
         return x
 
     def _uniforms(self, seqs: Sequence[SampledSequence]) -> torch.Tensor:

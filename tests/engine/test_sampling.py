@@ -153,6 +153,23 @@ def test_warping_matches_transformers(params: SamplingParams) -> None:
     assert_same_logits(got[0], reference_warped(logits[0], params))
 
 
+@pytest.mark.parametrize("head", [10, 1000, 20000])
+def test_top_p_matches_transformers_for_short_and_long_heads(head: int) -> None:
+    """Top-p sorts only a growing top-k of the probabilities: a head of 10 tokens is found in the
+    first guess, 1000 after one growth, 20000 by the full sort."""
+    g = torch.Generator().manual_seed(head)
+    vocab = 30522
+    logits = torch.randn((2, vocab), generator=g) * 0.1 - 20.0  # [2, V]
+    logits[:, :head] += 20.0  # about `head` tokens carry nearly all the mass
+    params = [SamplingParams(temperature=1.0, top_p=0.95), SamplingParams(temperature=1.0, top_p=0.5)]
+    got = make_sampler().warp(logits, params)
+    for i, p in enumerate(params):
+        want = reference_warped(logits[i], p)
+        assert_same_logits(got[i], want)
+        kept = int((~torch.isinf(want)).sum())
+        assert 0.3 * head < kept <= head  # the case really has a head of that size
+
+
 def test_repetition_penalty_covers_prompt_and_output_presence_penalty_only_output() -> None:
     """Which tokens each penalty reads, on hand-made logits."""
     logits = torch.full((1, V), 2.0)
