@@ -329,7 +329,7 @@ def brute_force(c: EngineCore, prompt: list[int], params: SamplingParams) -> lis
     eos = sorted(c.eos_ids)
     seq = Seq("ref", params, list(prompt))
     for _ in range(params.max_tokens):
-        logits = c.model.dense_logits(torch.tensor(seq.prompt_ids + seq.output_ids), last_only=True)[0]
+        logits = c.model.dense_logits(torch.tensor(seq.prompt_ids + seq.output_ids), last_only=True)[0].cpu()
         tok = int(reference_processed(logits, seq, eos).argmax())
         seq.output_ids.append(tok)
         if tok in eos and not params.ignore_eos:
