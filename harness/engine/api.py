@@ -56,7 +56,7 @@ class SamplingParams:
     The sampler applies, in this order (vLLM's): ``logit_bias`` and the ``min_tokens`` floor, then
     ``repetition_penalty`` (over prompt and output tokens), ``frequency_penalty`` and
     ``presence_penalty`` (over output tokens); greedy rows take the argmax there. Sampled rows then
-    get ``temperature``, ``min_p``, ``top_k`` and ``top_p``. ``temperature == 0`` is greedy;
+    get ``temperature``, ``min_p``, ``top_k`` and ``top_p``. ``temperature`` 0 (below 1e-5) is greedy;
     ``top_k <= 0``, ``top_p >= 1``, ``min_p == 0``, penalties of 0 (1 for repetition) disable
     those steps. ``seed`` makes a sampled request reproducible regardless of what else is batched
     with it.

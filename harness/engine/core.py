@@ -35,7 +35,7 @@ from harness.engine.api import (
 )
 from harness.engine.kv_cache import BlockManager
 from harness.engine.model import PrefillSegment, StepBatch, Transformer
-from harness.engine.sampling import Sampler, make_generator
+from harness.engine.sampling import GREEDY_BELOW, Sampler, make_generator
 from harness.engine.tokenizer import Detokenizer, HFTokenizer
 
 
@@ -183,7 +183,7 @@ class EngineCore:
         req.detok = Detokenizer(self.tokenizer, req.prompt_ids)
         req.metrics.prompt_tokens = len(prompt_ids)
         req.metrics.device = str(self.device)
-        if params.temperature > 0:
+        if params.temperature >= GREEDY_BELOW:
             req.generator = (
                 make_generator(params.seed, self.device)
                 if params.seed is not None

@@ -10,7 +10,7 @@ neutral value (bias 0, penalty 1, ``min_p`` 0, no top-k, ``top_p`` above 1). The
 3. penalties: ``repetition_penalty`` over every token seen in the prompt or the output (as vLLM and
    Hugging Face ``RepetitionPenaltyLogitsProcessor`` apply it), then ``frequency_penalty`` ×
    count and ``presence_penalty`` over the output tokens only (as OpenAI defines them);
-4. greedy rows (``temperature == 0``) take the argmax here;
+4. greedy rows (``temperature`` below :data:`GREEDY_BELOW`) take the argmax here;
 5. sampled rows: temperature, ``min_p`` (relative to the top token's probability after
    temperature), top-k, top-p, then one uniform draw per row mapped through the row's cumulative
    distribution.
@@ -63,6 +63,9 @@ class SampleOutput:
     (each row keeps only its own ``top_logprobs`` of them); None when no row asked."""
     top_logprobs: list[list[float]] | None = None
 
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy (vLLM's threshold): dividing by a tinier one overflows."""
 
 # First guess of how many tokens a top-p head holds (see Sampler.warp).
 _TOP_P_FIRST_K = 256
@@ -307,7 +310,7 @@ class Sampler:
         # 2–3. Bias, floor, penalties.
         x, pen_rows = self._process(logits, seqs)  # [N, V]
         # 4–5. Greedy rows: argmax. Sampled rows: filters, then inverse-CDF with one draw each.
-        sampled = [i for i, p in enumerate(params) if p.temperature > 0.0]
+        sampled = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
         if not sampled:
             tokens = x.argmax(dim=-1)  # [N]
         else:
@@ -322,7 +325,9 @@ class Sampler:
             if all_sampled:
                 tokens = picked
             else:
-                greedy = self._tensor([i for i, p in enumerate(params) if p.temperature <= 0.0], torch.long)
+                greedy = self._tensor(
+                    [i for i, p in enumerate(params) if p.temperature < GREEDY_BELOW], torch.long
+                )
                 tokens = torch.empty(n, dtype=torch.long, device=self.device)
                 tokens[greedy] = x.index_select(0, greedy).argmax(dim=-1)
                 tokens[s_idx] = picked

@@ -454,3 +454,10 @@ def test_engine_refuses_out_of_range_parameters(core: EngineCore) -> None:
         with pytest.raises(EngineError):
             core.add_request("bad", [5, 6], bad)
     assert not core.has_work()
+
+
+def test_tiny_temperature_is_greedy() -> None:
+    """Dividing by a temperature near 0 would overflow to inf and NaN; below 1e-5 is greedy (vLLM)."""
+    logits = random_logits(2, 9) * 1e3
+    seqs = [Seq("t", SamplingParams(temperature=1e-30), [4]), Seq("u", SamplingParams(temperature=1e-7), [4])]
+    assert make_sampler().sample(logits, seqs).tokens == logits.argmax(-1).tolist()
