@@ -16,7 +16,8 @@ neutral value (bias 0, penalty 1, ``min_p`` 0, no top-k, ``top_p`` above 1). The
    distribution.
 
 Steps 2, 3 and 5's filters run only when some row of the step uses them, so a batch of default
-requests pays for the log-softmax and an argmax or a softmax, nothing else.
+greedy requests pays for one max pass and the entropy (log-sum-exp and one weighted sum), sampled
+ones for a softmax and a cumulative sum on top.
 
 Penalties need per-request token statistics; :class:`PenaltyState` keeps them on the device as rows
 of ``[rows, V]`` tensors that are updated with one scatter per step, so no step rebuilds them from
@@ -299,20 +300,27 @@ class Sampler:
         """Pick one token per row of ``logits`` [N, V] (float32, raw) for the requests ``seqs``."""
         n, v = logits.shape
         params = [s.params for s in seqs]
-        # 1. Raw statistics (what logprobs and entropy report).
-        logp = torch.log_softmax(logits, dim=-1)  # [N, V]
-        entropy = -(logp.exp() * logp).sum(dim=-1)  # [N]
+        # 1. Raw statistics (what logprobs and entropy report). One max pass gives the shift and
+        # the raw argmax (greedy rows without bias or penalties need nothing else); entropy is
+        # log Z − E[x] with Z = Σ exp(x − max): five passes over [N, V] where a log-softmax,
+        # an entropy and a separate argmax took seven.
+        raw_max, raw_argmax = logits.max(dim=-1, keepdim=True)  # [N, 1]
+        e = torch.exp(logits - raw_max)  # [N, V]
+        z = e.sum(dim=-1, keepdim=True)  # [N, 1]
+        lse = raw_max + z.log()  # [N, 1]: log-sum-exp of the raw logits
+        entropy = lse.squeeze(1) - (e * logits).sum(dim=-1) / z.squeeze(1)  # [N]
         k_top = max(p.top_logprobs for p in params)
         top: tuple[torch.Tensor, torch.Tensor] | None = None
         if k_top > 0:
-            vals, ids = torch.topk(logp, min(k_top, v), dim=-1)  # [N, k_top]
-            top = (vals, ids)
+            vals, ids = torch.topk(logits, min(k_top, v), dim=-1)  # [N, k_top]
+            top = (vals - lse, ids)
         # 2–3. Bias, floor, penalties.
         x, pen_rows = self._process(logits, seqs)  # [N, V]
+        argmax = raw_argmax.squeeze(1) if x is logits else x.argmax(dim=-1)  # [N]
         # 4–5. Greedy rows: argmax. Sampled rows: filters, then inverse-CDF with one draw each.
         sampled = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
         if not sampled:
-            tokens = x.argmax(dim=-1)  # [N]
+            tokens = argmax
         else:
             all_sampled = len(sampled) == n
             s_idx = self._tensor(sampled, torch.long)  # [S]
@@ -322,20 +330,12 @@ class Sampler:
             u = self._uniforms([seqs[i] for i in sampled])  # [S, 1]
             # First index whose cumulative mass reaches u: always a token of non-zero probability.
             picked = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=v - 1).squeeze(1)  # [S]
-            if all_sampled:
-                tokens = picked
-            else:
-                greedy = self._tensor(
-                    [i for i, p in enumerate(params) if p.temperature < GREEDY_BELOW], torch.long
-                )
-                tokens = torch.empty(n, dtype=torch.long, device=self.device)
-                tokens[greedy] = x.index_select(0, greedy).argmax(dim=-1)
-                tokens[s_idx] = picked
-        chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [N]
+            tokens = picked if all_sampled else argmax.index_copy(0, s_idx, picked)
+        chosen = logits.gather(1, tokens.unsqueeze(1)) - lse  # [N, 1]
         if pen_rows is not None:
             pen_idx, state_rows = pen_rows
             self.penalties.record(state_rows, tokens.index_select(0, pen_idx))
-        out = SampleOutput(tokens.tolist(), chosen.tolist(), entropy.tolist())
+        out = SampleOutput(tokens.tolist(), chosen.squeeze(1).tolist(), entropy.tolist())
         if top is not None:
             out.top_logprobs, out.top_ids = top[0].tolist(), top[1].tolist()
         return out
