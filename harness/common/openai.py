@@ -3,12 +3,12 @@
 Request models are strict (``extra="forbid"``): an unknown or misspelt field is an error that names
 it, not a silently ignored knob. They cover what real clients and benchmark tools send (openai-python,
 vLLM ``bench serve``, guidellm, genai-perf, LLMPerf), including vLLM's sampling extras (``top_k``,
-``ignore_eos``, ``min_tokens`` …). Whether a *value* is supported (``n > 1``, non-zero penalties, tools)
+``ignore_eos``, ``min_tokens`` …). Whether a *value* is supported (``n > 1``, tools)
 is the server's decision, so a client gets "not supported" rather than "unknown field".
 
 Response and chunk models are lenient (``extra="allow"``): the load stage parses responses of other
 servers too (vLLM, SGLang, OpenAI itself), which add fields of their own. ``usage.harness`` is our
-extension: per-request engine measurements (prefill time and memory, TTFT, TPOT).
+extension: per-request engine measurements (prefill time and memory, TTFT, TPOT, mean output entropy).
 
 The SSE helpers at the end frame and unframe OpenAI streams (``data: {...}\\n\\n`` … ``data: [DONE]``).
 """
@@ -36,7 +36,8 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
     """Send one last chunk with ``usage`` and empty ``choices`` before ``[DONE]``."""
     continuous_usage_stats: bool | None = None
-    """vLLM extension: usage on every chunk (accepted; we send it on the final chunk only)."""
+    """vLLM extension: ``usage`` (prompt, completion so far, total) on every chunk. vLLM honours it
+    only together with ``include_usage``; we honour it alone too."""
     include_obfuscation: bool | None = None
     """OpenAI extension (padding against side channels); accepted and ignored."""
 
@@ -155,6 +156,12 @@ class HarnessUsage(_Lenient):
     ``prefill_peak_bytes`` is measured on CUDA (``peak_measured=True``) and an analytic estimate on
     CPU. On a response-cache hit no engine ran: the prefill fields are 0 and ``cache`` says which tier
     answered; ``ttft_ms`` / ``tpot_ms`` are then the server's own timings of the replayed stream.
+
+    ``mean_entropy`` is the mean over the generated tokens of the entropy (nats) of the model's
+    next-token distribution at each step (raw logits: temperature 1, before bias, penalties and
+    filters, so it measures the model's uncertainty, not the sampling settings; greedy requests
+    have one too). On a cache hit it is the cached completion's; None when unknown (an entry
+    stored without it, or a server that does not send it).
     """
 
     prefill_ms: float = 0.0
@@ -168,6 +175,7 @@ class HarnessUsage(_Lenient):
     e2e_ms: float = 0.0
     preemptions: int = 0
     cache: str = "BYPASS"
+    mean_entropy: float | None = None
 
 
 class PromptTokensDetails(_Lenient):

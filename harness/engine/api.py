@@ -45,24 +45,48 @@ class PromptTooLong(EngineError):
         self.max_model_len = max_model_len
 
 
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a request may ask for per token (OpenAI's and vLLM's default limit)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p >= 1`` disable those filters.
-    ``seed`` makes a sampled request reproducible regardless of what else is batched with it.
+    The sampler applies, in this order (vLLM's): ``logit_bias`` and the ``min_tokens`` floor, then
+    ``repetition_penalty`` (over prompt and output tokens), ``frequency_penalty`` and
+    ``presence_penalty`` (over output tokens); greedy rows take the argmax there. Sampled rows then
+    get ``temperature``, ``min_p``, ``top_k`` and ``top_p``. ``temperature`` 0 (below 1e-5) is greedy;
+    ``top_k <= 0``, ``top_p >= 1``, ``min_p == 0``, penalties of 0 (1 for repetition) disable
+    those steps. ``seed`` makes a sampled request reproducible regardless of what else is batched
+    with it.
     """
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    """Drop tokens whose probability (after temperature) is below ``min_p`` × the top token's."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token that occurs in the output so far."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per occurrence in the output so far."""
+    repetition_penalty: float = 1.0
+    """Divides positive (multiplies negative) logits of tokens seen in the prompt or the output (> 0)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before anything else."""
+    min_tokens: int = 0
+    """EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked, and stop strings not matched,
+    until this many tokens have been generated."""
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
-    """Report the chosen token's logprob and the entropy of the output distribution per step."""
+    """Report the chosen token's logprob per step (of the raw distribution, see :class:`TokenEvent`)."""
+    top_logprobs: int = 0
+    """Also report this many most likely tokens per step (0..:data:`MAX_TOP_LOGPROBS`)."""
 
 
 @dataclass(slots=True)
@@ -87,6 +111,19 @@ class RequestMetrics:
     e2e_ms: float = 0.0
     preemptions: int = 0
     device: str = "cpu"
+    mean_entropy: float | None = None
+    """Mean over the output tokens of the entropy (nats) of the model's next-token distribution
+    (raw logits: temperature 1, before bias, penalties and filters); None before any token."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a step, for ``top_logprobs``."""
+
+    token_id: int
+    text: str
+    """The text this token would have added at that position (special tokens spelled out)."""
+    logprob: float
 
 
 @dataclass(slots=True)
@@ -96,6 +133,11 @@ class TokenEvent:
     ``text`` is the newly decodable text (may be empty while a multi-byte character or a stop
     string candidate is held back). The final event has ``finished=True``, a ``finish_reason``
     and ``metrics``; it may also carry a last token.
+
+    ``logprob`` (with ``SamplingParams.logprobs``) and ``top_logprobs`` (the ``top_logprobs``
+    most likely tokens, most likely first) describe the model's raw distribution: temperature 1,
+    before bias, penalties and filters (vLLM's default ``raw_logprobs``). ``entropy`` (nats, same
+    distribution) is set on every event that carries a token.
     """
 
     request_id: str
@@ -105,6 +147,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     logprob: float | None = None
     entropy: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
     metrics: RequestMetrics | None = None
 
 
@@ -135,6 +178,8 @@ class Tokenizer(Protocol):
     """What the server needs from a tokenizer."""
 
     eos_token_id: int | None
+    vocab_size: int
+    """It knows token ids ``0 .. vocab_size - 1`` (``logit_bias`` keys are checked against it)."""
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -41,7 +41,11 @@ class _Stream:
 class ThreadedAsyncEngine:
     """:class:`~harness.engine.api.AsyncEngine` over an :class:`EngineCore` on its own thread."""
 
-    def __init__(self, core: EngineCore, model_name: str, max_waiting: int) -> None:
+    def __init__(
+        self, core: EngineCore, model_name: str, max_waiting: int, *, validate_every_step: bool = False
+    ) -> None:
+        """``validate_every_step`` runs :meth:`EngineCore.validate` after every step (a failure
+        fails the in-flight requests like any step error): slow, for tests and debugging."""
         self.core = core
         self.model_name = model_name
         self.max_model_len = core.max_model_len
@@ -55,7 +59,7 @@ class ThreadedAsyncEngine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stats = core.stats()
-        self._validate_every_step = False
+        self.validate_every_step = validate_every_step
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,7 +177,7 @@ class ThreadedAsyncEngine:
             if core.has_work():
                 try:
                     events = core.step()
-                    if self._validate_every_step:
+                    if self.validate_every_step:
                         core.validate()
                 except Exception:  # a bug or OOM: fail the in-flight requests, keep serving
                     log.exception("engine step failed")

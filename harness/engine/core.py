@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.engine.api import (
+    MAX_TOP_LOGPROBS,
     EngineError,
     EngineStats,
     FinishReason,
@@ -30,10 +31,11 @@ from harness.engine.api import (
     RequestMetrics,
     SamplingParams,
     TokenEvent,
+    TopLogprob,
 )
 from harness.engine.kv_cache import BlockManager
 from harness.engine.model import PrefillSegment, StepBatch, Transformer
-from harness.engine.sampling import logprob_entropy, make_generator, sample
+from harness.engine.sampling import GREEDY_BELOW, Sampler, make_generator
 from harness.engine.tokenizer import Detokenizer, HFTokenizer
 
 
@@ -59,6 +61,11 @@ class Request:
     finished: bool = False
     peak_bytes: int = 0
     """CUDA: the largest per-step peak memory seen while this request was prefilling."""
+    entropy_sum: float = 0.0
+    """Sum of the per-token entropies so far (for ``RequestMetrics.mean_entropy``)."""
+    stop_floor: int = 0
+    """Characters of ``text`` produced by the first ``min_tokens`` tokens: a stop string must end
+    after them to count (vLLM's rule)."""
 
     _computed: int = 0
     """Tokens of ``tokens`` whose K/V are in the cache."""
@@ -114,6 +121,9 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.default_generator = make_generator(seed, device)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.sampler = Sampler(
+            model.vocab_limit, max_num_seqs, device, sorted(self.eos_ids), self.default_generator
+        )
         self.num_preemptions = 0
         self.num_steps = 0
         self._is_cuda = device.type == "cuda"
@@ -127,6 +137,32 @@ class EngineCore:
             raise EngineError("max_tokens must be at least 1")
         if prompt_len + params.max_tokens > self.max_model_len:
             raise PromptTooLong(prompt_len, params.max_tokens, self.max_model_len)
+        self.check_params(params)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse sampling parameters outside their domain (the server checks them first, naming
+        the field; this keeps a direct caller from failing a whole batch's step)."""
+        vocab = self.model.vocab_limit
+        problems = []
+        if params.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            problems.append(f"top_p must be in (0, 1], got {params.top_p}")
+        if not 0.0 <= params.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], got {params.min_p}")
+        if params.repetition_penalty <= 0:
+            problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            problems.append(
+                f"min_tokens must be in [0, max_tokens={params.max_tokens}], got {params.min_tokens}"
+            )
+        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            problems.append(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            problems.append(f"logit_bias token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        if problems:
+            raise EngineError("; ".join(problems))
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Refuse token ids outside the embedding table: one would fail the step of the whole batch."""
@@ -147,7 +183,7 @@ class EngineCore:
         req.detok = Detokenizer(self.tokenizer, req.prompt_ids)
         req.metrics.prompt_tokens = len(prompt_ids)
         req.metrics.device = str(self.device)
-        if params.temperature > 0:
+        if params.temperature >= GREEDY_BELOW:
             req.generator = (
                 make_generator(params.seed, self.device)
                 if params.seed is not None
@@ -177,6 +213,7 @@ class EngineCore:
         """Free a running request's blocks; it goes back to the front of the queue to be recomputed."""
         self.running.remove(req)
         self.blocks.free(req.request_id)
+        self.sampler.release(req.request_id)
         req._computed = 0
         req.metrics.preemptions += 1
         self.num_preemptions += 1
@@ -307,20 +344,29 @@ class EngineCore:
         if sampled_reqs:
             rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
             logits = self.model.logits(hidden.index_select(0, rows))  # [N, V] float32
-            params = [r.params for r in sampled_reqs]
-            gens = [r.generator or self.default_generator for r in sampled_reqs]
-            toks = sample(logits, params, gens)
-            lp: list[float] | None = None
-            ent: list[float] | None = None
-            if any(p.logprobs for p in params):
-                lp, ent = logprob_entropy(logits, toks)
+            out = self.sampler.sample(logits, sampled_reqs)
             now = time.perf_counter()
             for j, req in enumerate(sampled_reqs):
                 if not req.prefill_done:
                     self._note_prefill(req, now)
-                ev = self._emit(req, toks[j], now)
-                if lp is not None and ent is not None and req.params.logprobs:
-                    ev.logprob, ev.entropy = lp[j], ent[j]
+                p = req.params
+                top: list[TopLogprob] | None = None
+                if p.top_logprobs and out.top_ids is not None and out.top_logprobs is not None:
+                    ids = out.top_ids[j][: p.top_logprobs]
+                    assert req.detok is not None
+                    # The text each alternative would have added here: decoded before the chosen
+                    # token moves the detokenizer on.
+                    texts = req.detok.peek(ids)
+                    top = [
+                        TopLogprob(t, text, lp)
+                        for t, text, lp in zip(ids, texts, out.top_logprobs[j], strict=False)
+                    ]
+                req.entropy_sum += out.entropies[j]
+                ev = self._emit(req, out.tokens[j], now)
+                ev.entropy = out.entropies[j]
+                if p.logprobs:
+                    ev.logprob = out.logprobs[j]
+                ev.top_logprobs = top
                 events.append(ev)
         return events
 
@@ -354,17 +400,21 @@ class EngineCore:
         req.output_ids.append(tok)
         req.tokens.append(tok)
         finish: FinishReason | None = None
+        # EOS and stop ids cannot be sampled below min_tokens (the sampler masks them).
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             finish = "stop"
         else:
             assert req.detok is not None
             req.text += req.detok.add(tok)
-            if p.stop:
+            if len(req.output_ids) <= p.min_tokens:
+                req.stop_floor = len(req.text)
+            elif p.stop:
                 window = max(len(s) for s in p.stop)
                 lo = max(0, req.emitted - window)
                 cut = -1
                 for s in p.stop:
-                    k = req.text.find(s, lo)
+                    # Only a match that ends after the min_tokens floor counts.
+                    k = req.text.find(s, max(lo, req.stop_floor - len(s) + 1))
                     if k >= 0 and (cut < 0 or k < cut):
                         cut = k
                 if cut >= 0:
@@ -387,9 +437,12 @@ class EngineCore:
         now = now if now is not None else time.perf_counter()
         req.finished = True
         self.blocks.free(req.request_id)
+        self.sampler.release(req.request_id)
         self.requests.pop(req.request_id, None)
         m = req.metrics
         m.output_tokens = len(req.output_ids)
+        # One entropy per output token: each was sampled from a distribution the step measured.
+        m.mean_entropy = req.entropy_sum / m.output_tokens if m.output_tokens else None
         m.e2e_ms = (now - req.arrival) * 1e3
         if m.output_tokens > 1:
             m.tpot_ms = (m.e2e_ms - m.ttft_ms) / (m.output_tokens - 1)

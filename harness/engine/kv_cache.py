@@ -98,7 +98,7 @@ class BlockManager:
                 del self._by_hash[blk.block_hash]
             blk.block_hash = None
         else:
-            raise RuntimeError("KV pool exhausted (the scheduler should have checked can_allocate)")
+            raise RuntimeError("KV pool exhausted (the scheduler should have checked can_admit / can_append)")
         blk.tokens = []
         blk.ref_count = 1
         return blk

@@ -337,13 +337,12 @@ class Transformer(nn.Module):
 
 
 def init_random(model: Transformer, seed: int) -> None:
-    """Deterministic init (normal σ=0.02 for matrices, ones for norms, zeros for biases)."""
+    """Deterministic init: ones for norms, normal σ=0.02 for everything else, biases included (a
+    zero bias would leave the qkv-bias path of a preset untested)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)

@@ -77,6 +77,11 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def decode_batch(self, seqs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """:meth:`decode` of several id lists in one call (the library decodes them in parallel)."""
+        out = self._tok.decode_batch([list(ids) for ids in seqs], skip_special_tokens=skip_special_tokens)
+        return [str(t) for t in out]
+
     def token_to_id(self, token: str) -> int | None:
         tid = self._tok.token_to_id(token)
         return None if tid is None else int(tid)
@@ -190,3 +195,14 @@ class Detokenizer:
             self._prefix, self._read = self._read, len(self.ids)
             return delta
         return ""
+
+    def peek(self, token_ids: Sequence[int]) -> list[str]:
+        """The text each of ``token_ids`` would add if it came next, without moving on (for the
+        top-logprobs alternatives of a step). Special tokens are spelled out, and an incomplete
+        multi-byte character shows as U+FFFD, so every alternative has a visible name."""
+        if not token_ids:
+            return []
+        window = self.ids[self._prefix :]
+        before = self.tok.decode(self.ids[self._prefix : self._read], skip_special_tokens=False)
+        afters = self.tok.decode_batch([[*window, t] for t in token_ids], skip_special_tokens=False)
+        return [a[len(before) :] if a.startswith(before) else a for a in afters]

@@ -64,6 +64,7 @@ from harness.server.protocol import (
     check_context,
     formatter,
     prepare,
+    replay_progress,
     split_tokens,
     tokenize_prepared,
     usage_dict,
@@ -165,10 +166,7 @@ class Outcome:
             self.entropy_n += 1
         step: TokenLog | None = None
         if self.log is not None and ev.token_id is not None and ev.logprob is not None:
-            step = TokenLog([ev.text], [ev.logprob], [self.offset])
-            self.log.tokens.append(ev.text)
-            self.log.logprobs.append(ev.logprob)
-            self.log.offsets.append(self.offset)
+            step = self.log.add(ev, self.offset)
         if ev.text:
             self.text.append(ev.text)
             self.offset += len(ev.text)
@@ -431,7 +429,14 @@ class Handler:
                 # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
                 tokenize=st.cache is None or ctx.no_cache,
             )
-            self.fmt = formatter(self.endpoint, new_id(), int(time.time()), st.model_name, prep.include_usage)
+            self.fmt = formatter(
+                self.endpoint,
+                new_id(),
+                int(time.time()),
+                st.model_name,
+                prep.include_usage,
+                continuous_usage=prep.continuous_usage,
+            )
             await self._begin_cache(prep)
             if self.ticket is not None and self.ticket.completion is not None:
                 resp = self._serve_hit(prep, self.ticket.completion)
@@ -534,6 +539,7 @@ class Handler:
                 tpot_ms=tpot,
                 e2e_ms=e2e_ms,
                 device=device,
+                mean_entropy=hit.mean_entropy,
             )
 
         def account(ttft_s: float) -> None:
@@ -554,18 +560,19 @@ class Handler:
             )
             return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
 
-        pieces = split_tokens(st.engine.tokenizer, hit.text)
+        pieces = split_tokens(st.engine.tokenizer, hit.text, hit.completion_tokens)
+        progress = replay_progress(len(pieces), hit.completion_tokens)
 
         async def replay() -> AsyncIterator[bytes]:
             ttft: float | None = None
             try:
-                for c in fmt.start_chunks(echo):
+                for c in fmt.start_chunks(echo, (n_prompt, 0)):
                     yield sse_event(c)
-                for piece in pieces:
+                for piece, done in zip(pieces, progress, strict=True):
                     if ttft is None:
                         ttft = time.perf_counter() - ctx.t0
-                    yield sse_event(fmt.delta(piece, None))
-                yield sse_event(fmt.finish(hit.finish_reason))
+                    yield sse_event(fmt.delta(piece, None, (n_prompt, done)))
+                yield sse_event(fmt.finish(hit.finish_reason, (n_prompt, hit.completion_tokens)))
                 ttft = ttft if ttft is not None else time.perf_counter() - ctx.t0
                 if prep.include_usage:
                     e2e = time.perf_counter() - ctx.t0
@@ -730,19 +737,20 @@ class Handler:
     async def _stream(self, prep: Prepared, state: _StreamState, first: TokenEvent) -> AsyncIterator[bytes]:
         ctx, fmt, out = self.ctx, self.fmt, state.out
         assert fmt is not None
+        n_prompt = len(prep.prompt_ids)
         try:
-            for c in fmt.start_chunks(prep.prompt_text if prep.echo else None):
+            for c in fmt.start_chunks(prep.prompt_text if prep.echo else None, (n_prompt, 0)):
                 yield sse_event(c)
             async for ev in _chain([first], state.gen):
                 step = out.add(ev)
                 if ev.text or step is not None:
                     if ev.text and ctx.first_text_at is None:
                         ctx.first_text_at = time.perf_counter()
-                    yield sse_event(fmt.delta(ev.text, step))
+                    yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
                 if ev.finished:
                     state.finished = True
             if out.finish_reason in _COMPLETED:
-                yield sse_event(fmt.finish(out.finish_reason or "stop"))
+                yield sse_event(fmt.finish(out.finish_reason or "stop", (n_prompt, out.tokens)))
                 if prep.include_usage:
                     yield sse_event(fmt.usage_chunk(self._usage(prep, out)))
             else:

@@ -2,8 +2,12 @@
 
 :func:`prepare` turns a validated request into token ids, :class:`SamplingParams` and the canonical
 body the response cache keys on; it refuses (HTTP 400) values the engine cannot honour instead of
-silently ignoring them. :class:`CompletionsFormat` and :class:`ChatFormat` build the JSON of chunks
-and full responses for their endpoint; the request handler does not care which one it has.
+silently ignoring them. Sampling parameters are taken over the way vLLM's OpenAI server takes them
+(``logit_bias`` clamped to ±100, ``min_tokens`` at most ``max_tokens``, ``top_logprobs`` only with
+``logprobs``); the parameter table is in docs/server.md. :class:`CompletionsFormat` and
+:class:`ChatFormat` build the JSON of chunks and full responses for their endpoint, with per-chunk
+``usage`` when the client asked for ``stream_options.continuous_usage_stats``; the request handler
+does not care which one it has.
 Chunks are plain dicts serialized with orjson (the hot path); tests check them against the pydantic
 models in :mod:`harness.common.openai`.
 """
@@ -18,11 +22,16 @@ from typing import Any, Literal
 import orjson
 
 from harness.common.openai import ChatCompletionRequest, CompletionRequest, Endpoint
-from harness.engine.api import RequestMetrics, SamplingParams, Tokenizer
+from harness.engine.api import RequestMetrics, SamplingParams, TokenEvent, Tokenizer, TopLogprob
 from harness.server.errors import APIError, bad_request, unsupported
 
 # Sampled tokens per response-cache split; longer cached texts are split by characters (see split_tokens).
 _SPLIT_WINDOW = 6
+# OpenAI documents logit_bias values in [-100, 100]; vLLM clamps to that range rather than refusing.
+_MAX_LOGIT_BIAS = 100.0
+
+TokenCounts = tuple[int, int]
+"""(prompt tokens, completion tokens so far): what a chunk's continuous ``usage`` reports."""
 
 
 @dataclass(slots=True)
@@ -49,22 +58,14 @@ class Prepared:
     finishes the job otherwise."""
     source: Any = None
     """What :func:`tokenize_prepared` tokenizes: the prompt string, or (messages, add_generation_prompt)."""
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats``: ``usage`` on every chunk of the stream."""
 
 
 def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """Refuse values this engine cannot honour, naming the parameter."""
     if req.n not in (None, 1):
         raise unsupported("n", f"n={req.n} is not supported: this server returns exactly one choice (n=1)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            raise unsupported(name, f"{name}={value} is not supported by this engine (only 0)")
-    if req.repetition_penalty not in (None, 1, 1.0):
-        raise unsupported("repetition_penalty", "repetition_penalty is not supported by this engine (only 1)")
-    if req.min_p not in (None, 0, 0.0):
-        raise unsupported("min_p", "min_p is not supported by this engine (only 0)")
-    if req.logit_bias:
-        raise unsupported("logit_bias", "logit_bias is not supported by this engine")
     if req.include_stop_str_in_output:
         raise unsupported("include_stop_str_in_output", "include_stop_str_in_output=true is not supported")
     if req.response_format is not None and req.response_format.type != "text":
@@ -84,6 +85,31 @@ def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
             raise unsupported("modalities", "only the text modality is supported")
         if req.echo:
             raise unsupported("echo", "echo is only supported on /v1/completions")
+
+
+def logit_bias_pairs(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (token id, bias) pairs, each bias clamped to ±100 as vLLM does.
+
+    Keys must be token ids written as integers (OpenAI's format: ``{"50256": -100}``) that the
+    tokenizer knows; anything else is a 400 naming the key.
+    """
+    if not bias:
+        return ()
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            tid = int(key)
+        except ValueError:
+            raise bad_request(
+                f"logit_bias keys must be token ids (integers), got {key!r}", param="logit_bias"
+            ) from None
+        if not 0 <= tid < vocab_size:
+            raise bad_request(
+                f"logit_bias token id {tid} is outside the vocabulary (0..{vocab_size - 1})",
+                param="logit_bias",
+            )
+        out[tid] = out.get(tid, 0.0) + min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(value)))
+    return tuple(sorted(out.items()))
 
 
 def prompt_fingerprint(source: Any) -> str:
@@ -219,6 +245,8 @@ def prepare(
             body["prompt"] = prompt_text if text_given else ids
         prompt_param = "prompt"
         want_logprobs = req.logprobs is not None
+        # Legacy completions: logprobs=N asks for the N most likely tokens besides the sampled one.
+        top_logprobs = req.logprobs or 0
         echo = bool(req.echo)
     else:
         endpoint = "chat.completions"
@@ -234,22 +262,23 @@ def prepare(
         body["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
         prompt_param = "messages"
         want_logprobs = bool(req.logprobs)
+        top_logprobs = req.top_logprobs or 0
+        if top_logprobs and not want_logprobs:
+            # OpenAI and vLLM refuse it too: alternatives come only with the sampled token's logprob.
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         echo = False
     if ids is not None:
         room = check_context(len(ids), max_tokens, max_model_len, prompt_param)
         if max_tokens is None:
             max_tokens = min(default_max_tokens, room)
     assert max_tokens is not None  # lazy only with an explicit max_tokens
-    ignore_eos = bool(req.ignore_eos)
-    if req.min_tokens:
-        # The engine has no min_tokens; it is exactly ignore_eos when the floor is the ceiling, which
-        # is how benchmark tools (genai-perf, guidellm) use it to force fixed output lengths.
-        if req.min_tokens >= max_tokens:
-            ignore_eos = True
-        elif not ignore_eos:
-            raise unsupported(
-                "min_tokens", "min_tokens below max_tokens is not supported (set it equal to max_tokens)"
-            )
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise bad_request(
+            f"min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    logit_bias = logit_bias_pairs(req.logit_bias, tokenizer.vocab_size)
     stop: tuple[str, ...] = ()
     if isinstance(req.stop, str):
         stop = (req.stop,) if req.stop else ()
@@ -261,24 +290,42 @@ def prepare(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=top_k,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=logit_bias,
+        min_tokens=min_tokens,
         seed=req.seed,
         stop=stop,
         stop_token_ids=tuple(req.stop_token_ids or ()),
-        ignore_eos=ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
         logprobs=want_logprobs,
+        top_logprobs=top_logprobs if want_logprobs else 0,
     )
     body.update(
         max_tokens=params.max_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
         seed=params.seed,
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
     )
+    # Only when set, so that a request without them keys exactly as before they existed.
+    if params.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in params.logit_bias}
+    if params.min_tokens:
+        body["min_tokens"] = params.min_tokens
     stream = bool(req.stream)
-    include_usage = bool(stream and req.stream_options and req.stream_options.include_usage)
+    opts = req.stream_options
+    include_usage = bool(stream and opts and opts.include_usage)
+    continuous_usage = bool(stream and opts and opts.continuous_usage_stats)
     return Prepared(
         endpoint=endpoint,
         prompt_ids=ids if ids is not None else [],
@@ -293,10 +340,11 @@ def prepare(
         prompt_fp=prompt_fingerprint(source),
         tokenized=ids is not None,
         source=source,
+        continuous_usage=continuous_usage,
     )
 
 
-def split_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
+def split_tokens(tokenizer: Tokenizer, text: str, max_pieces: int | None = None) -> list[str]:
     """Split ``text`` into the text pieces the engine's tokens would have streamed.
 
     Each token's piece is the text it adds, decoded in a small window so the cost stays linear.
@@ -304,7 +352,19 @@ def split_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
     decode to something close to but not exactly ``text``; then each decoded piece is located in
     ``text`` and the cut is made there, so a replay always carries the exact cached text. When even
     that fails (accents stripped), the text is cut into as many equal character runs as it has tokens.
+
+    Sampled text need not re-tokenize the way it was generated (word pieces the model put together
+    split differently), so ``max_pieces`` (the completion's own token count) caps the result:
+    neighbouring pieces are merged evenly, and a replay never streams more chunks than tokens.
     """
+    pieces = _split_tokens(tokenizer, text)
+    if max_pieces is not None and 0 < max_pieces < len(pieces):
+        bounds = [round(k * len(pieces) / max_pieces) for k in range(max_pieces + 1)]
+        pieces = ["".join(pieces[a:b]) for a, b in itertools.pairwise(bounds)]
+    return pieces
+
+
+def _split_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
     if not text:
         return []
     ids = tokenizer.encode(text)
@@ -358,11 +418,43 @@ def _align(decoded: list[str], text: str) -> list[str] | None:
 
 @dataclass(slots=True)
 class TokenLog:
-    """Sampled tokens with their logprobs, for the ``logprobs`` field."""
+    """Sampled tokens with their logprobs and alternatives, for the ``logprobs`` field.
+
+    ``tokens`` are the texts the tokens added to the output (so they join to the generated text,
+    as OpenAI's do); ``top`` holds each token's ``top_logprobs`` alternatives, most likely first.
+    """
 
     tokens: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    top: list[list[TopLogprob]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.top.extend([] for _ in range(len(self.tokens) - len(self.top)))
+
+    def add(self, ev: TokenEvent, offset: int) -> TokenLog:
+        """Append an engine event that carries a token and its logprob, starting at character
+        ``offset`` of the output; returns its entry alone (what a streamed chunk carries)."""
+        assert ev.logprob is not None
+        top = list(ev.top_logprobs or ())
+        self.tokens.append(ev.text)
+        self.logprobs.append(ev.logprob)
+        self.offsets.append(offset)
+        self.top.append(top)
+        return TokenLog([ev.text], [ev.logprob], [offset], [top])
+
+
+def replay_progress(pieces: int, completion_tokens: int) -> list[int]:
+    """Completion tokens to report after each of ``pieces`` replayed pieces of a cached answer: the
+    stored count spread evenly, ending exactly on it (the pieces are a re-tokenization of the
+    cached text and need not number ``completion_tokens``)."""
+    return [round(k * completion_tokens / pieces) for k in range(1, pieces + 1)]
+
+
+def token_counts_usage(counts: TokenCounts) -> dict[str, int]:
+    """A continuous-usage ``usage`` object (vLLM's shape: the three counts, no details)."""
+    prompt, completion = counts
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def usage_dict(
@@ -376,8 +468,12 @@ def usage_dict(
     tpot_ms: float,
     e2e_ms: float,
     device: str,
+    mean_entropy: float | None = None,
 ) -> dict[str, Any]:
-    """OpenAI ``usage`` plus ``harness``; server-side timings stand in where no engine ran."""
+    """OpenAI ``usage`` plus ``harness``; server-side timings stand in where no engine ran.
+
+    ``mean_entropy`` is the engine's (``metrics.mean_entropy``) when it ran, else the given one
+    (a cache hit passes its entry's)."""
     m = metrics
     harness = {
         "prefill_ms": m.prefill_ms if m else 0.0,
@@ -391,6 +487,7 @@ def usage_dict(
         "e2e_ms": m.e2e_ms if m else e2e_ms,
         "preemptions": m.preemptions if m else 0,
         "cache": cache_status,
+        "mean_entropy": m.mean_entropy if m else mean_entropy,
     }
     return {
         "prompt_tokens": prompt_tokens,
@@ -402,13 +499,21 @@ def usage_dict(
 
 
 class CompletionsFormat:
-    """JSON shapes of ``/v1/completions``."""
+    """JSON shapes of ``/v1/completions``.
+
+    ``counts`` (prompt tokens, completion tokens so far) given to :meth:`start_chunks`,
+    :meth:`delta` and :meth:`finish` become the chunk's ``usage`` when ``continuous_usage`` is on
+    (vLLM's ``continuous_usage_stats``); otherwise they are ignored.
+    """
 
     object_name: Literal["text_completion"] = "text_completion"
     id_prefix = "cmpl-"
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, rid: str, created: int, model: str, include_usage: bool, *, continuous_usage: bool = False
+    ) -> None:
         self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
+        self.continuous_usage = continuous_usage
 
     def _base(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -422,28 +527,38 @@ class CompletionsFormat:
             d["usage"] = usage
         return d
 
+    def _running(self, counts: TokenCounts | None) -> dict[str, Any] | None:
+        return token_counts_usage(counts) if self.continuous_usage and counts is not None else None
+
     @staticmethod
     def _logprobs(log: TokenLog | None) -> dict[str, Any] | None:
         if log is None:
             return None
+        top: list[dict[str, float]] = []
+        for t, lp, alts in zip(log.tokens, log.logprobs, log.top, strict=True):
+            # The alternatives plus the sampled token: up to logprobs + 1 entries, as OpenAI documents.
+            entry = {a.text: a.logprob for a in alts}
+            entry.setdefault(t, lp)
+            top.append(entry)
         return {
             "tokens": log.tokens,
             "token_logprobs": log.logprobs,
-            "top_logprobs": [{t: lp} for t, lp in zip(log.tokens, log.logprobs, strict=True)],
+            "top_logprobs": top,
             "text_offset": log.offsets,
         }
 
-    def start_chunks(self, echo_text: str | None) -> list[dict[str, Any]]:
+    def start_chunks(self, echo_text: str | None, counts: TokenCounts | None = None) -> list[dict[str, Any]]:
         if not echo_text:
             return []
-        return [self.delta(echo_text, None)]
+        return [self.delta(echo_text, None, counts)]
 
-    def delta(self, text: str, log: TokenLog | None) -> dict[str, Any]:
+    def delta(self, text: str, log: TokenLog | None, counts: TokenCounts | None = None) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": self._logprobs(log), "finish_reason": None}
-        return self._base([choice])
+        return self._base([choice], self._running(counts))
 
-    def finish(self, reason: str) -> dict[str, Any]:
-        return self._base([{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}])
+    def finish(self, reason: str, counts: TokenCounts | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        return self._base([choice], self._running(counts))
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return self._base([], usage)
@@ -463,14 +578,16 @@ class ChatFormat(CompletionsFormat):
         if log is None:
             return None
         content = []
-        for t, lp in zip(log.tokens, log.logprobs, strict=True):
-            b = list(t.encode())
+        for t, lp, alts in zip(log.tokens, log.logprobs, log.top, strict=True):
             content.append(
                 {
                     "token": t,
                     "logprob": lp,
-                    "bytes": b,
-                    "top_logprobs": [{"token": t, "logprob": lp, "bytes": b}],
+                    "bytes": list(t.encode()),
+                    # Exactly the top_logprobs most likely tokens (OpenAI's shape; [] when 0).
+                    "top_logprobs": [
+                        {"token": a.text, "logprob": a.logprob, "bytes": list(a.text.encode())} for a in alts
+                    ],
                 }
             )
         return {"content": content}
@@ -480,26 +597,27 @@ class ChatFormat(CompletionsFormat):
         d["object"] = "chat.completion.chunk"
         return d
 
-    def start_chunks(self, echo_text: str | None) -> list[dict[str, Any]]:
+    def start_chunks(self, echo_text: str | None, counts: TokenCounts | None = None) -> list[dict[str, Any]]:
         choice = {
             "index": 0,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
-        return [self._chunk([choice])]
+        return [self._chunk([choice], self._running(counts))]
 
-    def delta(self, text: str, log: TokenLog | None) -> dict[str, Any]:
+    def delta(self, text: str, log: TokenLog | None, counts: TokenCounts | None = None) -> dict[str, Any]:
         choice = {
             "index": 0,
             "delta": {"content": text},
             "logprobs": self._chat_logprobs(log),
             "finish_reason": None,
         }
-        return self._chunk([choice])
+        return self._chunk([choice], self._running(counts))
 
-    def finish(self, reason: str) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}])
+    def finish(self, reason: str, counts: TokenCounts | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+        return self._chunk([choice], self._running(counts))
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return self._chunk([], usage)
@@ -517,7 +635,13 @@ class ChatFormat(CompletionsFormat):
 
 
 def formatter(
-    endpoint: Endpoint, rid: str, created: int, model: str, include_usage: bool
+    endpoint: Endpoint,
+    rid: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    *,
+    continuous_usage: bool = False,
 ) -> CompletionsFormat:
     cls = ChatFormat if endpoint == "chat.completions" else CompletionsFormat
-    return cls(cls.id_prefix + rid, created, model, include_usage)
+    return cls(cls.id_prefix + rid, created, model, include_usage, continuous_usage=continuous_usage)

@@ -15,6 +15,7 @@ import torch
 
 from harness.common.errors import CheckFailed
 from harness.engine.api import EngineFull, InvalidPrompt, PromptTooLong, SamplingParams, TokenEvent
+from harness.engine.async_engine import ThreadedAsyncEngine
 from harness.engine.core import EngineCore
 from harness.engine.factory import create_core, create_engine
 
@@ -332,10 +333,10 @@ def test_random_arrivals_and_aborts_keep_the_layout_valid() -> None:
 @pytest.mark.slow
 async def test_64_concurrent_requests_finish_with_preemption() -> None:
     # 64 × (≈20 prompt + 12 output) tokens need ~512 blocks of 4; the pool has 48.
-    engine = create_engine(
-        tiny_settings(num_kv_blocks=48, block_size=4, max_num_seqs=32, enable_prefix_caching=True)
-    )
-    engine._validate_every_step = True
+    settings = tiny_settings(num_kv_blocks=48, block_size=4, max_num_seqs=32, enable_prefix_caching=True)
+    core, _ = create_core(settings)
+    # The KV layout is checked after every step; a violation would fail the requests ("error").
+    engine = ThreadedAsyncEngine(core, "tiny", settings.max_waiting, validate_every_step=True)
     await engine.start()
     try:
         texts = [f"request number {i} asks about topic {i * 7 % 13} in some detail please" for i in range(64)]

@@ -52,3 +52,45 @@ def test_cuda_auto_dtype_is_bfloat16_and_sampling_runs() -> None:
     while core.has_work():
         evs += core.step()
     assert evs[-1].finished
+
+
+def test_cuda_sampler_mixed_batch_matches_cpu_and_is_reproducible() -> None:
+    from harness.engine.sampling import Sampler, make_generator
+
+    from .test_sampling import EOS, Seq, V, assert_same_logits, make_sampler, mixed_batch, random_logits
+
+    cuda = torch.device("cuda")
+    seqs = mixed_batch()
+    logits = random_logits(len(seqs), 5)
+    want = make_sampler().process(logits, seqs)
+    want_greedy = [int(want[i].argmax()) for i, s in enumerate(seqs) if s.params.temperature <= 0]
+
+    def on_cuda() -> list[int]:
+        sampler = Sampler(V, 16, cuda, [EOS], make_generator(0, cuda))
+        gpu_seqs = [
+            Seq(s.request_id, s.params, s.prompt_ids, list(s.output_ids), None)
+            if s.params.seed is None
+            else Seq(
+                s.request_id, s.params, s.prompt_ids, list(s.output_ids), make_generator(s.params.seed, cuda)
+            )
+            for s in seqs
+        ]
+        assert_same_logits(sampler.process(logits.to(cuda), gpu_seqs).cpu(), want)
+        return sampler.sample(logits.to(cuda), gpu_seqs).tokens
+
+    first = on_cuda()
+    assert [first[i] for i, s in enumerate(seqs) if s.params.temperature <= 0] == want_greedy
+    assert all(not torch.isinf(want[i, t]) for i, t in enumerate(first))  # drawn from the support
+    assert on_cuda() == first  # same seeds, same draws
+
+
+def test_cuda_engine_greedy_with_penalties_matches_brute_force() -> None:
+    from .test_sampling import PENALIZED, brute_force, toks
+
+    core, _ = create_core(tiny_settings(device="cuda", dtype="float32", block_size=8))
+    p = core.tokenizer.encode("the the the the quick brown fox")
+    core.add_request("pen", p, PENALIZED)
+    evs = []
+    while core.has_work():
+        evs += core.step()
+    assert toks(evs) == brute_force(core, p, PENALIZED)

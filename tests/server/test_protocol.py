@@ -22,9 +22,10 @@ from harness.common.openai import (
     parse_chunk,
     sse_event,
 )
+from harness.engine.api import RequestMetrics, TokenEvent, TopLogprob
 from harness.engine.tokenizer import preset_tokenizer
 from harness.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
-from harness.server.protocol import TokenLog, formatter, prepare, split_tokens
+from harness.server.protocol import TokenLog, formatter, prepare, replay_progress, split_tokens, usage_dict
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +129,12 @@ def test_loc_to_param_drops_union_branches():
     [
         ({"prompt": "x", "n": 2}, "n"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-        ({"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
         ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": "x", "max_tokens": 8, "min_tokens": 3}, "min_tokens"),
         ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "x", "max_tokens": 8, "min_tokens": 9}, "min_tokens"),
+        ({"prompt": "x", "logit_bias": {"five": 1.0}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"30522": 1.0}}, "logit_bias"),  # the preset's vocab is 30522
+        ({"prompt": "x", "logit_bias": {"-1": 1.0}}, "logit_bias"),
     ],
 )
 def test_unsupported_values_are_400_naming_the_param(body, param, tok):
@@ -179,10 +181,83 @@ def test_token_id_prompt_and_sampling_translation(tok):
     assert (p.temperature, p.top_k, p.top_p, p.stop, p.seed) == (0.5, 0, 0.9, ("x",), 3)
 
 
-def test_min_tokens_equal_to_max_means_ignore_eos(tok):
+def test_min_tokens_is_a_real_floor(tok):
+    """min_tokens is passed on as it is (it used to be mapped to ignore_eos when it equalled max_tokens)."""
     req = ChatCompletionRequest.model_validate(GENAI_PERF_CHAT | {"ignore_eos": False})
     prep = prepare(req, tokenizer=tok, model_name="m", max_model_len=512, default_max_tokens=4)
-    assert prep.params.ignore_eos is True
+    assert (prep.params.min_tokens, prep.params.max_tokens, prep.params.ignore_eos) == (10, 10, False)
+    assert prep.cache_body["min_tokens"] == 10
+    req2 = CompletionRequest.model_validate({"prompt": "x", "max_tokens": 8, "min_tokens": 3})
+    prep2 = prepare(req2, tokenizer=tok, model_name="m", max_model_len=512, default_max_tokens=4)
+    assert prep2.params.min_tokens == 3
+    # Without max_tokens the floor is checked against the default.
+    req3 = CompletionRequest.model_validate({"prompt": "x", "min_tokens": 5})
+    with pytest.raises(APIError) as info:
+        prepare(req3, tokenizer=tok, model_name="m", max_model_len=512, default_max_tokens=4)
+    assert info.value.param == "min_tokens"
+
+
+def test_sampling_parameters_reach_the_engine_and_the_cache_key(tok):
+    body = {
+        "prompt": "x",
+        "max_tokens": 6,
+        "temperature": 0.7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "repetition_penalty": 1.2,
+        "min_p": 0.05,
+        "logit_bias": {"2023": 250, "101": -3.5, "2003": -1000},
+        "logprobs": 5,
+    }
+    prep = prepare(
+        CompletionRequest.model_validate(body),
+        tokenizer=tok,
+        model_name="m",
+        max_model_len=64,
+        default_max_tokens=4,
+    )
+    p = prep.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p) == (0.5, -0.25, 1.2, 0.05)
+    # Sorted by id and clamped to ±100, as vLLM does.
+    assert p.logit_bias == ((101, -3.5), (2003, -100.0), (2023, 100.0))
+    assert (p.logprobs, p.top_logprobs) == (True, 5)
+    assert not prep.cacheable  # logprobs cannot be replayed from the cache
+    cb = prep.cache_body
+    assert (cb["presence_penalty"], cb["repetition_penalty"], cb["min_p"]) == (0.5, 1.2, 0.05)
+    assert cb["logit_bias"] == {"101": -3.5, "2003": -100.0, "2023": 100.0}
+    # A request without the new fields keys as before: no logit_bias / min_tokens in the body.
+    plain = prepare(
+        CompletionRequest.model_validate({"prompt": "x", "max_tokens": 6}),
+        tokenizer=tok,
+        model_name="m",
+        max_model_len=64,
+        default_max_tokens=4,
+    )
+    assert "logit_bias" not in plain.cache_body and "min_tokens" not in plain.cache_body
+    assert plain.params.top_logprobs == 0 and not plain.params.logprobs
+
+
+def test_chat_top_logprobs(tok):
+    base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    prep = prepare(
+        ChatCompletionRequest.model_validate(base | {"logprobs": True, "top_logprobs": 20}),
+        tokenizer=tok,
+        model_name="m",
+        max_model_len=64,
+        default_max_tokens=4,
+    )
+    assert (prep.params.logprobs, prep.params.top_logprobs) == (True, 20)
+    with pytest.raises(APIError) as info:
+        prepare(
+            ChatCompletionRequest.model_validate(base | {"top_logprobs": 3}),
+            tokenizer=tok,
+            model_name="m",
+            max_model_len=64,
+            default_max_tokens=4,
+        )
+    assert info.value.param == "top_logprobs"
+    with pytest.raises(ValidationError):  # OpenAI's and vLLM's limit
+        ChatCompletionRequest.model_validate(base | {"logprobs": True, "top_logprobs": 21})
 
 
 @pytest.mark.parametrize(
@@ -203,6 +278,15 @@ def test_split_tokens_exact_even_when_the_tokenizer_normalizes(tok):
     assert "".join(pieces) == text
     assert 1 < len(pieces) <= len(tok.encode(text))
     assert split_tokens(tok, "") == []
+
+
+def test_split_tokens_never_more_pieces_than_the_completion_had_tokens(tok):
+    text = "unbelievably tokenized words and more words"
+    pieces = split_tokens(tok, text)
+    assert len(pieces) > 3
+    capped = split_tokens(tok, text, max_pieces=3)
+    assert len(capped) == 3 and "".join(capped) == text and all(capped)
+    assert split_tokens(tok, text, max_pieces=len(pieces) + 5) == pieces
 
 
 def test_chunk_shapes_parse_as_openai_models():
@@ -241,3 +325,112 @@ def test_sse_framing_roundtrip():
 def test_retry_after_is_whole_seconds():
     assert retry_after_header(0.2) == {"Retry-After": "1"}
     assert retry_after_header(2.5) == {"Retry-After": "3"}
+
+
+def _log_with_alternatives() -> TokenLog:
+    log = TokenLog()
+    ev = TokenEvent(
+        "r", 7, " hi", logprob=-0.5, top_logprobs=[TopLogprob(7, " hi", -0.5), TopLogprob(9, " yo", -1.5)]
+    )
+    step = log.add(ev, 0)
+    assert step.tokens == [" hi"] and step.top == [ev.top_logprobs]
+    # A sampled token that is not among its alternatives.
+    log.add(TokenEvent("r", 8, " there", logprob=-3.0, top_logprobs=[TopLogprob(3, "!", -0.1)]), 3)
+    return log
+
+
+def test_top_logprobs_shapes_completions():
+    comp = formatter("completions", "abc", 1, "m", include_usage=False)
+    log = _log_with_alternatives()
+    body = comp.response(
+        " hi there", "length", log, {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    )
+    lp = CompletionResponse.model_validate(body).choices[0].logprobs
+    assert lp is not None
+    assert lp.tokens == [" hi", " there"] and lp.token_logprobs == [-0.5, -3.0] and lp.text_offset == [0, 3]
+    # The alternatives plus the sampled token (logprobs + 1 entries when it is not among them).
+    assert lp.top_logprobs == [{" hi": -0.5, " yo": -1.5}, {"!": -0.1, " there": -3.0}]
+    chunk = CompletionChunk.model_validate(comp.delta(" hi", TokenLog([" hi"], [-0.5], [0])))
+    assert chunk.choices[0].logprobs is not None
+    assert chunk.choices[0].logprobs.top_logprobs == [{" hi": -0.5}]  # logprobs=0: the sampled token
+
+
+def test_top_logprobs_shapes_chat():
+    chat = formatter("chat.completions", "abc", 1, "m", include_usage=False)
+    log = _log_with_alternatives()
+    body = chat.response(
+        " hi there", "stop", log, {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    )
+    content = ChatCompletionResponse.model_validate(body).choices[0].logprobs.content
+    assert content is not None and [c.token for c in content] == [" hi", " there"]
+    assert [(t.token, t.logprob, t.bytes) for t in content[0].top_logprobs] == [
+        (" hi", -0.5, list(b" hi")),
+        (" yo", -1.5, list(b" yo")),
+    ]
+    assert [t.token for t in content[1].top_logprobs] == ["!"]  # exactly the top ones, as OpenAI
+    chunk = ChatCompletionChunk.model_validate(chat.delta(" hi", TokenLog([" hi"], [-0.5], [0])))
+    assert chunk.choices[0].logprobs is not None and chunk.choices[0].logprobs.content is not None
+    assert chunk.choices[0].logprobs.content[0].top_logprobs == []  # top_logprobs=0
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat.completions"])
+def test_continuous_usage_on_every_chunk(endpoint):
+    fmt = formatter(endpoint, "abc", 1, "m", include_usage=True, continuous_usage=True)
+    chunks = [*fmt.start_chunks("echo", (5, 0)), fmt.delta("a", None, (5, 1)), fmt.finish("stop", (5, 2))]
+    parsed = [parse_chunk(json.dumps(c)) for c in chunks]
+    got = [(c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens) for c in parsed]
+    assert got == [(5, 0, 5), (5, 1, 6), (5, 2, 7)]
+    plain = formatter(endpoint, "abc", 1, "m", include_usage=True)
+    assert plain.delta("a", None, (5, 1))["usage"] is None  # counts ignored without continuous usage
+    assert "usage" not in formatter(endpoint, "abc", 1, "m", include_usage=False).delta("a", None, (5, 1))
+
+
+def test_continuous_usage_request_flag(tok):
+    body = {
+        "prompt": "x",
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": True},
+    }
+    prep = prepare(
+        CompletionRequest.model_validate(body),
+        tokenizer=tok,
+        model_name="m",
+        max_model_len=64,
+        default_max_tokens=4,
+    )
+    assert prep.continuous_usage and not prep.include_usage
+    body["stream"] = False  # only streams have chunks
+    prep = prepare(
+        CompletionRequest.model_validate(body),
+        tokenizer=tok,
+        model_name="m",
+        max_model_len=64,
+        default_max_tokens=4,
+    )
+    assert not prep.continuous_usage
+
+
+def test_replay_progress_spreads_the_stored_count():
+    assert replay_progress(4, 4) == [1, 2, 3, 4]
+    assert replay_progress(3, 7) == [2, 5, 7]
+    p = replay_progress(7, 3)
+    assert p[-1] == 3 and p == sorted(p)
+    assert replay_progress(0, 5) == []
+
+
+def test_usage_mean_entropy_from_engine_or_cache():
+    common = dict(
+        prompt_tokens=3,
+        completion_tokens=2,
+        cached_tokens=0,
+        cache_status="MISS",
+        ttft_ms=1.0,
+        tpot_ms=1.0,
+        e2e_ms=2.0,
+        device="cpu",
+    )
+    m = RequestMetrics(prompt_tokens=3, output_tokens=2, mean_entropy=1.25)
+    assert usage_dict(metrics=m, **common)["harness"]["mean_entropy"] == 1.25
+    assert usage_dict(metrics=None, mean_entropy=0.5, **common)["harness"]["mean_entropy"] == 0.5
+    assert usage_dict(metrics=None, **common)["harness"]["mean_entropy"] is None
