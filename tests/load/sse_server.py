@@ -10,7 +10,7 @@ written (``first_write - received``) and the gaps between token writes. Behaviou
 * ``usage``: ``"continuous"`` (usage on every chunk when the request asks for it, like vLLM),
   ``"final"`` (only the final usage chunk) or ``"none"``;
 * ``stall_request`` / ``stall_s``: the N-th request (0-based) waits ``stall_s`` before its first token;
-* ``fail_above_rps``: answer 503 when more than this many requests arrived in the last second;
+* ``fail_above_rps``: answer 503 while requests arrive faster than this (over the last 0.5 s);
 * every request's headers and body are kept (``requests``) for header assertions; ``POST
   /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``).
 
@@ -27,6 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+RATE_WINDOW_S = 0.5
+"""``fail_above_rps`` counts the arrivals of the last half second (a short memory: load that drops is
+served again soon)."""
 
 
 @dataclass
@@ -98,9 +103,9 @@ class _Handler(BaseHTTPRequestHandler):
             served = Served(len(srv.requests), self.path, dict(self.headers.items()), body, received)
             srv.requests.append(served)
             srv.arrivals.append(received)
-            while srv.arrivals and srv.arrivals[0] < received - 1.0:
+            while srv.arrivals and srv.arrivals[0] < received - RATE_WINDOW_S:
                 srv.arrivals.popleft()
-            busy = b.fail_above_rps is not None and len(srv.arrivals) > b.fail_above_rps
+            busy = b.fail_above_rps is not None and len(srv.arrivals) > b.fail_above_rps * RATE_WINDOW_S
         if busy:
             served.status = 503
             out = b'{"error": {"message": "overloaded", "type": "server_error"}}'
