@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-
 RATE_WINDOW_S = 0.5
 """``fail_above_rps`` counts the arrivals of the last half second (a short memory: load that drops is
 served again soon)."""

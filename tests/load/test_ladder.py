@@ -26,7 +26,8 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
 ) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
-    with SSEServer(Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12)) as srv:
+    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12)
+    with SSEServer(behaviour) as srv:
         spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan, results_dir=tmp_path / "r",
                         start_delay=0.5, concurrency=16)  # fmt: skip
         code = run_locust(spec, timeout_s=180)
@@ -35,7 +36,7 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
     s = read_summary(tmp_path / "r")
     assert [(o.name, o.verdict) for o in s.stages] == [
         ("low", "passed"), ("high", "rolled_back"), ("low:rollback", "passed")]  # fmt: skip
-    low, high, hold = s.stages
+    _, high, hold = s.stages
     assert high.rolled_back_to == "low" and high.failure_rate > 0.1
     assert high.ended_s - high.started_s < 4.0  # cut short, not held to its end
     assert hold.started_s == pytest.approx(high.ended_s, abs=0.01) and hold.target_rate == 4
