@@ -28,8 +28,8 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
     plan.write_text(PLAN)
     behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12)
     with SSEServer(behaviour) as srv:
-        spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan, results_dir=tmp_path / "r",
-                        start_delay=0.5, concurrency=16)  # fmt: skip
+        spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan,
+                        results_dir=tmp_path / "r", start_delay=0.5, concurrency=16)  # fmt: skip
         code = run_locust(spec, timeout_s=180)
         stages_seen = {h.get("X-Traffic-Stage") for h in (x.headers for x in srv.requests)}
     assert code == 1  # the ladder stopped (policy: stop) after holding the safe stage
