@@ -18,8 +18,8 @@ worker, in order); for a rate, by interleaving (worker ``k`` of ``n`` sends glob
 
 from __future__ import annotations
 
+import hashlib
 import math
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -109,8 +109,11 @@ class Arrival:
 
 
 def stable_slot(key: str, n: int) -> int:
-    """Worker slot of ``key`` among ``n`` (CRC-32: the same in every process, unlike ``hash``)."""
-    return zlib.crc32(key.encode()) % n if n > 1 else 0
+    """Worker slot of ``key`` among ``n``: the same in every process (unlike ``hash``), and well mixed
+    (CRC-32 is linear: keys that differ in one character, ``g0`` … ``g3``, can all land on one slot)."""
+    if n <= 1:
+        return 0
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % n
 
 
 def _cut(arrivals: list[Arrival], duration_s: float | None, max_requests: int | None) -> list[Arrival]:

@@ -105,10 +105,23 @@ class LoadSpec:
             cmd += ["--results-dir", str(self.results_dir)]
         if self.processes:
             cmd += ["--processes", str(self.processes)]
+            if "--master-bind-port" not in self.extra_args:
+                # A free port, so that parallel runs (CI, several engineers) never meet on 5557.
+                port = free_port()
+                cmd += ["--master-bind-port", str(port), "--master-port", str(port)]
         if self.run_time:
             cmd += ["--run-time", self.run_time]
         cmd += list(self.extra_args)
         return cmd
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_locust(

@@ -169,6 +169,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that quits mid-request (the end of a Locust run) is not a server error
+
     def __init__(self, behaviour: Behaviour) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.behaviour = behaviour
