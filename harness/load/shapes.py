@@ -20,8 +20,14 @@ from locust.runners import MasterRunner
 
 from harness.load import plugin
 
-SPAWN_S = 0.5
-"""Spawn the pool within this long (users are cheap: they only wait on the pacer's queue)."""
+MIN_SPAWN_RATE = 100.0
+"""Users per second at least (users are cheap: they only wait on the pacer's queue); above 100 Locust
+warns, so the rate only goes higher when the pool would otherwise not be up within half the start delay."""
+
+
+def spawn_rate(users: int, start_delay: float) -> float:
+    """Spawn the whole pool within half the start delay (the epoch), at ≥ :data:`MIN_SPAWN_RATE`/s."""
+    return max(MIN_SPAWN_RATE, users / max(0.5 * start_delay, 0.05))
 
 
 class ReplayShape(LoadTestShape):
@@ -42,8 +48,8 @@ class ReplayShape(LoadTestShape):
                 return None  # test_start failed (the error is logged, the exit code set)
             # The first tick starts the test (test_start builds the run): size the pool already.
             self._started = True
-            users = self._initial_users()
-            return users, users / SPAWN_S
+            users, delay = self._initial_users()
+            return users, spawn_rate(users, delay)
         if run.finalized:
             return None
         self._cap(run)
@@ -53,20 +59,21 @@ class ReplayShape(LoadTestShape):
             run.completed = True
             return None
         users = run.users()
-        return users, users / SPAWN_S
+        return users, spawn_rate(users, run.opts.start_delay)
 
     def reset_time(self) -> None:
         super().reset_time()  # type: ignore[no-untyped-call]
         self._started = False  # a new test (web UI) starts again from its first tick
         self._capped_at = None
 
-    def _initial_users(self) -> int:
+    def _initial_users(self) -> tuple[int, float]:
         runner = self.runner
         env = runner.environment if runner is not None else None
         po = env.parsed_options if env is not None else None
         concurrency = int(getattr(po, "concurrency", None) or 64)
+        delay = float(getattr(po, "start_delay", None) or 2.0)
         workers = getattr(runner, "worker_count", 1) if isinstance(runner, MasterRunner) else 1
-        return concurrency * max(1, workers)
+        return concurrency * max(1, workers), delay
 
     def _cap(self, run: plugin.LoadRun) -> None:
         po = run.env.parsed_options
