@@ -27,6 +27,11 @@ from gevent.queue import Queue
 
 from harness.load.arrivals import Arrival
 
+QUEUE_LIMIT = 4096
+"""Arrivals released but not yet taken, at most. Beyond it the pacer waits for users; every arrival
+keeps its intended time, so lateness stays truthful, but an overloaded client holds bounded memory."""
+_YIELD_EVERY = 32
+"""While releasing a backlog of overdue arrivals, let the users run after this many."""
 _IDLE_YIELD_S = 50e-6
 """A ``sleep(0)`` that returns faster than this ran no other greenlet: count it as idle spinning."""
 
@@ -44,7 +49,7 @@ class Pacer:
         self.source = source
         self.spin_s = max(0.0, spin_s)
         self.epoch = math.nan
-        self.queue: Queue[Arrival | None] = Queue()
+        self.queue: Queue[Arrival | None] = Queue(QUEUE_LIMIT)
         self._wake = Event()
         self._greenlet: gevent.Greenlet[[], None] | None = None
         self.finished = Event()
@@ -53,6 +58,8 @@ class Pacer:
         self.taken = 0
         self.in_flight = 0
         self.idle_spin_s = 0.0
+        self.dropped = 0
+        """Arrivals released but never taken because the run was stopped (a ``--run-time`` cap)."""
 
     def start(self, epoch: float) -> None:
         """Start releasing; ``epoch`` is the ``perf_counter`` time of offset 0."""
@@ -68,19 +75,23 @@ class Pacer:
         self._wake.set()
 
     def stop(self) -> None:
-        """Release nothing more; users waiting in :meth:`take` get ``None``."""
+        """Release nothing more and drop what users have not taken; waiting users get ``None``."""
         self.source.finish()
-        self._wake.set()
-        if self._greenlet is None:
-            self._end()
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)  # it may be waiting to put into a full queue
+        while not self.queue.empty():
+            if self.queue.get_nowait() is not None:
+                self.dropped += 1
+        self._end()
 
     def _end(self) -> None:
         if not self.finished.is_set():
             self.finished.set()
-            self.queue.put(None)
+            self.queue.put(None)  # after the arrivals still queued (stop() emptied it first)
 
     def _run(self) -> None:
         clock = time.perf_counter
+        backlog = 0
         try:
             while True:
                 t = self.source.peek()
@@ -105,8 +116,14 @@ class Pacer:
                 if self._wake.is_set():
                     self._wake.clear()
                     continue
-                self.queue.put(self.source.pop())
+                self.queue.put(self.source.pop())  # blocks only while QUEUE_LIMIT arrivals wait
                 self.released += 1
+                if delay < 0:
+                    backlog += 1
+                    if backlog % _YIELD_EVERY == 0:
+                        gevent.sleep(0)  # a backlog must not starve the users that send it
+                else:
+                    backlog = 0
         finally:
             self._end()
 
@@ -127,7 +144,7 @@ class Pacer:
     @property
     def queued(self) -> int:
         """Arrivals released but not yet taken (every user busy)."""
-        return max(0, self.released - self.taken)
+        return max(0, self.released - self.taken - self.dropped)
 
     @property
     def drained(self) -> bool:

@@ -5,10 +5,12 @@ and each task blocks on the pacer's queue, so *when* a request goes out is the s
 not the user's. Each user is a ``FastHttpUser`` with its own connection pool and sends one request
 at a time, so no request ever waits for a pooled connection inside a timer.
 
-Measuring a stream: the request is sent with ``stream=True``; the body is read line by line from
-the socket as bytes arrive (``response.stream.readline(b"\\n")`` — ``FastHttpSession.iter_lines``
-reads 1 KiB blocks and would batch events) and each line is stamped with ``perf_counter`` at
-arrival. Parsing and token counting wait until the stream ended (:mod:`harness.load.stream`).
+Measuring a stream: the request goes through the user's own pooled ``geventhttpclient`` client and
+the response body is read line by line from the socket as bytes arrive (``readline(b"\\n")`` on the
+streaming response; ``FastHttpSession.iter_lines`` reads 1 KiB blocks and would batch events). Each
+line is stamped with ``perf_counter`` on arrival; parsing and token counting wait until the stream
+ended (:mod:`harness.load.stream`). ``FastHttpSession.request`` is not used: with ``stream=True`` its
+timer stops at the headers, and its per-call bookkeeping costs more than the replay itself.
 
 Locust's own statistics get truthful entries: the request's name with ``response_time`` = E2E
 (Locust would otherwise stop the clock at the headers) and ``response_length`` = bytes read, plus
@@ -19,11 +21,13 @@ reports is computed from ``records.jsonl``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
 import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
 from gevent import GreenletExit
+from geventhttpclient.url import URL
 from locust import FastHttpUser, constant, task
 
 from harness.common import headers as H
@@ -33,6 +37,20 @@ from harness.load.stream import parse_lines, timing
 
 MAX_ERROR_BODY = 2048
 DONE = b"data: [DONE]"
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request in flight: what the finish step needs besides the record's row."""
+
+    path: str
+    span: Any
+    start_time: float
+    """Wall time at send (Locust's ``start_time``)."""
+    sent: float
+    """perf_counter at send."""
+    lines: list[tuple[float, bytes]] = field(default_factory=list)
+    nbytes: int = 0
 
 
 class ReplayUser(FastHttpUser):
@@ -48,6 +66,10 @@ class ReplayUser(FastHttpUser):
         if run is not None:  # read by FastHttpUser.__init__ when it builds the session
             self.network_timeout = run.opts.request_timeout
         super().__init__(environment)
+        # The session's own pooled client: one connection per user, Locust's timeouts and TLS
+        # settings, without FastHttpSession.request's per-call bookkeeping (whose timer would stop
+        # at the headers anyway); the statistics entries are fired in _report.
+        self._http = self.client.client.clientpool.get_client(URL(self.client.base_url or ""))
 
     @task
     def replay(self) -> None:
@@ -66,7 +88,7 @@ class ReplayUser(FastHttpUser):
             pacer.done()
 
     def send(self, run: plugin.LoadRun, a: Arrival) -> None:
-        """Send one arrival's request, read its stream, record it."""
+        """Send one arrival's request, read its stream line by line as it arrives, record it."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         hdrs = {
@@ -107,73 +129,50 @@ class ReplayUser(FastHttpUser):
             "cache": None,
             "itl_ms": [],
         }
-        lines: list[tuple[float, bytes]] = []
-        nbytes = 0
         clock = time.perf_counter
-        sent = clock()
-        row["sent_s"] = sent - run.epoch
+        req = _Request(spec.path, span, time.time(), clock())
+        row["sent_s"] = req.sent - run.epoch
         row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)
+        lines = req.lines
         resp: Any = None
         try:
-            # bytes are sent as they are (the annotation says str | dict, geventhttpclient takes bytes)
-            resp = self.client.request(
-                "POST",
-                spec.path,
-                data=spec.body,  # type: ignore[arg-type]
-                headers=hdrs,
-                stream=True,
-                catch_response=True,
-                name=spec.path,
-            )
-            status = resp.status_code or 0
+            resp = self._http.request("POST", spec.path, body=spec.body, headers=hdrs)
+            status = resp.status_code
             row["status"] = status
-            if resp.headers is not None:
-                row["cache"] = resp.headers.get(H.CACHE_STATUS)
-            err = getattr(resp, "error", None)
-            if status == 200 and err is None:
-                stream = resp.stream
-                readline = stream.readline
+            row["cache"] = resp.get(H.CACHE_STATUS)
+            if status == 200:
+                readline = resp.readline
                 while True:
-                    line = readline(b"\n")
+                    line = readline(b"\n")  # returns as soon as a whole line is in
                     t = clock()
                     if not line:
                         break
-                    nbytes += len(line)
+                    req.nbytes += len(line)
                     if line[:5] == b"data:":
                         lines.append((t, line))
                         if line.startswith(DONE):
                             break
-            elif status:
-                body = resp.stream.read(MAX_ERROR_BODY) if resp.stream is not None else b""
-                row["error"] = f"HTTP {status}: {body.decode('utf-8', 'replace')[:300]}"
             else:
-                row["error"] = f"{type(err).__name__}: {err}" if err is not None else "no response"
+                body = resp.read(MAX_ERROR_BODY)
+                row["error"] = f"HTTP {status}: {body.decode('utf-8', 'replace')[:300]}"
         except GreenletExit:
             row["error"] = "interrupted: the run stopped while this request was in flight"
-            self._finish(run, row, sent, clock(), lines, nbytes, resp, span)
+            self._finish(run, row, req, clock())
             raise
-        except Exception as exc:  # transport errors mid-stream: the record says what happened
+        except Exception as exc:  # refused, reset, timeout, mid-stream: the record says what happened
             row["error"] = f"{type(exc).__name__}: {exc}"
         finally:
-            if resp is not None and getattr(resp, "_response", None) is not None:
-                resp.stream.release()  # back to the pool (closed if the body was not read to its end)
-        self._finish(run, row, sent, clock(), lines, nbytes, resp, span)
+            if resp is not None:
+                resp.release()  # back to the pool (closed if the body was not read to its end)
+        self._finish(run, row, req, clock())
 
-    def _finish(  # noqa: PLR0917  (one call site; every argument is the request's state)
-        self,
-        run: plugin.LoadRun,
-        row: dict[str, Any],
-        sent: float,
-        end: float,
-        lines: list[tuple[float, bytes]],
-        nbytes: int,
-        resp: Any,
-        span: Any,
-    ) -> None:
+    def _finish(self, run: plugin.LoadRun, row: dict[str, Any], req: _Request, end: float) -> None:
+        """Parse the stream, fill the record's latencies and tokens, record and report it."""
         intended_abs = run.epoch + row["intended_s"]
+        sent = req.sent
         mode_used: str | None = None
-        if lines:
-            parsed = parse_lines(lines)
+        if req.lines:
+            parsed = parse_lines(req.lines)
             if parsed.error and row["error"] is None:
                 row["error"] = f"in-stream error: {parsed.error}"
             usage = parsed.usage or {}
@@ -200,13 +199,13 @@ class ReplayUser(FastHttpUser):
             if row["error"] is None and not parsed.done:
                 row["error"] = "stream ended without [DONE]"
         row["token_counting"] = mode_used
-        if row["error"] is None or lines:
+        if row["error"] is None or req.lines:
             row["e2e_ms"] = (end - sent) * 1000.0
             row["e2e_from_intended_ms"] = (end - intended_abs) * 1000.0
         run.record(row)
         if run.tracing is not None:
             run.tracing.end(
-                span,
+                req.span,
                 attributes={
                     "http.response.status_code": row["status"],
                     "harness.cache": row["cache"] or "",
@@ -216,19 +215,16 @@ class ReplayUser(FastHttpUser):
                 error=row["error"],
                 end_ns=time.time_ns(),
             )
-        self._report(row, resp, nbytes)
+        self._report(row, req)
 
-    def _report(self, row: dict[str, Any], resp: Any, nbytes: int) -> None:
+    def _report(self, row: dict[str, Any], req: _Request) -> None:
         """Truthful entries in Locust's own statistics (its UI and ``--csv``)."""
         err = row["error"]
-        exc = RuntimeError(err) if err is not None else None
-        e2e = row.get("e2e_ms") or 0.0
-        if resp is not None and hasattr(resp, "request_meta"):
-            resp.request_meta["response_time"] = e2e
-            resp.request_meta["response_length"] = nbytes
-            resp.request_meta["exception"] = exc
-            resp._report_request()
         fire = self.environment.events.request.fire
+        url = (self.host or "") + req.path
+        fire(request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
+             response_length=req.nbytes, exception=RuntimeError(err) if err is not None else None,
+             context={}, response=None, start_time=req.start_time, url=url)  # fmt: skip
         if row.get("ttft_ms") is not None:
             fire(request_type="TTFT", name=row["stage"], response_time=row["ttft_ms"], response_length=0,
                  exception=None, context={})  # fmt: skip

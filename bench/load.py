@@ -1,0 +1,215 @@
+"""Load generator benchmarks: the replay user's cost and the open loop's precision (docs/benchmarks.md).
+
+Everything runs against one trivial endpoint, a minimal asyncio HTTP server in its own process that
+answers every POST with the same tiny OpenAI SSE body (one content chunk with usage, the final
+usage chunk, ``[DONE]``), so the client, not the server, is what is measured:
+
+1. Throughput, closed loop, saturated (same users, same duration, one after the other in this
+   run): the replay user (``locustfiles/replay.py``, an unreachable arrival rate so that its users
+   never wait for the pacer: they send back to back) ÷ a bare Locust ``FastHttpUser`` posting the
+   same body and reading the response. Goal ≥ 1.0. Both counted by requests completed per second.
+2. Open-loop precision at 200, 500 and 1000 requests/s in one process: p99 lateness (goal ≤ 1 ms)
+   and achieved ÷ target rate (goal ≥ 99.5 %), from ``summary.json``.
+
+Usage: ``python bench/load.py [--seconds 10] [--users 32] [--no-append]`` (about 1–2 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.load.results import read_summary  # noqa: E402
+from harness.load.runner import LoadSpec, free_port, run_locust  # noqa: E402
+
+CHUNK = (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,'
+    b'"total_tokens":4}}\n\n'
+    b'data: {"id":"b","object":"chat.completion.chunk","created":0,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+    b"data: [DONE]\n\n"
+)
+RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nx-cache: MISS\r\nContent-Length: "
+    + str(len(CHUNK)).encode()
+    + b"\r\n\r\n"
+    + CHUNK
+)
+
+BARE = """
+from locust import FastHttpUser, constant, task
+BODY = {body!r}
+
+class Bare(FastHttpUser):
+    wait_time = constant(0)
+
+    @task
+    def post(self):
+        self.client.post("/v1/chat/completions", data=BODY,
+                         headers={{"Content-Type": "application/json", "Accept-Encoding": "identity"}})
+"""
+
+
+class _Trivial(asyncio.Protocol):
+    """Answers each request (headers + Content-Length body) with :data:`RESPONSE`."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            i = head.find(b"content-length:")
+            length = int(head[i + 15 :].split(b"\r\n", 1)[0]) if i >= 0 else 0
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length :]
+            self.transport.write(RESPONSE)  # type: ignore[attr-defined]
+
+
+def serve(port: int) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Trivial, "127.0.0.1", port, backlog=1024)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def corpus(path: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "tests" / "load"))
+    from tests.load.helpers import make_corpus
+
+    return make_corpus(path, 50)
+
+
+def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> float:
+    import json
+
+    body = json.dumps({"messages": [{"role": "user", "content": "question 0"}], "max_tokens": 16,
+                       "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    lf = tmp / "bare.py"
+    lf.write_text(BARE.format(body=body))
+    prefix = tmp / "bare"
+    cmd = [sys.executable, "-m", "locust", "-f", str(lf), "--headless", "--host", host, "-u", str(users),
+           "-r", str(users), "-t", f"{seconds}s", "--csv", str(prefix), "--only-summary"]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    with open(f"{prefix}_stats.csv", newline="") as fh:
+        rows = {r["Name"]: r for r in csv.DictReader(fh)}
+    return float(rows["Aggregated"]["Requests/s"])
+
+
+def replay(
+    host: str, tmp: Path, name: str, *, rate: float, seconds: float, users: int, cap: bool = False
+) -> dict[str, float]:
+    results = tmp / name
+    spec = LoadSpec(host=host, corpus=tmp / "corpus.jsonl", rate=rate, duration=seconds, results_dir=results,
+                    concurrency=users, start_delay=2.0,
+                    run_time=f"{seconds + 2:g}s" if cap else None)  # fmt: skip
+    code = run_locust(spec, timeout_s=seconds + 120)
+    s = read_summary(results)
+    sent = s.metrics["lateness_ms"]
+    return {
+        "code": code,
+        "requests": s.requests,
+        "errors": s.errors,
+        "achieved": s.achieved_rate,
+        "window_rps": s.requests / max(s.duration_s, 1e-9),
+        "lateness_p50": sent.p50 or 0.0,
+        "lateness_p99": sent.p99 or 0.0,
+        "lateness_max": sent.max or 0.0,
+        "cpu": s.client_cpu_pct or 0.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--users", type=int, default=32)
+    ap.add_argument("--rates", default="200,500,1000")
+    ap.add_argument(
+        "--no-append", action="store_true", help="print only; do not append to docs/benchmarks.md"
+    )
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    t0 = time.perf_counter()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    host = f"http://127.0.0.1:{port}"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    try:
+        time.sleep(1.0)
+        corpus(tmp / "corpus.jsonl")
+        bare = bare_rps(host, tmp, args.users, args.seconds)
+        # An unreachable rate: the pacer always has an arrival due, so users send back to back.
+        sat = replay(host, tmp, "saturated", rate=100_000, seconds=args.seconds, users=args.users, cap=True)
+        # Completed requests per second of the send window (the bare figure is Locust's own count).
+        ours = sat["achieved"]
+        precision = [
+            (r, replay(host, tmp, f"rate{r}", rate=float(r), seconds=args.seconds, users=64))
+            for r in map(int, args.rates.split(","))
+        ]
+    finally:
+        server.terminate()
+        server.wait(10)
+    total = time.perf_counter() - t0
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cmd = "python bench/load.py" + (
+        " " + " ".join(a for a in sys.argv[1:] if a != "--no-append") if len(sys.argv) > 1 else ""
+    )
+    rows = [
+        ("replay user, saturated (requests/s)", f"{ours:,.0f}", f"{bare:,.0f} (bare FastHttpUser)",
+         f"{ours / bare:.2f}× (goal ≥ 1.0)"),
+    ]  # fmt: skip
+    for r, m in precision:
+        ok_late = "✓" if m["lateness_p99"] <= 1.0 else "✗"
+        ok_rate = "✓" if m["achieved"] / r >= 0.995 else "✗"
+        spread = f"p50 {m['lateness_p50']:.3f} ms, max {m['lateness_max']:.1f} ms"
+        rows.append((f"open loop at {r}/s: p99 lateness", f"{m['lateness_p99']:.3f} ms", spread,
+                     f"goal ≤ 1 ms {ok_late}"))  # fmt: skip
+        rows.append((f"open loop at {r}/s: achieved ÷ target", f"{m['achieved']:.1f}/s",
+                     f"{m['requests']} requests, {m['errors']} errors, client CPU {m['cpu']:.0f} %",
+                     f"{m['achieved'] / r:.2%} (goal ≥ 99.5 %) {ok_rate}"))  # fmt: skip
+    lines = [
+        f"## load — {now}",
+        "",
+        f"`{cmd}` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()} "
+        f"(shared machine; {total:.0f} s total). One Locust process against a minimal asyncio SSE server in "
+        f"another process; {args.users} users for the throughput pair (same endpoint, same body, "
+        f"{args.seconds} s each, one after the other), 64 for the open-loop rates ({args.seconds} s each). "
+        "Lateness = sent − intended, from records.jsonl.",
+        "",
+        "| measure | ours | reference | ratio |",
+        "| --- | --- | --- | --- |",
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_append:
+        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
+            fh.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
