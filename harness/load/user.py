@@ -20,6 +20,7 @@ reports is computed from ``records.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,16 @@ class ReplayUser(FastHttpUser):
         # settings, without FastHttpSession.request's per-call bookkeeping (whose timer would stop
         # at the headers anyway); the statistics entries are fired in _report.
         self._http = self.client.client.clientpool.get_client(URL(self.client.base_url or ""))
+
+    def on_start(self) -> None:
+        # Connect before the epoch (users spawn during --start-delay), so that the first arrival of
+        # each user does not pay for the TCP handshake and the resolver: clients of an LLM service
+        # keep their connections. A target that is down is reported by the first request instead.
+        pool = getattr(self._http, "_connection_pool", None)
+        if pool is None:
+            return
+        with contextlib.suppress(OSError):
+            pool.return_socket(pool.get_socket())
 
     @task
     def replay(self) -> None:
