@@ -154,6 +154,7 @@ def main() -> None:
         serve(args.serve)
         return
     t0 = time.perf_counter()
+    load_before = os.getloadavg()[0]
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
     host = f"http://127.0.0.1:{port}"
@@ -195,10 +196,12 @@ def main() -> None:
         f"## load — {now}",
         "",
         f"`{cmd}` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()} "
-        f"(shared machine; {total:.0f} s total). One Locust process against a minimal asyncio SSE server in "
+        f"(shared machine, load average {load_before:.1f} → {os.getloadavg()[0]:.1f}; {total:.0f} s total). "
+        "One Locust process against a minimal asyncio SSE server in "
         f"another process; {args.users} users for the throughput pair (same endpoint, same body, "
         f"{args.seconds} s each, one after the other), 64 for the open-loop rates ({args.seconds} s each). "
-        "Lateness = sent − intended, from records.jsonl.",
+        "Lateness = sent − intended, from records.jsonl. With a load average above the core count the "
+        "process is descheduled for milliseconds at a time, which shows in the lateness tail.",
         "",
         "| measure | ours | reference | ratio |",
         "| --- | --- | --- | --- |",

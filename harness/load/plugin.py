@@ -132,6 +132,8 @@ class Inputs:
             max_tokens_cap=opts.max_tokens_cap,
             token_counting=opts.token_counting,
         )
+        if opts.schedule is not None and opts.rate is not None:
+            raise ConfigError("give --schedule or --rate, not both", field="--rate")
         schedule = _read_schedule(opts.schedule) if opts.schedule is not None else None
         plan = None
         if ladder:
@@ -524,8 +526,11 @@ class LoadRun:
             self._send_batch(done=True)
             return None
         interrupted = not self.completed
-        if self.ladder is not None and interrupted:
-            self.ladder.interrupt(self.now_s())
+        if self.ladder is not None:
+            if interrupted:
+                self.ladder.interrupt(self.now_s())
+            for a in self.ladder.attempts:  # final counts: requests that completed after the verdict too
+                a.requests, a.errors = self.live.window(a.start_s, a.end_s)
         assert self.writer is not None
         self.writer.close()
         records = (
