@@ -7,7 +7,10 @@ usage chunk, ``[DONE]``), so the client, not the server, is what is measured:
 1. Throughput, closed loop, saturated (same users, same duration, interleaved rounds in this run,
    medians): the replay user (``locustfiles/replay.py``, an unreachable arrival rate so that its users
    never wait for the pacer: they send back to back) ÷ a bare Locust ``FastHttpUser`` posting the
-   same body and reading the response. Goal ≥ 1.0. Both counted by requests completed per second.
+   same body and reading the response. Goal ≥ 1.0. Both counted by requests completed per second,
+   and, because wall-clock throughput on a shared machine follows the other processes' load, also
+   by the Locust process's CPU time per request (test start to stop, the same way on both sides):
+   the throughput one core can give.
 2. Open-loop precision at 200, 500 and 1000 requests/s in one process: p99 lateness (goal ≤ 1 ms)
    and achieved ÷ target rate (goal ≥ 99.5 %), from ``summary.json``.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import json
 import os
 import platform
 import subprocess
@@ -51,8 +55,22 @@ RESPONSE = (
 )
 
 BARE = """
-from locust import FastHttpUser, constant, task
+import json, os
+import psutil
+from locust import FastHttpUser, constant, events, task
 BODY = {body!r}
+_proc = psutil.Process()
+_cpu0 = [0.0]
+
+@events.test_start.add_listener
+def _start(environment, **kw):
+    _cpu0[0] = sum(_proc.cpu_times()[:2])
+
+@events.test_stop.add_listener
+def _stop(environment, **kw):
+    cpu = sum(_proc.cpu_times()[:2]) - _cpu0[0]
+    with open(os.environ["BENCH_CPU_OUT"], "w") as fh:
+        json.dump({{"cpu_s": cpu, "requests": environment.stats.total.num_requests}}, fh)
 
 class Bare(FastHttpUser):
     wait_time = constant(0)
@@ -102,9 +120,8 @@ def corpus(path: Path) -> Path:
     return make_corpus(path, 50)
 
 
-def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> float:
-    import json
-
+def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> tuple[float, float]:
+    """Requests/s (Locust's count) and CPU µs per request of a bare FastHttpUser run."""
     body = json.dumps({"messages": [{"role": "user", "content": "question 0"}], "max_tokens": 16,
                        "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
     lf = tmp / "bare.py"
@@ -112,10 +129,12 @@ def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> float:
     prefix = tmp / "bare"
     cmd = [sys.executable, "-m", "locust", "-f", str(lf), "--headless", "--host", host, "-u", str(users),
            "-r", str(users), "-t", f"{seconds}s", "--csv", str(prefix), "--only-summary"]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True)
+    out = tmp / "bare_cpu.json"
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "BENCH_CPU_OUT": str(out)})
     with open(f"{prefix}_stats.csv", newline="") as fh:
         rows = {r["Name"]: r for r in csv.DictReader(fh)}
-    return float(rows["Aggregated"]["Requests/s"])
+    cpu = json.loads(out.read_text())
+    return float(rows["Aggregated"]["Requests/s"]), cpu["cpu_s"] / max(1, cpu["requests"]) * 1e6
 
 
 def replay(
@@ -138,6 +157,8 @@ def replay(
         "lateness_p99": sent.p99 or 0.0,
         "lateness_max": sent.max or 0.0,
         "cpu": s.client_cpu_pct or 0.0,
+        # CPU of the Locust process from test start to the end (the pacer's idle spin left out).
+        "cpu_us_per_request": (s.client_cpu_pct or 0.0) / 100 * s.duration_s / max(1, s.requests) * 1e6,
     }
 
 
@@ -167,14 +188,20 @@ def main() -> None:
         # Interleaved rounds (bare, ours, bare, ours …) and medians: the machine's load drifts.
         bares: list[float] = []
         ours_runs: list[float] = []
+        bare_cpu: list[float] = []
+        ours_cpu: list[float] = []
         for i in range(args.rounds):
-            bares.append(bare_rps(host, tmp, args.users, args.seconds))
+            rps, cpu = bare_rps(host, tmp, args.users, args.seconds)
+            bares.append(rps)
+            bare_cpu.append(cpu)
             # An unreachable rate: the pacer always has an arrival due, so users send back to back.
             sat = replay(
                 host, tmp, f"saturated{i}", rate=100_000, seconds=args.seconds, users=args.users, cap=True
             )
             ours_runs.append(sat["achieved"])  # requests sent per second of the send window
+            ours_cpu.append(sat["cpu_us_per_request"])
         bare, ours = percentile(bares, 50), percentile(ours_runs, 50)
+        bare_us, ours_us = percentile(bare_cpu, 50), percentile(ours_cpu, 50)
         precision = [
             (r, replay(host, tmp, f"rate{r}", rate=float(r), seconds=args.seconds, users=64))
             for r in map(int, args.rates.split(","))
@@ -192,6 +219,8 @@ def main() -> None:
          f"{bare:,.0f} (bare FastHttpUser)", f"{ours / bare:.2f}× (goal ≥ 1.0)"),
         ("… each round: replay / bare", " / ".join(f"{x:,.0f}" for x in ours_runs),
          " / ".join(f"{x:,.0f}" for x in bares), "—"),
+        ("client CPU per request (median: throughput per core)", f"{ours_us:.0f} µs",
+         f"{bare_us:.0f} µs (bare FastHttpUser)", f"{bare_us / ours_us:.2f}× throughput per core (goal ≥ 1.0)"),
     ]  # fmt: skip
     for r, m in precision:
         ok_late = "✓" if m["lateness_p99"] <= 1.0 else "✗"
