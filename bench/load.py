@@ -220,7 +220,7 @@ def main() -> None:
         ("… each round: replay / bare", " / ".join(f"{x:,.0f}" for x in ours_runs),
          " / ".join(f"{x:,.0f}" for x in bares), "—"),
         ("client CPU per request (median: throughput per core)", f"{ours_us:.0f} µs",
-         f"{bare_us:.0f} µs (bare FastHttpUser)", f"{bare_us / ours_us:.2f}× throughput per core (goal ≥ 1.0)"),
+         f"{bare_us:.0f} µs (bare FastHttpUser)", f"{bare_us / ours_us:.2f}× per core (goal ≥ 1.0)"),
     ]  # fmt: skip
     for r, m in precision:
         ok_late = "✓" if m["lateness_p99"] <= 1.0 else "✗"
