@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.common.errors import InputError
 from harness.common.headers import CACHE_STATUSES
-from harness.common.io import check_input_file, iter_jsonl, validation_input_error
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
 from harness.common.stats import Distribution, percentile
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -102,6 +104,8 @@ class RequestRecord(_Strict):
     tenant: str | None = None
     trace_id: str | None = None
     """The source trace, when the record came from one."""
+    token_counting: str | None = None
+    """How this response's tokens were counted (:mod:`harness.load.stream`); ``None``: no content."""
 
     @property
     def ok(self) -> bool:
@@ -183,6 +187,18 @@ class RunSummary(_Strict):
     stages: list[StageOutcome] = Field(default_factory=list)
     workers: list[WorkerShare] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    token_counting: dict[str, int] = Field(default_factory=dict)
+    """Requests per token counting mode (``usage``, ``logprobs``, ``tokenizer``, ``final-usage``,
+    ``chunks``); the last two make ITL/TPOT approximate and add a warning."""
+    warmup_id: str | None = None
+    """The run's ``X-Warmup-ID``."""
+    plan: InputRef | None = None
+    """The warmup ladder plan, for ladder runs."""
+    preload: dict[str, int] | None = None
+    """The server's answer to ``POST /cache/preload`` (``lines``, ``stored``, ``generated``, ``failed``)."""
+
+
+APPROXIMATE_COUNTING = ("final-usage", "chunks")
 
 
 def hit_rates(records: Iterable[RequestRecord]) -> dict[str, float]:
@@ -231,6 +247,9 @@ def summarize(
     stages: list[StageOutcome] | None = None,
     workers: list[WorkerShare] | None = None,
     warnings: list[str] | None = None,
+    warmup_id: str | None = None,
+    plan: InputRef | None = None,
+    preload: dict[str, int] | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` and warns when it was."""
     warnings = list(warnings or [])
@@ -253,6 +272,15 @@ def summarize(
     if client_cpu_pct is not None and client_cpu_pct > CLIENT_BOUND_CPU_PCT:
         client_bound = True
         warnings.append(f"client-bound: client CPU {client_cpu_pct:.0f} % > {CLIENT_BOUND_CPU_PCT:g} %")
+    counting = Counter(r.token_counting for r in records if r.token_counting is not None)
+    approx = sum(counting[m] for m in APPROXIMATE_COUNTING)
+    if approx:
+        modes = ", ".join(f"{m}: {counting[m]}" for m in APPROXIMATE_COUNTING if counting[m])
+        warnings.append(
+            f"ITL/TPOT approximate for {approx} of {len(records)} requests ({modes}): the target sent no "
+            "per-chunk token counts (use a server with continuous_usage_stats, --token-counting logprobs, "
+            "or --tokenizer)"
+        )
     return RunSummary(
         requests=len(records),
         errors=sum(not r.ok for r in records),
@@ -271,7 +299,79 @@ def summarize(
         stages=stages or [],
         workers=workers or [],
         warnings=warnings,
+        token_counting=dict(sorted(counting.items())),
+        warmup_id=warmup_id,
+        plan=plan,
+        preload=preload,
     )
+
+
+class RecordWriter:
+    """Appends records to ``records.jsonl`` as they complete; :meth:`flush` makes them visible.
+
+    Rows are plain dicts with :class:`RequestRecord`'s fields, serialized with orjson (the hot path
+    builds no pydantic model; :func:`read_records` validates every line on the way back in). The
+    caller flushes at least once a second (the load stage runs a ticker), so a crash loses at most
+    the last second and a reader tailing the file sees the run progress.
+    """
+
+    def __init__(self, path: str | Path, *, append: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("ab" if append else "wb")
+        self.count = 0
+
+    def write(self, row: dict[str, object]) -> None:
+        self._fh.write(orjson.dumps(row))
+        self._fh.write(b"\n")
+        self.count += 1
+
+    def write_many(self, rows: Iterable[dict[str, object]]) -> None:
+        for row in rows:
+            self.write(row)
+
+    def flush(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+
+def write_summary(run_dir: str | Path, summary: RunSummary) -> Path:
+    """Write ``summary.json`` atomically; returns its path."""
+    path = Path(run_dir) / SUMMARY_FILE
+    write_json(path, summary.model_dump(mode="json"))
+    return path
+
+
+SUMMARY_TABLE_FIELDS: tuple[str, ...] = (
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "itl_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "e2e_from_intended_ms",
+    "lateness_ms",
+)
+
+
+def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
+    """Rows ``[metric, n, p50, p90, p95, p99, max, mean]`` of the latency metrics, formatted."""
+
+    def fmt(v: float | None) -> str:
+        return "–" if v is None else f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
+
+    rows: list[list[str]] = []
+    for name in SUMMARY_TABLE_FIELDS:
+        d = metrics.get(name)
+        if d is None:
+            continue
+        rows.append([name, str(d.n), *(fmt(x) for x in (d.p50, d.p90, d.p95, d.p99, d.max, d.mean))])
+    return rows
 
 
 def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:

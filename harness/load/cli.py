@@ -1,0 +1,200 @@
+"""``harness load``: launch replays and ladders headless, and summarize their results.
+
+* ``harness load summarize RUN_DIR`` — the latency table of a run, computed from ``records.jsonl``
+  with the project's one percentile definition (``--json`` for the whole summary, ``--write`` to
+  (re)write ``summary.json`` from the records, e.g. for records converted from another tool);
+* ``harness load replay --host URL --corpus C (--schedule S | --rate R --duration D) --results-dir R``
+  — ``locust -f locustfiles/replay.py --headless …`` in a child process, then the table;
+* ``harness load ladder --host URL --corpus C --plan P --results-dir R`` — the same for
+  ``locustfiles/warmup.py``.
+
+The launched run's exit code is passed through (``docs/exit-codes.md``: 130 interrupted, 1 the
+ladder stopped on a failed stage or requests failed, 3/4/5 bad input, configuration, target).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.common.errors import InputError
+from harness.load.results import (
+    SUMMARY_FILE,
+    RunSummary,
+    TargetInfo,
+    read_records,
+    read_summary,
+    summarize,
+    summary_table,
+    write_summary,
+)
+
+app = typer.Typer(
+    help="Replay corpora open-loop, run warmup ladders, summarize load runs.", no_args_is_help=True
+)
+console = Console()
+
+
+def load_summary(run_dir: Path) -> RunSummary:
+    """The run's summary with every metric recomputed from its records (metadata from summary.json)."""
+    if not run_dir.is_dir():
+        raise InputError("not a run directory", file=run_dir)
+    records = list(read_records(run_dir))
+    if (run_dir / SUMMARY_FILE).exists():
+        old = read_summary(run_dir)
+        fresh = summarize(
+            records,
+            started_at=old.started_at,
+            duration_s=old.duration_s,
+            target=old.target,
+            target_rate=old.target_rate,
+            client_cpu_pct=old.client_cpu_pct,
+            interrupted=old.interrupted,
+            corpus=old.corpus,
+            schedule=old.schedule,
+            stages=old.stages,
+            workers=old.workers,
+            warnings=[w for w in old.warnings if not w.startswith(("client-bound", "ITL/TPOT approximate"))],
+            warmup_id=old.warmup_id,
+            plan=old.plan,
+            preload=old.preload,
+        )
+        return fresh
+    span = max((r.sent_s for r in records), default=0.0) - min((r.sent_s for r in records), default=0.0)
+    return summarize(records, started_at="unknown", duration_s=span, target=TargetInfo(url="unknown"))
+
+
+def print_summary(s: RunSummary, title: str) -> None:
+    table = Table(title=title)
+    for col in ("metric", "n", "p50", "p90", "p95", "p99", "max", "mean"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for row in summary_table(s.metrics):
+        table.add_row(*row)
+    console.print(table)
+    rate = f"{s.achieved_rate:.2f}/s" + (f" of {s.target_rate:.2f}/s" if s.target_rate else "")
+    hit = s.hit_rate.get("any")
+    console.print(
+        f"requests {s.requests}, errors {s.errors}, rate {rate}"
+        + (f", cache hits {hit:.1%}" if hit is not None else "")
+        + (f", client CPU {s.client_cpu_pct:.0f} %" if s.client_cpu_pct is not None else "")
+        + (", INTERRUPTED" if s.interrupted else "")
+        + (", CLIENT-BOUND" if s.client_bound else "")
+    )
+    for st in s.stages:
+        back = f" → {st.rolled_back_to}" if st.rolled_back_to else ""
+        console.print(
+            f"  stage {st.name}: {st.target_rate:g} qps, {st.requests} requests, "
+            f"{st.failure_rate:.1%} failed (≤ {st.tolerance:.0%}): {st.verdict}{back}"
+        )
+    for w in s.workers:
+        if w.missing:
+            console.print(f"  worker {w.worker}: LOST, {w.recorded} of {w.scheduled} recorded")
+    for text in s.warnings:
+        console.print(f"[yellow]warning:[/] {text}", highlight=False)
+
+
+@app.command("summarize")
+def summarize_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A results directory (records.jsonl, summary.json).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole summary as JSON.")] = False,
+    write: Annotated[bool, typer.Option("--write", help="(Re)write summary.json from the records.")] = False,
+) -> None:
+    """Print a run's latency table, computed from its records."""
+    s = load_summary(run_dir)
+    if write:
+        write_summary(run_dir, s)
+    if as_json:
+        typer.echo(s.model_dump_json(indent=2))
+    else:
+        print_summary(s, str(run_dir))
+
+
+HOST = Annotated[str, typer.Option("--host", help="Target base URL (any OpenAI-compatible server).")]
+CORPUS = Annotated[Path, typer.Option("--corpus", help="corpus.jsonl or its directory.")]
+RESULTS = Annotated[Path, typer.Option("--results-dir", help="Where records.jsonl and summary.json go.")]
+PROCESSES = Annotated[int | None, typer.Option("--processes", help="Locust worker processes (one master).")]
+CONCURRENCY = Annotated[int | None, typer.Option("--concurrency", help="Users (max in flight) per process.")]
+CAP = Annotated[int | None, typer.Option("--max-tokens-cap", help="Cap every request's max_tokens.")]
+PRELOAD = Annotated[Path | None, typer.Option("--preload", help="JSONL for POST /cache/preload first.")]
+
+
+def _launch(spec: object) -> None:
+    from harness.load.runner import LoadSpec, run_locust
+
+    assert isinstance(spec, LoadSpec)
+    console.print(" ".join(spec.command()[1:]), style="dim", highlight=False)
+    code = run_locust(spec)
+    if (Path(spec.results_dir) / SUMMARY_FILE).exists():
+        print_summary(read_summary(spec.results_dir), str(spec.results_dir))
+    else:
+        console.print(f"no summary written; see {Path(spec.results_dir) / 'locust.log'}")
+    raise typer.Exit(code)
+
+
+@app.command("replay")
+def replay_cmd(  # noqa: PLR0917  (typer options)
+    host: HOST,
+    corpus: CORPUS,
+    results_dir: RESULTS,
+    schedule: Annotated[Path | None, typer.Option("--schedule", help="Arrival schedule JSONL.")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Constant arrivals/s (no schedule).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Seconds of schedule to send.")] = None,
+    stage: Annotated[str, typer.Option("--stage", help="X-Traffic-Stage label.")] = "replay",
+    speedup: Annotated[float, typer.Option("--speedup", help="Divide schedule times by this.")] = 1.0,
+    processes: PROCESSES = None,
+    concurrency: CONCURRENCY = None,
+    max_tokens_cap: CAP = None,
+    preload: PRELOAD = None,
+) -> None:
+    """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
+    from harness.load.runner import LoadSpec
+
+    _launch(
+        LoadSpec(
+            host=host,
+            corpus=corpus,
+            results_dir=results_dir,
+            schedule=schedule,
+            rate=rate,
+            duration=duration,
+            stage=stage,
+            speedup=speedup,
+            processes=processes,
+            concurrency=concurrency,
+            max_tokens_cap=max_tokens_cap,
+            preload=preload,
+        )
+    )
+
+
+@app.command("ladder")
+def ladder_cmd(  # noqa: PLR0917  (typer options)
+    host: HOST,
+    corpus: CORPUS,
+    plan: Annotated[Path, typer.Option("--plan", help="Ladder plan YAML (fixtures/plans/seed.yaml).")],
+    results_dir: RESULTS,
+    processes: PROCESSES = None,
+    concurrency: CONCURRENCY = None,
+    max_tokens_cap: CAP = None,
+    preload: PRELOAD = None,
+) -> None:
+    """Run the staged warmup ladder with rollback (headless Locust, locustfiles/warmup.py)."""
+    from harness.load.runner import LoadSpec
+
+    _launch(
+        LoadSpec(
+            host=host,
+            corpus=corpus,
+            locustfile="warmup",
+            plan=plan,
+            results_dir=results_dir,
+            processes=processes,
+            concurrency=concurrency,
+            max_tokens_cap=max_tokens_cap,
+            preload=preload,
+        )
+    )

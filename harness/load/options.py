@@ -1,0 +1,146 @@
+"""The load stage's options: Locust command-line arguments, and the validated value object behind them.
+
+They are added to Locust's own parser through ``events.init_command_line_parser``
+(:func:`add_arguments`), so they work on the command line (``--corpus …``), in a Locust config file
+(``corpus = …`` in ``locust.conf``), as ``LOCUST_CORPUS=…`` environment variables and in the web
+UI's start form. :class:`LoadOptions` validates what arrived (``extra="forbid"``: a misspelt field in
+code is an error) and :meth:`LoadOptions.to_args` turns options back into arguments for the
+launcher (:mod:`harness.load.runner`), so both spell every option the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.common.errors import ConfigError
+from harness.load.arrivals import ApiChoice, ArrivalProcess
+from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
+
+DEFAULT_STAGE = "replay"
+
+
+class LoadOptions(BaseModel):
+    """Everything a replay or ladder run is configured with (besides Locust's own ``--host`` etc.)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    corpus: Path | None = None
+    """``corpus.jsonl`` (or its directory) from ``harness corpus build``."""
+    schedule: Path | None = None
+    """Arrival schedule JSONL from ``harness traces schedule``; else the corpus's offsets or ``rate``."""
+    rate: float | None = Field(default=None, gt=0)
+    """Requests per second (all processes together) when there is no schedule."""
+    arrival: ArrivalProcess = "constant"
+    duration: float | None = Field(default=None, gt=0)
+    """Seconds of schedule to send (``None``: all of it; required with ``rate``)."""
+    max_requests: int | None = Field(default=None, ge=1)
+    speedup: float = Field(default=1.0, gt=0)
+    """Schedule time is divided by this (2 = twice as fast)."""
+    results_dir: Path = Path("runs/load")
+    model: str | None = None
+    max_tokens_cap: int | None = Field(default=None, ge=1)
+    api: ApiChoice = "auto"
+    stage: str = DEFAULT_STAGE
+    """``X-Traffic-Stage`` and the records' ``stage`` (ladder runs use their stage names)."""
+    concurrency: int = Field(default=64, ge=1)
+    """Users per process: the most requests in flight (the pool the pacer's arrivals are taken by)."""
+    start_delay: float = Field(default=2.0, ge=0)
+    """Seconds from test start to the epoch (users spawn meanwhile; workers all use the master's epoch)."""
+    drain_timeout: float = Field(default=60.0, ge=0)
+    """After the last arrival, seconds in-flight requests get to finish before the run ends."""
+    token_counting: TokenCounting = "auto"
+    tokenizer: Path | None = None
+    """``tokenizer.json`` for ``--token-counting tokenizer`` (and ``auto``'s fallback)."""
+    plan: Path | None = None
+    """Warmup ladder plan (YAML), for ``locustfiles/warmup.py``."""
+    preload: Path | None = None
+    """JSONL posted to ``POST /cache/preload`` before the first request."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces endpoint (``http://host:4318/v1/traces``): one client span per request."""
+    warmup_id: str | None = None
+    """``X-Warmup-ID`` for every request of the run (default: a new random id)."""
+    pacer_spin_ms: float = Field(default=1.0, ge=0)
+    request_timeout: float = Field(default=600.0, gt=0)
+    seed: int = 0
+
+    @classmethod
+    def from_namespace(cls, ns: object) -> LoadOptions:
+        """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included)."""
+        raw: dict[str, Any] = {}
+        for name in cls.model_fields:
+            value = getattr(ns, name, None)
+            if value is None or value == "":
+                continue
+            raw[name] = value
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err.get("loc") else "?"
+            raise ConfigError(
+                f"{err['msg']} (got {raw.get(name)!r})", field=f"--{name.replace('_', '-')}"
+            ) from None
+
+    def to_args(self) -> list[str]:
+        """Command-line arguments that reproduce these options (defaults omitted)."""
+        args: list[str] = []
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None or value == info.default:
+                continue
+            args += [f"--{name.replace('_', '-')}", str(value)]
+        return args
+
+
+_HELP: dict[str, str] = {
+    "corpus": "corpus.jsonl (or its directory) to replay",
+    "schedule": "arrival schedule JSONL (harness traces schedule); default: the corpus's arrival offsets",
+    "rate": "constant arrival rate, requests/s for all processes together (instead of a schedule)",
+    "arrival": "arrival process for --rate: constant or poisson",
+    "duration": "seconds of schedule to send (required with --rate)",
+    "max_requests": "send at most this many requests",
+    "speedup": "divide schedule times by this",
+    "results_dir": "directory for records.jsonl and summary.json",
+    "model": "model name to send (default: the corpus's / the server's)",
+    "max_tokens_cap": "cap every request's max_tokens",
+    "api": "auto (the record's shape), chat or completions",
+    "stage": "traffic stage label (X-Traffic-Stage)",
+    "concurrency": "users per process = most requests in flight; arrivals beyond wait and count as late",
+    "start_delay": "seconds from test start to the first arrival (spawning happens meanwhile)",
+    "drain_timeout": "seconds in-flight requests get after the last arrival",
+    "token_counting": f"tokens per chunk from: {', '.join(TOKEN_COUNTINGS)}",
+    "tokenizer": "tokenizer.json for --token-counting tokenizer",
+    "plan": "warmup ladder plan (YAML)",
+    "preload": "JSONL to POST to /cache/preload before the first request",
+    "otlp_endpoint": "OTLP/HTTP endpoint for one client span per request",
+    "warmup_id": "X-Warmup-ID of this run (default: random)",
+    "pacer_spin_ms": "the pacer busy-waits (yielding) this long before each arrival for sub-ms precision",
+    "request_timeout": "seconds a request may take (network timeout)",
+    "seed": "seed of the poisson arrival process",
+}
+
+
+def add_arguments(parser: Any) -> None:
+    """Add the load stage's options to Locust's argument parser (an ``init_command_line_parser`` hook).
+
+    They go on the parser itself, not an argument group: only the parser's ``add_argument`` marks an
+    option for the web UI's start form.
+    """
+    for name, info in LoadOptions.model_fields.items():
+        flag = f"--{name.replace('_', '-')}"
+        default = info.default
+        kwargs: dict[str, Any] = {"help": _HELP[name], "default": default}
+        ann = info.annotation
+        if ann in (float, float | None):
+            kwargs["type"] = float
+        elif ann in (int, int | None):
+            kwargs["type"] = int
+        choices = get_args(ann) if get_origin(ann) is Literal else ()
+        if choices:
+            kwargs["choices"] = list(choices)
+        if isinstance(default, Path):
+            kwargs["default"] = str(default)
+        parser.add_argument(flag, dest=name, **kwargs)

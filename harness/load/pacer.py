@@ -1,0 +1,152 @@
+"""The open-loop pacer: one greenlet per process releases arrivals at their intended times.
+
+Locust's ``wait_time``, ``constant_pacing`` and ``LoadTestShape`` are closed-loop: a user sends its
+next request when its previous one finished, so a slow server silently lowers the offered load
+(coordinated omission). Here the schedule decides: the pacer puts each :class:`Arrival` on a queue
+at its intended time on the monotonic clock, whatever earlier responses did, and the Locust users
+are only the concurrency pool that takes from the queue (k6's constant-arrival-rate model). When
+every user is busy an arrival waits in the queue; the user that finally takes it measures
+``sent − intended`` as lateness, and the ``*_from_intended_ms`` latencies include the wait.
+
+Precision: gevent's libev loop rounds timer waits up to whole milliseconds (epoll's resolution), so
+a plain ``sleep`` releases 0–1 ms late. The pacer sleeps until ``spin_s`` before the intended time
+and then yields in a loop (``gevent.sleep(0)``: other greenlets keep running) until it is due. The
+yield loop's idle time is counted (:attr:`Pacer.idle_spin_s`) so that the client's CPU figure can
+leave it out: a busy-wait is not load.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol
+
+import gevent
+from gevent.event import Event
+from gevent.queue import Queue
+
+from harness.load.arrivals import Arrival
+
+QUEUE_LIMIT = 4096
+"""Arrivals released but not yet taken, at most. Beyond it the pacer waits for users; every arrival
+keeps its intended time, so lateness stays truthful, but an overloaded client holds bounded memory."""
+_YIELD_EVERY = 32
+"""While releasing a backlog of overdue arrivals, let the users run after this many."""
+_IDLE_YIELD_S = 50e-6
+"""A ``sleep(0)`` that returns faster than this ran no other greenlet: count it as idle spinning."""
+
+
+class ArrivalSource(Protocol):
+    def peek(self) -> float | None: ...
+    def pop(self) -> Arrival: ...
+    def finish(self) -> None: ...
+
+
+class Pacer:
+    """Releases ``source``'s arrivals at ``epoch + intended_s`` (``perf_counter`` seconds)."""
+
+    def __init__(self, source: ArrivalSource, *, spin_s: float = 0.001) -> None:
+        self.source = source
+        self.spin_s = max(0.0, spin_s)
+        self.epoch = math.nan
+        self.queue: Queue[Arrival | None] = Queue(QUEUE_LIMIT)
+        self._wake = Event()
+        self._greenlet: gevent.Greenlet[[], None] | None = None
+        self.finished = Event()
+        """Set when the source is exhausted (or :meth:`stop` was called) and the queue got its end mark."""
+        self.released = 0
+        self.taken = 0
+        self.in_flight = 0
+        self.idle_spin_s = 0.0
+        self.dropped = 0
+        """Arrivals released but never taken because the run was stopped (a ``--run-time`` cap)."""
+
+    def start(self, epoch: float) -> None:
+        """Start releasing; ``epoch`` is the ``perf_counter`` time of offset 0."""
+        self.epoch = epoch
+        self._greenlet = gevent.spawn(self._run)
+
+    def now_s(self) -> float:
+        """Seconds since the epoch."""
+        return time.perf_counter() - self.epoch
+
+    def changed(self) -> None:
+        """Call after changing the source (a new rate): the pacer re-reads its next arrival now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Release nothing more and drop what users have not taken; waiting users get ``None``."""
+        self.source.finish()
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)  # it may be waiting to put into a full queue
+        while not self.queue.empty():
+            if self.queue.get_nowait() is not None:
+                self.dropped += 1
+        self._end()
+
+    def _end(self) -> None:
+        if not self.finished.is_set():
+            self.finished.set()
+            self.queue.put(None)  # after the arrivals still queued (stop() emptied it first)
+
+    def _run(self) -> None:
+        clock = time.perf_counter
+        backlog = 0
+        try:
+            while True:
+                t = self.source.peek()
+                if t is None:
+                    return
+                if math.isinf(t):  # paused: wait for a rate change
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                target = self.epoch + t
+                delay = target - clock()
+                if delay > self.spin_s:
+                    if self._wake.wait(delay - self.spin_s):
+                        self._wake.clear()
+                    continue  # re-read: the source may have changed while we slept
+                while clock() < target:
+                    t0 = clock()
+                    gevent.sleep(0)
+                    dt = clock() - t0
+                    if dt < _IDLE_YIELD_S:
+                        self.idle_spin_s += dt
+                if self._wake.is_set():
+                    self._wake.clear()
+                    continue
+                self.queue.put(self.source.pop())  # blocks only while QUEUE_LIMIT arrivals wait
+                self.released += 1
+                if delay < 0:
+                    backlog += 1
+                    if backlog % _YIELD_EVERY == 0:
+                        gevent.sleep(0)  # a backlog must not starve the users that send it
+                else:
+                    backlog = 0
+        finally:
+            self._end()
+
+    def take(self) -> Arrival | None:
+        """Block until an arrival is due; ``None`` when the run has no more (the mark is passed on)."""
+        a: Arrival | None = self.queue.get()
+        if a is None:
+            self.queue.put(None)  # every waiting user must see the end
+            return None
+        self.taken += 1
+        self.in_flight += 1
+        return a
+
+    def done(self) -> None:
+        """A user finished the request it took."""
+        self.in_flight -= 1
+
+    @property
+    def queued(self) -> int:
+        """Arrivals released but not yet taken (every user busy)."""
+        return max(0, self.released - self.taken - self.dropped)
+
+    @property
+    def drained(self) -> bool:
+        """Everything was released, taken and answered."""
+        return self.finished.is_set() and self.in_flight == 0 and self.queued == 0

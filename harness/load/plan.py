@@ -1,0 +1,241 @@
+"""The warmup ladder: a plan file of QPS stages, and the state machine that runs it with rollback.
+
+A plan (YAML, validated, unknown keys refused) lists stages, each a target arrival rate held for a
+duration with a tolerated failure rate::
+
+    name: seed
+    policy: {on_failure: retry, max_retries: 1, min_requests: 20}
+    stages:
+      - {name: s1-100qps, qps: 100, duration_s: 60, max_failure_rate: 0.08}
+      - {name: s2-300qps, qps: 300, duration_s: 60, max_failure_rate: 0.05}
+
+:class:`Ladder` turns the plan into :class:`~harness.load.arrivals.Segment` s for the pacer and
+judges each stage from the records: the failure rate over the requests *intended* inside the stage's
+window that have completed. A stage over its tolerance (checked as soon as ``min_requests`` have
+completed, and at its end) is cut short and the ladder **rolls back to the last stage that passed**,
+not to zero: traffic drops to a level the service was seen to handle while it recovers, for
+``rollback_hold_s`` (default: that stage's duration). Then the policy decides: ``retry`` climbs again
+to the failed stage (at most ``max_retries`` times per stage), ``stop`` ends the run after the hold.
+A failure with no safe stage below (the first stage) stops at once. Every stage run, rollback hold
+and retry becomes a :class:`~harness.load.results.StageOutcome` in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.common.errors import InputError
+from harness.common.io import check_input_file, validation_input_error
+from harness.load.arrivals import Segment
+from harness.load.results import StageOutcome
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stage(_Strict):
+    name: str = Field(min_length=1)
+    qps: float = Field(gt=0)
+    """Target arrival rate, requests/s over all processes."""
+    duration_s: float = Field(gt=0)
+    max_failure_rate: float = Field(ge=0, le=1)
+    """Tolerated share of failed requests (HTTP error, transport error, in-stream error)."""
+
+
+class Policy(_Strict):
+    on_failure: Literal["retry", "stop"] = "stop"
+    max_retries: int = Field(default=1, ge=0)
+    """How often a failed stage is tried again (``retry``) before the ladder stops."""
+    min_requests: int = Field(default=20, ge=1)
+    """Completed requests a stage needs before it can be failed early."""
+    rollback_hold_s: float | None = Field(default=None, gt=0)
+    """How long to hold the safe stage after a rollback (default: that stage's duration)."""
+
+
+class Plan(_Strict):
+    name: str = "ladder"
+    policy: Policy = Field(default_factory=Policy)
+    stages: list[Stage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Plan:
+        seen: set[str] = set()
+        for s in self.stages:
+            if s.name in seen:
+                raise ValueError(f"stage name {s.name!r} is used twice")
+            seen.add(s.name)
+        return self
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Load and validate a plan file; errors name the file and the field (``stages.1.qps``)."""
+    import yaml
+
+    p = check_input_file(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=p, line=line) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a mapping with 'stages'", file=p)
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected="a ladder plan") from None
+
+
+WindowStats = Callable[[float, float], tuple[int, int]]
+"""``(start_s, end_s) -> (completed, failed)`` over requests intended in that window."""
+
+
+@dataclass
+class Attempt:
+    """One stretch of the ladder: a stage, a rollback hold, or a retry."""
+
+    stage: int
+    kind: Literal["stage", "rollback", "retry"]
+    start_s: float
+    end_s: float
+    verdict: Literal["running", "passed", "rolled_back", "stopped", "interrupted"] = "running"
+    rolled_back_to: str | None = None
+    requests: int = 0
+    errors: int = 0
+
+
+@dataclass
+class Ladder:
+    """Runs a :class:`Plan`: hands out segments, judges stages, rolls back (see the module docstring)."""
+
+    plan: Plan
+    attempts: list[Attempt] = field(default_factory=list)
+    pending: list[Attempt] = field(default_factory=list)
+    """Attempts planned but not started (their segments are with the pacer)."""
+    retries: dict[int, int] = field(default_factory=dict)
+    done: bool = False
+    stopped: bool = False
+    """The ladder ended early: a stage failed and the policy (or no safe stage) said stop."""
+
+    def start(self, at_s: float) -> list[Segment]:
+        """The whole plan as contiguous segments from ``at_s``."""
+        self.pending = self._chain([(i, "stage") for i in range(len(self.plan.stages))], at_s)
+        return self.segments()
+
+    def _chain(
+        self, steps: list[tuple[int, Literal["stage", "rollback", "retry"]]], at_s: float
+    ) -> list[Attempt]:
+        out: list[Attempt] = []
+        t = at_s
+        for idx, kind in steps:
+            st = self.plan.stages[idx]
+            dur = st.duration_s
+            if kind == "rollback" and self.plan.policy.rollback_hold_s is not None:
+                dur = self.plan.policy.rollback_hold_s
+            out.append(Attempt(idx, kind, t, t + dur))
+            t += dur
+        return out
+
+    def segments(self) -> list[Segment]:
+        """Segments of the current and pending attempts (what the pacer should send from now on)."""
+        live = [a for a in self.attempts if a.verdict == "running"] + self.pending
+        return [Segment(a.start_s, a.end_s, self.plan.stages[a.stage].qps, self.label(a)) for a in live]
+
+    def label(self, a: Attempt) -> str:
+        """``X-Traffic-Stage`` of an attempt: the stage name (rollback holds and retries say so)."""
+        name = self.plan.stages[a.stage].name
+        return name if a.kind == "stage" else f"{name}:{a.kind}"
+
+    @property
+    def current(self) -> Attempt | None:
+        running = [a for a in self.attempts if a.verdict == "running"]
+        return running[-1] if running else None
+
+    def tick(self, now_s: float, stats: WindowStats) -> list[Segment] | None:
+        """Advance to ``now_s``; returns new segments for the pacer when the plan changed, else ``None``."""
+        while self.pending and self.pending[0].start_s <= now_s:
+            self.attempts.append(self.pending.pop(0))
+        for a in self.attempts:
+            if a.verdict != "running":
+                continue
+            completed, failed = stats(a.start_s, min(a.end_s, now_s))
+            a.requests, a.errors = completed, failed
+            tol = self.plan.stages[a.stage].max_failure_rate
+            over = completed > 0 and failed / completed > tol
+            ended = now_s >= a.end_s
+            if over and (ended or completed >= self.plan.policy.min_requests):
+                a.end_s = min(a.end_s, now_s)
+                return self._fail(a, now_s)
+            if ended:
+                a.verdict = "passed"
+        if not self.pending and all(a.verdict != "running" for a in self.attempts):
+            self.done = True
+        return None
+
+    def _safe_below(self, a: Attempt) -> int | None:
+        """The highest stage below ``a``'s that passed at least once (a failed hold looks further down)."""
+        passed = {x.stage for x in self.attempts if x.verdict == "passed" and x.stage < a.stage}
+        return max(passed) if passed else None
+
+    def _fail(self, a: Attempt, now_s: float) -> list[Segment]:
+        safe = self._safe_below(a)
+        self.pending = []
+        if safe is None:
+            a.verdict = "stopped"
+            self.stopped = True
+            self.done = True
+            return []
+        a.verdict = "rolled_back"
+        a.rolled_back_to = self.plan.stages[safe].name
+        target = a.stage
+        steps: list[tuple[int, Literal["stage", "rollback", "retry"]]] = [(safe, "rollback")]
+        tries = self.retries.get(target, 0)
+        if (
+            self.plan.policy.on_failure == "retry"
+            and a.kind != "rollback"
+            and tries < self.plan.policy.max_retries
+        ):
+            self.retries[target] = tries + 1
+            steps.append((target, "retry"))
+            steps += [(i, "stage") for i in range(target + 1, len(self.plan.stages))]
+        else:
+            self.stopped = True
+        self.pending = self._chain(steps, now_s)
+        self.attempts.append(self.pending.pop(0))
+        return self.segments()
+
+    def interrupt(self, now_s: float) -> None:
+        """Mark what is still running as interrupted (Ctrl-C, SIGTERM, a stop from the web UI)."""
+        for a in self.attempts:
+            if a.verdict == "running":
+                a.verdict = "interrupted"
+                a.end_s = min(a.end_s, now_s)
+        self.pending = []
+
+    def outcomes(self) -> list[StageOutcome]:
+        """Every attempt so far as it ended, for ``summary.json``."""
+        out: list[StageOutcome] = []
+        for a in self.attempts:
+            st = self.plan.stages[a.stage]
+            verdict = "interrupted" if a.verdict == "running" else a.verdict
+            out.append(
+                StageOutcome(
+                    name=self.label(a),
+                    target_rate=st.qps,
+                    started_s=a.start_s,
+                    ended_s=a.end_s,
+                    requests=a.requests,
+                    errors=a.errors,
+                    failure_rate=a.errors / a.requests if a.requests else 0.0,
+                    tolerance=st.max_failure_rate,
+                    verdict=verdict,
+                    rolled_back_to=a.rolled_back_to,
+                )
+            )
+        return out

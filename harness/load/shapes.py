@@ -1,0 +1,97 @@
+"""Load shapes: they size the user pool and end the test; arrivals come from the pacer.
+
+Locust's ``LoadTestShape`` sets user counts, which in a closed loop *is* the load. Here users are
+only the concurrency pool (:mod:`harness.load.pacer`), so the shapes return a constant user count
+(``--concurrency`` per process) and decide when the test is over: :class:`ReplayShape` when every
+arrival was sent and answered, :class:`LadderShape` also drives the warmup ladder
+(:mod:`harness.load.plan`) — each tick judges the running stage and, on a rollback, hands the pacer
+(or, distributed, every worker) new rate segments. Both read ``--run-time`` as a cap: at the cap the
+pacer stops releasing and in-flight requests get ``--drain-timeout`` to finish.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
+from locust import LoadTestShape
+from locust.runners import MasterRunner
+
+from harness.load import plugin
+
+MIN_SPAWN_RATE = 100.0
+"""Users per second at least (users are cheap: they only wait on the pacer's queue); above 100 Locust
+warns, so the rate only goes higher when the pool would otherwise not be up within half the start delay."""
+
+
+def spawn_rate(users: int, start_delay: float) -> float:
+    """Spawn the whole pool within half the start delay (the epoch), at ≥ :data:`MIN_SPAWN_RATE`/s."""
+    return max(MIN_SPAWN_RATE, users / max(0.5 * start_delay, 0.05))
+
+
+class ReplayShape(LoadTestShape):
+    """Keeps ``--concurrency`` users per process until the replay is done."""
+
+    ladder: ClassVar[bool] = False
+    use_common_options = True  # reads --run-time as a cap
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._capped_at: float | None = None
+        self._started = False
+
+    def tick(self) -> tuple[int, float] | None:
+        run = plugin.current()
+        if run is None or not self._started:
+            if self._started:
+                return None  # test_start failed (the error is logged, the exit code set)
+            # The first tick starts the test (test_start builds the run): size the pool already.
+            self._started = True
+            users, delay = self._initial_users()
+            return users, spawn_rate(users, delay)
+        if run.finalized:
+            return None
+        self._cap(run)
+        if run.ladder is not None:
+            run.ladder_tick()
+        if run.finished():
+            run.completed = True
+            return None
+        users = run.users()
+        return users, spawn_rate(users, run.opts.start_delay)
+
+    def reset_time(self) -> None:
+        super().reset_time()  # type: ignore[no-untyped-call]
+        self._started = False  # a new test (web UI) starts again from its first tick
+        self._capped_at = None
+
+    def _initial_users(self) -> tuple[int, float]:
+        runner = self.runner
+        env = runner.environment if runner is not None else None
+        po = env.parsed_options if env is not None else None
+        concurrency = int(getattr(po, "concurrency", None) or 64)
+        delay = float(getattr(po, "start_delay", None) or 2.0)
+        workers = getattr(runner, "worker_count", 1) if isinstance(runner, MasterRunner) else 1
+        return concurrency * max(1, workers), delay
+
+    def _cap(self, run: plugin.LoadRun) -> None:
+        po = run.env.parsed_options
+        limit = getattr(po, "run_time", None) if po is not None else None
+        elapsed: float = self.get_run_time()  # type: ignore[no-untyped-call]
+        if limit and self._capped_at is None and elapsed >= float(limit):
+            self._capped_at = time.perf_counter()
+            run.warnings.append(f"--run-time {limit} s reached: the rest of the schedule was not sent")
+            if run.ladder is not None:
+                run.ladder.interrupt(run.now_s())
+                run.ladder.done = True
+            if run.role == "master":
+                run.env.runner.send_message(plugin.MSG_SEGMENTS, {"segments": [], "final": True})  # type: ignore[union-attr]
+            if run.pacer is not None:
+                run.pacer.stop()
+
+
+class LadderShape(ReplayShape):
+    """The warmup ladder of ``--plan``: stages, rollback, retry or stop."""
+
+    ladder: ClassVar[bool] = True

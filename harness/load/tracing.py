@@ -1,0 +1,124 @@
+"""Trace context on every request, and optionally one OpenTelemetry client span per request.
+
+Every request carries W3C ``traceparent`` and Jaeger ``uber-trace-id`` headers, written by the
+OpenTelemetry propagators (a composite of ``TraceContextTextMapPropagator`` and
+``JaegerPropagator``), so a target instrumented with either joins its server spans to the request.
+The client span is a new root per request; its link (and the ``harness.source_trace_id``
+attribute) points at the production trace the request replays, which stays untouched.
+
+Without ``--otlp-endpoint`` the span is a non-recording one (random ids, nothing exported: a few µs).
+With it, spans go through the SDK's ``BatchSpanProcessor`` to an OTLP/HTTP exporter: ending a span
+only appends it to a queue; serialization and the POST happen in the processor's worker (a greenlet
+under Locust's monkey-patching) in batches of :data:`EXPORT_BATCH`, small enough that one export
+does not hold the event loop for long. Import this module after Locust (gevent patches ``requests``
+and ``urllib3``, which the exporter uses, only if they are imported after it).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.jaeger import JaegerPropagator
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+EXPORT_BATCH = 64
+SERVICE_NAME = "harness-load"
+
+AttrValue = str | int | float | bool
+
+
+def _source_link(trace_id: str | None) -> list[Link]:
+    """A link to the source trace (hex id), when it is a valid 128-bit or 64-bit trace id."""
+    if not trace_id:
+        return []
+    try:
+        tid = int(trace_id, 16)
+    except ValueError:
+        return []
+    if not 0 < tid < 1 << 128:
+        return []
+    # The schedule knows the source trace, not one of its spans: the link names the trace; its span
+    # id is a fixed placeholder (a link needs one) and the attribute says what it means.
+    ctx = SpanContext(trace_id=tid, span_id=1, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return [Link(ctx, {"harness.link": "source_trace"})]
+
+
+class Tracing:
+    """Header injection and (with an endpoint) span export for one load process."""
+
+    def __init__(
+        self, otlp_endpoint: str | None = None, *, resource: Mapping[str, AttrValue] | None = None
+    ) -> None:
+        self.propagator = CompositePropagator([TraceContextTextMapPropagator(), JaegerPropagator()])
+        self.endpoint = otlp_endpoint
+        self._provider: Any = None
+        self._tracer: trace.Tracer | None = None
+        if otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            attrs: dict[str, AttrValue] = {"service.name": SERVICE_NAME, **(resource or {})}
+            provider = TracerProvider(resource=Resource.create(attrs))
+            provider.add_span_processor(
+                BatchSpanProcessor(
+                    OTLPSpanExporter(endpoint=otlp_endpoint, timeout=10),
+                    max_export_batch_size=EXPORT_BATCH,
+                    schedule_delay_millis=1000,
+                )
+            )
+            self._provider = provider
+            self._tracer = provider.get_tracer("harness.load")
+
+    def start(
+        self,
+        name: str,
+        headers: dict[str, str],
+        *,
+        attributes: Mapping[str, AttrValue],
+        source_trace_id: str | None,
+        start_ns: int,
+    ) -> trace.Span:
+        """Begin the request's client span and write its context into ``headers``."""
+        span: trace.Span
+        if self._tracer is not None:
+            span = self._tracer.start_span(
+                name,
+                kind=SpanKind.CLIENT,
+                attributes=dict(attributes),
+                links=_source_link(source_trace_id),
+                start_time=start_ns,
+            )
+        else:
+            ctx = SpanContext(
+                trace_id=random.getrandbits(128) or 1,
+                span_id=random.getrandbits(64) or 1,
+                is_remote=False,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+            span = NonRecordingSpan(ctx)
+        self.propagator.inject(headers, context=trace.set_span_in_context(span))
+        return span
+
+    @staticmethod
+    def end(span: trace.Span, *, attributes: Mapping[str, AttrValue], error: str | None, end_ns: int) -> None:
+        if not span.is_recording():
+            return
+        span.set_attributes(dict(attributes))
+        if error is not None:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        span.end(end_time=end_ns)
+
+    def shutdown(self) -> None:
+        """Export what is queued and stop the exporter (end of the run)."""
+        if self._provider is not None:
+            self._provider.force_flush(10_000)
+            self._provider.shutdown()
+            self._provider = None
+            self._tracer = None

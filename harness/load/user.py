@@ -1,0 +1,244 @@
+"""The replay user: takes arrivals from the pacer and streams one OpenAI request per arrival.
+
+Users are the concurrency pool of the open loop (:mod:`harness.load.pacer`): ``wait_time`` is zero
+and each task blocks on the pacer's queue, so *when* a request goes out is the schedule's decision,
+not the user's. Each user is a ``FastHttpUser`` with its own connection pool and sends one request
+at a time, so no request ever waits for a pooled connection inside a timer.
+
+Measuring a stream: the request goes through the user's own pooled ``geventhttpclient`` client and
+the response body is read line by line from the socket as bytes arrive (``readline(b"\\n")`` on the
+streaming response; ``FastHttpSession.iter_lines`` reads 1 KiB blocks and would batch events). Each
+line is stamped with ``perf_counter`` on arrival; parsing and token counting wait until the stream
+ended (:mod:`harness.load.stream`). ``FastHttpSession.request`` is not used: with ``stream=True`` its
+timer stops at the headers, and its per-call bookkeeping costs more than the replay itself.
+
+Locust's own statistics get truthful entries: the request's name with ``response_time`` = E2E
+(Locust would otherwise stop the clock at the headers) and ``response_length`` = bytes read, plus
+``TTFT`` and ``TPOT`` request types. Locust rounds what it shows; every percentile the harness
+reports is computed from ``records.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
+from gevent import GreenletExit
+from geventhttpclient.url import URL
+from locust import FastHttpUser, constant, task
+
+from harness.common import headers as H
+from harness.load import plugin
+from harness.load.arrivals import Arrival
+from harness.load.stream import parse_lines, timing
+
+MAX_ERROR_BODY = 2048
+DONE = b"data: [DONE]"
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request in flight: what the finish step needs besides the record's row."""
+
+    path: str
+    span: Any
+    start_time: float
+    """Wall time at send (Locust's ``start_time``)."""
+    sent: float
+    """perf_counter at send."""
+    lines: list[tuple[float, bytes]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class ReplayUser(FastHttpUser):
+    """One slot of the open loop's concurrency pool (``--concurrency`` of them per process)."""
+
+    abstract = False
+    wait_time = constant(0)
+    network_timeout = 600.0
+    connection_timeout = 30.0
+
+    def __init__(self, environment: Any) -> None:
+        run = plugin.current()
+        if run is not None:  # read by FastHttpUser.__init__ when it builds the session
+            self.network_timeout = run.opts.request_timeout
+        super().__init__(environment)
+        # The session's own pooled client: one connection per user, Locust's timeouts and TLS
+        # settings, without FastHttpSession.request's per-call bookkeeping (whose timer would stop
+        # at the headers anyway); the statistics entries are fired in _report.
+        self._http = self.client.client.clientpool.get_client(URL(self.client.base_url or ""))
+
+    def on_start(self) -> None:
+        # Connect before the epoch (users spawn during --start-delay), so that the first arrival of
+        # each user does not pay for the TCP handshake and the resolver: clients of an LLM service
+        # keep their connections. A target that is down is reported by the first request instead.
+        pool = getattr(self._http, "_connection_pool", None)
+        if pool is None:
+            return
+        with contextlib.suppress(OSError):
+            pool.return_socket(pool.get_socket())
+
+    @task
+    def replay(self) -> None:
+        run = plugin.current()
+        pacer = run.pacer if run is not None else None
+        if run is None or pacer is None:
+            gevent.sleep(0.1)  # the master process, or before test_start
+            return
+        arrival = pacer.take()
+        if arrival is None:
+            gevent.sleep(1.0)  # the share is done; the shape ends the test
+            return
+        try:
+            self.send(run, arrival)
+        finally:
+            pacer.done()
+
+    def send(self, run: plugin.LoadRun, a: Arrival) -> None:
+        """Send one arrival's request, read its stream line by line as it arrives, record it."""
+        spec = run.inputs.requests[a.request]
+        stage = a.stage or run.opts.stage
+        hdrs = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "Accept-Encoding": "identity",  # compressed SSE cannot be read line by line
+            H.STAGE: stage,
+            H.WARMUP_ID: run.warmup_id,
+            H.TENANT: spec.tenant,
+        }
+        trace_id = a.trace_id or spec.trace_id
+        if trace_id:
+            hdrs[H.TRACE_ID] = trace_id
+        assert run.tracing is not None
+        span = run.tracing.start(
+            f"POST {spec.path}",
+            hdrs,
+            attributes={
+                "harness.stage": stage,
+                "harness.scenario": a.scenario or spec.scenario or "",
+                "harness.record_id": spec.id,
+                "harness.warmup_id": run.warmup_id,
+                "http.request.method": "POST",
+                "url.path": spec.path,
+            },
+            source_trace_id=trace_id,
+            start_ns=time.time_ns(),
+        )
+        row: dict[str, Any] = {
+            "id": spec.id,
+            "scenario": a.scenario or spec.scenario,
+            "stage": stage,
+            "intended_s": a.intended_s,
+            "tenant": spec.tenant,
+            "trace_id": trace_id,
+            "status": 0,
+            "error": None,
+            "cache": None,
+            "itl_ms": [],
+        }
+        clock = time.perf_counter
+        req = _Request(spec.path, span, time.time(), clock())
+        row["sent_s"] = req.sent - run.epoch
+        row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)
+        lines = req.lines
+        resp: Any = None
+        try:
+            resp = self._http.request("POST", spec.path, body=spec.body, headers=hdrs)
+            status = resp.status_code
+            row["status"] = status
+            row["cache"] = resp.get(H.CACHE_STATUS)
+            if status == 200:
+                readline = resp.readline
+                while True:
+                    line = readline(b"\n")  # returns as soon as a whole line is in
+                    t = clock()
+                    if not line:
+                        break
+                    req.nbytes += len(line)
+                    if line[:5] == b"data:":
+                        lines.append((t, line))
+                        if line.startswith(DONE):
+                            break
+            else:
+                body = resp.read(MAX_ERROR_BODY)
+                row["error"] = f"HTTP {status}: {body.decode('utf-8', 'replace')[:300]}"
+        except GreenletExit:
+            row["error"] = "interrupted: the run stopped while this request was in flight"
+            self._finish(run, row, req, clock())
+            raise
+        except Exception as exc:  # refused, reset, timeout, mid-stream: the record says what happened
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            if resp is not None:
+                resp.release()  # back to the pool (closed if the body was not read to its end)
+        self._finish(run, row, req, clock())
+
+    def _finish(self, run: plugin.LoadRun, row: dict[str, Any], req: _Request, end: float) -> None:
+        """Parse the stream, fill the record's latencies and tokens, record and report it."""
+        intended_abs = run.epoch + row["intended_s"]
+        sent = req.sent
+        mode_used: str | None = None
+        if req.lines:
+            parsed = parse_lines(req.lines)
+            if parsed.error and row["error"] is None:
+                row["error"] = f"in-stream error: {parsed.error}"
+            usage = parsed.usage or {}
+            row["prompt_tokens"] = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            row["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
+            hx = usage.get("harness") or {}
+            if isinstance(hx, dict) and hx:
+                row["prefill_kv_bytes"] = hx.get("prefill_kv_bytes")
+                row["prefill_peak_bytes"] = hx.get("prefill_peak_bytes")
+                row["peak_measured"] = hx.get("peak_measured")
+            try:
+                tm = timing(parsed, run.opts.token_counting, run.tokenize)
+            except ValueError as exc:
+                row["error"] = row["error"] or str(exc)
+            else:
+                mode_used = tm.mode
+                if tm.first_token_t is not None:
+                    row["ttft_ms"] = (tm.first_token_t - sent) * 1000.0
+                    row["ttft_from_intended_ms"] = (tm.first_token_t - intended_abs) * 1000.0
+                row["itl_ms"] = tm.itl_ms
+                row["tpot_ms"] = tm.tpot_ms
+                row["completion_tokens"] = tm.completion_tokens if tm.mode else usage.get("completion_tokens")
+            if row["error"] is None and not parsed.done:
+                row["error"] = "stream ended without [DONE]"
+        row["token_counting"] = mode_used
+        if row["error"] is None or req.lines:
+            row["e2e_ms"] = (end - sent) * 1000.0
+            row["e2e_from_intended_ms"] = (end - intended_abs) * 1000.0
+        run.record(row)
+        if run.tracing is not None:
+            run.tracing.end(
+                req.span,
+                attributes={
+                    "http.response.status_code": row["status"],
+                    "harness.cache": row["cache"] or "",
+                    "harness.completion_tokens": row.get("completion_tokens") or 0,
+                    "harness.lateness_ms": row["lateness_ms"],
+                },
+                error=row["error"],
+                end_ns=time.time_ns(),
+            )
+        self._report(row, req)
+
+    def _report(self, row: dict[str, Any], req: _Request) -> None:
+        """Truthful entries in Locust's own statistics (its UI and ``--csv``)."""
+        err = row["error"]
+        fire = self.environment.events.request.fire
+        url = (self.host or "") + req.path
+        fire(request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
+             response_length=req.nbytes, exception=RuntimeError(err) if err is not None else None,
+             context={}, response=None, start_time=req.start_time, url=url)  # fmt: skip
+        if row.get("ttft_ms") is not None:
+            fire(request_type="TTFT", name=row["stage"], response_time=row["ttft_ms"], response_length=0,
+                 exception=None, context={})  # fmt: skip
+        if row.get("tpot_ms") is not None:
+            fire(request_type="TPOT", name=row["stage"], response_time=row["tpot_ms"], response_length=0,
+                 exception=None, context={})  # fmt: skip

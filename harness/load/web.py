@@ -1,0 +1,132 @@
+"""An "LLM load" tab on Locust's web UI, fed from the run's own records.
+
+Locust's UI shows its own statistics (rounded, and closed-loop by nature); this tab shows what the
+harness measures, computed with the project's one percentile definition over the most recent
+records (:data:`harness.load.plugin.LIVE_WINDOW`): TTFT, TPOT, ITL, E2E and lateness percentiles, the
+current ladder stage, rollbacks, the hit rate by cache tier, requests in flight and queued.
+
+It uses Locust's extension points: a Flask blueprint on ``environment.web_ui.app`` serving
+``/harness/load`` (the same data as JSON, for scripts) and ``/harness/load/summary`` (the final
+``summary.json``), ``extended_tabs`` / ``extended_tables`` template arguments for the tab, and the
+``extended_stats`` field that the UI reads from each ``/stats/requests`` poll.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from flask import Blueprint, Response, request
+
+from harness.load import plugin
+from harness.load.results import SUMMARY_FILE
+
+TAB = "harness-load"
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("metric", "Metric"),
+    ("value", "n / value"),
+    ("p50", "p50"),
+    ("p90", "p90"),
+    ("p99", "p99"),
+    ("max", "max"),
+)
+METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:.1f}"
+
+
+def live_rows() -> list[dict[str, str]]:
+    """The tab's rows: percentiles of the recent records, then the run's state."""
+    run = plugin.current()
+    if run is None:
+        return [{"metric": "no run yet", "value": ""}]
+    rows: list[dict[str, str]] = []
+    for name, d in run.live.distributions().items():
+        if name in METRICS:
+            rows.append({"metric": name, "value": str(d.n), "p50": _ms(d.p50), "p90": _ms(d.p90),
+                         "p99": _ms(d.p99), "max": _ms(d.max)})  # fmt: skip
+    state = status()
+    for key in (
+        "stage",
+        "target_rate",
+        "rollbacks",
+        "requests",
+        "errors",
+        "in_flight",
+        "queued",
+        "workers_lost",
+    ):
+        rows.append({"metric": key, "value": str(state.get(key, ""))})
+    for tier, share in state["hit_rate"].items():
+        rows.append({"metric": f"hit rate {tier}", "value": f"{share:.1%}"})
+    return rows
+
+
+def status() -> dict[str, Any]:
+    """The run's live state as JSON-ready data (``GET /harness/load``)."""
+    run = plugin.current()
+    if run is None:
+        return {"running": False}
+    stage = run.opts.stage
+    target_rate: float | None = run.opts.rate
+    rollbacks = 0
+    stages: list[dict[str, Any]] = []
+    if run.ladder is not None:
+        cur = run.ladder.current
+        if cur is not None:
+            stage = run.ladder.label(cur)
+            target_rate = run.ladder.plan.stages[cur.stage].qps
+        stages = [o.model_dump(mode="json") for o in run.ladder.outcomes()]
+        rollbacks = sum(o["verdict"] == "rolled_back" for o in stages)
+    pacer = run.pacer
+    return {
+        "running": not run.finalized,
+        "results_dir": str(run.results_dir),
+        "warmup_id": run.warmup_id,
+        "stage": stage,
+        "target_rate": target_rate,
+        "rollbacks": rollbacks,
+        "stages": stages,
+        "requests": run.live.requests,
+        "errors": run.live.errors,
+        "in_flight": pacer.in_flight if pacer is not None else None,
+        "queued": pacer.queued if pacer is not None else None,
+        "workers_lost": sum(w.lost for w in run.workers.values()),
+        "hit_rate": run.live.hit_rate(),
+        "metrics": {k: v.model_dump() for k, v in run.live.distributions().items()},
+    }
+
+
+def mount(env: Any) -> None:
+    """Register the blueprint, the tab and the ``extended_stats`` hook on ``env.web_ui``."""
+    web_ui = env.web_ui
+    bp = Blueprint("harness_load", __name__)
+
+    @bp.route("/harness/load")
+    def load_status() -> Response:
+        return Response(orjson.dumps(status()), mimetype="application/json")
+
+    @bp.route("/harness/load/summary")
+    def load_summary() -> Response:
+        path = plugin.results_path(env)
+        if path is None or not (path / SUMMARY_FILE).exists():
+            return Response(b'{"error": "no summary yet"}', status=404, mimetype="application/json")
+        return Response((path / SUMMARY_FILE).read_bytes(), mimetype="application/json")
+
+    web_ui.app.register_blueprint(bp)
+    web_ui.template_args["extended_tabs"] = [{"title": "LLM load", "key": TAB}]
+    web_ui.template_args["extended_tables"] = [
+        {"key": TAB, "structure": [{"key": k, "title": t} for k, t in COLUMNS]}
+    ]
+
+    def extend_stats(response: Response) -> Response:
+        if request.path != "/stats/requests" or response.status_code != 200:
+            return response
+        data = orjson.loads(response.get_data())
+        data["extended_stats"] = [{"key": TAB, "data": live_rows()}]
+        response.set_data(orjson.dumps(data))
+        return response
+
+    web_ui.app.after_request(extend_stats)

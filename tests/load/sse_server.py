@@ -1,0 +1,221 @@
+"""A small, controllable OpenAI-compatible SSE server for the load stage's tests.
+
+It runs in a thread of the test process (the Locust process under test is a separate process), does
+no per-request work beyond sleeping and writing, and logs what it did with ``perf_counter`` times so
+that tests compare the client's measurements against the server's own: when the first token was
+written (``first_write - received``) and the gaps between token writes. Behaviour is set per server:
+
+* ``first_token_s``: delay from the request's arrival to the first token;
+* ``gap_s``: delay between chunks; ``tokens`` per response; ``tokens_per_chunk``;
+* ``usage``: ``"continuous"`` (usage on every chunk when the request asks for it, like vLLM),
+  ``"final"`` (only the final usage chunk) or ``"none"``;
+* ``stall_request`` / ``stall_s``: the N-th request (0-based) waits ``stall_s`` before its first token;
+* ``fail_above_rps``: answer 503 while requests arrive faster than this (over the last 0.5 s);
+* every request's headers and body are kept (``requests``) for header assertions; ``POST
+  /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``).
+
+Times are absolute targets from the request's arrival (no drift across tokens); TCP_NODELAY is on so
+that small writes leave at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+RATE_WINDOW_S = 0.5
+"""``fail_above_rps`` counts the arrivals of the last half second (a short memory: load that drops is
+served again soon)."""
+
+
+@dataclass
+class Behaviour:
+    first_token_s: float = 0.0
+    gap_s: float = 0.0
+    tokens: int = 8
+    tokens_per_chunk: int = 1
+    usage: str = "continuous"
+    stall_request: int | None = None
+    stall_s: float = 0.0
+    fail_above_rps: float | None = None
+
+
+@dataclass
+class Served:
+    """What the server did for one request (perf_counter seconds)."""
+
+    index: int
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    received: float
+    status: int = 200
+    writes: list[float] = field(default_factory=list)
+    """Times each content chunk was written."""
+
+    @property
+    def first_token_ms(self) -> float | None:
+        return (self.writes[0] - self.received) * 1000.0 if self.writes else None
+
+    @property
+    def gaps_ms(self) -> list[float]:
+        return [(b - a) * 1000.0 for a, b in zip(self.writes, self.writes[1:], strict=False)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def do_POST(self) -> None:
+        received = time.perf_counter()
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        srv = self.server
+        if self.path == "/cache/preload":
+            lines = [x for x in raw.splitlines() if x.strip()]
+            with srv.lock:
+                srv.preloads.append(raw)
+            out = json.dumps(
+                {"lines": len(lines), "stored": len(lines), "generated": 0, "failed": 0}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        body = json.loads(raw or b"{}")
+        b = srv.behaviour
+        with srv.lock:
+            served = Served(len(srv.requests), self.path, dict(self.headers.items()), body, received)
+            srv.requests.append(served)
+            srv.arrivals.append(received)
+            while srv.arrivals and srv.arrivals[0] < received - RATE_WINDOW_S:
+                srv.arrivals.popleft()
+            busy = b.fail_above_rps is not None and len(srv.arrivals) > b.fail_above_rps * RATE_WINDOW_S
+        if busy:
+            served.status = 503
+            out = b'{"error": {"message": "overloaded", "type": "server_error"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        chat = self.path.endswith("/chat/completions")
+        opts = body.get("stream_options") or {}
+        continuous = b.usage == "continuous" and bool(opts.get("continuous_usage_stats"))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("x-cache", "MISS")
+        self.end_headers()
+        start = received + b.first_token_s
+        if b.stall_request is not None and served.index == b.stall_request:
+            start += b.stall_s
+        sent = 0
+        i = 0
+        while sent < b.tokens:
+            k = min(b.tokens_per_chunk, b.tokens - sent)
+            text = "".join(f" t{sent + j}" for j in range(k))
+            choice: dict[str, Any] = (
+                {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": None}
+            )
+            sent += k
+            if sent == b.tokens:
+                choice["finish_reason"] = "length"
+            chunk: dict[str, Any] = {
+                "id": "x",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 0,
+                "model": "test",
+                "choices": [choice],
+            }
+            if continuous:
+                chunk["usage"] = {"prompt_tokens": 5, "completion_tokens": sent, "total_tokens": 5 + sent}
+            data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            due = start + i * b.gap_s
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self._chunk(data)
+            served.writes.append(time.perf_counter())
+            i += 1
+        if b.usage != "none" and opts.get("include_usage"):
+            usage = {"prompt_tokens": 5, "completion_tokens": b.tokens, "total_tokens": 5 + b.tokens,
+                     "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            final = {"id": "x", "object": obj, "created": 0, "model": "test", "choices": [], "usage": usage}
+            self._chunk(b"data: " + json.dumps(final).encode() + b"\n\n")
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that quits mid-request (the end of a Locust run) is not a server error
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.behaviour = behaviour
+        self.lock = threading.Lock()
+        self.requests: list[Served] = []
+        self.arrivals: deque[float] = deque()
+        self.preloads: list[bytes] = []
+
+
+class SSEServer:
+    """``with SSEServer(Behaviour(...)) as srv: srv.url`` — serves in a background thread."""
+
+    def __init__(self, behaviour: Behaviour | None = None) -> None:
+        self._srv = _Server(behaviour or Behaviour())
+        self._thread = threading.Thread(
+            target=self._srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._srv.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def requests(self) -> list[Served]:
+        with self._srv.lock:
+            return list(self._srv.requests)
+
+    @property
+    def preloads(self) -> list[bytes]:
+        return list(self._srv.preloads)
+
+    def __enter__(self) -> SSEServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()
+
+
+if __name__ == "__main__":  # manual use: python tests/load/sse_server.py
+    import sys
+
+    with SSEServer(Behaviour(first_token_s=0.05, gap_s=0.01, tokens=16)) as s:
+        print(s.url, flush=True)
+        sys.stdin.read()

@@ -1,0 +1,51 @@
+"""Real headless Locust runs of ``locustfiles/warmup.py``: stages change the arrival rate; rollback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.load.results import read_records, read_summary
+from harness.load.runner import LoadSpec, run_locust
+from tests.load.sse_server import Behaviour, SSEServer
+
+pytestmark = pytest.mark.slow
+
+PLAN = """
+name: test
+policy: {on_failure: stop, min_requests: 10, rollback_hold_s: 4}
+stages:
+  - {name: low, qps: 4, duration_s: 3, max_failure_rate: 0.2}
+  - {name: high, qps: 30, duration_s: 4, max_failure_rate: 0.1}
+"""
+
+
+def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
+    tmp_path: Path, corpus: Path
+) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12)
+    with SSEServer(behaviour) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan,
+                        results_dir=tmp_path / "r", start_delay=0.5, concurrency=16)  # fmt: skip
+        code = run_locust(spec, timeout_s=180)
+        stages_seen = {h.get("X-Traffic-Stage") for h in (x.headers for x in srv.requests)}
+    assert code == 1  # the ladder stopped (policy: stop) after holding the safe stage
+    s = read_summary(tmp_path / "r")
+    assert [(o.name, o.verdict) for o in s.stages] == [
+        ("low", "passed"), ("high", "rolled_back"), ("low:rollback", "passed")]  # fmt: skip
+    _, high, hold = s.stages
+    assert high.rolled_back_to == "low" and high.failure_rate > 0.1
+    assert high.ended_s - high.started_s < 4.0  # cut short, not held to its end
+    assert hold.started_s == pytest.approx(high.ended_s, abs=0.01) and hold.target_rate == 4
+    assert stages_seen == {"low", "high", "low:rollback"}
+    recs = list(read_records(tmp_path / "r"))
+    by_stage = {name: [r for r in recs if r.stage == name] for name in stages_seen}
+    # The pacer's rate followed the stages (open loop: arrivals, not users).
+    assert len(by_stage["low"]) == pytest.approx(12, abs=1)
+    high_span = high.ended_s - high.started_s
+    assert len(by_stage["high"]) == pytest.approx(30 * high_span, abs=2)
+    assert len(by_stage["low:rollback"]) == pytest.approx(16, abs=1)
+    assert s.plan is not None and s.plan.path == str(plan)

@@ -1,0 +1,184 @@
+"""Real headless Locust runs of ``locustfiles/replay.py`` against a controllable SSE server.
+
+The timing assertions compare the client's records with what the server itself logged doing (when
+it wrote the first token, the gaps between its writes), so that a busy machine that makes the
+server oversleep does not fail the test: the claim under test is that the client measures what
+happened, within 3 ms (TTFT) and 1 ms (ITL) at the median.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.common.stats import percentile
+from harness.load.results import read_records, read_summary
+from harness.load.runner import LoadSpec, run_locust
+from tests.load.sse_server import Behaviour, SSEServer
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 180
+
+
+def test_ttft_and_itl_are_what_the_server_did(tmp_path: Path, corpus: Path) -> None:
+    with SSEServer(Behaviour(first_token_s=0.050, gap_s=0.010, tokens=10)) as srv:
+        csv_prefix = ["--csv", str(tmp_path / "locust")]
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=4, results_dir=tmp_path / "r",
+                        start_delay=1.0, concurrency=16, extra_args=csv_prefix)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        served = srv.requests
+    s = read_summary(tmp_path / "r")
+    assert s.requests == 80 == len(served) and s.errors == 0 and not s.interrupted
+    assert s.token_counting == {"usage": 80}
+    server_ttft = percentile([x.first_token_ms for x in served if x.first_token_ms is not None], 50)
+    server_gap = percentile([g for x in served for g in x.gaps_ms], 50)
+    ttft, itl = s.metrics["ttft_ms"], s.metrics["itl_ms"]
+    assert ttft.n == 80 and itl.n == 80 * 9
+    assert ttft.p50 is not None and itl.p50 is not None
+    assert abs(ttft.p50 - server_ttft) <= 3.0, (ttft.p50, server_ttft)
+    assert abs(ttft.p50 - 50.0) <= 3.0 + max(0.0, server_ttft - 50.0)
+    assert abs(itl.p50 - server_gap) <= 1.0, (itl.p50, server_gap)
+    assert abs(itl.p50 - 10.0) <= 1.0 + max(0.0, server_gap - 10.0)
+    assert s.achieved_rate == pytest.approx(20.0, rel=0.02) and s.target_rate == 20.0
+    assert s.hit_rate["MISS"] == 1.0
+    # Locust's own statistics carry truthful entries: E2E as the response time, TTFT and TPOT rows.
+    with open(tmp_path / "locust_stats.csv", newline="") as fh:
+        rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(fh)}
+    assert int(rows[("TTFT", "replay")]["Request Count"]) == 80
+    assert int(rows[("TPOT", "replay")]["Request Count"]) == 80
+    e2e = float(rows[("POST", "/v1/chat/completions")]["Median Response Time"])
+    assert e2e >= 50 + 9 * 10 - 5  # not the header time: the whole stream
+
+
+def test_chunks_of_three_tokens_and_a_server_without_per_chunk_usage(tmp_path: Path, corpus: Path) -> None:
+    with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.02, tokens=12, tokens_per_chunk=3)) as srv:
+        spec = LoadSpec(
+            host=srv.url, corpus=corpus, rate=10, duration=1, results_dir=tmp_path / "a", start_delay=0.5
+        )
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+    recs = list(read_records(tmp_path / "a"))
+    assert len(recs) == 10
+    for r in recs:
+        assert r.completion_tokens == 12 and r.token_counting == "usage"
+        assert len(r.itl_ms) == 11
+        assert r.itl_ms[:2] == [0.0, 0.0] and r.itl_ms[3:5] == [0.0, 0.0] and r.itl_ms[2] > 10.0
+    with SSEServer(Behaviour(gap_s=0.005, tokens=6, tokens_per_chunk=2, usage="final")) as srv:
+        spec = LoadSpec(
+            host=srv.url, corpus=corpus, rate=10, duration=1, results_dir=tmp_path / "b", start_delay=0.5
+        )
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+    s = read_summary(tmp_path / "b")
+    assert s.token_counting == {"final-usage": 10}
+    assert any("approximate" in w for w in s.warnings)
+    assert all(r.completion_tokens == 6 for r in read_records(tmp_path / "b"))
+
+
+def test_a_stall_shows_from_intended_but_not_from_send(tmp_path: Path, corpus: Path) -> None:
+    """Coordinated omission: one user, a constant 20/s schedule, request 10 held 2 s by the server."""
+    with SSEServer(
+        Behaviour(first_token_s=0.005, gap_s=0.001, tokens=3, stall_request=10, stall_s=2.0)
+    ) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=4, results_dir=tmp_path / "r",
+                        start_delay=0.5, concurrency=1)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+    recs = sorted(read_records(tmp_path / "r"), key=lambda r: r.intended_s)
+    assert len(recs) == 80
+    stalled = recs[10]
+    assert stalled.ttft_ms is not None and stalled.ttft_ms >= 2000.0
+    stall_end = stalled.intended_s + stalled.ttft_ms / 1000.0
+    during = [r for r in recs if stalled.intended_s < r.intended_s < stall_end - 0.1]
+    assert len(during) >= 30  # ~2 s of a 20/s schedule
+    for r in during:
+        assert r.ttft_ms is not None and r.ttft_ms < 500.0  # from send: the stall is invisible
+        assert r.ttft_from_intended_ms is not None
+        assert r.ttft_from_intended_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0  # from intent: it shows
+        assert r.lateness_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0
+    s = read_summary(tmp_path / "r")
+    assert s.client_bound and any("lateness" in w for w in s.warnings)
+    assert s.metrics["ttft_from_intended_ms"].p90 > 10 * s.metrics["ttft_ms"].p50  # type: ignore[operator]
+
+
+def test_sigint_mid_run_leaves_finalized_results(tmp_path: Path, corpus: Path) -> None:
+    results = tmp_path / "r"
+    with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.05, tokens=20)) as srv:
+        spec = LoadSpec(
+            host=srv.url, corpus=corpus, rate=10, duration=120, results_dir=results, start_delay=0.5
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen(spec.command(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            records = results / "records.jsonl"
+            # Wait for records on disk (flushed at least once a second), never for a fixed time.
+            while not (records.exists() and records.read_bytes().count(b"\n") >= 5):
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "no records appeared"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    s = read_summary(results)
+    recs = list(read_records(results))
+    assert s.interrupted and s.requests == len(recs) >= 5
+    assert any(r.error is not None and r.error.startswith("interrupted") for r in recs)  # in flight at Ctrl-C
+
+
+def test_headers_preload_and_trace_context_arrive(tmp_path: Path, corpus: Path) -> None:
+    preload = tmp_path / "preload.jsonl"
+    preload.write_text(
+        '{"prompt": "hi", "completion": "there", "max_tokens": 4}\n{"prompt": "a", "max_tokens": 2}\n'
+    )
+    with SSEServer(Behaviour(tokens=2)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, duration=1, results_dir=tmp_path / "r",
+                        start_delay=0.5, stage="cold", warmup_id="w-123", preload=preload)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        served = srv.requests
+        assert srv.preloads == [preload.read_bytes()]
+    s = read_summary(tmp_path / "r")
+    assert s.preload == {"lines": 2, "stored": 2, "generated": 0, "failed": 0}
+    assert s.warmup_id == "w-123" and len(served) == 10
+    traces = set()
+    for x in served:
+        h = {k.lower(): v for k, v in x.headers.items()}
+        assert h["x-traffic-stage"] == "cold" and h["x-warmup-id"] == "w-123"
+        assert h["x-tenant-id"] in ("default", "acme")
+        rid = int(x.body["messages"][0]["content"].split()[-1])
+        assert h["x-trace-id"] == f"{rid + 1:032x}"  # the record's source trace
+        version, trace_id, span_id, flags = h["traceparent"].split("-")
+        assert version == "00" and len(trace_id) == 32 and flags == "01"
+        uber = h["uber-trace-id"].split(":")
+        assert uber[0].rjust(32, "0") == trace_id and uber[1].rjust(16, "0") == span_id
+        traces.add(trace_id)
+        assert x.body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert len(traces) == 10  # a new client trace per request
+
+
+def test_bad_input_fails_before_any_load_with_the_documented_code(tmp_path: Path, corpus: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "replay.py"), "--headless",
+               "--host", "http://127.0.0.1:9", *args]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
+
+    missing = run("--corpus", str(tmp_path / "nope.jsonl"), "--rate", "1", "--duration", "1")
+    assert missing.returncode == 3 and "nope.jsonl: no such file" in missing.stderr
+    no_when = run("--corpus", str(corpus))
+    assert no_when.returncode == 4 and "--schedule" in no_when.stderr
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("stages:\n  - {name: a, qps: 1, duration_s: 1, max_failure_rate: 0.1, oops: 1}\n")
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "warmup.py"), "--headless",
+           "--host", "http://127.0.0.1:9", "--corpus", str(corpus), "--plan", str(plan)]  # fmt: skip
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert bad.returncode == 3 and "stages.0.oops" in bad.stderr
