@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from harness.common.errors import CannotJudge, CheckFailed
 
@@ -89,14 +90,14 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
         per_scenario=per_scenario,
     )
     write_baseline(out, spec, comments)
-    t = Table(title=f"baseline {spec.name}: {len(spec.gates)} gates", title_justify="left")
+    t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
     for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
         t.add_column(col)
     for i, g in enumerate(spec.gates):
         sign = "≤" if g.effective_direction == "at_most" else "≥"
         t.add_row(
-            g.id, g.effective_phase or "any", format_value(g.threshold, g.spec.unit),
-            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), comments.get(i, ""),
+            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
+            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
         )  # fmt: skip
     Console(width=max(Console().width, 150)).print(t)
     for line in skipped:
@@ -113,13 +114,13 @@ def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")])
     from harness.gates.metrics import format_value
 
     spec = read_baseline(baseline)
-    t = Table(title=f"baseline {spec.name} (confidence {spec.confidence:.0%})", title_justify="left")
+    t = Table(title=escape(f"baseline {spec.name} (confidence {spec.confidence:.0%})"), title_justify="left")
     for col in ("gate", "phase", "threshold", "limit", "min samples"):
         t.add_column(col)
     for g in spec.gates:
         sign = "≤" if g.effective_direction == "at_most" else "≥"
         t.add_row(
-            g.id, g.effective_phase or "any", format_value(g.threshold, g.spec.unit),
+            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
             f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.effective_min_samples(spec.confidence)),
         )  # fmt: skip
     Console(width=max(Console().width, 120)).print(t)
@@ -165,7 +166,7 @@ def noise(
         for key, counts in part.per_gate.items():
             est.per_gate.setdefault(key, type(counts)()).update(counts)
     t = Table(
-        title=f"{reps} bootstrap reruns against {spec.name}: "
+        title=f"{reps} bootstrap reruns against {escape(spec.name)}: "
         f"{est.rate('pass'):.1%} pass, {est.rate('fail'):.1%} fail, "
         f"{est.rate('unjudgeable'):.1%} cannot be judged",
         title_justify="left",
@@ -173,5 +174,7 @@ def noise(
     for col in ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable"):
         t.add_column(col, justify="left" if col == "gate" else "right")
     for key in est.per_gate:
-        t.add_row(key, *(f"{est.rate(v, key):.1%}" for v in ("pass", "fail", "inconclusive", "unjudgeable")))
+        t.add_row(
+            escape(key), *(f"{est.rate(v, key):.1%}" for v in ("pass", "fail", "inconclusive", "unjudgeable"))
+        )
     Console(width=max(Console().width, 120)).print(t)

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from harness.common.io import atomic_write
@@ -36,7 +37,7 @@ def _delta_text(g: GateResult) -> str:
 def gate_table(report: GateReport) -> Table:
     """Metric, baseline, limit, measured, delta, interval, n and verdict for every judged gate."""
     t = Table(
-        title=f"gate: {report.baseline.name} — {report.headline()}",
+        title=escape(f"gate: {report.baseline.name} — {report.headline()}"),
         title_justify="left",
         caption=f"intervals at {report.confidence:.0%} confidence; "
         "pass only when the interval is within the limit",
@@ -51,8 +52,8 @@ def gate_table(report: GateReport) -> Table:
     for g in report.gates:
         sign = "≤" if g.direction == "at_most" else "≥"
         t.add_row(
-            g.label or "—",
-            g.id,
+            escape(g.label or "—"),
+            escape(g.id),
             format_value(g.baseline, g.unit),
             f"{sign} {format_value(g.limit, g.unit)}",
             format_value(g.measured, g.unit),

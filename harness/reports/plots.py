@@ -214,7 +214,12 @@ def _figure_legend(fig: Figure, axes: Sequence[Axes]) -> None:
             seen.setdefault(label, h)
     if seen:
         fig.legend(
-            list(seen.values()), list(seen), loc="outside lower center", ncols=min(6, len(seen)), fontsize=8, markerscale=3
+            list(seen.values()),
+            list(seen),
+            loc="outside lower center",
+            ncols=min(6, len(seen)),
+            fontsize=8,
+            markerscale=3,
         )
 
 

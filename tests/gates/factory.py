@@ -8,6 +8,9 @@ and written exactly as the load stage writes a run: ``records.jsonl`` with one
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,3 +125,14 @@ def write_run(
 def make_run(run_dir: Path, n: int = 600, seed: int = 0, **kw: Any) -> Path:
     summary_kw = {k: kw.pop(k) for k in ("interrupted", "client_cpu_pct", "workers") if k in kw}
     return write_run(run_dir, make_records(n, seed, **kw), **summary_kw)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def harness_cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run the real ``harness`` console script (the venv's entry point) on this checkout."""
+    script = Path(sys.executable).parent / "harness"
+    cmd = [str(script), *args] if script.exists() else [sys.executable, "-m", "harness.cli", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=timeout)
