@@ -43,8 +43,17 @@ from pydantic import (
 from harness import __version__
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import atomic_write, check_input_file
-from harness.gates.metrics import METRICS, Direction, Measurement, Metric, MetricContext, format_value
-from harness.gates.runs import ResultSet
+from harness.common.stats import percentile
+from harness.gates.metrics import (
+    METRICS,
+    Direction,
+    Measurement,
+    Metric,
+    MetricContext,
+    format_value,
+    rate_interval,
+)
+from harness.gates.runs import ResultSet, RunFrame
 
 BASELINE_SCHEMA_VERSION: Literal[1] = 1
 
@@ -317,10 +326,11 @@ UPDATE_METRICS: tuple[str, ...] = (
 ``cold_start_p99`` for a set labelled ``cold`` and ``warm_rate`` for one labelled ``warm``."""
 PER_SCENARIO_METRICS: tuple[str, ...] = ("ttft_p95", "tpot_p95", "e2e_p95")
 
-NOISE_FACTOR = 3.0
-"""``harness baseline update`` widens a gate's absolute tolerance to this many times the recorded run's
-own interval half-width when its noise exceeds the requested headroom; see :func:`baseline_from_results`
-and the measured false-alarm rates in docs/gates.md."""
+RERUN_RISK = 0.002
+"""The chance, per gate, that ``harness baseline update`` accepts of an identical rerun not passing
+(the margin of :func:`rerun_margin`); measured on reruns in docs/gates.md."""
+
+Key = tuple[str, str | None]
 
 
 def parse_headroom(text: str) -> float:
@@ -348,16 +358,70 @@ def _provenance(rs: ResultSet) -> ResultProvenance:
     )
 
 
+def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: float = RERUN_RISK) -> float:
+    """The tolerance a gate written from this run needs so that an identical rerun passes it.
+
+    A rerun passes an ``at_most`` gate when its interval's upper end is within ``threshold +
+    tolerance``, the threshold being this run's value. Two things push the rerun's upper end up: its
+    interval's width, and this run's own luck (its value may sit below the truth). Taking the run's
+    samples as the truth (plug-in), each is bounded at ``risk / 2``:
+
+    - percentiles: the rerun's upper end is the order statistic ``x₍ᵤ₎`` (the rank
+      :func:`~harness.common.stats.percentile_interval` uses), whose quantile level is
+      ``Beta(u, n + 1 − u)``; this run's value is ``x₍ₖ₎`` at level ``Beta(k, n + 1 − k)``. The margin is
+      the sample's percentile at the first's upper ``risk/2`` level minus that at the second's lower one.
+      ``inf`` when that level lies beyond the largest sample (a P99 of a few hundred samples): the run
+      cannot say how far a rerun's bound may reach;
+    - rates: the truth may be off this run's rate by its binomial ``risk/2`` quantile, and the rerun's
+      count by another; the margin is this run's rate minus the Clopper–Pearson bound of that count;
+    - maxima: 0 (a maximum has no interval; the relative headroom covers it).
+
+    So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
+    """
+    from scipy.stats import beta, binom
+
+    alpha = 1.0 - confidence
+    if metric.kind == "percentile" and metric.samples is not None and metric.q is not None:
+        values, _ = metric.samples(frame)
+        n = int(values.size)
+        if n == 0:
+            return math.nan
+        p = metric.q / 100.0
+        u = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # 1-based rank of a rerun's upper bound
+        k = max(1, math.ceil(p * n - 1e-9))  # 1-based rank of the nearest-rank value
+        if u > n:
+            return math.inf
+        level_hi = float(beta.ppf(1 - risk / 2, u, n + 1 - u))
+        level_lo = float(beta.ppf(risk / 2, k, n + 1 - k))
+        if math.ceil(level_hi * n - 1e-9) >= n:  # the sample's maximum: no evidence how far beyond
+            return math.inf
+        return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
+    if metric.kind == "rate" and metric.counts is not None:
+        k_obs, n = metric.counts(frame)
+        if n == 0:
+            return math.nan
+        rate = k_obs / n
+        if metric.direction == "at_least":
+            truth = max(0.0, 2 * rate - float(binom.ppf(1 - risk / 2, n, rate)) / n)
+            k_rerun = int(binom.ppf(risk / 2, n, truth))
+            return rate - rate_interval(k_rerun, n, confidence)[0]
+        truth = min(1.0, 2 * rate - float(binom.ppf(risk / 2, n, rate)) / n)
+        k_rerun = int(binom.ppf(1 - risk / 2, n, truth))
+        return rate_interval(k_rerun, n, confidence)[1] - rate
+    return 0.0
+
+
 def _gate_from(
     metric: Metric,
     m: Measurement,
+    margin: float,
     *,
     headroom: float,
     confidence: float,
     phase: str | None,
     scenario: str | None,
 ) -> tuple[Gate | None, str]:
-    """A gate that this measurement passes with room for run-to-run noise, or why there is none."""
+    """A gate that this measurement's reruns pass, or why there is none."""
     if m.n == 0 or not math.isfinite(m.value):
         return None, "no samples"
     if m.problems:
@@ -365,13 +429,13 @@ def _gate_from(
     floor = metric.default_min_samples(confidence)
     if m.n < floor:
         return None, f"{m.n} samples, fewer than the {floor} it needs to be judged at all"
-    # How far the recorded run's own interval reaches on the side that matters. An identical rerun's
-    # interval reaches about as far from *its* value, and its value differs from this one by about as
-    # much again, so a limit within ~1 half-width is inconclusive half the time: widen to NOISE_FACTOR×.
-    half = (m.hi - m.value) if metric.direction == "at_most" else (m.value - m.lo)
-    if not math.isfinite(half):
-        return None, f"{m.n} samples cannot bound P{metric.q:g} at {confidence:.0%}"
-    abs_tol = max(metric.abs_tolerance_floor, NOISE_FACTOR * half)
+    if math.isinf(margin) or (metric.direction == "at_most" and math.isinf(m.hi)):
+        return None, (
+            f"P{metric.q:g} of {m.n} samples is too noisy to gate on (a rerun's interval may reach past "
+            "the largest sample); record more requests"
+        )
+    noise = max(0.0, margin) if math.isfinite(margin) else 0.0
+    abs_tol = max(metric.abs_tolerance_floor, noise)
     if metric.unit == "ratio":
         abs_tol = min(abs_tol, 1.0)
     gate = Gate(
@@ -388,7 +452,7 @@ def _gate_from(
         return None, f"{format_value(m.value, metric.unit)} leaves nothing to gate (the limit would be ≤ 0)"
     note = f"{format_value(m.value, metric.unit)} from n={m.n}"
     if abs_tol > headroom * abs(m.value):
-        why = "the run's noise" if NOISE_FACTOR * half >= metric.abs_tolerance_floor else "the metric's floor"
+        why = "reruns' noise" if noise >= metric.abs_tolerance_floor else "the metric's floor"
         note += f"; tolerance widened to {format_value(abs_tol, metric.unit)} by {why}"
     return gate, note
 
@@ -401,14 +465,15 @@ def baseline_from_results(
     confidence: float = 0.95,
     per_scenario: bool = False,
 ) -> tuple[Baseline, dict[int, str], list[str]]:
-    """A baseline that these runs pass, with ``headroom`` (a fraction) as the relative tolerance.
+    """A baseline that these runs pass, and identical reruns of them pass too, with ``headroom`` (a
+    fraction) as the relative tolerance.
 
     For every result set and metric with data: ``threshold`` is the measured value, ``rel_tolerance``
-    the headroom, ``abs_tolerance`` the larger of the metric's floor and :data:`NOISE_FACTOR` times the
-    run's own interval half-width (a small run is noisy; a gate tighter than its noise would call
-    identical reruns inconclusive), ``min_samples`` half the recorded count (at least what the metric
-    needs). With several result sets each gate gets ``phase: <label>``. Metrics a run cannot support
-    (no data, too few samples to bound a P99) are skipped.
+    the headroom, ``abs_tolerance`` the larger of the metric's floor and the noise margin of
+    :func:`rerun_margin` (a small run is noisy; a gate tighter than its noise would call identical
+    reruns inconclusive), ``min_samples`` half the recorded count (at least what the metric needs).
+    With several result sets each gate gets ``phase: <label>``. Metrics a run cannot support (no
+    data, too few samples to bound a P99 stably) are skipped, with the reason.
 
     Returns the baseline, a comment per gate index (the measured value and sample count) and the
     skipped metrics with reasons. Raises :class:`InputError` when a run cannot be judged (a baseline
@@ -427,7 +492,7 @@ def baseline_from_results(
             names.append("cold_start_p99")
         if rs.label == "warm":
             names.append("warm_rate")
-        todo: list[tuple[str, str | None]] = [(n, None) for n in names]
+        todo: list[Key] = [(n, None) for n in names]
         if per_scenario:
             todo += [(n, sc) for sc in rs.frame.values("scenario") for n in PER_SCENARIO_METRICS]
         for metric_name, scenario in todo:
@@ -441,8 +506,9 @@ def baseline_from_results(
             else:
                 measured = True
             phase = rs.label if several or rs.label == metric.default_phase else None
+            margin = rerun_margin(metric, frame, confidence=confidence)
             gate, note = _gate_from(
-                metric, m, headroom=headroom, confidence=confidence, phase=phase, scenario=scenario
+                metric, m, margin, headroom=headroom, confidence=confidence, phase=phase, scenario=scenario
             )
             where = f"{rs.label}: {metric_name}" + (f"[scenario={scenario}]" if scenario else "")
             if gate is None:

@@ -81,6 +81,10 @@ class Metric:
     """Whether gates on it take ``require_measured`` (the prefill peak)."""
     abs_tolerance_floor: float = 0.0
     """The smallest absolute tolerance ``harness baseline update`` writes (guards near-zero values)."""
+    samples: Samples | None = None
+    """Percentile metrics: the samples ranked (``harness baseline update`` sizes its margins on them)."""
+    counts: Counts | None = None
+    """Rate metrics: ``(k, n)``."""
 
     def default_min_samples(self, confidence: float) -> int:
         """The fewest samples with which this metric can ever pass at ``confidence``."""
@@ -137,40 +141,46 @@ def _nonfinite_problem(column: str, bad: int, n: int) -> tuple[str, ...]:
     return (f"{bad} of {n} {column} samples are NaN or infinite in the records",)
 
 
-def _percentile_of(
-    samples: FloatArray, q: float, ctx: MetricContext, problems: tuple[str, ...]
-) -> Measurement:
-    if samples.size == 0:
-        return Measurement(math.nan, math.nan, math.nan, 0, problems)
-    lo, hi = percentile_interval(samples, q, ctx.confidence)
-    return Measurement(percentile(samples, q), lo, hi, int(samples.size), problems)
+Samples = Callable[[RunFrame], tuple[FloatArray, tuple[str, ...]]]
+"""The samples a percentile metric ranks, and why they cannot be judged (NaN in the file …)."""
+Counts = Callable[[RunFrame], tuple[int, int]]
+"""``(k, n)`` of a rate metric."""
 
 
-def field_percentile(column: str, q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
-    """The ``q``-th percentile of a record field over every record that has it."""
+def field_samples(column: str) -> Samples:
+    """Every value of a record field (records without it do not count; NaN/inf in the file is a problem)."""
 
-    def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
+    def samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]:
         values = frame.col(column)
         bad = frame.bad(column)
         # NaN in a column means "absent" unless the file said NaN (``bad``); ±inf is kept by the
         # mask below and flagged as a problem, never ranked.
         present = ~np.isnan(values) | bad
-        samples = values[present & ~bad]
-        return _percentile_of(samples, q, ctx, _nonfinite_problem(column, int(bad.sum()), int(present.sum())))
+        return values[present & ~bad], _nonfinite_problem(column, int(bad.sum()), int(present.sum()))
 
-    return compute
+    return samples
 
 
-def _kv_per_token(q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
+def _kv_per_token_samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]:
+    kv, tokens = frame.col("prefill_kv_bytes"), frame.col("prompt_tokens")
+    # Only requests that ran a prefill: a response-cache hit reports 0 KV bytes and would pull the
+    # percentile down without saying anything about prefill memory.
+    ran = (kv > 0) & ~np.isnan(tokens)
+    bad_rows = frame.bad("prefill_kv_bytes") | frame.bad("prompt_tokens") | (ran & (tokens <= 0))
+    keep = ran & ~bad_rows
+    problems = _nonfinite_problem("prefill_kv_bytes / prompt_tokens", int(bad_rows.sum()), int(ran.sum()))
+    return kv[keep] / tokens[keep], problems
+
+
+def percentile_metric(samples: Samples, q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """The nearest-rank ``q``-th percentile of ``samples`` with its order-statistic interval."""
+
     def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
-        kv, tokens = frame.col("prefill_kv_bytes"), frame.col("prompt_tokens")
-        # Only requests that ran a prefill: a response-cache hit reports 0 KV bytes and would pull
-        # the percentile down without saying anything about prefill memory.
-        ran = (kv > 0) & ~np.isnan(tokens)
-        bad_rows = frame.bad("prefill_kv_bytes") | frame.bad("prompt_tokens") | (ran & (tokens <= 0))
-        samples = kv[ran & ~bad_rows] / tokens[ran & ~bad_rows]
-        problems = _nonfinite_problem("prefill_kv_bytes / prompt_tokens", int(bad_rows.sum()), int(ran.sum()))
-        return _percentile_of(samples, q, ctx, problems)
+        values, problems = samples(frame)
+        if values.size == 0:
+            return Measurement(math.nan, math.nan, math.nan, 0, problems)
+        lo, hi = percentile_interval(values, q, ctx.confidence)
+        return Measurement(percentile(values, q), lo, hi, int(values.size), problems)
 
     return compute
 
@@ -194,7 +204,7 @@ def _peak_max(frame: RunFrame, ctx: MetricContext) -> Measurement:
     return Measurement(value, value, value, int(ran.sum()), tuple(problems))
 
 
-def _rate(hit: Callable[[RunFrame], tuple[int, int]]) -> Callable[[RunFrame, MetricContext], Measurement]:
+def _rate(hit: Counts) -> Callable[[RunFrame, MetricContext], Measurement]:
     def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
         k, n = hit(frame)
         if n == 0:
@@ -209,33 +219,27 @@ def _errors(frame: RunFrame) -> tuple[int, int]:
     return int((~frame.ok).sum()), frame.n
 
 
-def _cache_share(match: Callable[[str], bool]) -> Callable[[RunFrame], tuple[int, int]]:
-    """Share of requests whose ``x-cache`` header matches, among those that carried one (as in
-    ``summary.json``'s ``hit_rate``)."""
+def _cache_share(tier: str | None) -> Counts:
+    """Share of requests answered by ``tier`` (``None``: any ``HIT-*``), among those that carried an
+    ``x-cache`` header (as in ``summary.json``'s ``hit_rate``)."""
 
     def count(frame: RunFrame) -> tuple[int, int]:
-        told = [c for c in frame.text["cache"] if c is not None]
-        return sum(1 for c in told if match(str(c))), len(told)
+        return int(frame.cache_hit(tier).sum()), int(frame.cache_told().sum())
 
     return count
 
 
 def _prefix_share(frame: RunFrame) -> tuple[int, int]:
-    cached = frame.col("cached_tokens")
-    with_usage = ~np.isnan(cached)
-    return int((cached[with_usage] > 0).sum()), int(with_usage.sum())
+    reported, hit = frame.prefix_hit()
+    return int(hit.sum()), int(reported.sum())
 
 
 def _warm_share(frame: RunFrame) -> tuple[int, int]:
     """Requests served warm: a response-cache hit or a prefix-cache hit, among requests where the
     target reported either (an ``x-cache`` header or ``cached_tokens``)."""
-    cache = frame.text["cache"]
-    cached = frame.col("cached_tokens")
-    told_cache = np.asarray([c is not None for c in cache], dtype=bool)
-    hit_cache = np.asarray([c is not None and str(c).startswith("HIT") for c in cache], dtype=bool)
-    with_usage = ~np.isnan(cached)
-    told = told_cache | with_usage
-    warm = hit_cache | (with_usage & (np.nan_to_num(cached) > 0))
+    reported, prefix = frame.prefix_hit()
+    told = frame.cache_told() | reported
+    warm = frame.cache_hit() | prefix
     return int(warm[told].sum()), int(told.sum())
 
 
@@ -257,7 +261,8 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
                 unit="ms",
                 direction="at_most",
                 description=f"P{_q} {_what} ({_column})",
-                compute=field_percentile(_column, _q),
+                compute=percentile_metric(field_samples(_column), _q),
+                samples=field_samples(_column),
                 kind="percentile",
                 q=_q,
                 # Sub-millisecond client lateness is jitter; 10 % of 0.3 ms would gate on noise.
@@ -271,7 +276,8 @@ _register(
         unit="bytes/token",
         direction="at_most",
         description="P95 of prefill_kv_bytes / prompt_tokens over requests that ran a prefill",
-        compute=_kv_per_token(95),
+        compute=percentile_metric(_kv_per_token_samples, 95),
+        samples=_kv_per_token_samples,
         kind="percentile",
         q=95,
     )
@@ -295,15 +301,16 @@ _register(
         direction="at_most",
         description="share of requests that failed (HTTP status not 2xx, or no response)",
         compute=_rate(_errors),
+        counts=_errors,
         kind="rate",
         abs_tolerance_floor=0.01,
     )
 )
-for _tier, _match, _what in (
-    ("any", lambda c: c.startswith("HIT"), "any response-cache tier (x-cache HIT-*)"),
-    ("l1", lambda c: c == "HIT-L1", "the L1 response cache (x-cache HIT-L1)"),
-    ("l2", lambda c: c == "HIT-L2", "the L2 response cache (x-cache HIT-L2)"),
-    ("l3", lambda c: c == "HIT-L3", "the L3 semantic cache (x-cache HIT-L3)"),
+for _tier, _status, _what in (
+    ("any", None, "any response-cache tier (x-cache HIT-*)"),
+    ("l1", "HIT-L1", "the L1 response cache (x-cache HIT-L1)"),
+    ("l2", "HIT-L2", "the L2 response cache (x-cache HIT-L2)"),
+    ("l3", "HIT-L3", "the L3 semantic cache (x-cache HIT-L3)"),
 ):
     _register(
         Metric(
@@ -311,7 +318,8 @@ for _tier, _match, _what in (
             unit="ratio",
             direction="at_least",
             description=f"share of requests answered by {_what}, among those with an x-cache header",
-            compute=_rate(_cache_share(_match)),
+            compute=_rate(_cache_share(_status)),
+            counts=_cache_share(_status),
             kind="rate",
         )
     )
@@ -323,6 +331,7 @@ _register(
         description="share of requests with prefix-cache hits (cached_tokens > 0), "
         "among those reporting usage",
         compute=_rate(_prefix_share),
+        counts=_prefix_share,
         kind="rate",
     )
 )
@@ -332,7 +341,8 @@ _register(
         unit="ms",
         direction="at_most",
         description="P99 cold-start latency: ttft_from_intended_ms of the cold phase (seed: ≤ 850 ms)",
-        compute=field_percentile("ttft_from_intended_ms", 99),
+        compute=percentile_metric(field_samples("ttft_from_intended_ms"), 99),
+        samples=field_samples("ttft_from_intended_ms"),
         kind="percentile",
         q=99,
         default_phase="cold",
@@ -346,6 +356,7 @@ _register(
         description="share of warm-phase requests served warm (a response-cache or prefix-cache hit; "
         "seed: ≥ 92 %)",
         compute=_rate(_warm_share),
+        counts=_warm_share,
         kind="rate",
         default_phase="warm",
     )

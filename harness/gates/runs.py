@@ -121,6 +121,29 @@ class RunFrame:
             mask &= self.text["stage"] == stage
         return self.take(mask)
 
+    def cache_told(self) -> BoolArray:
+        """Rows whose response carried an ``x-cache`` header."""
+        cache: Any = self.text["cache"]  # numpy's stubs do not compare object arrays with None
+        told: BoolArray = np.asarray(cache != None, dtype=bool)  # noqa: E711 - elementwise, not identity
+        return told
+
+    def cache_hit(self, tier: str | None = None) -> BoolArray:
+        """Rows answered by response-cache ``tier`` (``HIT-L1`` …), or by any tier (``HIT-*``)."""
+        cache = self.text["cache"]
+        if tier is not None:
+            exact: BoolArray = np.asarray(cache == tier, dtype=bool)
+            return exact
+        told = self.cache_told()
+        out = np.zeros(self.n, dtype=bool)
+        out[told] = np.char.startswith(cache[told].astype(str), "HIT")
+        return out
+
+    def prefix_hit(self) -> tuple[BoolArray, BoolArray]:
+        """``(reported, hit)``: rows that reported ``cached_tokens``, and those with ``cached_tokens > 0``."""
+        cached = self.col("cached_tokens")
+        reported = ~np.isnan(cached)
+        return reported, reported & (np.nan_to_num(cached) > 0)
+
     def values(self, name: str) -> list[str]:
         """Distinct non-null values of a text column, in first-seen order."""
         seen: dict[str, None] = {}
@@ -128,6 +151,33 @@ class RunFrame:
             if v is not None:
                 seen.setdefault(str(v), None)
         return list(seen)
+
+    @classmethod
+    def from_columns(
+        cls,
+        n: int,
+        *,
+        floats: dict[str, FloatArray] | None = None,
+        text: dict[str, Sequence[str | None]] | None = None,
+        ok: BoolArray | None = None,
+    ) -> RunFrame:
+        """A frame of ``n`` successful requests from arrays (simulations; absent columns are NaN/None)."""
+        floats = floats or {}
+        text = text or {}
+        unknown = (set(floats) - set(FLOAT_COLUMNS)) | (set(text) - set(TEXT_COLUMNS))
+        if unknown:
+            raise ValueError(f"unknown columns: {', '.join(sorted(unknown))}")
+        ok_arr = np.ones(n, dtype=bool) if ok is None else np.asarray(ok, dtype=bool)
+        return cls(
+            floats={
+                k: np.asarray(floats.get(k, np.full(n, np.nan)), dtype=np.float64) for k in FLOAT_COLUMNS
+            },
+            text={k: _object_array(text.get(k, [None] * n)) for k in TEXT_COLUMNS},
+            status=np.where(ok_arr, 200, 500).astype(np.int64),
+            ok=ok_arr,
+            peak_measured=np.full(n, -1, dtype=np.int8),
+            worker=np.zeros(n, dtype=np.int64),
+        )
 
     @classmethod
     def from_records(cls, records: Iterable[RequestRecord]) -> RunFrame:

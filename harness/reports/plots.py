@@ -273,11 +273,10 @@ def hit_rate_over_time(sets: Sequence[ResultSet]) -> Drawn:
     for row, rs in enumerate(sets):
         ax = axes[row][0]
         t = rs.frame.col("sent_s")
-        cache = rs.frame.text["cache"]
-        cached = rs.frame.col("cached_tokens")
-        told = np.asarray([c is not None for c in cache], dtype=bool)
+        told = rs.frame.cache_told()
+        reported, prefix_hit = rs.frame.prefix_hit()
         finite_t = np.isfinite(t)
-        if not (told | ~np.isnan(cached)).any() or not finite_t.any():
+        if not (told | reported).any() or not finite_t.any():
             _no_data(ax, "the target sent neither x-cache headers nor cached_tokens")
         else:
             span = float(np.nanmax(t) - np.nanmin(t))
@@ -286,16 +285,18 @@ def hit_rate_over_time(sets: Sequence[ResultSet]) -> Drawn:
             which = np.digitize(t, edges)
             centres = edges[:-1] + width / 2 if edges.size > 1 else edges
             bins = range(1, max(2, edges.size))
-            shares: dict[str, list[float]] = {tier: [] for tier in CACHE_STATUSES if tier.startswith("HIT")}
+            tiers: list[str] = [tier for tier in CACHE_STATUSES if tier.startswith("HIT")]
+            tier_hits = {tier: rs.frame.cache_hit(tier) for tier in tiers}
+            shares: dict[str, list[float]] = {tier: [] for tier in tiers}
             prefix: list[float] = []
             for b in bins:
                 in_bin = which == b
                 n_told = int((in_bin & told).sum())
                 for tier, out in shares.items():
-                    hits = sum(1 for c in cache[in_bin] if c == tier)
+                    hits = int((in_bin & tier_hits[tier]).sum())
                     out.append(100.0 * hits / n_told if n_told else math.nan)
-                usage = in_bin & ~np.isnan(cached)
-                prefix.append(100.0 * float((cached[usage] > 0).mean()) if usage.any() else math.nan)
+                n_rep = int((in_bin & reported).sum())
+                prefix.append(100.0 * int((in_bin & prefix_hit).sum()) / n_rep if n_rep else math.nan)
             xs = centres[: len(prefix)]
             ax.stackplot(
                 xs,
@@ -375,18 +376,16 @@ def pair(sets: Sequence[ResultSet]) -> tuple[ResultSet, ResultSet] | None:
 
 
 def _rate_of(rs: ResultSet, kind: str) -> tuple[int, int]:
-    cache = rs.frame.text["cache"]
-    cached = rs.frame.col("cached_tokens")
-    told = np.asarray([c is not None for c in cache], dtype=bool)
-    hit = np.asarray([c is not None and str(c).startswith("HIT") for c in cache], dtype=bool)
-    usage = ~np.isnan(cached)
-    prefix = usage & (np.nan_to_num(cached) > 0)
+    """``(hits, requests that reported)`` for the response cache, the prefix cache, or either."""
+    f = rs.frame
+    told = f.cache_told()
+    reported, prefix = f.prefix_hit()
     if kind == "response cache":
-        return int(hit.sum()), int(told.sum())
+        return int(f.cache_hit().sum()), int(told.sum())
     if kind == "prefix cache":
-        return int(prefix.sum()), int(usage.sum())
-    warm = hit | prefix
-    return int(warm[told | usage].sum()), int((told | usage).sum())
+        return int(prefix.sum()), int(reported.sum())
+    warm = f.cache_hit() | prefix
+    return int(warm[told | reported].sum()), int((told | reported).sum())
 
 
 @_plot(

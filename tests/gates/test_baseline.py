@@ -120,8 +120,9 @@ def test_tolerances_and_limits() -> None:
 def test_update_writes_a_baseline_the_same_run_passes(tmp_path: Path) -> None:
     from harness.gates.judge import judge
 
-    make_run(tmp_path / "cold", 800, 1, ttft_ms=300, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0)
-    make_run(tmp_path / "warm", 800, 2)
+    # 1300 requests each: enough for a P99 gate (baseline update writes one from about 1,200 samples).
+    make_run(tmp_path / "cold", 1300, 1, ttft_ms=300, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0)
+    make_run(tmp_path / "warm", 1300, 2)
     sets = load_result_sets([str(tmp_path / "cold"), str(tmp_path / "warm")])
     b, comments, skipped = baseline_from_results(sets, headroom=0.1, name="t", per_scenario=True)
     out = tmp_path / "base.yaml"
@@ -134,7 +135,7 @@ def test_update_writes_a_baseline_the_same_run_passes(tmp_path: Path) -> None:
     assert ("cold_start_p99", "cold") in by and ("warm_rate", "warm") in by
     assert ("tpot_p95[scenario=chat]", "warm") in by
     tpot = by[("tpot_p95", "warm")]
-    assert tpot.rel_tolerance == pytest.approx(0.1) and tpot.min_samples == 400
+    assert tpot.rel_tolerance == pytest.approx(0.1) and tpot.min_samples == 650
     # The cold run has no hits at all: nothing to gate there, and it says so.
     assert any(s.startswith("cold: hit_rate_any") for s in skipped)
     # Estimated peaks (the factory's CPU-like records) are accepted, visibly.

@@ -81,7 +81,7 @@ def test_usage_and_input_errors_keep_their_own_codes(runs: dict[str, Path], base
 
 def test_baseline_check_metrics_and_noise(runs: dict[str, Path], base: Path) -> None:
     res = harness_cli("baseline", "check", str(base))
-    assert res.returncode == 0 and "cold_start_p99" in res.stdout and "warm_rate" in res.stdout
+    assert res.returncode == 0 and "tpot_p95" in res.stdout and "warm_rate" in res.stdout
     res = harness_cli("baseline", "metrics")
     assert res.returncode == 0 and "prefill_peak_bytes_max" in res.stdout
     res = harness_cli("baseline", "noise", "--baseline", str(base), f"cold={runs['cold']}",
