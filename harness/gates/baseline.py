@@ -372,8 +372,9 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
       the sample's percentile at the first's upper ``risk/2`` level minus that at the second's lower one.
       ``inf`` when that level lies beyond the largest sample (a P99 of a few hundred samples): the run
       cannot say how far a rerun's bound may reach;
-    - rates: the truth may be off this run's rate by its binomial ``risk/2`` quantile, and the rerun's
-      count by another; the margin is this run's rate minus the Clopper–Pearson bound of that count;
+    - rates: the truth may be as far off as this run's exact interval at ``1 − risk`` allows, and the
+      rerun's count off that truth by its binomial ``risk/2`` quantile; the margin is the distance from
+      this run's rate to the rerun's Clopper–Pearson bound at that count;
     - maxima: 0 (a maximum has no interval; the relative headroom covers it).
 
     So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
@@ -401,12 +402,13 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
         if n == 0:
             return math.nan
         rate = k_obs / n
+        # The truth as far off as the exact interval allows at 1 − risk (not the plug-in rate: a run
+        # that saw 0 errors in 300 does not show an error rate of 0).
+        truth_lo, truth_hi = rate_interval(k_obs, n, 1 - risk)
         if metric.direction == "at_least":
-            truth = max(0.0, 2 * rate - float(binom.ppf(1 - risk / 2, n, rate)) / n)
-            k_rerun = int(binom.ppf(risk / 2, n, truth))
+            k_rerun = int(binom.ppf(risk / 2, n, truth_lo))
             return rate - rate_interval(k_rerun, n, confidence)[0]
-        truth = min(1.0, 2 * rate - float(binom.ppf(risk / 2, n, rate)) / n)
-        k_rerun = int(binom.ppf(1 - risk / 2, n, truth))
+        k_rerun = int(binom.ppf(1 - risk / 2, n, truth_hi))
         return rate_interval(k_rerun, n, confidence)[1] - rate
     return 0.0
 
