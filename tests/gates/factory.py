@@ -59,9 +59,14 @@ def make_records(n: int, seed: int = 0, shape: Shape | None = None, **overrides:
         prompt = int(rng.integers(40, 400))
         u = rng.random()
         cache = (
-            "HIT-L1" if u < s.hit_l1 else "HIT-L2" if u < s.hit_l1 + s.hit_l2
-            else "HIT-L3" if u < s.hit_l1 + s.hit_l2 + s.hit_l3 else "MISS"
-        )  # fmt: skip
+            "HIT-L1"
+            if u < s.hit_l1
+            else "HIT-L2"
+            if u < s.hit_l1 + s.hit_l2
+            else "HIT-L3"
+            if u < s.hit_l1 + s.hit_l2 + s.hit_l3
+            else "MISS"
+        )
         failed = rng.random() < s.error_rate
         hit = cache.startswith("HIT")
         cached = int(prompt * 0.5) if (not hit and rng.random() < s.prefix_hit) else 0

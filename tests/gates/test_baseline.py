@@ -40,7 +40,7 @@ REQUIRED_METRICS = {
 
 
 def test_registry_has_every_metric_the_issue_asks_for() -> None:
-    assert REQUIRED_METRICS <= set(METRICS.names())
+    assert set(METRICS.names()) >= REQUIRED_METRICS
     assert METRICS.get("cold_start_p99").default_phase == "cold"
     assert METRICS.get("warm_rate").default_phase == "warm"
 
@@ -51,7 +51,9 @@ def test_example_baseline_parses_and_covers_the_required_metrics(repo_root: Path
     assert REQUIRED_METRICS - {"hit_rate_l2", "hit_rate_l3"} <= {g.metric for g in b.gates}
     seed = {g.metric: g for g in b.gates if g.metric in ("cold_start_p99", "warm_rate")}
     assert seed["cold_start_p99"].limit == 850 and seed["cold_start_p99"].effective_phase == "cold"
-    assert seed["warm_rate"].limit == pytest.approx(0.92) and seed["warm_rate"].effective_direction == "at_least"
+    assert (
+        seed["warm_rate"].limit == pytest.approx(0.92) and seed["warm_rate"].effective_direction == "at_least"
+    )
     assert any(g.scenario == "chat" for g in b.gates)
 
 
@@ -64,20 +66,38 @@ def _write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("text", "line", "field", "message"),
     [
-        ("schema_version: 1\ngates:\n  - metric: tpot_p95\n    threshold: 4\n    tolerance: 1\n", 5,
-         "gates.0.tolerance", "Extra inputs"),
+        (
+            "schema_version: 1\ngates:\n  - metric: tpot_p95\n    threshold: 4\n    tolerance: 1\n",
+            5,
+            "gates.0.tolerance",
+            "Extra inputs",
+        ),
         ("schema_version: 2\ngates:\n  - {metric: tpot_p95, threshold: 4}\n", 1, "schema_version", "1"),
         ("schema_version: 1\ngates:\n  - {metric: tpot_p9, threshold: 4}\n", 3, "gates.0.metric", "tpot_p9"),
         ("schema_version: 1\ngates:\n  - {metric: warm_rate, threshold: 92}\n", 3, "gates.0", "0.92"),
-        ("schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 4, require_measured: true}\n", 3,
-         "gates.0", "require_measured"),
-        ("schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: .nan}\n", 3, "gates.0.threshold", "finite"),
+        (
+            "schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 4, require_measured: true}\n",
+            3,
+            "gates.0",
+            "require_measured",
+        ),
+        (
+            "schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: .nan}\n",
+            3,
+            "gates.0.threshold",
+            "finite",
+        ),
         ("schema_version: 1\ngates: []\n", 2, "gates", "at least 1"),
         ("gates:\n  - {metric: ttft_p95, threshold: 4}\n", 1, "schema_version", "required"),
-        ("schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 4}\n  - {metric: ttft_p95, threshold: 5}\n",
-         None, None, "two gates named 'ttft_p95'"),
+        (
+            "schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 4}\n"
+            "  - {metric: ttft_p95, threshold: 5}\n",
+            None,
+            None,
+            "two gates named 'ttft_p95'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_baselines_name_line_and_field(
     tmp_path: Path, text: str, line: int | None, field: str | None, message: str
 ) -> None:
@@ -107,9 +127,16 @@ def test_tolerances_and_limits() -> None:
     assert g.effective_direction == "at_least" and g.limit == pytest.approx(0.81)
     g = Gate(metric="tpot_p95", threshold=40.0, direction="at_least")
     assert g.limit == 40.0 and g.effective_direction == "at_least"
-    assert Gate(metric="tpot_p95", threshold=1).effective_min_samples(0.95) == min_samples_for_bound(95, 0.95) == 72
+    assert (
+        Gate(metric="tpot_p95", threshold=1).effective_min_samples(0.95)
+        == min_samples_for_bound(95, 0.95)
+        == 72
+    )
     assert Gate(metric="ttft_p99", threshold=1).effective_min_samples(0.95) == 368
-    assert Gate(metric="ttft_p95", threshold=1, scenario="chat", stage="warm").id == "ttft_p95[scenario=chat,stage=warm]"
+    assert (
+        Gate(metric="ttft_p95", threshold=1, scenario="chat", stage="warm").id
+        == "ttft_p95[scenario=chat,stage=warm]"
+    )
     assert parse_headroom("10%") == pytest.approx(0.1) and parse_headroom("0.25") == 0.25
     with pytest.raises(ConfigError):
         parse_headroom("lots")

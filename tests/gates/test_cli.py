@@ -27,8 +27,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def base(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("base") / "baseline.yaml"
-    res = harness_cli("baseline", "update", f"cold={runs['cold']}", f"warm={runs['warm']}", "--out", str(out),
-                      "--headroom", "10%")  # fmt: skip
+    res = harness_cli(
+        "baseline",
+        "update",
+        f"cold={runs['cold']}",
+        f"warm={runs['warm']}",
+        "--out",
+        str(out),
+        "--headroom",
+        "10%",
+    )
     assert res.returncode == 0, res.stderr
     assert "wrote" in res.stderr and out.is_file()
     return out
@@ -36,8 +44,17 @@ def base(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def test_gate_pass_writes_table_junit_and_json(runs: dict[str, Path], base: Path, tmp_path: Path) -> None:
     junit, verdict = tmp_path / "j.xml", tmp_path / "v.json"
-    res = harness_cli("gate", "--baseline", str(base), f"cold={runs['cold']}", f"warm={runs['warm2']}",
-                      "--junit", str(junit), "--json", str(verdict))  # fmt: skip
+    res = harness_cli(
+        "gate",
+        "--baseline",
+        str(base),
+        f"cold={runs['cold']}",
+        f"warm={runs['warm2']}",
+        "--junit",
+        str(junit),
+        "--json",
+        str(verdict),
+    )
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     for col in ("metric", "baseline", "measured", "delta", "interval", "verdict"):
         assert col in res.stdout
@@ -65,7 +82,9 @@ def test_gate_cannot_judge_exits_6(runs: dict[str, Path], base: Path) -> None:
     assert res.returncode == 6 and "cold=DIR" in res.stdout + res.stderr
 
 
-def test_usage_and_input_errors_keep_their_own_codes(runs: dict[str, Path], base: Path, tmp_path: Path) -> None:
+def test_usage_and_input_errors_keep_their_own_codes(
+    runs: dict[str, Path], base: Path, tmp_path: Path
+) -> None:
     res = harness_cli("gate", str(runs["warm"]))  # no --baseline
     assert res.returncode == ExitCode.USAGE == 2 and "--baseline" in res.stderr
     res = harness_cli("gate", "--baseline", str(base), str(tmp_path / "missing"))
@@ -84,8 +103,16 @@ def test_baseline_check_metrics_and_noise(runs: dict[str, Path], base: Path) -> 
     assert res.returncode == 0 and "tpot_p95" in res.stdout and "warm_rate" in res.stdout
     res = harness_cli("baseline", "metrics")
     assert res.returncode == 0 and "prefill_peak_bytes_max" in res.stdout
-    res = harness_cli("baseline", "noise", "--baseline", str(base), f"cold={runs['cold']}",
-                      f"warm={runs['warm']}", "--reps", "20")  # fmt: skip
+    res = harness_cli(
+        "baseline",
+        "noise",
+        "--baseline",
+        str(base),
+        f"cold={runs['cold']}",
+        f"warm={runs['warm']}",
+        "--reps",
+        "20",
+    )
     assert res.returncode == 0, res.stderr
     assert "20 bootstrap reruns" in res.stdout and "tpot_p95@warm" in res.stdout
 

@@ -76,12 +76,18 @@ def test_pass_and_fail(tmp_path: Path) -> None:
     slow = load_result_set(make_run(tmp_path / "slow", 2000, 1, tpot_ms=5.2))
     r = judge(baseline(TPOT, TTFT), [ok])
     assert r.verdict == "pass" and r.exit_code == 0
-    assert all(g.verdict == "pass" and g.lo is not None and g.hi is not None and g.lo <= g.hi for g in r.gates)
+    assert all(
+        g.verdict == "pass" and g.lo is not None and g.hi is not None and g.lo <= g.hi for g in r.gates
+    )
     r = judge(baseline(TPOT, TTFT), [slow])
     assert r.verdict == "fail" and r.exit_code == ExitCode.CHECK_FAILED
     failed = next(g for g in r.gates if g.id == "tpot_p95")
     assert failed.verdict == "fail" and failed.lo is not None and failed.lo > failed.limit
-    assert "tpot_p95 = 6." in failed.reason and "required ≤ 5.06 ms" in failed.reason and "n = 2000" in failed.reason
+    assert (
+        "tpot_p95 = 6." in failed.reason
+        and "required ≤ 5.06 ms" in failed.reason
+        and "n = 2000" in failed.reason
+    )
     assert failed.delta_pct is not None and failed.delta_pct > 20
 
 
@@ -91,7 +97,11 @@ def test_gate_numbers_are_the_summary_numbers(tmp_path: Path) -> None:
     rs = load_result_set(run)
     s = read_summary(run)
     ctx = MetricContext()
-    for metric, column, q in (("tpot_p95", "tpot_ms", 95), ("ttft_p99", "ttft_ms", 99), ("e2e_p95", "e2e_ms", 95)):
+    for metric, column, q in (
+        ("tpot_p95", "tpot_ms", 95),
+        ("ttft_p99", "ttft_ms", 99),
+        ("e2e_p95", "e2e_ms", 95),
+    ):
         assert METRICS.get(metric).compute(rs.frame, ctx).value == s.metrics[column].percentile(q)
     rates = hit_rates(read_records(run))
     for tier, metric in (("any", "hit_rate_any"), ("HIT-L1", "hit_rate_l1"), ("prefix", "hit_rate_prefix")):
@@ -117,7 +127,9 @@ def test_nan_samples_make_the_metric_unjudgeable(tmp_path: Path) -> None:
 def test_zero_samples(tmp_path: Path) -> None:
     run = write_run(tmp_path / "empty", [])
     assert (run / "records.jsonl").stat().st_size == 0
-    r = judge(baseline(TPOT, Gate(metric="error_rate", threshold=0.0, abs_tolerance=0.01)), [load_result_set(run)])
+    r = judge(
+        baseline(TPOT, Gate(metric="error_rate", threshold=0.0, abs_tolerance=0.01)), [load_result_set(run)]
+    )
     assert r.verdict == "unjudgeable"
     assert all(g.verdict == "unjudgeable" and g.n == 0 and g.measured is None for g in r.gates)
 
@@ -128,8 +140,18 @@ def test_too_few_samples(tmp_path: Path) -> None:
     assert r.gates[0].verdict == "unjudgeable" and "fewer than min_samples 72" in r.gates[0].reason
     # P99 with 200 samples has no upper bound: it can never pass, and says why.
     rs = load_result_set(make_run(tmp_path / "p99", 400, 1))
-    r = judge(baseline(Gate(metric="ttft_p99", threshold=500, min_samples=100)), [rs.__class__(
-        label=rs.label, path=rs.path, summary=rs.summary, frame=rs.frame.take(np.arange(200)), problems=())])  # fmt: skip
+    r = judge(
+        baseline(Gate(metric="ttft_p99", threshold=500, min_samples=100)),
+        [
+            rs.__class__(
+                label=rs.label,
+                path=rs.path,
+                summary=rs.summary,
+                frame=rs.frame.take(np.arange(200)),
+                problems=(),
+            )
+        ],
+    )
     assert r.gates[0].verdict == "inconclusive" and r.gates[0].hi is None and r.verdict == "unjudgeable"
 
 
@@ -231,9 +253,15 @@ def test_fail_outranks_cannot_judge(tmp_path: Path) -> None:
 
 def test_stage_selector(tmp_path: Path) -> None:
     recs = make_records(1200, 1, stages=("stage-1", "stage-2"))
-    recs = [r.model_copy(update={"tpot_ms": r.tpot_ms * 2}) if r.stage == "stage-2" and r.tpot_ms else r for r in recs]
+    recs = [
+        r.model_copy(update={"tpot_ms": r.tpot_ms * 2}) if r.stage == "stage-2" and r.tpot_ms else r
+        for r in recs
+    ]
     rs = load_result_set(write_run(tmp_path / "ladder", recs))
-    r = judge(baseline(TPOT.model_copy(update={"stage": "stage-1"}), TPOT.model_copy(update={"stage": "stage-2"})), [rs])
+    r = judge(
+        baseline(TPOT.model_copy(update={"stage": "stage-1"}), TPOT.model_copy(update={"stage": "stage-2"})),
+        [rs],
+    )
     assert [g.verdict for g in r.gates] == ["pass", "fail"]
     assert [g.id for g in r.gates] == ["tpot_p95[stage=stage-1]", "tpot_p95[stage=stage-2]"]
 
@@ -276,7 +304,9 @@ def test_junit_parses_and_names_every_metric(tmp_path: Path) -> None:
     err = peak.find("error")
     assert err is not None and err.get("type") == "unjudgeable" and "estimated" in err.get("message", "")
     assert int(root.get("failures", "0")) == sum(g.verdict == "fail" for g in report.gates)
-    assert int(root.get("errors", "0")) == sum(g.verdict in ("unjudgeable", "inconclusive") for g in report.gates)
+    assert int(root.get("errors", "0")) == sum(
+        g.verdict in ("unjudgeable", "inconclusive") for g in report.gates
+    )
     passed = [c for c in cases if c.find("failure") is None and c.find("error") is None]
     assert passed and all((c.findtext("system-out") or "").startswith("pass:") for c in passed)
 
@@ -291,14 +321,27 @@ def test_junit_escapes_user_text() -> None:
             "results": [],
             "gates": [
                 {
-                    "id": "ttft_p95[scenario=<x>&\"y\"]", "metric": "ttft_p95", "label": "w", "unit": "ms",
-                    "direction": "at_most", "baseline": 1.0, "limit": 1.1, "measured": 2.0, "delta": 1.0,
-                    "delta_pct": 100.0, "lo": 1.5, "hi": 2.5, "confidence": 0.95, "n": 100,
-                    "min_samples": 72, "verdict": "fail", "reason": "fail: <&>",
+                    "id": 'ttft_p95[scenario=<x>&"y"]',
+                    "metric": "ttft_p95",
+                    "label": "w",
+                    "unit": "ms",
+                    "direction": "at_most",
+                    "baseline": 1.0,
+                    "limit": 1.1,
+                    "measured": 2.0,
+                    "delta": 1.0,
+                    "delta_pct": 100.0,
+                    "lo": 1.5,
+                    "hi": 2.5,
+                    "confidence": 0.95,
+                    "n": 100,
+                    "min_samples": 72,
+                    "verdict": "fail",
+                    "reason": "fail: <&>",
                 }
             ],
         }
-    )  # fmt: skip
+    )
     text = ET.tostring(junit_xml(rep), encoding="unicode")
     case = ET.fromstring(text).find("./testsuite/testcase")
     assert case is not None and case.get("name") == 'ttft_p95[scenario=<x>&"y"]'

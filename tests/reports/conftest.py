@@ -17,13 +17,24 @@ def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ladder = make_records(900, 5, stages=("stage-1", "stage-2", "stage-3"), rate=30)
     stages = [
         StageOutcome(name="stage-1", target_rate=10, started_s=0, ended_s=10, requests=300),
-        StageOutcome(name="stage-2", target_rate=30, started_s=10, ended_s=20, requests=300, errors=36,
-                     failure_rate=0.12, tolerance=0.05, verdict="rolled_back", rolled_back_to="stage-1"),
+        StageOutcome(
+            name="stage-2",
+            target_rate=30,
+            started_s=10,
+            ended_s=20,
+            requests=300,
+            errors=36,
+            failure_rate=0.12,
+            tolerance=0.05,
+            verdict="rolled_back",
+            rolled_back_to="stage-1",
+        ),
         StageOutcome(name="stage-3", target_rate=10, started_s=20, ended_s=30, requests=300),
-    ]  # fmt: skip
+    ]
     return {
-        "cold": make_run(d / "cold", 600, 1, ttft_ms=250, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0,
-                         stages=("cold",)),  # fmt: skip
+        "cold": make_run(
+            d / "cold", 600, 1, ttft_ms=250, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0, stages=("cold",)
+        ),
         "warm": make_run(d / "warm", 600, 2, stages=("warm",)),
         "ladder": write_run(d / "ladder", ladder, stages=stages),
     }
@@ -31,4 +42,6 @@ def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def paired(run_dirs: dict[str, Path]) -> list[ResultSet]:
-    return load_result_sets([f"cold={run_dirs['cold']}", f"warm={run_dirs['warm']}", f"ladder={run_dirs['ladder']}"])
+    return load_result_sets(
+        [f"cold={run_dirs['cold']}", f"warm={run_dirs['warm']}", f"ladder={run_dirs['ladder']}"]
+    )

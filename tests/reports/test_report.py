@@ -140,32 +140,63 @@ def test_markdown_names_the_verdict(paired: list[ResultSet]) -> None:
     assert md.startswith("## ✅ Gate t: PASS")
     assert "| cold |" in md and "| warm |" in md and "report.html" in md
     failing = judge(
-        GATES.model_copy(update={"gates": [Gate(metric="tpot_p95", threshold=2.0, phase="warm"), *GATES.gates]}),
+        GATES.model_copy(
+            update={"gates": [Gate(metric="tpot_p95", threshold=2.0, phase="warm"), *GATES.gates]}
+        ),
         paired,
     )
     md = render_markdown(paired, failing)
     assert md.startswith("## ❌ Gate t: FAIL") and "`tpot_p95@warm`" in md and "required ≤" in md
     assert render_markdown(paired, None).startswith("## ℹ️ Gate: not run")
-    cannot = judge(Baseline(schema_version=1, name="t", gates=[Gate(metric="ttft_p99", threshold=1e6,
-                                                                      min_samples=10**6)]), paired)  # fmt: skip
+    cannot = judge(
+        Baseline(
+            schema_version=1, name="t", gates=[Gate(metric="ttft_p99", threshold=1e6, min_samples=10**6)]
+        ),
+        paired,
+    )
     assert "CANNOT BE JUDGED" in render_markdown(paired, cannot)
 
 
 def test_report_cli(run_dirs: dict[str, Path], tmp_path: Path) -> None:
     base = tmp_path / "b.yaml"
-    base.write_text("schema_version: 1\nname: cli\ngates:\n  - {metric: tpot_p95, threshold: 1.0, phase: warm}\n")
+    base.write_text(
+        "schema_version: 1\nname: cli\ngates:\n  - {metric: tpot_p95, threshold: 1.0, phase: warm}\n"
+    )
     out = tmp_path / "out" / "report.html"
-    res = harness_cli("report", f"cold={run_dirs['cold']}", f"warm={run_dirs['warm']}", "-o", str(out),
-                      "--baseline", str(base))  # fmt: skip
+    res = harness_cli(
+        "report",
+        f"cold={run_dirs['cold']}",
+        f"warm={run_dirs['warm']}",
+        "-o",
+        str(out),
+        "--baseline",
+        str(base),
+    )
     assert res.returncode == 0, res.stderr  # a report reports; `harness gate` is what gates
     assert out.is_file() and out.with_suffix(".md").is_file()
     assert "FAIL" in out.with_suffix(".md").read_text() and "FAIL" in res.stderr
     verdict = tmp_path / "v.json"
-    gate = harness_cli("gate", "--baseline", str(base), f"warm={run_dirs['warm']}", "--json", str(verdict),
-                       "--junit", str(tmp_path / "j.xml"))  # fmt: skip
+    gate = harness_cli(
+        "gate",
+        "--baseline",
+        str(base),
+        f"warm={run_dirs['warm']}",
+        "--json",
+        str(verdict),
+        "--junit",
+        str(tmp_path / "j.xml"),
+    )
     assert gate.returncode == 1
-    res = harness_cli("report", f"warm={run_dirs['warm']}", "-o", str(out), "--verdict", str(verdict),
-                      "--md", str(tmp_path / "s.md"))  # fmt: skip
+    res = harness_cli(
+        "report",
+        f"warm={run_dirs['warm']}",
+        "-o",
+        str(out),
+        "--verdict",
+        str(verdict),
+        "--md",
+        str(tmp_path / "s.md"),
+    )
     assert res.returncode == 0, res.stderr
     assert "Gate cli: FAIL" in (tmp_path / "s.md").read_text()
     assert json.loads(verdict.read_text())["verdict"] == "fail"
