@@ -354,3 +354,30 @@ def test_json_verdict_round_trips(tmp_path: Path) -> None:
     assert data["verdict"] == report.verdict == "fail" and data["exit_code"] == 1
     assert {g["verdict"] for g in data["gates"]} >= {"pass", "fail", "unjudgeable"}
     assert read_report_json(tmp_path / "v.json") == report
+
+
+def test_gate_runs_api_for_harness_run(tmp_path: Path) -> None:
+    """The call `harness run --gate FILE` makes: labelled dirs in, files written, verdict returned."""
+    from harness.gates import gate_runs
+
+    cold = make_run(tmp_path / "c", 800, 1, ttft_ms=200, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0)
+    warm = make_run(tmp_path / "w", 800, 2, hit_l1=0.7, hit_l2=0.1, hit_l3=0.05, prefix_hit=0.9)
+    base = tmp_path / "b.yaml"
+    base.write_text(
+        "schema_version: 1\ngates:\n  - {metric: cold_start_p99, threshold: 850}\n"
+        "  - {metric: warm_rate, threshold: 0.92}\n"
+        "  - {metric: tpot_p95, threshold: 4.6, rel_tolerance: 10%}\n"
+    )
+    report = gate_runs(
+        {"cold": cold, "warm": warm}, base, junit=tmp_path / "j.xml", json_path=tmp_path / "v.json"
+    )
+    assert report.exit_code == 0, report.headline()
+    assert [(g.id, g.label) for g in report.gates] == [
+        ("cold_start_p99", "cold"),
+        ("warm_rate", "warm"),
+        ("tpot_p95", "cold"),
+        ("tpot_p95", "warm"),
+    ]
+    assert report.baseline.sha256 is not None and len(report.baseline.sha256) == 64
+    assert read_report_json(tmp_path / "v.json") == report
+    assert ET.parse(tmp_path / "j.xml").getroot().get("tests") == "4"
