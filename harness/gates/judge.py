@@ -39,6 +39,7 @@ GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
 Verdict = Literal["pass", "fail", "inconclusive", "unjudgeable"]
 Overall = Literal["pass", "fail", "unjudgeable"]
 
+VERDICT_WORDS: dict[Overall, str] = {"pass": "PASS", "fail": "FAIL", "unjudgeable": "CANNOT BE JUDGED"}
 EXIT_CODES: dict[Overall, ExitCode] = {
     "pass": ExitCode.OK,
     "fail": ExitCode.CHECK_FAILED,
@@ -75,7 +76,9 @@ class GateResult(_Strict):
     min_samples: int
     verdict: Verdict
     reason: str
-    """One sentence with the numbers (the JUnit failure message)."""
+    """One sentence with the numbers and the cause (the JUnit failure message)."""
+    why: str
+    """The cause alone (``interval entirely above the limit``, ``the run was client-bound …``)."""
 
     @property
     def case_name(self) -> str:
@@ -123,7 +126,10 @@ class GateReport(_Strict):
         """``FAIL: 1 of 14 gates failed (tpot_p95@warm), 0 cannot be judged``."""
         c = self.counts()
         cannot = c["inconclusive"] + c["unjudgeable"]
-        text = f"{self.verdict.upper()}: {c['pass']} passed, {c['fail']} failed, {cannot} cannot be judged"
+        text = (
+            f"{VERDICT_WORDS[self.verdict]}: {c['pass']} passed, {c['fail']} failed, "
+            f"{cannot} cannot be judged"
+        )
         failed = [f"{g.id}@{g.label}" if g.label else g.id for g in self.gates if g.verdict == "fail"]
         if failed:
             text += f" (failed: {', '.join(failed)})"
@@ -202,6 +208,7 @@ def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResul
             measured=None, delta=None, delta_pct=None, lo=None, hi=None, n=0,
             verdict="unjudgeable",
             reason=f"unjudgeable: no result set labelled {phase!r} was given (pass {phase}=DIR)",
+            why=f"no result set labelled {phase!r} was given (pass {phase}=DIR)",
             **base,
         )  # fmt: skip
     frame = rs.frame.select(scenario=gate.scenario, stage=gate.stage)
@@ -227,6 +234,7 @@ def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResul
         n=m.n,
         verdict=verdict,
         reason=_message(gate, m, verdict, why, confidence),
+        why=why,
         **base,
     )
 

@@ -24,7 +24,6 @@ import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from harness.common.headers import CACHE_STATUSES
 from harness.common.registry import Registry
@@ -435,7 +434,6 @@ def cold_vs_warm(sets: Sequence[ResultSet]) -> Drawn:
         ax.set_xlabel("percentile")
         ax.set_ylabel(f"{name} (ms)")
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
     ax = axes[3]
     kinds = ("response cache", "prefix cache", "warm (either)")
     xk = np.arange(len(kinds))
@@ -463,23 +461,28 @@ def cold_vs_warm(sets: Sequence[ResultSet]) -> Drawn:
     ax.set_title("Hit rates: cold vs warm")
     ax.set_xlabel("cache level")
     ax.set_ylabel("share of requests (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 105)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    # One legend for the four panels, below them: in a panel it would cover bars at 100 %.
+    _figure_legend(fig, [axes[0]])
     return fig
 
 
 # ----------------------------------------------------------------------- prefill bytes vs prompt
 
 
-def _mib(value: float, _pos: object = None) -> str:
-    return f"{value / 2**20:.1f}"
+def _byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit that keeps axis ticks readable (0.1, 0.1, 0.2 MiB would repeat)."""
+    for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if largest >= 4 * scale:
+            return unit, scale
+    return "B", 1.0
 
 
 @_plot(
     "fig-kv-bytes",
     "Prefill KV bytes vs prompt tokens",
-    "Scatter of each request's prefill KV-cache bytes in MiB against its prompt length in tokens, "
+    "Scatter of each request's prefill KV-cache bytes against its prompt length in tokens, "
     "split into requests with and without prefix-cache hits, one marker per run.",
 )
 def kv_bytes_vs_prompt(sets: Sequence[ResultSet]) -> Drawn:
@@ -487,6 +490,9 @@ def kv_bytes_vs_prompt(sets: Sequence[ResultSet]) -> Drawn:
     ax = fig.subplots()
     drawn = False
     markers = ("o", "s", "^", "D", "v")
+    # Plot in the unit the ticks are read in, so matplotlib picks round ticks in that unit.
+    largest = max(float(np.nanmax(rs.frame.col("prefill_kv_bytes"), initial=0.0)) for rs in sets)
+    unit, scale = _byte_unit(largest)
     for i, rs in enumerate(sets):
         kv, tokens, cached = (rs.frame.col(c) for c in ("prefill_kv_bytes", "prompt_tokens", "cached_tokens"))
         idx = _thin(rs.frame.n)
@@ -502,17 +508,16 @@ def kv_bytes_vs_prompt(sets: Sequence[ResultSet]) -> Drawn:
         ):
             pick = ok & sel
             if pick.any():
-                ax.scatter(tokens[pick], kv[pick], s=10, alpha=0.5, marker=marker, color=colour(rs, i),
+                ax.scatter(tokens[pick], kv[pick] / scale, s=10, alpha=0.5, marker=marker, color=colour(rs, i),
                            label=f"{rs.label}: {what}")  # fmt: skip
     if not drawn:
         return (
             "No prefill KV bytes in these records "
             "(the target does not report usage.harness.prefill_kv_bytes)."
         )
-    ax.yaxis.set_major_formatter(FuncFormatter(_mib))
     ax.set_title("Prefill KV bytes vs prompt length")
     ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("prefill KV bytes (MiB)")
+    ax.set_ylabel(f"prefill KV bytes ({unit})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from harness import __version__
 from harness.common.io import atomic_write
-from harness.gates.judge import GateReport
+from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
 from harness.reports.plots import PLOTS, Plot, pair, to_png_base64
@@ -163,7 +163,7 @@ def gate_rows(report: GateReport) -> Table:
         delta = (
             "—" if g.delta is None else ("+" if g.delta >= 0 else "−") + format_value(abs(g.delta), g.unit)
         )
-        why = g.reason.split("; ", 1)[-1] if g.verdict == "pass" else g.reason
+        why = g.why
         rows.append(
             (
                 g.label or "—",
@@ -185,12 +185,11 @@ def verdict_text(report: GateReport | None) -> tuple[str, str]:
     """The banner text and its CSS class."""
     if report is None:
         return "Gate: not run", "none"
-    words = {"pass": "PASS", "fail": "FAIL", "unjudgeable": "CANNOT BE JUDGED"}
     c = report.counts()
     cannot = c["inconclusive"] + c["unjudgeable"]
     text = (
-        f"Gate {report.baseline.name}: {words[report.verdict]} — {c['pass']} passed, {c['fail']} failed, "
-        f"{cannot} cannot be judged (exit {report.exit_code})"
+        f"Gate {report.baseline.name}: {VERDICT_WORDS[report.verdict]} — {c['pass']} passed, "
+        f"{c['fail']} failed, {cannot} cannot be judged (exit {report.exit_code})"
     )
     return text, report.verdict
 
@@ -209,7 +208,8 @@ def _run_notes(sets: Sequence[ResultSet]) -> list[tuple[str, str, list[str]]]:
                 if ref is not None:
                     about += f", {name} sha256 {ref.sha256[:12]}"
         notes = [f"cannot be judged: {p}" for p in rs.problems]
-        notes += list(s.warnings) if s is not None else []
+        # summary.json's warnings, unless a problem above already quotes them.
+        notes += [w for w in (s.warnings if s is not None else []) if not any(w in p for p in rs.problems)]
         out.append((rs.label, about, notes))
     return out
 
@@ -287,6 +287,9 @@ def render_markdown(
     keep = ("run", "requests", "errors", "TTFT P95", "TPOT P95", "E2E P95", "hit rate", "warm rate", "status")
     idx = [ov.columns.index(c) for c in keep]
     lines += _md_table(Table(keep, [tuple(r[i] for i in idx) for r in ov.rows]))
+    problems = [f"- {rs.label}: cannot be judged: {p}" for rs in sets for p in rs.problems]
+    if problems:
+        lines += ["", *problems]
     ups = _speedups(sets)
     if ups:
         lines += ["", f"Cold → warm: {ups}."]
@@ -296,10 +299,11 @@ def render_markdown(
         shown = rows.rows if len(rows.rows) <= MD_MAX_GATES else not_passed
         lines += ["", f"### Gates ({'all' if shown is rows.rows else 'not passed'})", ""]
         if shown:
-            lines += _md_table(Table(rows.columns[:-1], [r[:-1] for r in shown]))
+            lines += _md_table(Table(rows.columns, shown))
         else:
             lines.append(f"All {len(rows.rows)} gates passed.")
-        reasons = [f"- `{g.id}@{g.label or '—'}`: {g.reason}" for g in gate.gates if g.verdict != "pass"]
+        # Failures in full (numbers and cause): what a reviewer reads first in the comment.
+        reasons = [f"- `{g.id}@{g.label or '—'}`: {g.reason}" for g in gate.gates if g.verdict == "fail"]
         if reasons:
             lines += ["", *reasons[:MD_MAX_GATES]]
     if html_name:

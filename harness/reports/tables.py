@@ -59,7 +59,7 @@ def overview(sets: Sequence[ResultSet]) -> Table:
         else:
             target = f"{s.target_rate:.1f}/s" if s.target_rate is not None else "closed loop"
             rate = f"{s.achieved_rate:.1f}/s / {target}"
-        status = "ok" if rs.judgeable else "cannot be judged: " + "; ".join(rs.problems)
+        status = "ok" if rs.judgeable else f"cannot be judged ({len(rs.problems)} problem(s) below)"
         rows.append(
             (
                 rs.label,

@@ -338,6 +338,7 @@ def test_junit_escapes_user_text() -> None:
                     "min_samples": 72,
                     "verdict": "fail",
                     "reason": "fail: <&>",
+                    "why": "<&>",
                 }
             ],
         }
