@@ -508,8 +508,11 @@ def kv_bytes_vs_prompt(sets: Sequence[ResultSet]) -> Drawn:
         ):
             pick = ok & sel
             if pick.any():
-                ax.scatter(tokens[pick], kv[pick] / scale, s=10, alpha=0.5, marker=marker, color=colour(rs, i),
-                           label=f"{rs.label}: {what}")  # fmt: skip
+                label = f"{rs.label}: {what}"
+                c = colour(rs, i)
+                ax.scatter(
+                    tokens[pick], kv[pick] / scale, s=10, alpha=0.5, marker=marker, color=c, label=label
+                )
     if not drawn:
         return (
             "No prefill KV bytes in these records "
