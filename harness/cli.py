@@ -31,13 +31,16 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
     ("load", "harness.load.cli"),
     ("engine", "harness.engine.cli"),
     ("cache", "harness.cache.cli"),
-    ("gates", "harness.gates.cli"),
-    ("reports", "harness.reports.cli"),
+    ("baseline", "harness.gates.cli"),
     ("analysis", "harness.analysis.cli"),
     ("deploy", "harness.analysis.deploy_cli"),
 )
 # Top-level commands: (command name, module, attribute).
-TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (("serve", "harness.server.cli", "serve"),)
+TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("serve", "harness.server.cli", "serve"),
+    ("gate", "harness.gates.cli", "gate"),
+    ("report", "harness.reports.cli", "report"),
+)
 
 stderr = Console(stderr=True)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -14,6 +14,7 @@ Exit codes (also in ``docs/exit-codes.md``):
 3     bad input data: a file that is missing, empty, binary or malformed
 4     bad configuration: settings, environment variables, model directory
 5     a dependency is unavailable: the target server, Redis, a port
+6     a run cannot be judged: too few samples, NaN, client-bound, interrupted
 130   interrupted (Ctrl-C)
 ====  ===================================================================
 """
@@ -33,6 +34,7 @@ class ExitCode(IntEnum):
     INPUT = 3
     CONFIG = 4
     UNAVAILABLE = 5
+    UNJUDGEABLE = 6
     INTERRUPTED = 130
 
 
@@ -120,3 +122,13 @@ class CheckFailed(HarnessError):
     """A gate, threshold or validation did not pass (exit 1)."""
 
     exit_code = ExitCode.CHECK_FAILED
+
+
+class CannotJudge(HarnessError):
+    """A run cannot be judged against a gate: too few samples, NaN, client-bound, interrupted (exit 6).
+
+    Distinct from :class:`CheckFailed` (a gate proved a regression) and from a usage error (exit 2),
+    so a CI job can tell "slower" from "not measured well enough" from "called wrongly".
+    """
+
+    exit_code = ExitCode.UNJUDGEABLE

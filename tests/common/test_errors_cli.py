@@ -11,6 +11,7 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from harness.common.errors import (
+    CannotJudge,
     CheckFailed,
     ConfigError,
     ExitCode,
@@ -32,7 +33,7 @@ def test_error_names_file_line_and_field() -> None:
 
 @pytest.mark.parametrize(
     ("cls", "code"),
-    [(InputError, 3), (ConfigError, 4), (UnavailableError, 5), (CheckFailed, 1)],
+    [(InputError, 3), (ConfigError, 4), (UnavailableError, 5), (CheckFailed, 1), (CannotJudge, 6)],
 )
 def test_exit_codes_are_distinct_and_documented(cls: type[HarnessError], code: int, repo_root: Path) -> None:
     assert int(cls("x").exit_code) == code

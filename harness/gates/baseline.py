@@ -1,0 +1,543 @@
+"""The baseline file: what a CI gate compares a run against (YAML, versioned, unknown keys refused).
+
+Example (``fixtures/baselines/example.yaml`` has a complete one)::
+
+    schema_version: 1
+    name: tiny-cpu
+    confidence: 0.95
+    gates:
+      - {metric: tpot_p95, threshold: 4.2, rel_tolerance: 10%, min_samples: 200, phase: warm}
+      - {metric: prefill_peak_bytes_max, threshold: 3.1e6, require_measured: true}
+      - {metric: cold_start_p99, threshold: 850}        # seed SLO, applies to the run labelled cold
+      - {metric: warm_rate, threshold: 0.92}            # seed SLO, applies to the run labelled warm
+
+Each gate: ``metric`` (see ``harness baseline metrics``), ``threshold`` (the baseline value, in the
+metric's unit: ms, bytes, bytes/token, or a ratio 0–1), ``direction`` (``at_most`` / ``at_least``,
+default the metric's own), tolerances (the limit is ``threshold ± max(rel_tolerance·|threshold|,
+abs_tolerance)``), ``min_samples``, and selectors: ``phase`` (the result-set label), ``scenario`` and
+``stage`` (record fields). How a measurement is judged against the limit is in
+:mod:`harness.gates.judge`.
+
+:func:`baseline_from_results` writes a baseline from runs (``harness baseline update``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from harness import __version__
+from harness.common.errors import ConfigError, InputError
+from harness.common.io import atomic_write, check_input_file
+from harness.common.stats import percentile
+from harness.gates.metrics import (
+    METRICS,
+    Direction,
+    Measurement,
+    Metric,
+    MetricContext,
+    format_value,
+    rate_interval,
+)
+from harness.gates.runs import ResultSet, RunFrame
+
+BASELINE_SCHEMA_VERSION: Literal[1] = 1
+
+
+def parse_fraction(value: Any) -> Any:
+    """``"10%"`` → 0.1; numbers pass through (so YAML may say ``rel_tolerance: 10%`` or ``0.1``)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            raise ValueError(f"{value!r} is not a percentage like 10%") from None
+    return value
+
+
+Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0.0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gate(_Strict):
+    """One line of the baseline: a metric, its baseline value and how far a run may drift from it."""
+
+    metric: str
+    threshold: float = Field(allow_inf_nan=False)
+    """The baseline value in the metric's unit (ms, bytes, bytes/token; rates as 0–1)."""
+    direction: Direction | None = None
+    """``at_most`` or ``at_least``; defaults to the metric's natural direction."""
+    rel_tolerance: Fraction = 0.0
+    """Tolerated drift relative to ``threshold`` (``0.1`` or ``10%``)."""
+    abs_tolerance: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    """Tolerated drift in the metric's unit; the larger of the two tolerances applies."""
+    min_samples: int | None = Field(default=None, ge=1)
+    """Fewer samples than this: the run cannot be judged (default: the fewest with which the metric
+    can pass at all, e.g. 72 for a P95 at 95 % confidence)."""
+    phase: str | None = None
+    """The result-set label this gate applies to (``cold``, ``warm``); default: the metric's own
+    (``cold_start_p99`` → cold, ``warm_rate`` → warm), else every result set given."""
+    scenario: str | None = None
+    """Only records of this scenario."""
+    stage: str | None = None
+    """Only records of this traffic stage (``replay``, ``cold``, ``warm``, a ladder stage)."""
+    require_measured: bool | None = None
+    """``prefill_peak_bytes_max`` only: refuse estimated peaks (default true)."""
+    name: str | None = None
+    """An id for reports and JUnit (default: metric plus selectors)."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown metric {v!r}; known: {', '.join(METRICS.names())}")
+        return v
+
+    @model_validator(mode="after")
+    def _options_fit_metric(self) -> Gate:
+        if self.require_measured is not None and not self.spec.measured_option:
+            raise ValueError(f"require_measured applies only to prefill_peak_bytes_max, not {self.metric}")
+        if self.spec.unit == "ratio" and not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"{self.metric} is a ratio; its threshold must be within 0–1 (92 % is 0.92)")
+        return self
+
+    @property
+    def spec(self) -> Metric:
+        return METRICS.get(self.metric)
+
+    @property
+    def effective_direction(self) -> Direction:
+        return self.direction or self.spec.direction
+
+    @property
+    def effective_phase(self) -> str | None:
+        return self.phase or self.spec.default_phase
+
+    @property
+    def tolerance(self) -> float:
+        return max(self.rel_tolerance * abs(self.threshold), self.abs_tolerance)
+
+    @property
+    def limit(self) -> float:
+        """The value a run must stay on the good side of."""
+        if self.effective_direction == "at_most":
+            return self.threshold + self.tolerance
+        return self.threshold - self.tolerance
+
+    def effective_min_samples(self, confidence: float) -> int:
+        return self.min_samples if self.min_samples is not None else self.spec.default_min_samples(confidence)
+
+    def context(self, confidence: float) -> MetricContext:
+        return MetricContext(
+            confidence=confidence,
+            require_measured=True if self.require_measured is None else self.require_measured,
+        )
+
+    @property
+    def id(self) -> str:
+        """``metric`` plus its selectors: ``tpot_p95[scenario=chat]``."""
+        if self.name:
+            return self.name
+        sel = [f"{k}={v}" for k, v in (("scenario", self.scenario), ("stage", self.stage)) if v is not None]
+        return self.metric + (f"[{','.join(sel)}]" if sel else "")
+
+
+class ResultProvenance(_Strict):
+    label: str
+    path: str
+    requests: int
+    started_at: str | None = None
+    target: str | None = None
+    model: str | None = None
+    corpus_sha256: str | None = None
+    schedule_sha256: str | None = None
+
+
+class Provenance(_Strict):
+    """Where a baseline written by ``harness baseline update`` came from."""
+
+    created_at: str
+    harness_version: str
+    headroom: float
+    results: list[ResultProvenance]
+
+
+class Baseline(_Strict):
+    """A baseline file."""
+
+    schema_version: Literal[1]
+    """Required: a file from a future harness is refused rather than half-understood."""
+    name: str = "baseline"
+    description: str | None = None
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence of the intervals the gates decide on (two-sided)."""
+    gates: list[Gate] = Field(min_length=1)
+    provenance: Provenance | None = None
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Baseline:
+        seen: set[tuple[str, str | None]] = set()
+        for gate in self.gates:
+            key = (gate.id, gate.effective_phase)
+            if key in seen:
+                where = f" (phase {gate.effective_phase})" if gate.effective_phase else ""
+                raise ValueError(f"two gates named {gate.id!r}{where}; give one a distinct name")
+            seen.add(key)
+        return self
+
+
+# ------------------------------------------------------------------------------------- reading
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """1-based line of the YAML node at pydantic location ``loc`` (the deepest one that exists)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            match = node.value[part]
+        else:
+            match = None
+        if match is None:
+            break
+        node = match
+        line = node.start_mark.line + 1
+    return line
+
+
+def read_baseline(path: str | Path) -> Baseline:
+    """Read and validate a baseline file; :class:`ConfigError` names the file, line and field."""
+    p = check_input_file(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise ConfigError(
+            f"not valid YAML: {exc.problem}", file=p, line=mark.line + 1 if mark else None
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", file=p) from None
+    if not isinstance(data, dict):
+        raise ConfigError("a baseline is a YAML mapping (schema_version, gates, …)", file=p)
+    try:
+        return Baseline.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        field = ".".join(str(x) for x in loc) or None
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        hint = None
+        if loc and loc[0] == "schema_version":
+            hint = f"this harness reads baseline schema version {BASELINE_SCHEMA_VERSION}"
+        elif err.get("type") == "extra_forbidden":
+            hint = "unknown keys are refused so that a typo cannot silently disable a gate"
+        raise ConfigError(msg, file=p, line=_line_of(root, loc), field=field, hint=hint) from None
+
+
+def baseline_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def _round(value: float, digits: int = 5) -> float | int:
+    """``value`` to ``digits`` significant digits, so a written baseline reads like one a person wrote;
+    whole numbers (byte counts) stay exact."""
+    if not math.isfinite(value):
+        return value
+    if value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    rounded = float(f"{value:.{digits}g}")
+    return int(rounded) if rounded.is_integer() else rounded
+
+
+def dump_baseline(baseline: Baseline, comments: dict[int, str] | None = None) -> str:
+    """The baseline as YAML, one gate per line in flow style, each with an optional comment."""
+    comments = comments or {}
+    head = baseline.model_dump(mode="json", exclude_none=True, exclude={"gates", "provenance"})
+    out = [
+        "# Baseline for `harness gate` (docs/gates.md). One gate per line: the limit is",
+        "# threshold ± max(rel_tolerance·|threshold|, abs_tolerance); units are the metric's",
+        "# (`harness baseline metrics`).",
+        yaml.safe_dump(head, sort_keys=False, allow_unicode=True).rstrip(),
+        "gates:",
+    ]
+    for i, gate in enumerate(baseline.gates):
+        row = gate.model_dump(mode="json", exclude_none=True)
+        for key in ("threshold", "abs_tolerance", "rel_tolerance"):
+            if key in row:
+                row[key] = _round(float(row[key]))
+        line = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
+        out.append(f"  - {line}" + (f"  # {comments[i]}" if i in comments else ""))
+    if baseline.provenance is not None:
+        prov = {"provenance": baseline.provenance.model_dump(mode="json", exclude_none=True)}
+        out.append(yaml.safe_dump(prov, sort_keys=False, allow_unicode=True).rstrip())
+    return "\n".join(out) + "\n"
+
+
+def write_baseline(path: str | Path, baseline: Baseline, comments: dict[int, str] | None = None) -> None:
+    """Write ``baseline`` atomically; it reads back equal (checked: a file we cannot read is a bug)."""
+    text = dump_baseline(baseline, comments)
+    reread = Baseline.model_validate(yaml.safe_load(text))
+    if len(reread.gates) != len(baseline.gates):  # pragma: no cover - guards dump_baseline itself
+        raise AssertionError("baseline did not survive a YAML round trip")
+    with atomic_write(path) as fh:
+        fh.write(text)
+
+
+# ------------------------------------------------------------------------------------- update
+
+UPDATE_METRICS: tuple[str, ...] = (
+    "ttft_p95",
+    "ttft_p99",
+    "tpot_p95",
+    "e2e_p95",
+    "lateness_p99",
+    "error_rate",
+    "prefill_kv_bytes_per_token_p95",
+    "prefill_peak_bytes_max",
+    "hit_rate_any",
+    "hit_rate_l1",
+    "hit_rate_l2",
+    "hit_rate_l3",
+    "hit_rate_prefix",
+)
+"""What ``harness baseline update`` writes for every result set (those with data), plus
+``cold_start_p99`` for a set labelled ``cold`` and ``warm_rate`` for one labelled ``warm``."""
+PER_SCENARIO_METRICS: tuple[str, ...] = ("ttft_p95", "tpot_p95", "e2e_p95")
+
+RERUN_RISK = 0.002
+"""The chance, per gate, that ``harness baseline update`` accepts of an identical rerun not passing
+(the margin of :func:`rerun_margin`); measured on reruns in docs/gates.md."""
+
+Key = tuple[str, str | None]
+
+
+def parse_headroom(text: str) -> float:
+    """``"10%"`` or ``"0.1"`` → 0.1."""
+    try:
+        value = float(parse_fraction(text))
+    except (TypeError, ValueError):
+        raise ConfigError(f"headroom {text!r} is not a fraction or a percentage like 10%") from None
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"headroom {text!r} must be at least 0 % and below 100 %")
+    return value
+
+
+def _provenance(rs: ResultSet) -> ResultProvenance:
+    s = rs.summary
+    return ResultProvenance(
+        label=rs.label,
+        path=str(rs.path),
+        requests=rs.frame.n,
+        started_at=s.started_at if s else None,
+        target=s.target.url if s else None,
+        model=s.target.model if s else None,
+        corpus_sha256=s.corpus.sha256 if s and s.corpus else None,
+        schedule_sha256=s.schedule.sha256 if s and s.schedule else None,
+    )
+
+
+def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: float = RERUN_RISK) -> float:
+    """The tolerance a gate written from this run needs so that an identical rerun passes it.
+
+    A rerun passes an ``at_most`` gate when its interval's upper end is within ``threshold +
+    tolerance``, the threshold being this run's value. Two things push the rerun's upper end up: its
+    interval's width, and this run's own luck (its value may sit below the truth). Taking the run's
+    samples as the truth (plug-in), each is bounded at ``risk / 2``:
+
+    - percentiles: the rerun's upper end is the order statistic ``x₍ᵤ₎`` (the rank
+      :func:`~harness.common.stats.percentile_interval` uses), whose quantile level is
+      ``Beta(u, n + 1 − u)``; this run's value is ``x₍ₖ₎`` at level ``Beta(k, n + 1 − k)``. The margin is
+      the sample's percentile at the first's upper ``risk/2`` level minus that at the second's lower one.
+      ``inf`` when that level lies beyond the largest sample (a P99 of a few hundred samples): the run
+      cannot say how far a rerun's bound may reach;
+    - rates: the truth may be as far off as this run's exact interval at ``1 − risk`` allows, and the
+      rerun's count off that truth by its binomial ``risk/2`` quantile; the margin is the distance from
+      this run's rate to the rerun's Clopper–Pearson bound at that count;
+    - maxima: 0 (a maximum has no interval; the relative headroom covers it).
+
+    So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
+    """
+    from scipy.stats import beta, binom
+
+    alpha = 1.0 - confidence
+    if metric.kind == "percentile" and metric.samples is not None and metric.q is not None:
+        values, _ = metric.samples(frame)
+        n = int(values.size)
+        if n == 0:
+            return math.nan
+        p = metric.q / 100.0
+        u = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # 1-based rank of a rerun's upper bound
+        k = max(1, math.ceil(p * n - 1e-9))  # 1-based rank of the nearest-rank value
+        if u > n:
+            return math.inf
+        level_hi = float(beta.ppf(1 - risk / 2, u, n + 1 - u))
+        level_lo = float(beta.ppf(risk / 2, k, n + 1 - k))
+        if math.ceil(level_hi * n - 1e-9) >= n:  # the sample's maximum: no evidence how far beyond
+            return math.inf
+        return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
+    if metric.kind == "rate" and metric.counts is not None:
+        k_obs, n = metric.counts(frame)
+        if n == 0:
+            return math.nan
+        rate = k_obs / n
+        # The truth as far off as the exact interval allows at 1 − risk (not the plug-in rate: a run
+        # that saw 0 errors in 300 does not show an error rate of 0).
+        truth_lo, truth_hi = rate_interval(k_obs, n, 1 - risk)
+        if metric.direction == "at_least":
+            k_rerun = int(binom.ppf(risk / 2, n, truth_lo))
+            return rate - rate_interval(k_rerun, n, confidence)[0]
+        k_rerun = int(binom.ppf(1 - risk / 2, n, truth_hi))
+        return rate_interval(k_rerun, n, confidence)[1] - rate
+    return 0.0
+
+
+def _gate_from(
+    metric: Metric,
+    m: Measurement,
+    margin: float,
+    *,
+    headroom: float,
+    confidence: float,
+    phase: str | None,
+    scenario: str | None,
+) -> tuple[Gate | None, str]:
+    """A gate that this measurement's reruns pass, or why there is none."""
+    if m.n == 0 or not math.isfinite(m.value):
+        return None, "no samples"
+    if m.problems:
+        return None, "; ".join(m.problems)
+    floor = metric.default_min_samples(confidence)
+    if m.n < floor:
+        return None, f"{m.n} samples, fewer than the {floor} it needs to be judged at all"
+    if math.isinf(margin) or (metric.direction == "at_most" and math.isinf(m.hi)):
+        return None, (
+            f"P{metric.q:g} of {m.n} samples is too noisy to gate on (a rerun's interval may reach past "
+            "the largest sample); record more requests"
+        )
+    noise = max(0.0, margin) if math.isfinite(margin) else 0.0
+    abs_tol = max(metric.abs_tolerance_floor, noise)
+    if metric.unit == "ratio":
+        abs_tol = min(abs_tol, 1.0)
+    gate = Gate(
+        metric=metric.name,
+        threshold=_round(m.value),
+        direction=metric.direction,
+        rel_tolerance=headroom,
+        abs_tolerance=_round(abs_tol, 3),
+        min_samples=max(floor, m.n // 2),
+        phase=phase if phase != metric.default_phase else None,
+        scenario=scenario,
+    )
+    if metric.direction == "at_least" and gate.limit <= 0:
+        return None, f"{format_value(m.value, metric.unit)} leaves nothing to gate (the limit would be ≤ 0)"
+    note = f"{format_value(m.value, metric.unit)} from n={m.n}"
+    if abs_tol > headroom * abs(m.value):
+        why = "reruns' noise" if noise >= metric.abs_tolerance_floor else "the metric's floor"
+        note += f"; tolerance widened to {format_value(abs_tol, metric.unit)} by {why}"
+    return gate, note
+
+
+def baseline_from_results(
+    result_sets: list[ResultSet],
+    *,
+    headroom: float,
+    name: str = "baseline",
+    confidence: float = 0.95,
+    per_scenario: bool = False,
+) -> tuple[Baseline, dict[int, str], list[str]]:
+    """A baseline that these runs pass, and identical reruns of them pass too, with ``headroom`` (a
+    fraction) as the relative tolerance.
+
+    For every result set and metric with data: ``threshold`` is the measured value, ``rel_tolerance``
+    the headroom, ``abs_tolerance`` the larger of the metric's floor and the noise margin of
+    :func:`rerun_margin` (a small run is noisy; a gate tighter than its noise would call identical
+    reruns inconclusive), ``min_samples`` half the recorded count (at least what the metric needs).
+    With several result sets each gate gets ``phase: <label>``. Metrics a run cannot support (no
+    data, too few samples to bound a P99 stably) are skipped, with the reason.
+
+    Returns the baseline, a comment per gate index (the measured value and sample count) and the
+    skipped metrics with reasons. Raises :class:`InputError` when a run cannot be judged (a baseline
+    from an interrupted or client-bound run would be wrong) or nothing could be written.
+    """
+    for rs in result_sets:
+        if rs.problems:
+            raise InputError(f"cannot write a baseline from this run: {'; '.join(rs.problems)}", file=rs.path)
+    gates: list[Gate] = []
+    comments: dict[int, str] = {}
+    skipped: list[str] = []
+    several = len(result_sets) > 1
+    for rs in result_sets:
+        names = list(UPDATE_METRICS)
+        if rs.label == "cold":
+            names.append("cold_start_p99")
+        if rs.label == "warm":
+            names.append("warm_rate")
+        todo: list[Key] = [(n, None) for n in names]
+        if per_scenario:
+            todo += [(n, sc) for sc in rs.frame.values("scenario") for n in PER_SCENARIO_METRICS]
+        for metric_name, scenario in todo:
+            metric = METRICS.get(metric_name)
+            frame = rs.frame.select(scenario=scenario)
+            m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=True))
+            if metric.measured_option and any("estimated" in p for p in m.problems):
+                # An estimated peak can still be a baseline (CPU targets estimate); gates say so.
+                m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=False))
+                measured = False
+            else:
+                measured = True
+            phase = rs.label if several or rs.label == metric.default_phase else None
+            margin = rerun_margin(metric, frame, confidence=confidence)
+            gate, note = _gate_from(
+                metric, m, margin, headroom=headroom, confidence=confidence, phase=phase, scenario=scenario
+            )
+            where = f"{rs.label}: {metric_name}" + (f"[scenario={scenario}]" if scenario else "")
+            if gate is None:
+                skipped.append(f"{where}: {note}")
+                continue
+            if metric.measured_option:
+                gate = gate.model_copy(update={"require_measured": measured})
+                if not measured:
+                    note += "; peaks were estimated, so require_measured: false"
+            comments[len(gates)] = note
+            gates.append(gate)
+    if not gates:
+        raise InputError(
+            "no metric of these runs has enough data for a gate", file=result_sets[0].path,
+            hint="; ".join(skipped[:3]),
+        )  # fmt: skip
+    provenance = Provenance(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        harness_version=__version__,
+        headroom=headroom,
+        results=[_provenance(rs) for rs in result_sets],
+    )
+    baseline = Baseline(
+        schema_version=BASELINE_SCHEMA_VERSION,
+        name=name,
+        confidence=confidence,
+        gates=gates,
+        provenance=provenance,
+    )
+    return baseline, comments, skipped

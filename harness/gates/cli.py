@@ -1,0 +1,180 @@
+"""``harness gate`` (judge runs against a baseline) and ``harness baseline …`` (write, check, list).
+
+``harness gate --baseline FILE RESULTS…`` exits 0 when every gate passes, 1 when one proved a
+regression (:class:`~harness.common.errors.CheckFailed`) and 6 when a run cannot be judged
+(:class:`~harness.common.errors.CannotJudge`); a bad command line stays 2 and a bad file 3 or 4
+(docs/exit-codes.md, docs/gates.md). The table, JUnit XML and JSON verdict are written in every case.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from harness.common.errors import CannotJudge, CheckFailed
+
+app = typer.Typer(help="Baselines for `harness gate`: write one from a run, check one, list metrics.",
+                  no_args_is_help=True)  # fmt: skip
+stderr = Console(stderr=True)
+
+RESULTS_HELP = "Run directories (records.jsonl + summary.json), as DIR or LABEL=DIR (cold=runs/cold)."
+
+
+def gate(
+    results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
+    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="JUnit XML output (default: FIRST_RESULTS/gate.junit.xml).")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="JSON verdict output (default: FIRST_RESULTS/gate.json).")
+    ] = None,
+) -> None:
+    """Judge runs against a baseline: exit 0 pass, 1 a gate failed, 6 a run cannot be judged."""
+    from harness.gates.baseline import read_baseline
+    from harness.gates.judge import judge, write_report_json
+    from harness.gates.output import gate_table, write_junit
+    from harness.gates.runs import load_result_sets
+
+    spec = read_baseline(baseline)
+    sets = load_result_sets(results)
+    report = judge(spec, sets, baseline_path=baseline)
+    Console(width=max(Console().width, 150)).print(gate_table(report))
+    first = sets[0].path
+    junit_path = junit or first / "gate.junit.xml"
+    json_path = json_out or first / "gate.json"
+    write_junit(junit_path, report)
+    write_report_json(json_path, report)
+    stderr.print(f"wrote {junit_path} and {json_path}", highlight=False)
+    if report.verdict == "fail":
+        raise CheckFailed(report.headline(), file=baseline)
+    if report.verdict == "unjudgeable":
+        reasons = [f"{g.id}@{g.label or '—'}: {g.reason}" for g in report.gates if g.verdict != "pass"]
+        raise CannotJudge(report.headline() + ". First: " + reasons[0], file=baseline)
+
+
+@app.command()
+def update(  # noqa: PLR0917 - typer maps parameters to options
+    results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
+    headroom: Annotated[
+        str, typer.Option("--headroom", help="Relative tolerance of every gate (10% or 0.1).")
+    ] = "10%",
+    name: Annotated[
+        str | None, typer.Option("--name", help="Baseline name (default: the file's stem).")
+    ] = None,
+    confidence: Annotated[
+        float, typer.Option("--confidence", min=0.51, max=0.999, help="Interval confidence of the gates.")
+    ] = 0.95,
+    per_scenario: Annotated[
+        bool, typer.Option("--per-scenario", help="Also gate TTFT/TPOT/E2E P95 of every scenario.")
+    ] = False,
+) -> None:
+    """Write a baseline from runs: measured values as thresholds, HEADROOM as tolerance."""
+    from rich.table import Table
+
+    from harness.gates.baseline import baseline_from_results, parse_headroom, write_baseline
+    from harness.gates.metrics import format_value
+    from harness.gates.runs import load_result_sets
+
+    sets = load_result_sets(results)
+    spec, comments, skipped = baseline_from_results(
+        sets,
+        headroom=parse_headroom(headroom),
+        name=name or out.stem,
+        confidence=confidence,
+        per_scenario=per_scenario,
+    )
+    write_baseline(out, spec, comments)
+    t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
+    for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
+        t.add_column(col)
+    for i, g in enumerate(spec.gates):
+        sign = "≤" if g.effective_direction == "at_most" else "≥"
+        t.add_row(
+            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
+            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
+        )  # fmt: skip
+    Console(width=max(Console().width, 150)).print(t)
+    for line in skipped:
+        stderr.print(f"skipped {line}", highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {out}", highlight=False)
+
+
+@app.command()
+def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")]) -> None:
+    """Validate a baseline and show its gates with their limits."""
+    from rich.table import Table
+
+    from harness.gates.baseline import read_baseline
+    from harness.gates.metrics import format_value
+
+    spec = read_baseline(baseline)
+    t = Table(title=escape(f"baseline {spec.name} (confidence {spec.confidence:.0%})"), title_justify="left")
+    for col in ("gate", "phase", "threshold", "limit", "min samples"):
+        t.add_column(col)
+    for g in spec.gates:
+        sign = "≤" if g.effective_direction == "at_most" else "≥"
+        t.add_row(
+            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
+            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.effective_min_samples(spec.confidence)),
+        )  # fmt: skip
+    Console(width=max(Console().width, 120)).print(t)
+
+
+@app.command()
+def metrics() -> None:
+    """List the metrics a baseline can gate on."""
+    from rich.table import Table
+
+    from harness.gates.metrics import METRICS
+
+    t = Table(title="gate metrics", title_justify="left")
+    for col in ("metric", "unit", "direction", "phase", "what"):
+        t.add_column(col)
+    for name, m in METRICS.items():
+        t.add_row(name, m.unit, m.direction, m.default_phase or "any", m.description)
+    Console(width=max(Console().width, 160)).print(t)
+
+
+@app.command()
+def noise(
+    results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
+    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],
+    reps: Annotated[int, typer.Option("--reps", min=10, help="Bootstrap replicates.")] = 200,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the resampling.")] = 0,
+) -> None:
+    """Estimate how often an identical rerun would fail or be inconclusive (bootstrap of these runs)."""
+    from rich.progress import track
+    from rich.table import Table
+
+    from harness.gates.baseline import read_baseline
+    from harness.gates.noise import NoiseEstimate, rerun_verdicts
+    from harness.gates.runs import load_result_sets
+
+    spec = read_baseline(baseline)
+    sets = load_result_sets(results)
+    est = NoiseEstimate(reps=reps)
+    # One replicate per call so the bar moves; each replicate draws from its own seeded stream.
+    for i in track(range(reps), description="resampling", console=stderr, transient=True):
+        part = rerun_verdicts(spec, sets, reps=1, seed=seed * 1_000_003 + i)
+        est.overall.update(part.overall)
+        for key, counts in part.per_gate.items():
+            est.per_gate.setdefault(key, type(counts)()).update(counts)
+    t = Table(
+        title=f"{reps} bootstrap reruns against {escape(spec.name)}: "
+        f"{est.rate('pass'):.1%} pass, {est.rate('fail'):.1%} fail, "
+        f"{est.rate('unjudgeable'):.1%} cannot be judged",
+        title_justify="left",
+    )
+    for col in ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable"):
+        t.add_column(col, justify="left" if col == "gate" else "right")
+    for key in est.per_gate:
+        t.add_row(
+            escape(key), *(f"{est.rate(v, key):.1%}" for v in ("pass", "fail", "inconclusive", "unjudgeable"))
+        )
+    Console(width=max(Console().width, 120)).print(t)

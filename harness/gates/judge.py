@@ -1,0 +1,302 @@
+"""The decision rule: a measured metric, its interval and a gate's limit → pass, fail or cannot judge.
+
+**Rule** (documented with its measured false-alarm rate in docs/gates.md). Each gate has a *limit*
+(``threshold ± tolerance``) and each measurement a two-sided interval at the baseline's confidence
+``c`` (order statistics for percentiles, Clopper–Pearson for rates). For an ``at_most`` gate:
+
+- **pass** when the interval's upper end is within the limit (``hi ≤ limit``): the run shows, at
+  confidence ``(1 + c) / 2`` one-sided, that the true percentile is within the limit;
+- **fail** when its lower end is beyond the limit (``lo > limit``): the run shows a regression;
+- **inconclusive** otherwise: the interval straddles the limit, the run is too small to tell.
+
+(``at_least`` mirrors it.) A run whose true value sits exactly at the limit fails with probability at
+most ``(1 − c) / 2`` = 2.5 % per gate at the default 95 %, whatever the distribution, so a verdict
+does not flip on noise; the point estimate alone would fail such a run half the time.
+
+**Conservative judgement.** An inconclusive gate is not a pass: it counts as *cannot be judged*
+(exit 6) like too few samples, NaN samples, a client-bound or interrupted run, a missing metric or
+an estimated prefill peak where a measured one is required. A proven regression (exit 1) outranks
+cannot-be-judged, which outranks pass (exit 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.common.errors import ExitCode
+from harness.common.io import write_json
+from harness.gates.baseline import Baseline, Gate, baseline_sha256
+from harness.gates.metrics import Direction, Measurement, format_interval, format_value
+from harness.gates.runs import ResultSet
+
+GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
+
+Verdict = Literal["pass", "fail", "inconclusive", "unjudgeable"]
+Overall = Literal["pass", "fail", "unjudgeable"]
+
+VERDICT_WORDS: dict[Overall, str] = {"pass": "PASS", "fail": "FAIL", "unjudgeable": "CANNOT BE JUDGED"}
+EXIT_CODES: dict[Overall, ExitCode] = {
+    "pass": ExitCode.OK,
+    "fail": ExitCode.CHECK_FAILED,
+    "unjudgeable": ExitCode.UNJUDGEABLE,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GateResult(_Strict):
+    """One gate on one result set (one JUnit test case). Unbounded or unknown numbers are ``None``."""
+
+    id: str
+    metric: str
+    label: str
+    """The result set it was judged on (``""`` when no set of the gate's phase was given)."""
+    unit: str
+    direction: Direction
+    scenario: str | None = None
+    stage: str | None = None
+    baseline: float
+    """The gate's threshold."""
+    limit: float
+    measured: float | None
+    delta: float | None
+    """``measured − baseline``, in the unit."""
+    delta_pct: float | None
+    lo: float | None
+    hi: float | None
+    confidence: float
+    n: int
+    min_samples: int
+    verdict: Verdict
+    reason: str
+    """One sentence with the numbers and the cause (the JUnit failure message)."""
+    why: str
+    """The cause alone (``interval entirely above the limit``, ``the run was client-bound …``)."""
+
+    @property
+    def case_name(self) -> str:
+        return self.id
+
+    def interval_text(self) -> str:
+        lo = -math.inf if self.lo is None and self.measured is not None else self.lo
+        hi = math.inf if self.hi is None and self.measured is not None else self.hi
+        return format_interval(lo, hi, self.unit)
+
+
+class ResultRef(_Strict):
+    label: str
+    path: str
+    requests: int
+    problems: list[str]
+    started_at: str | None = None
+    target: str | None = None
+
+
+class BaselineRef(_Strict):
+    name: str
+    path: str | None = None
+    sha256: str | None = None
+
+
+class GateReport(_Strict):
+    """The JSON verdict of ``harness gate``."""
+
+    schema_version: Literal[1] = GATE_REPORT_SCHEMA_VERSION
+    verdict: Overall
+    exit_code: int
+    baseline: BaselineRef
+    confidence: float
+    results: list[ResultRef]
+    gates: list[GateResult]
+
+    def counts(self) -> dict[Verdict, int]:
+        out: dict[Verdict, int] = {"pass": 0, "fail": 0, "inconclusive": 0, "unjudgeable": 0}
+        for g in self.gates:
+            out[g.verdict] += 1
+        return out
+
+    def headline(self) -> str:
+        """``FAIL: 1 of 14 gates failed (tpot_p95@warm), 0 cannot be judged``."""
+        c = self.counts()
+        cannot = c["inconclusive"] + c["unjudgeable"]
+        text = (
+            f"{VERDICT_WORDS[self.verdict]}: {c['pass']} passed, {c['fail']} failed, "
+            f"{cannot} cannot be judged"
+        )
+        failed = [f"{g.id}@{g.label}" if g.label else g.id for g in self.gates if g.verdict == "fail"]
+        if failed:
+            text += f" (failed: {', '.join(failed)})"
+        return text
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def decide(m: Measurement, limit: float, direction: Direction, min_samples: int) -> tuple[Verdict, str]:
+    """The verdict on one measurement and why (without the gate's name; see :func:`judge_gate`)."""
+    if m.problems:
+        return "unjudgeable", "; ".join(m.problems)
+    if m.n == 0 or math.isnan(m.value):
+        return "unjudgeable", "no samples: the metric is missing from these records"
+    if m.n < min_samples:
+        return "unjudgeable", f"{m.n} samples, fewer than min_samples {min_samples}"
+    if math.isnan(m.lo) or math.isnan(m.hi):
+        return "unjudgeable", "no interval could be computed"
+    if direction == "at_most":
+        if m.hi <= limit:
+            return "pass", "interval within the limit"
+        if m.lo > limit:
+            return "fail", "interval entirely above the limit"
+    else:
+        if m.lo >= limit:
+            return "pass", "interval within the limit"
+        if m.hi < limit:
+            return "fail", "interval entirely below the limit"
+    return (
+        "inconclusive",
+        "interval straddles the limit: too few samples to decide, counted as cannot be judged",
+    )
+
+
+def _message(gate: Gate, m: Measurement, verdict: Verdict, why: str, confidence: float) -> str:
+    unit = gate.spec.unit
+    sign = "≤" if gate.effective_direction == "at_most" else "≥"
+    tol = gate.tolerance
+    rel = (
+        f"{gate.rel_tolerance:.0%}"
+        if gate.rel_tolerance * abs(gate.threshold) >= gate.abs_tolerance
+        else None
+    )
+    tol_text = rel if rel else format_value(tol, unit)
+    pm = "+" if gate.effective_direction == "at_most" else "−"
+    numbers = (
+        f"{gate.metric} = {format_value(m.value, unit)}, required {sign} {format_value(gate.limit, unit)} "
+        f"(baseline {format_value(gate.threshold, unit)} {pm} {tol_text}); "
+        f"{confidence:.0%} interval {format_interval(m.lo, m.hi, unit)}, n = {m.n}"
+    )
+    return f"{verdict}: {numbers}; {why}"
+
+
+def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResult:
+    """Judge one gate on one result set (``None``: no result set of the gate's phase was given)."""
+    unit = gate.spec.unit
+    min_n = gate.effective_min_samples(confidence)
+    base = {
+        "id": gate.id,
+        "metric": gate.metric,
+        "unit": unit,
+        "direction": gate.effective_direction,
+        "scenario": gate.scenario,
+        "stage": gate.stage,
+        "baseline": gate.threshold,
+        "limit": gate.limit,
+        "confidence": confidence,
+        "min_samples": min_n,
+    }
+    if rs is None:
+        phase = gate.effective_phase
+        return GateResult(
+            label="",
+            measured=None, delta=None, delta_pct=None, lo=None, hi=None, n=0,
+            verdict="unjudgeable",
+            reason=f"unjudgeable: no result set labelled {phase!r} was given (pass {phase}=DIR)",
+            why=f"no result set labelled {phase!r} was given (pass {phase}=DIR)",
+            **base,
+        )  # fmt: skip
+    frame = rs.frame.select(scenario=gate.scenario, stage=gate.stage)
+    m = gate.spec.compute(frame, gate.context(confidence))
+    verdict, why = decide(m, gate.limit, gate.effective_direction, min_n)
+    if m.n == 0 and not m.problems and (gate.scenario or gate.stage):
+        sel = ", ".join(f"{k}={v!r}" for k, v in (("scenario", gate.scenario), ("stage", gate.stage)) if v)
+        why = f"no records with {sel}"
+    if rs.problems:
+        # Fail closed: the numbers of an untrustworthy run are shown, never passed.
+        verdict = "unjudgeable"
+        why = "; ".join([*rs.problems, why] if why and not why.startswith("interval") else rs.problems)
+    value = _finite(m.value)
+    delta = value - gate.threshold if value is not None else None
+    delta_pct = delta / abs(gate.threshold) * 100 if delta is not None and gate.threshold != 0 else None
+    return GateResult(
+        label=rs.label,
+        measured=value,
+        delta=delta,
+        delta_pct=delta_pct,
+        lo=_finite(m.lo),
+        hi=_finite(m.hi),
+        n=m.n,
+        verdict=verdict,
+        reason=_message(gate, m, verdict, why, confidence),
+        why=why,
+        **base,
+    )
+
+
+def targets(gate: Gate, result_sets: Sequence[ResultSet]) -> list[ResultSet | None]:
+    """The result sets a gate applies to: its phase's, or every one when it has no phase."""
+    phase = gate.effective_phase
+    if phase is None:
+        return list(result_sets)
+    match = [rs for rs in result_sets if rs.label == phase]
+    return list(match) if match else [None]
+
+
+def judge(
+    baseline: Baseline, result_sets: Sequence[ResultSet], *, baseline_path: str | Path | None = None
+) -> GateReport:
+    """Judge every gate of ``baseline`` on the result sets it applies to."""
+    results = [
+        judge_gate(g, rs, baseline.confidence) for g in baseline.gates for rs in targets(g, result_sets)
+    ]
+    verdicts = {r.verdict for r in results}
+    overall: Overall = "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass"} else "pass"
+    return GateReport(
+        verdict=overall,
+        exit_code=int(EXIT_CODES[overall]),
+        baseline=BaselineRef(
+            name=baseline.name,
+            path=str(baseline_path) if baseline_path is not None else None,
+            sha256=baseline_sha256(baseline_path) if baseline_path is not None else None,
+        ),
+        confidence=baseline.confidence,
+        results=[
+            ResultRef(
+                label=rs.label,
+                path=str(rs.path),
+                requests=rs.frame.n,
+                problems=list(rs.problems),
+                started_at=rs.summary.started_at if rs.summary else None,
+                target=rs.summary.target.url if rs.summary else None,
+            )
+            for rs in result_sets
+        ],
+        gates=results,
+    )
+
+
+def write_report_json(path: str | Path, report: GateReport) -> None:
+    """The JSON verdict, atomically (infinite or NaN numbers are ``null``)."""
+    write_json(path, report.model_dump(mode="json"))
+
+
+def read_report_json(path: str | Path) -> GateReport:
+    """A JSON verdict written by :func:`write_report_json` (for ``harness report --verdict``)."""
+    from pydantic import ValidationError
+
+    from harness.common.errors import InputError
+    from harness.common.io import check_input_file, validation_input_error
+
+    p = check_input_file(path)
+    try:
+        return GateReport.model_validate_json(p.read_bytes())
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected="a gate verdict (harness gate --json)") from None
+    except ValueError as exc:
+        raise InputError(f"not a gate verdict: {exc}", file=p) from None

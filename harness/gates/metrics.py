@@ -1,0 +1,407 @@
+"""What a gate can measure: a registry of metrics, each computed from a run's records with an interval.
+
+A :class:`Metric` says how to get one number from a :class:`~harness.gates.runs.RunFrame` (already
+narrowed to a scenario or stage), the interval that number is known to at a confidence, its unit and
+which way is good. Baselines name metrics; ``harness baseline metrics`` lists them.
+
+Three kinds of statistic, each with its own interval:
+
+- **percentiles** (``tpot_p95`` …): the project's one definition (nearest rank,
+  :func:`~harness.common.stats.percentile`) with its distribution-free order-statistic interval
+  (:func:`~harness.common.stats.percentile_interval`). Samples are every record that has the field,
+  exactly as ``summary.json`` counts them, so the gate's P95 is the summary's P95;
+- **rates** (``error_rate``, ``hit_rate_*``, ``warm_rate``): ``k`` of ``n`` requests, with the exact
+  (Clopper–Pearson) binomial interval;
+- **maxima** (``prefill_peak_bytes_max``): the largest value seen; a run's own peak has no sampling
+  interval, so its interval is the point.
+
+Samples that were NaN or infinite in the file make the metric unjudgeable (never dropped quietly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+
+from harness.common.registry import Registry
+from harness.common.stats import percentile, percentile_interval
+from harness.gates.runs import FloatArray, RunFrame
+
+Direction = Literal["at_most", "at_least"]
+"""``at_most``: the measured value must not exceed the limit (latency, bytes, error rate);
+``at_least``: it must not fall below it (hit rate, warm rate)."""
+Unit = Literal["ms", "bytes", "bytes/token", "ratio"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One metric on one result set: the value, its interval and how many samples it rests on.
+
+    ``lo``/``hi`` bound the value at the baseline's confidence; ``-inf``/``inf`` when the sample is
+    too small to bound that side (P99 of 50 samples has no upper bound), NaN when there are no
+    samples. ``problems`` say why the value cannot be judged at all.
+    """
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricContext:
+    """What a gate asks of a metric besides the records."""
+
+    confidence: float = 0.95
+    require_measured: bool = True
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How to compute one gateable number from a run's records."""
+
+    name: str
+    unit: Unit
+    direction: Direction
+    """The natural direction: which side of the threshold is good."""
+    description: str
+    compute: Callable[[RunFrame, MetricContext], Measurement]
+    kind: Literal["percentile", "rate", "max"]
+    q: float | None = None
+    """The percentile, for percentile metrics."""
+    default_phase: str | None = None
+    """The result-set label the metric belongs to when a gate names none (``cold``, ``warm``)."""
+    measured_option: bool = False
+    """Whether gates on it take ``require_measured`` (the prefill peak)."""
+    abs_tolerance_floor: float = 0.0
+    """The smallest absolute tolerance ``harness baseline update`` writes (guards near-zero values)."""
+    samples: Samples | None = None
+    """Percentile metrics: the samples ranked (``harness baseline update`` sizes its margins on them)."""
+    counts: Counts | None = None
+    """Rate metrics: ``(k, n)``."""
+
+    def default_min_samples(self, confidence: float) -> int:
+        """The fewest samples with which this metric can ever pass at ``confidence``."""
+        if self.kind == "percentile" and self.q is not None:
+            return min_samples_for_bound(self.q, confidence)
+        if self.kind == "rate":
+            return 30
+        return 1
+
+
+METRICS: Registry[Metric] = Registry("gate metric")
+
+
+def _register(metric: Metric) -> Metric:
+    METRICS.register(metric.name)(metric)
+    return metric
+
+
+@lru_cache(maxsize=256)
+def min_samples_for_bound(q: float, confidence: float) -> int:
+    """Smallest ``n`` for which the ``q``-th percentile's interval has a finite upper bound.
+
+    Below it the upper end is ``+inf`` (:func:`~harness.common.stats.percentile_interval`), so an
+    ``at_most`` gate could never pass: P95 at 95 % needs 72 samples, P99 needs 368.
+    """
+    from scipy.stats import binom
+
+    p, alpha = q / 100.0, 1.0 - confidence
+    n = 1
+    while int(binom.ppf(1 - alpha / 2, n, p)) + 1 > n:
+        n += 1
+    return n
+
+
+def rate_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) two-sided ``confidence`` interval of a rate ``k / n``.
+
+    It covers the true rate with probability at least ``confidence`` for every ``n`` (conservative,
+    unlike the normal approximation, which fails near 0 and 1 where hit and error rates live).
+    """
+    from scipy.stats import beta
+
+    if n <= 0:
+        return (math.nan, math.nan)
+    alpha = 1.0 - confidence
+    lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return (lo, hi)
+
+
+def _nonfinite_problem(column: str, bad: int, n: int) -> tuple[str, ...]:
+    if not bad:
+        return ()
+    return (f"{bad} of {n} {column} samples are NaN or infinite in the records",)
+
+
+Samples = Callable[[RunFrame], tuple[FloatArray, tuple[str, ...]]]
+"""The samples a percentile metric ranks, and why they cannot be judged (NaN in the file …)."""
+Counts = Callable[[RunFrame], tuple[int, int]]
+"""``(k, n)`` of a rate metric."""
+
+
+def field_samples(column: str) -> Samples:
+    """Every value of a record field (records without it do not count; NaN/inf in the file is a problem)."""
+
+    def samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]:
+        values = frame.col(column)
+        bad = frame.bad(column)
+        # NaN in a column means "absent" unless the file said NaN (``bad``); ±inf is kept by the
+        # mask below and flagged as a problem, never ranked.
+        present = ~np.isnan(values) | bad
+        return values[present & ~bad], _nonfinite_problem(column, int(bad.sum()), int(present.sum()))
+
+    return samples
+
+
+def _kv_per_token_samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]:
+    kv, tokens = frame.col("prefill_kv_bytes"), frame.col("prompt_tokens")
+    # Only requests that ran a prefill: a response-cache hit reports 0 KV bytes and would pull the
+    # percentile down without saying anything about prefill memory.
+    ran = (kv > 0) & ~np.isnan(tokens)
+    bad_rows = frame.bad("prefill_kv_bytes") | frame.bad("prompt_tokens") | (ran & (tokens <= 0))
+    keep = ran & ~bad_rows
+    problems = _nonfinite_problem("prefill_kv_bytes / prompt_tokens", int(bad_rows.sum()), int(ran.sum()))
+    return kv[keep] / tokens[keep], problems
+
+
+def percentile_metric(samples: Samples, q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """The nearest-rank ``q``-th percentile of ``samples`` with its order-statistic interval."""
+
+    def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
+        values, problems = samples(frame)
+        if values.size == 0:
+            return Measurement(math.nan, math.nan, math.nan, 0, problems)
+        lo, hi = percentile_interval(values, q, ctx.confidence)
+        return Measurement(percentile(values, q), lo, hi, int(values.size), problems)
+
+    return compute
+
+
+def _peak_max(frame: RunFrame, ctx: MetricContext) -> Measurement:
+    peak = frame.col("prefill_peak_bytes")
+    bad = frame.bad("prefill_peak_bytes")
+    # A response-cache hit reports a 0-byte, unmeasured peak: no prefill ran, nothing to measure.
+    ran = (peak > 0) & ~bad
+    problems = list(_nonfinite_problem("prefill_peak_bytes", int(bad.sum()), int(ran.sum() + bad.sum())))
+    if ctx.require_measured:
+        estimated = int((ran & (frame.peak_measured != 1)).sum())
+        if estimated:
+            problems.append(
+                f"{estimated} of {int(ran.sum())} prefill peaks were estimated, not measured "
+                "(peak_measured: false; measured peaks need CUDA), and the baseline requires measured ones"
+            )
+    if not ran.any():
+        return Measurement(math.nan, math.nan, math.nan, 0, tuple(problems))
+    value = float(peak[ran].max())
+    return Measurement(value, value, value, int(ran.sum()), tuple(problems))
+
+
+def _rate(hit: Counts) -> Callable[[RunFrame, MetricContext], Measurement]:
+    def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
+        k, n = hit(frame)
+        if n == 0:
+            return Measurement(math.nan, math.nan, math.nan, 0)
+        lo, hi = rate_interval(k, n, ctx.confidence)
+        return Measurement(k / n, lo, hi, n)
+
+    return compute
+
+
+def _errors(frame: RunFrame) -> tuple[int, int]:
+    return int((~frame.ok).sum()), frame.n
+
+
+def _cache_share(tier: str | None) -> Counts:
+    """Share of requests answered by ``tier`` (``None``: any ``HIT-*``), among those that carried an
+    ``x-cache`` header (as in ``summary.json``'s ``hit_rate``)."""
+
+    def count(frame: RunFrame) -> tuple[int, int]:
+        return int(frame.cache_hit(tier).sum()), int(frame.cache_told().sum())
+
+    return count
+
+
+def _prefix_share(frame: RunFrame) -> tuple[int, int]:
+    reported, hit = frame.prefix_hit()
+    return int(hit.sum()), int(reported.sum())
+
+
+def _warm_share(frame: RunFrame) -> tuple[int, int]:
+    """Requests served warm: a response-cache hit or a prefix-cache hit, among requests where the
+    target reported either (an ``x-cache`` header or ``cached_tokens``)."""
+    reported, prefix = frame.prefix_hit()
+    told = frame.cache_told() | reported
+    warm = frame.cache_hit() | prefix
+    return int(warm[told].sum()), int(told.sum())
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+_PERCENTILE_FIELDS: tuple[tuple[str, str, tuple[int, ...], str], ...] = (
+    ("ttft", "ttft_ms", (50, 90, 95, 99), "time to first token, from send"),
+    ("ttft_from_intended", "ttft_from_intended_ms", (50, 95, 99), "time to first token, from intended send"),
+    ("tpot", "tpot_ms", (50, 90, 95, 99), "time per output token (decode latency)"),
+    ("e2e", "e2e_ms", (50, 95, 99), "end-to-end latency, from send"),
+    ("e2e_from_intended", "e2e_from_intended_ms", (95, 99), "end-to-end latency, from intended send"),
+    ("lateness", "lateness_ms", (99,), "how late the client sent requests (client health)"),
+)
+for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
+    for _q in _qs:
+        _register(
+            Metric(
+                name=f"{_short}_p{_q}",
+                unit="ms",
+                direction="at_most",
+                description=f"P{_q} {_what} ({_column})",
+                compute=percentile_metric(field_samples(_column), _q),
+                samples=field_samples(_column),
+                kind="percentile",
+                q=_q,
+                # Sub-millisecond client lateness is jitter; 10 % of 0.3 ms would gate on noise.
+                abs_tolerance_floor=1.0 if _short == "lateness" else 0.0,
+            )
+        )
+
+_register(
+    Metric(
+        name="prefill_kv_bytes_per_token_p95",
+        unit="bytes/token",
+        direction="at_most",
+        description="P95 of prefill_kv_bytes / prompt_tokens over requests that ran a prefill",
+        compute=percentile_metric(_kv_per_token_samples, 95),
+        samples=_kv_per_token_samples,
+        kind="percentile",
+        q=95,
+    )
+)
+_register(
+    Metric(
+        name="prefill_peak_bytes_max",
+        unit="bytes",
+        direction="at_most",
+        description="largest prefill peak memory (prefill_peak_bytes); measured peaks required unless "
+        "require_measured: false",
+        compute=_peak_max,
+        kind="max",
+        measured_option=True,
+    )
+)
+_register(
+    Metric(
+        name="error_rate",
+        unit="ratio",
+        direction="at_most",
+        description="share of requests that failed (HTTP status not 2xx, or no response)",
+        compute=_rate(_errors),
+        counts=_errors,
+        kind="rate",
+        abs_tolerance_floor=0.01,
+    )
+)
+for _tier, _status, _what in (
+    ("any", None, "any response-cache tier (x-cache HIT-*)"),
+    ("l1", "HIT-L1", "the L1 response cache (x-cache HIT-L1)"),
+    ("l2", "HIT-L2", "the L2 response cache (x-cache HIT-L2)"),
+    ("l3", "HIT-L3", "the L3 semantic cache (x-cache HIT-L3)"),
+):
+    _register(
+        Metric(
+            name=f"hit_rate_{_tier}",
+            unit="ratio",
+            direction="at_least",
+            description=f"share of requests answered by {_what}, among those with an x-cache header",
+            compute=_rate(_cache_share(_status)),
+            counts=_cache_share(_status),
+            kind="rate",
+        )
+    )
+_register(
+    Metric(
+        name="hit_rate_prefix",
+        unit="ratio",
+        direction="at_least",
+        description="share of requests with prefix-cache hits (cached_tokens > 0), "
+        "among those reporting usage",
+        compute=_rate(_prefix_share),
+        counts=_prefix_share,
+        kind="rate",
+    )
+)
+_register(
+    Metric(
+        name="cold_start_p99",
+        unit="ms",
+        direction="at_most",
+        description="P99 cold-start latency: ttft_from_intended_ms of the cold phase (seed: ≤ 850 ms)",
+        compute=percentile_metric(field_samples("ttft_from_intended_ms"), 99),
+        samples=field_samples("ttft_from_intended_ms"),
+        kind="percentile",
+        q=99,
+        default_phase="cold",
+    )
+)
+_register(
+    Metric(
+        name="warm_rate",
+        unit="ratio",
+        direction="at_least",
+        description="share of warm-phase requests served warm (a response-cache or prefix-cache hit; "
+        "seed: ≥ 92 %)",
+        compute=_rate(_warm_share),
+        counts=_warm_share,
+        kind="rate",
+        default_phase="warm",
+    )
+)
+
+
+# --------------------------------------------------------------------------------------- formatting
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A value with its unit for tables and messages (``41.2 ms``, ``93.10 %``, ``12.0 MiB``)."""
+    if value is None or math.isnan(value):
+        return "—"
+    if math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    if unit == "ratio":
+        return f"{value * 100:.2f} %"
+    if unit == "bytes":
+        return _bytes(value)
+    if unit == "bytes/token":
+        return f"{value:,.0f} B/token"
+    return f"{_num(value)} {unit}"
+
+
+def _num(value: float) -> str:
+    mag = abs(value)
+    if mag >= 1000:
+        return f"{value:,.0f}"
+    if mag >= 100:
+        return f"{value:.1f}"
+    if mag >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _bytes(value: float) -> str:
+    mag = abs(value)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if mag >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def format_interval(lo: float | None, hi: float | None, unit: str) -> str:
+    """``[lo, hi]`` in the value's unit; ``—`` when unknown."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return "—"
+    return f"[{format_value(lo, unit)}, {format_value(hi, unit)}]"

@@ -1,0 +1,369 @@
+"""Result sets as the gates and reports read them: a labelled run directory, its records as columns.
+
+A run directory (written by the load stage, :mod:`harness.load.results`) holds ``records.jsonl``
+and ``summary.json``. The gates compute every number from the records (the summary carries no
+intervals) and take from the summary only what the records cannot say: whether the run was
+interrupted or client-bound, and whether a worker of a distributed run was lost.
+
+Records are held as columns (:class:`RunFrame`, one NumPy array per field, NaN where a record has
+no value) rather than as a list of models, so a run of a few hundred thousand requests fits in a
+few tens of MB and a selection (a scenario, a stage) is a boolean mask.
+
+Labels: ``harness gate`` and ``harness report`` take ``LABEL=DIR`` or ``DIR`` (labelled by the
+directory's name). A paired run (``harness run``) hands over two sets labelled ``cold`` and
+``warm``; a baseline gate with ``phase: cold`` applies to the set labelled ``cold``.
+
+**Fail closed.** Anything that makes a run's numbers untrustworthy becomes a *problem* of the result
+set (:attr:`ResultSet.problems`); a gate on a set with problems cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+from pydantic import ValidationError
+
+from harness.common.errors import InputError
+from harness.common.io import check_input_file, validation_input_error
+from harness.load.results import RECORDS_FILE, SUMMARY_FILE, RequestRecord, RunSummary, read_summary
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+ObjArray = npt.NDArray[np.object_]
+
+FLOAT_COLUMNS: tuple[str, ...] = (
+    "intended_s",
+    "sent_s",
+    "lateness_ms",
+    "ttft_ms",
+    "ttft_from_intended_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "e2e_from_intended_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "prefill_kv_bytes",
+    "prefill_peak_bytes",
+)
+"""Numeric record fields kept as float64 columns (NaN: the record has no value; byte counts stay
+exact below 2⁵³)."""
+TEXT_COLUMNS: tuple[str, ...] = ("scenario", "stage", "cache")
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RunFrame:
+    """The records of one run as columns, one row per request, in file order.
+
+    ``nonfinite`` marks samples that were NaN or ±inf *in the file* (as opposed to absent, which is
+    also NaN in the column): a measurement that is not a number is a broken measurement, and the
+    gates refuse to judge a metric computed from one, where :func:`~harness.common.stats.percentile`
+    would silently drop it.
+    """
+
+    floats: dict[str, FloatArray]
+    text: dict[str, ObjArray]
+    status: npt.NDArray[np.int64]
+    ok: BoolArray
+    peak_measured: npt.NDArray[np.int8]
+    """1 measured, 0 estimated, -1 not reported."""
+    worker: npt.NDArray[np.int64]
+    nonfinite: dict[str, BoolArray] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.status.size)
+
+    def col(self, name: str) -> FloatArray:
+        """A numeric column (NaN where absent)."""
+        return self.floats[name]
+
+    def bad(self, name: str) -> BoolArray:
+        """Rows whose ``name`` was NaN or infinite in the file."""
+        mask = self.nonfinite.get(name)
+        return mask if mask is not None else np.zeros(self.n, dtype=bool)
+
+    def take(self, rows: BoolArray | npt.NDArray[np.intp]) -> RunFrame:
+        """The rows a boolean mask or an index array picks (indices may repeat)."""
+        return RunFrame(
+            floats={k: v[rows] for k, v in self.floats.items()},
+            text={k: v[rows] for k, v in self.text.items()},
+            status=self.status[rows],
+            ok=self.ok[rows],
+            peak_measured=self.peak_measured[rows],
+            worker=self.worker[rows],
+            nonfinite={k: v[rows] for k, v in self.nonfinite.items()},
+        )
+
+    def sample(self, rng: np.random.Generator, n: int) -> RunFrame:
+        """``n`` rows drawn with replacement: a bootstrap replicate of the run."""
+        return self.take(rng.integers(0, self.n, size=n))
+
+    def select(self, *, scenario: str | None = None, stage: str | None = None) -> RunFrame:
+        """The rows of one scenario and/or stage (``None``: any)."""
+        if scenario is None and stage is None:
+            return self
+        mask = np.ones(self.n, dtype=bool)
+        if scenario is not None:
+            mask &= self.text["scenario"] == scenario
+        if stage is not None:
+            mask &= self.text["stage"] == stage
+        return self.take(mask)
+
+    def cache_told(self) -> BoolArray:
+        """Rows whose response carried an ``x-cache`` header."""
+        cache: Any = self.text["cache"]  # numpy's stubs do not compare object arrays with None
+        told: BoolArray = np.asarray(cache != None, dtype=bool)  # noqa: E711 - elementwise, not identity
+        return told
+
+    def cache_hit(self, tier: str | None = None) -> BoolArray:
+        """Rows answered by response-cache ``tier`` (``HIT-L1`` …), or by any tier (``HIT-*``)."""
+        cache = self.text["cache"]
+        if tier is not None:
+            exact: BoolArray = np.asarray(cache == tier, dtype=bool)
+            return exact
+        told = self.cache_told()
+        out = np.zeros(self.n, dtype=bool)
+        out[told] = np.char.startswith(cache[told].astype(str), "HIT")
+        return out
+
+    def prefix_hit(self) -> tuple[BoolArray, BoolArray]:
+        """``(reported, hit)``: rows that reported ``cached_tokens``, and those with ``cached_tokens > 0``."""
+        cached = self.col("cached_tokens")
+        reported = ~np.isnan(cached)
+        return reported, reported & (np.nan_to_num(cached) > 0)
+
+    def values(self, name: str) -> list[str]:
+        """Distinct non-null values of a text column, in first-seen order."""
+        seen: dict[str, None] = {}
+        for v in self.text[name]:
+            if v is not None:
+                seen.setdefault(str(v), None)
+        return list(seen)
+
+    @classmethod
+    def from_columns(
+        cls,
+        n: int,
+        *,
+        floats: dict[str, FloatArray] | None = None,
+        text: dict[str, Sequence[str | None]] | None = None,
+        ok: BoolArray | None = None,
+    ) -> RunFrame:
+        """A frame of ``n`` successful requests from arrays (simulations; absent columns are NaN/None)."""
+        floats = floats or {}
+        text = text or {}
+        unknown = (set(floats) - set(FLOAT_COLUMNS)) | (set(text) - set(TEXT_COLUMNS))
+        if unknown:
+            raise ValueError(f"unknown columns: {', '.join(sorted(unknown))}")
+        ok_arr = np.ones(n, dtype=bool) if ok is None else np.asarray(ok, dtype=bool)
+        return cls(
+            floats={
+                k: np.asarray(floats.get(k, np.full(n, np.nan)), dtype=np.float64) for k in FLOAT_COLUMNS
+            },
+            text={k: _object_array(text.get(k, [None] * n)) for k in TEXT_COLUMNS},
+            status=np.where(ok_arr, 200, 500).astype(np.int64),
+            ok=ok_arr,
+            peak_measured=np.full(n, -1, dtype=np.int8),
+            worker=np.zeros(n, dtype=np.int64),
+        )
+
+    @classmethod
+    def from_records(cls, records: Iterable[RequestRecord]) -> RunFrame:
+        """Columns from validated records."""
+        floats: dict[str, list[float]] = {k: [] for k in FLOAT_COLUMNS}
+        text: dict[str, list[str | None]] = {k: [] for k in TEXT_COLUMNS}
+        status: list[int] = []
+        ok: list[bool] = []
+        peak: list[int] = []
+        worker: list[int] = []
+        nonfinite_rows: dict[str, list[int]] = {}
+        for i, r in enumerate(records):
+            for k in FLOAT_COLUMNS:
+                v = getattr(r, k)
+                if v is None:
+                    floats[k].append(math.nan)
+                    continue
+                fv = float(v)
+                if not math.isfinite(fv):
+                    nonfinite_rows.setdefault(k, []).append(i)
+                floats[k].append(fv)
+            for k in TEXT_COLUMNS:
+                text[k].append(getattr(r, k))
+            status.append(r.status)
+            ok.append(r.ok)
+            peak.append(-1 if r.peak_measured is None else int(r.peak_measured))
+            worker.append(r.worker)
+        n = len(status)
+        nonfinite: dict[str, BoolArray] = {}
+        for k, rows in nonfinite_rows.items():
+            mask = np.zeros(n, dtype=bool)
+            mask[rows] = True
+            nonfinite[k] = mask
+        return cls(
+            floats={k: np.asarray(v, dtype=np.float64) for k, v in floats.items()},
+            text={k: _object_array(v) for k, v in text.items()},
+            status=np.asarray(status, dtype=np.int64),
+            ok=np.asarray(ok, dtype=bool),
+            peak_measured=np.asarray(peak, dtype=np.int8),
+            worker=np.asarray(worker, dtype=np.int64),
+            nonfinite=nonfinite,
+        )
+
+
+def _object_array(values: Sequence[str | None]) -> ObjArray:
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """One labelled run: where it is, its summary (``None`` when it never finished), its records."""
+
+    label: str
+    path: Path
+    summary: RunSummary | None
+    frame: RunFrame
+    problems: tuple[str, ...] = ()
+    """Why this run cannot be judged (empty: it can)."""
+
+    @property
+    def judgeable(self) -> bool:
+        return not self.problems
+
+
+def _parse_record(line: bytes, lineno: int, path: Path) -> RequestRecord:
+    """One records.jsonl line; unlike :func:`~harness.common.io.iter_jsonl` it accepts the ``NaN`` and
+    ``Infinity`` literals Python's json module writes, so a NaN measurement reaches the gate (which
+    refuses to judge it) instead of stopping the read as malformed JSON."""
+    try:
+        obj: Any = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:
+            obj = json.loads(line)  # accepts NaN / Infinity / -Infinity
+        except ValueError:
+            raise InputError(
+                f"invalid JSON ({exc.msg}), expected a request record", file=path, line=lineno
+            ) from None
+    if not isinstance(obj, dict):
+        raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
+    try:
+        return RequestRecord.model_validate(obj)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
+
+
+def iter_records(path: Path) -> Iterator[RequestRecord]:
+    """The records of a ``records.jsonl`` (an empty file is a run with no requests, not an error)."""
+    p = check_input_file(path, allow_empty=True)
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+            if line.strip():
+                yield _parse_record(line, lineno, p)
+
+
+def run_problems(summary: RunSummary | None, frame: RunFrame) -> list[str]:
+    """Why a run cannot be judged, from its summary (fail closed: a missing summary is a problem)."""
+    if summary is None:
+        return [f"no {SUMMARY_FILE}: the run did not finish (interrupted? client-bound? unknown)"]
+    problems: list[str] = []
+    if summary.interrupted:
+        problems.append("the run was interrupted (summary.json: interrupted)")
+    if summary.client_bound:
+        why = [w for w in summary.warnings if w.startswith("client-bound")]
+        problems.append(
+            "the run was client-bound (summary.json: client_bound): "
+            + ("; ".join(why) if why else "the client, not the target, set the pace")
+        )
+    lost = [w.worker for w in summary.workers if w.missing]
+    if lost:
+        problems.append(
+            f"worker(s) {', '.join(map(str, lost))} were lost; their share of the schedule is missing"
+        )
+    if summary.requests != frame.n:
+        problems.append(
+            f"{SUMMARY_FILE} counts {summary.requests} requests but {RECORDS_FILE} holds {frame.n}"
+        )
+    return problems
+
+
+def load_result_set(path: str | Path, label: str | None = None) -> ResultSet:
+    """Read a run directory; ``label`` defaults to the directory's name.
+
+    Raises :class:`InputError` when ``path`` is not a run directory or a file in it is malformed; a
+    run that is readable but untrustworthy (interrupted, client-bound, unfinished) loads with
+    :attr:`ResultSet.problems` set instead.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such results directory", file=p)
+    if not p.is_dir():
+        raise InputError(
+            "is not a directory, expected a run directory (records.jsonl + summary.json)", file=p
+        )
+    records_path, summary_path = p / RECORDS_FILE, p / SUMMARY_FILE
+    if not records_path.exists() and not summary_path.exists():
+        raise InputError(f"not a run directory: neither {RECORDS_FILE} nor {SUMMARY_FILE} is there", file=p)
+    name = label if label is not None else (p.resolve().name or "run")
+    if not _LABEL.match(name):
+        raise InputError(
+            f"{name!r} cannot label a result set (letters, digits, '_', '.', '-')",
+            file=p,
+            hint="pass LABEL=DIR",
+        )
+    summary = read_summary(summary_path) if summary_path.exists() else None
+    problems: list[str] = []
+    if records_path.exists():
+        frame = RunFrame.from_records(iter_records(records_path))
+    else:
+        frame = RunFrame.from_records([])
+        problems.append(f"no {RECORDS_FILE}: nothing to measure")
+    problems += run_problems(summary, frame)
+    return ResultSet(label=name, path=p, summary=summary, frame=frame, problems=tuple(problems))
+
+
+def parse_result_arg(arg: str) -> tuple[str | None, Path]:
+    """``LABEL=DIR`` → ``(LABEL, DIR)``; ``DIR`` → ``(None, DIR)`` (an existing path wins)."""
+    if "=" in arg and not Path(arg).exists():
+        label, _, rest = arg.partition("=")
+        if _LABEL.match(label) and rest:
+            return label, Path(rest)
+    return None, Path(arg)
+
+
+def load_result_sets(args: Sequence[str | Path | tuple[str, str | Path]]) -> list[ResultSet]:
+    """Several result sets from ``LABEL=DIR`` / ``DIR`` strings or ``(label, dir)`` pairs.
+
+    Labels must be unique (a gate's ``phase`` names one).
+    """
+    sets: list[ResultSet] = []
+    for arg in args:
+        if isinstance(arg, tuple):
+            label: str | None = arg[0]
+            path = Path(arg[1])
+        elif isinstance(arg, Path):
+            label, path = None, arg
+        else:
+            label, path = parse_result_arg(arg)
+        rs = load_result_set(path, label)
+        if any(other.label == rs.label for other in sets):
+            raise InputError(
+                f"two result sets are labelled {rs.label!r}", file=path, hint="name them LABEL=DIR"
+            )
+        sets.append(rs)
+    if not sets:
+        raise InputError("no result sets given")
+    return sets

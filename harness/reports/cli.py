@@ -1,0 +1,66 @@
+"""``harness report RESULTS… -o report.html``: the HTML report and its Markdown summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+stderr = Console(stderr=True)
+
+
+def report(  # noqa: PLR0917 - typer maps parameters to options
+    results: Annotated[
+        list[str],
+        typer.Argument(
+            help="Run directories, as DIR or LABEL=DIR (cold=runs/cold warm=runs/warm).", show_default=False
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="HTML report to write.")] = Path("report.html"),
+    markdown: Annotated[
+        Path | None,
+        typer.Option("--markdown", "--md", help="Markdown summary (default: beside the HTML, .md)."),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", "-b", help="Judge the runs against this baseline and show the verdict."),
+    ] = None,
+    verdict: Annotated[
+        Path | None, typer.Option("--verdict", help="Show this JSON verdict (from `harness gate --json`).")
+    ] = None,
+    title: Annotated[str, typer.Option("--title", help="Report title.")] = "harness load report",
+) -> None:
+    """Write a self-contained HTML report (plots inlined, opens offline) and a Markdown summary.
+
+    The exit code is 0 whatever the verdict; `harness gate` is the command that gates.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.gates import judge, load_result_sets, read_baseline, read_report_json
+    from harness.reports.plots import PLOTS
+    from harness.reports.render import write_report
+
+    if baseline is not None and verdict is not None:
+        raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
+    sets = load_result_sets(results)
+    gate = None
+    if baseline is not None:
+        gate = judge(read_baseline(baseline), sets, baseline_path=baseline)
+    elif verdict is not None:
+        gate = read_report_json(verdict)
+    md = markdown if markdown is not None else out.with_suffix(".md")
+    with Progress(
+        TextColumn("{task.description:>22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("plotting", total=len(PLOTS.names()))
+
+        def tick(plot_id: str) -> None:
+            bar.update(task, advance=1, description=plot_id)
+
+        files = write_report(sets, out, markdown_path=md, gate=gate, title=title, tick=tick)
+    stderr.print(f"wrote {files.html} and {files.markdown}", highlight=False)
+    if gate is not None:
+        stderr.print(gate.headline(), highlight=False)

@@ -1,0 +1,123 @@
+"""The report's tables as rows of formatted cells: one overview row per run, one row per scenario.
+
+Shared by the HTML report and the Markdown summary, so both print the same numbers. Percentiles come
+from :mod:`harness.common.stats`; hit rates use the gates' metric definitions
+(:data:`harness.gates.metrics.METRICS`), so a report and a gate never disagree on a number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.common.stats import percentile
+from harness.gates.metrics import METRICS, MetricContext, format_value
+from harness.gates.runs import FloatArray, ResultSet, RunFrame
+
+
+@dataclass(frozen=True)
+class Table:
+    """A header row and body rows of text cells."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+def _p(values: FloatArray, q: float) -> str:
+    v = values[np.isfinite(values)]
+    return format_value(percentile(v, q), "ms") if v.size else "—"
+
+
+def _metric(frame: RunFrame, name: str) -> str:
+    m = METRICS.get(name).compute(frame, MetricContext(require_measured=False))
+    return format_value(m.value, METRICS.get(name).unit) if m.n else "—"
+
+
+def _errors(frame: RunFrame) -> str:
+    if frame.n == 0:
+        return "—"
+    bad = int((~frame.ok).sum())
+    return f"{bad} ({100 * bad / frame.n:.1f} %)"
+
+
+OVERVIEW_COLUMNS = (
+    "run", "requests", "errors", "rate (achieved / target)", "TTFT P50", "TTFT P95", "TTFT P99",
+    "TPOT P95", "E2E P95", "lateness P99", "hit rate", "warm rate", "status",
+)  # fmt: skip
+
+
+def overview(sets: Sequence[ResultSet]) -> Table:
+    """One row per run: size, errors, rate, the headline percentiles and whether it can be judged."""
+    rows: list[tuple[str, ...]] = []
+    for rs in sets:
+        f, s = rs.frame, rs.summary
+        if s is None:
+            rate = "—"
+        else:
+            target = f"{s.target_rate:.1f}/s" if s.target_rate is not None else "closed loop"
+            rate = f"{s.achieved_rate:.1f}/s / {target}"
+        status = "ok" if rs.judgeable else f"cannot be judged ({len(rs.problems)} problem(s) below)"
+        rows.append(
+            (
+                rs.label,
+                str(f.n),
+                _errors(f),
+                rate,
+                _p(f.col("ttft_ms"), 50),
+                _p(f.col("ttft_ms"), 95),
+                _p(f.col("ttft_ms"), 99),
+                _p(f.col("tpot_ms"), 95),
+                _p(f.col("e2e_ms"), 95),
+                _p(f.col("lateness_ms"), 99),
+                _metric(f, "hit_rate_any"),
+                _metric(f, "warm_rate"),
+                status,
+            )
+        )
+    return Table(OVERVIEW_COLUMNS, rows)
+
+
+SCENARIO_COLUMNS = (
+    "run", "scenario", "requests", "errors", "TTFT P50", "TTFT P95", "TPOT P95", "E2E P95",
+    "hit rate", "prefix hits", "KV bytes/token P95",
+)  # fmt: skip
+
+
+def per_scenario(sets: Sequence[ResultSet]) -> Table:
+    """One row per run and scenario (records without a scenario are grouped as ``(none)``)."""
+    rows: list[tuple[str, ...]] = []
+    for rs in sets:
+        scen = rs.frame.text["scenario"]
+        names: list[str | None] = [*rs.frame.values("scenario")]
+        if any(s is None for s in scen):
+            names.append(None)
+        for name in names:
+            mask = np.asarray([s == name for s in scen], dtype=bool)
+            f = rs.frame.take(mask)
+            rows.append(
+                (
+                    rs.label,
+                    name if name is not None else "(none)",
+                    str(f.n),
+                    _errors(f),
+                    _p(f.col("ttft_ms"), 50),
+                    _p(f.col("ttft_ms"), 95),
+                    _p(f.col("tpot_ms"), 95),
+                    _p(f.col("e2e_ms"), 95),
+                    _metric(f, "hit_rate_any"),
+                    _metric(f, "hit_rate_prefix"),
+                    _metric(f, "prefill_kv_bytes_per_token_p95"),
+                )
+            )
+    return Table(SCENARIO_COLUMNS, rows)
+
+
+def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> float:
+    """``cold Pq / warm Pq`` of a latency column (NaN when either has no samples)."""
+    a = cold.frame.col(column)
+    b = warm.frame.col(column)
+    pa, pb = percentile(a[np.isfinite(a)], q), percentile(b[np.isfinite(b)], q)
+    return pa / pb if pb and math.isfinite(pa) and math.isfinite(pb) else math.nan

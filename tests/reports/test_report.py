@@ -1,0 +1,217 @@
+"""The HTML report holds every plot (each with a title, units and a legend), opens offline, and the
+Markdown summary names the gate verdict."""
+
+from __future__ import annotations
+
+import base64
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+
+from harness.gates import Baseline, Gate, ResultSet, judge, load_result_sets
+from harness.reports import render_markdown, write_report
+from harness.reports.plots import PLOTS
+from tests.gates.factory import harness_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class _Page(HTMLParser):
+    """Collects figures (id → img alt/src or the reason text), scripts and external references."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.figures: dict[str, dict[str, str]] = {}
+        self._in: str | None = None
+        self.scripts = 0
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "figure":
+            self._in = a.get("id", "")
+            self.figures[self._in] = {"class": a.get("class", ""), "text": ""}
+        elif tag == "img" and self._in is not None:
+            self.figures[self._in].update(alt=a.get("alt", ""), src=a.get("src", ""))
+        if tag in ("script", "link", "iframe"):
+            self.scripts += 1
+        for key in ("src", "href"):
+            v = a.get(key, "")
+            if v and not v.startswith(("data:", "#")):
+                self.external.append(v)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "figure":
+            self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in is not None:
+            self.figures[self._in]["text"] += data
+
+
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+GATES = Baseline(
+    schema_version=1,
+    name="t",
+    gates=[
+        Gate(metric="tpot_p95", threshold=4.6, rel_tolerance=0.15, phase="warm"),
+        Gate(metric="cold_start_p99", threshold=850),
+        Gate(metric="warm_rate", threshold=0.6, abs_tolerance=0.05),
+    ],
+)
+
+
+def test_report_holds_every_plot(paired: list[ResultSet], tmp_path: Path) -> None:
+    gate = judge(GATES, paired)
+    files = write_report(paired, tmp_path / "r.html", markdown_path=tmp_path / "r.md", gate=gate)
+    page = _parse(files.html)
+    assert set(PLOTS.names()) <= set(page.figures), set(PLOTS.names()) - set(page.figures)
+    assert len(PLOTS.names()) >= 6
+    for plot_id, fig in page.figures.items():
+        plot = PLOTS.get(plot_id)
+        assert fig["alt"] == plot.alt and len(fig["alt"]) > 40, plot_id
+        assert fig["src"].startswith("data:image/png;base64,"), plot_id
+        assert base64.b64decode(fig["src"].split(",", 1)[1])[:8] == PNG_MAGIC, plot_id
+        assert plot.title in fig["text"], plot_id
+    html = files.html.read_text()
+    for section in ('id="runs"', 'id="scenarios"', 'id="gate"', 'id="verdict"'):
+        assert section in html
+    assert page.scripts == 0 and page.external == [], page.external
+
+
+def test_every_figure_has_title_units_and_legend(paired: list[ResultSet]) -> None:
+    for name, plot in PLOTS.items():
+        fig = plot.draw(paired)
+        assert isinstance(fig, Figure), name
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        assert axes, name
+        for ax in axes:
+            assert ax.get_title(), f"{name}: an axes without a title"
+            xl, yl = ax.get_xlabel(), ax.get_ylabel()
+            assert xl and yl, f"{name}: {ax.get_title()} lacks an axis label"
+            assert "(" in xl + yl, f"{name}: {ax.get_title()}: no unit in {xl!r} / {yl!r}"
+        has_legend = bool(fig.legends) or all(ax.get_legend() is not None for ax in axes)
+        assert has_legend, f"{name}: no legend"
+
+
+def test_stage_boundaries_and_rollbacks_are_marked(paired: list[ResultSet]) -> None:
+    fig = PLOTS.get("fig-latency-time").draw(paired)
+    assert isinstance(fig, Figure)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert {"stage-1", "stage-2", "stage-3"} <= set(texts)
+    assert any("rollback stage-2 → stage-1" in t for t in texts)
+    labels = {t.get_text() for leg in fig.legends for t in leg.get_texts()}
+    assert {"stage start", "rolled-back stage"} <= labels
+
+
+def test_unpaired_and_dataless_plots_say_why(run_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from harness.load.results import RequestRecord
+    from tests.gates.factory import make_records, write_run
+
+    recs = [
+        RequestRecord.model_validate(
+            {**r.model_dump(), "prefill_kv_bytes": None, "prefill_peak_bytes": None, "peak_measured": None}
+        )
+        for r in make_records(300, 9)
+    ]
+    ext = write_run(tmp_path / "vllm", recs)
+    sets = load_result_sets([str(ext)])
+    files = write_report(sets, tmp_path / "r.html")
+    page = _parse(files.html)
+    cw = page.figures["fig-cold-warm"]
+    assert "empty" in cw["class"] and "cold=DIR warm=DIR" in cw["text"] and "src" not in cw
+    kv = page.figures["fig-kv-bytes"]
+    assert "empty" in kv["class"] and "prefill_kv_bytes" in kv["text"]
+    assert "Gate: not run" in files.html.read_text()
+
+
+def test_markdown_names_the_verdict(paired: list[ResultSet]) -> None:
+    passing = judge(GATES, paired)
+    assert passing.verdict == "pass", passing.headline()
+    md = render_markdown(paired, passing, html_name="report.html")
+    assert md.startswith("## ✅ Gate t: PASS")
+    assert "| cold |" in md and "| warm |" in md and "report.html" in md
+    failing = judge(
+        GATES.model_copy(
+            update={"gates": [Gate(metric="tpot_p95", threshold=2.0, phase="warm"), *GATES.gates]}
+        ),
+        paired,
+    )
+    md = render_markdown(paired, failing)
+    assert md.startswith("## ❌ Gate t: FAIL") and "`tpot_p95@warm`" in md and "required ≤" in md
+    assert render_markdown(paired, None).startswith("## ℹ️ Gate: not run")
+    cannot = judge(
+        Baseline(
+            schema_version=1, name="t", gates=[Gate(metric="ttft_p99", threshold=1e6, min_samples=10**6)]
+        ),
+        paired,
+    )
+    assert "CANNOT BE JUDGED" in render_markdown(paired, cannot)
+
+
+def test_report_cli(run_dirs: dict[str, Path], tmp_path: Path) -> None:
+    base = tmp_path / "b.yaml"
+    base.write_text(
+        "schema_version: 1\nname: cli\ngates:\n  - {metric: tpot_p95, threshold: 1.0, phase: warm}\n"
+    )
+    out = tmp_path / "out" / "report.html"
+    res = harness_cli(
+        "report",
+        f"cold={run_dirs['cold']}",
+        f"warm={run_dirs['warm']}",
+        "-o",
+        str(out),
+        "--baseline",
+        str(base),
+    )
+    assert res.returncode == 0, res.stderr  # a report reports; `harness gate` is what gates
+    assert out.is_file() and out.with_suffix(".md").is_file()
+    assert "FAIL" in out.with_suffix(".md").read_text() and "FAIL" in res.stderr
+    verdict = tmp_path / "v.json"
+    gate = harness_cli(
+        "gate",
+        "--baseline",
+        str(base),
+        f"warm={run_dirs['warm']}",
+        "--json",
+        str(verdict),
+        "--junit",
+        str(tmp_path / "j.xml"),
+    )
+    assert gate.returncode == 1
+    res = harness_cli(
+        "report",
+        f"warm={run_dirs['warm']}",
+        "-o",
+        str(out),
+        "--verdict",
+        str(verdict),
+        "--md",
+        str(tmp_path / "s.md"),
+    )
+    assert res.returncode == 0, res.stderr
+    assert "Gate cli: FAIL" in (tmp_path / "s.md").read_text()
+    assert json.loads(verdict.read_text())["verdict"] == "fail"
+    res = harness_cli("report", str(run_dirs["warm"]), "--baseline", str(base), "--verdict", str(verdict))
+    assert res.returncode == 2
+
+
+@pytest.mark.slow
+def test_report_of_the_recorded_run(repo_root: Path, tmp_path: Path) -> None:
+    """The real recording (client-bound, so every gate refuses) renders with its warnings shown."""
+    base = repo_root / "fixtures" / "runs" / "tiny-cpu"
+    sets = load_result_sets([f"cold={base / 'cold'}", f"warm={base / 'warm'}"])
+    gate = judge(GATES, sets)
+    assert gate.verdict == "unjudgeable"
+    files = write_report(sets, tmp_path / "real.html", markdown_path=tmp_path / "real.md", gate=gate)
+    html = files.html.read_text()
+    assert "client-bound" in html and set(PLOTS.names()) <= set(_parse(files.html).figures)
+    assert "CANNOT BE JUDGED" in (tmp_path / "real.md").read_text()
