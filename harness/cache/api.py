@@ -73,6 +73,11 @@ class ResponseCache(Protocol):
         """Drop entries of one tier (``l1``, ``l2``, ``l3``, ``bloom``) or all; returns counts dropped."""
         ...
 
+    async def drain(self, timeout_s: float | None = 60.0) -> int:
+        """Wait until background writes (write-backs after ``finish``) have landed; returns how
+        many are still pending when ``timeout_s`` runs out (0: all landed)."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         """JSON-ready per-tier statistics for ``GET /cache/stats``."""
         ...

@@ -3,7 +3,9 @@
 * ``harness cache stats --url URL`` — ``GET /cache/stats`` as a table (``--json`` for the raw JSON);
 * ``harness cache preload FILE.jsonl --url URL`` — ``POST /cache/preload`` with the file as body
   (one OpenAI request body per line, optional ``completion`` and ``tenant`` fields);
-* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom, all).
+* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom, all);
+* ``harness cache drain --url URL`` — ``POST /cache/drain``: returns once the write-backs of finished
+  requests are in L2/L3 (before a snapshot, a restart or a warm pass that must hit L2).
 
 An unreachable server is an :class:`UnavailableError` (exit 5); a rejected request (HTTP 4xx) is an
 :class:`InputError` (exit 3) carrying the server's message.
@@ -128,3 +130,20 @@ def flush_cmd(
         raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_TIERS)}", field="--tier")
     data = _request("POST", url, f"/cache/flush?tier={tier.lower()}", timeout, headers={})
     typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+@app.command("drain")
+def drain_cmd(
+    url: URL = "http://127.0.0.1:8000",
+    wait: Annotated[
+        float, typer.Option("--wait", min=0.0, max=3600.0, help="Seconds to wait for write-backs.")
+    ] = 60.0,
+) -> None:
+    """Wait until the write-backs of finished requests have landed in L2 and L3."""
+    data = _request("POST", url, f"/cache/drain?timeout_s={wait:g}", wait + 10.0, headers={})
+    pending = int(data.get("pending", 0))
+    if pending:
+        raise UnavailableError(
+            f"{pending} write-back(s) still pending after {wait:g} s", hint="is Redis slow or down?"
+        )
+    typer.echo(orjson.dumps(data).decode())

@@ -296,6 +296,7 @@ class CacheStack:
                 else None,
                 breaker=self.l2.breaker.state,
                 breaker_opens=self.l2.breaker.opens,
+                breaker_skips=self.l2.skipped,
                 retries=self.l2.retries,
                 corrupt=self.corrupt,
                 info=dict(self.l2.info),
@@ -339,7 +340,9 @@ class CacheStack:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._refresher), timeout=2.0)
-        await self.drain(timeout_s=5.0)
+        left = await self.drain(timeout_s=5.0)
+        if left:
+            log.warning("%d cache write-back(s) still pending at close; dropped", left)
         for key, fut in list(self._inflight.items()):
             self._release(key, fut, None)
         if self.settings.persist:
@@ -353,11 +356,43 @@ class CacheStack:
 
     # ------------------------------------------------------------------ extras (not in the protocol)
 
-    async def drain(self, timeout_s: float = 5.0) -> None:
-        """Wait for background write-backs (tests, preload, shutdown)."""
-        pending = list(self._pending)
-        if pending:
-            await asyncio.wait(pending, timeout=timeout_s)
+    async def drain(self, timeout_s: float | None = 60.0) -> int:
+        """Wait until the background writes (L2/L3 write-backs, promotions, deletes of corrupt
+        values) have finished, including any started while waiting; returns how many are still
+        pending when ``timeout_s`` runs out (0: everything landed). ``None`` waits without limit.
+
+        This is how callers (tests, ``POST /cache/drain``, shutdown) know that a completion handed
+        to :meth:`finish` is in L2 and L3, instead of sleeping and hoping.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while pending := [t for t in self._pending if not t.done()]:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return len(pending)
+            await asyncio.wait(pending, timeout=remaining)
+        return 0
+
+    async def refresh(self) -> None:
+        """One pass of the background housekeeping, which :meth:`begin` starts every
+        ``stats_refresh_s``: Redis INFO for the L2 gauges, L2/L3 eviction counters, L1/L3 expiry
+        sweeps. Callable directly, so a caller that wants fresh figures need not wait for the timer.
+        """
+        if self.l2 is not None:
+            # Failures are counted where requests fail; the gauges keep their last values.
+            with contextlib.suppress(L2Unavailable):
+                await self.l2.refresh_info()
+            ev = int(self.l2.info.get("evicted_keys", 0))
+            if self._l2_evictions_seen is not None and ev > self._l2_evictions_seen:
+                self.metrics.evictions.labels("l2").inc(ev - self._l2_evictions_seen)
+            self._l2_evictions_seen = ev
+        self.l1.purge_expired()
+        if self.l3 is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.l3.expire)
+            ev3 = self.l3.evictions()
+            if ev3 > self._l3_evictions_seen:
+                self.metrics.evictions.labels("l3").inc(ev3 - self._l3_evictions_seen)
+            self._l3_evictions_seen = ev3
 
     def state_dir(self) -> Path:
         return self.settings.resolved_state_dir()
@@ -628,23 +663,9 @@ class CacheStack:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     async def _refresh_loop(self) -> None:
-        """Every few seconds: Redis INFO for L2 gauges, eviction counters, L1/L3 expiry sweeps."""
+        """:meth:`refresh` every ``stats_refresh_s`` until :meth:`close`."""
         while not self._closed:
-            if self.l2 is not None:
-                # Failures are counted where requests fail; the gauges keep their last values.
-                with contextlib.suppress(L2Unavailable):
-                    await self.l2.refresh_info()
-                ev = int(self.l2.info.get("evicted_keys", 0))
-                if self._l2_evictions_seen is not None and ev > self._l2_evictions_seen:
-                    self.metrics.evictions.labels("l2").inc(ev - self._l2_evictions_seen)
-                self._l2_evictions_seen = ev
-            self.l1.purge_expired()
-            if self.l3 is not None:
-                await asyncio.get_running_loop().run_in_executor(None, self.l3.expire)
-                ev3 = self.l3.evictions()
-                if ev3 > self._l3_evictions_seen:
-                    self.metrics.evictions.labels("l3").inc(ev3 - self._l3_evictions_seen)
-                self._l3_evictions_seen = ev3
+            await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.settings.stats_refresh_s)
 

@@ -908,6 +908,22 @@ def create_app(
         except HarnessError as exc:  # Redis (L2) is down: a 503 the CLI reports, not a 500 traceback
             return APIError(503, str(exc), type="server_error", code="cache_unavailable").response()
 
+    @app.post("/cache/drain")
+    async def cache_drain(request: Request) -> Response:
+        try:
+            c = need_cache()
+            raw = request.query_params.get("timeout_s", "60")
+            try:
+                timeout_s = float(raw)
+            except ValueError:
+                timeout_s = -1.0
+            if not 0 <= timeout_s <= 3600:
+                raise bad_request(f"timeout_s must be 0–3600 seconds, got '{raw}'", param="timeout_s")
+            pending = await c.drain(timeout_s)
+            return Response(orjson.dumps({"pending": pending}), media_type="application/json")
+        except APIError as exc:
+            return exc.response()
+
     @app.post("/cache/preload")
     async def cache_preload(request: Request) -> Response:
         from harness.server.preload import preload

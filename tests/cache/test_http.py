@@ -123,6 +123,8 @@ def test_cli_stats_and_errors(server: ServerProc, tmp_path: Path) -> None:
     res = cli("preload", str(bad), "--url", server.url)
     assert res.returncode == 3 and "bad.jsonl:2" in res.stderr
     assert cli("flush", "--tier", "l7", "--url", server.url).returncode == 3
+    drained = cli("drain", "--url", server.url)
+    assert drained.returncode == 0 and orjson.loads(drained.stdout) == {"pending": 0}, drained.stderr
     assert cli("stats", "--url", "http://127.0.0.1:9").returncode == 5
 
 
@@ -153,18 +155,19 @@ def test_redis_stopped_then_killed_requests_still_served(lean_server: ServerProc
     body = {"prompt": "served through a redis failure"}
     truth = text(post(srv, "/v1/completions", body, **{"Cache-Control": "no-cache"}))
     assert post(srv, "/v1/completions", body).headers["x-cache"] == "MISS"
-    time.sleep(0.2)  # the L2 write-back
+    drained = httpx.post(srv.url + "/cache/drain", timeout=120)  # the L2 write-back
+    assert drained.status_code == 200, drained.text
     os.kill(pid, signal.SIGSTOP)
     try:
         httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
-        t0 = time.perf_counter()
+        # The server gives up on the frozen Redis after its 0.3 s budget; the client's 60 s
+        # timeout only turns a hang into a failure (no stopwatch: the machine may be busy).
         r = post(srv, "/v1/completions", body)
         assert r.status_code == 200 and r.headers["x-cache"] == "MISS" and text(r) == truth
-        assert time.perf_counter() - t0 < 5.0
         assert errors_l2(srv) >= 1
     finally:
         os.kill(pid, signal.SIGCONT)
-    time.sleep(0.7)  # breaker half-open: the next request probes Redis again
+    time.sleep(0.7)  # past breaker_reset_s (a lower bound, not a wait for work): the next request probes
     httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
     r = post(srv, "/v1/completions", body)
     assert r.headers["x-cache"] in {"HIT-L2", "MISS"}  # MISS only if the probe landed elsewhere

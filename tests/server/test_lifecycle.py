@@ -32,11 +32,13 @@ async def test_guarded_stream_cleans_up_when_the_body_never_starts():
     async def receive():
         return {"type": "http.disconnect"}  # the client is already gone
 
+    stuck = asyncio.Event()
+
     async def send(message):
-        await asyncio.sleep(1.0)  # a slow socket: the disconnect wins the race
+        await stuck.wait()  # a socket that never drains: only the disconnect can end the response
 
     resp = GuardedStream(body(), on_close, {})
-    await asyncio.wait_for(resp({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send), 5)
+    await asyncio.wait_for(resp({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send), 60)
     assert started is False  # the generator's own finally never ran …
     assert closed == [1]  # … but the cleanup did
 
