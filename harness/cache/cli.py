@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
+from harness.cache.api import FLUSH_ALL, FLUSH_TIERS
 from harness.common.errors import InputError, UnavailableError
 from harness.common.headers import TENANT
 from harness.common.io import iter_jsonl
@@ -27,7 +28,7 @@ app = typer.Typer(help="Inspect, preload and flush a running server's response c
 
 URL = Annotated[str, typer.Option("--url", help="Base URL of a running `harness serve --cache`.")]
 TIMEOUT = Annotated[float, typer.Option("--timeout", min=0.1, help="HTTP timeout in seconds.")]
-FLUSH_TIERS = ("l1", "l2", "l3", "bloom", "all")
+FLUSH_CHOICES = (*FLUSH_TIERS, FLUSH_ALL)
 
 
 def _request(
@@ -121,13 +122,13 @@ def preload_cmd(
 
 @app.command("flush")
 def flush_cmd(
-    tier: Annotated[str, typer.Option("--tier", help="l1, l2, l3, bloom or all.")] = "all",
+    tier: Annotated[str, typer.Option("--tier", help=f"{', '.join(FLUSH_CHOICES)}.")] = "all",
     url: URL = "http://127.0.0.1:8000",
     timeout: TIMEOUT = 30.0,
 ) -> None:
     """Drop the entries of one tier (or all tiers)."""
-    if tier.lower() not in FLUSH_TIERS:
-        raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_TIERS)}", field="--tier")
+    if tier.lower() not in FLUSH_CHOICES:
+        raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_CHOICES)}", field="--tier")
     data = _request("POST", url, f"/cache/flush?tier={tier.lower()}", timeout, headers={})
     typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from harness.cache.api import TIER_NAMES
 from harness.common.stats import percentile
 
-TIERS = ("l1", "l2", "l3")
+TIERS: tuple[str, ...] = TIER_NAMES
 _BUCKETS = (
     1e-6,
     5e-6,

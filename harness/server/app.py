@@ -41,10 +41,17 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from harness import __version__
-from harness.cache.api import CachedCompletion, CacheTicket, ResponseCache
+from harness.cache.api import FLUSH_ALL, FLUSH_TIERS, CachedCompletion, CacheTicket, ResponseCache
 from harness.common import headers as H
 from harness.common.errors import HarnessError
-from harness.common.openai import SSE_DONE, ChatCompletionRequest, CompletionRequest, Endpoint, sse_event
+from harness.common.openai import (
+    COMPLETED_FINISH_REASONS,
+    SSE_DONE,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Endpoint,
+    sse_event,
+)
 from harness.engine.api import (
     AsyncEngine,
     EngineError,
@@ -74,8 +81,7 @@ log = logging.getLogger("harness.server")
 
 T = TypeVar("T")
 
-_FLUSH_TIERS = ("l1", "l2", "l3", "bloom", "all")
-_COMPLETED = ("stop", "length")
+_FLUSH_CHOICES = (*FLUSH_TIERS, FLUSH_ALL)
 
 
 def new_id() -> str:
@@ -208,8 +214,6 @@ class ServerState:
         self.ready = False
         self.cache_closed = False
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
-        self.begin_nowait: Callable[..., CacheTicket | None] | None = getattr(cache, "begin_nowait", None)
-        """The cache's optional synchronous fast path (``CacheStack.begin_nowait``)."""
         self._device: str | None = None
         self._request_counters: dict[tuple[str, int, str | None], Any] = {}
         self._hit_metrics: dict[str, tuple[Any, Any, Any, Any]] = {}
@@ -477,12 +481,8 @@ class Handler:
             return
         no_cache = self.ctx.no_cache or not prep.cacheable
         try:
-            ticket = None
-            if self.st.begin_nowait is not None:
-                # An L1 hit or a bypass is decided without I/O: no task, no disconnect watcher.
-                ticket = self.st.begin_nowait(
-                    self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache
-                )
+            # An L1 hit or a bypass is decided without I/O: no task, no disconnect watcher.
+            ticket = cache.begin_nowait(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache)
             if ticket is None:
                 ticket = await until_disconnect(
                     self.request,
@@ -665,7 +665,7 @@ class Handler:
         except ClientGone:
             await self._abort(gen)
             raise
-        if out.finish_reason not in _COMPLETED:  # ``run`` settles the cache ticket
+        if out.finish_reason not in COMPLETED_FINISH_REASONS:  # ``run`` settles the cache ticket
             raise APIError(
                 500,
                 f"generation ended with '{out.finish_reason}'",
@@ -741,7 +741,7 @@ class Handler:
                     yield sse_event(fmt.delta(ev.text, step))
                 if ev.finished:
                     state.finished = True
-            if out.finish_reason in _COMPLETED:
+            if out.finish_reason in COMPLETED_FINISH_REASONS:
                 yield sse_event(fmt.finish(out.finish_reason or "stop"))
                 if prep.include_usage:
                     yield sse_event(fmt.usage_chunk(self._usage(prep, out)))
@@ -764,7 +764,7 @@ class Handler:
         if not state.finished:
             st.metrics.disconnects.inc()
             await self._abort(state.gen)
-        done = state.finished and state.out.finish_reason in _COMPLETED
+        done = state.finished and state.out.finish_reason in COMPLETED_FINISH_REASONS
         await self._finish_cache(_cached_completion(st, prep, state.out) if done else None)
         st.metrics.in_flight.dec()
         st.log_request(self.ctx, state.out)
@@ -897,9 +897,9 @@ def create_app(
         try:
             c = need_cache()
             tier = request.query_params.get("tier", "all").lower()
-            if tier not in _FLUSH_TIERS:
+            if tier not in _FLUSH_CHOICES:
                 raise bad_request(
-                    f"unknown tier '{tier}'; expected one of {', '.join(_FLUSH_TIERS)}", param="tier"
+                    f"unknown tier '{tier}'; expected one of {', '.join(_FLUSH_CHOICES)}", param="tier"
                 )
             dropped = await c.flush(None if tier == "all" else tier)
             return Response(orjson.dumps({"tier": tier, "dropped": dropped}), media_type="application/json")

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from harness.cache.api import CachedCompletion, ResponseCache
 from harness.common.errors import InputError
 from harness.common.io import parse_jsonl_line
-from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
 from harness.server.protocol import Prepared, prepare
 
@@ -97,7 +97,7 @@ async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
             out.add(ev)
             if ev.finished:
                 break
-    if out.finish_reason not in ("stop", "length"):
+    if out.finish_reason not in COMPLETED_FINISH_REASONS:
         raise RuntimeError(f"generation ended with '{out.finish_reason}'")
     comp = _cached_completion(st, prep, out)
     return dataclasses.replace(comp, meta={"source": "preload", "prompt_fp": prep.prompt_fp})

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from harness.common.errors import ConfigError, HarnessError
 from harness.common.settings import load_settings
+from harness.traces.settings import default
 
 app = typer.Typer(
     help="Read distributed and LLM request traces; extract cold paths, scenarios and schedules.",
@@ -83,22 +84,22 @@ def _settings() -> Any:
 @app.command("formats")
 def formats_cmd() -> None:
     """List the input formats and what they read."""
-    from harness.traces._base import READERS
+    from harness.traces._base import all_readers
     from harness.traces.api import formats  # noqa: F401  (registers readers)
 
-    for name, reader in READERS.items():
-        typer.echo(f"{name:12} {reader.family:9} {reader.description}")
+    for family, reader in sorted(all_readers(), key=lambda fr: (fr[0], fr[1].name)):
+        typer.echo(f"{reader.name:12} {family:9} {reader.description}")
 
 
 def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, Any]:
     """Format, counts, time range and warnings of one input, as a JSON-ready dict."""
-    from harness.traces._base import READERS, SkipLog
+    from harness.traces._base import SkipLog, family_of
     from harness.traces.api import detect_format, read_requests, read_traces
 
     name = fmt or detect_format(path)
     skips = SkipLog()
     info: dict[str, Any] = {"file": path, "format": name}
-    family = READERS.get(name).family
+    family = family_of(name)
     with _progress(f"reading {Path(path).name}") as advance:
         if family == "requests":
             n = 0
@@ -268,16 +269,24 @@ def coldpaths_cmd(
     ),
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     threshold_ms: Annotated[
-        float | None, typer.Option("--threshold-ms", help="First-hop latency threshold [500].")
+        float | None,
+        typer.Option(
+            "--threshold-ms", help=f"First-hop latency threshold, ms (default {default('threshold_ms'):g})."
+        ),
     ] = None,
     protocol: Annotated[
-        str | None, typer.Option("--protocol", help="http,grpc (default), genai, other or any.")
+        str | None,
+        typer.Option(
+            "--protocol",
+            help=f"Comma-separated: http, grpc, genai, other or any (default {default('protocols')}).",
+        ),
     ] = None,
     hops: Annotated[
-        str | None, typer.Option("--hops", help="first (default) or all cross-service server spans.")
+        str | None,
+        typer.Option("--hops", help=f"first or all cross-service server spans (default {default('hops')})."),
     ] = None,
     cache_scope: Annotated[
-        str | None, typer.Option("--cache-scope", help="subtree (default) or hop.")
+        str | None, typer.Option("--cache-scope", help=f"subtree or hop (default {default('cache_scope')}).")
     ] = None,
     cache_hit: Annotated[
         list[str] | None,
@@ -308,14 +317,19 @@ def scenarios_cmd(
     files: Annotated[
         list[str], typer.Argument(help="Cold-path JSONL (or trace files: cold paths are extracted).")
     ],
-    k: Annotated[int | None, typer.Option("--k", help="Number of scenario classes [12].")] = None,
+    k: Annotated[
+        int | None, typer.Option("--k", help=f"Number of scenario classes (default {default('k')}).")
+    ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="ScenarioSet JSON to write.")] = Path(
         "scenarios.json"
     ),
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="k-means seed [0].")] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help=f"k-means seed (default {default('seed')}).")
+    ] = None,
     threshold_ms: Annotated[
-        float | None, typer.Option("--threshold-ms", help="For trace inputs [500].")
+        float | None,
+        typer.Option("--threshold-ms", help=f"For trace inputs (default {default('threshold_ms'):g})."),
     ] = None,
     protocol: Annotated[str | None, typer.Option("--protocol", help="For trace inputs.")] = None,
     hops: Annotated[str | None, typer.Option("--hops", help="For trace inputs.")] = None,

@@ -201,3 +201,15 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HARNESS__CACHE__TTL_COLD_S", "99999")
     with pytest.raises(ConfigError):
         load_settings(CacheSettings)
+
+
+async def test_tiers_come_from_the_registry_in_lookup_order(make_stack: StackFactory) -> None:
+    from harness.cache.api import FLUSH_TIERS, TIER_NAMES
+    from harness.cache.tiers import CACHE_TIERS
+
+    assert CACHE_TIERS.names() == list(TIER_NAMES) and FLUSH_TIERS == (*TIER_NAMES, "bloom")
+    stack = await make_stack()
+    assert [t.name for t in stack.tiers] == ["l1", "l2"]  # L3 is off in these tests
+    assert [t.name for t in (await make_stack(l1_enabled=False, l2_enabled=False)).tiers] == []
+    assert set(stack.stats()["tiers"]) == set(TIER_NAMES)
+    assert (await stack.flush()).keys() == set(FLUSH_TIERS)
