@@ -207,7 +207,7 @@ async def test_tiers_come_from_the_registry_in_lookup_order(make_stack: StackFac
     from harness.cache.api import FLUSH_TIERS, TIER_NAMES
     from harness.cache.tiers import CACHE_TIERS
 
-    assert CACHE_TIERS.names() == list(TIER_NAMES) and FLUSH_TIERS == (*TIER_NAMES, "bloom")
+    assert CACHE_TIERS.names() == list(TIER_NAMES) and (*TIER_NAMES, "bloom") == FLUSH_TIERS
     stack = await make_stack()
     assert [t.name for t in stack.tiers] == ["l1", "l2"]  # L3 is off in these tests
     assert [t.name for t in (await make_stack(l1_enabled=False, l2_enabled=False)).tiers] == []
