@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -26,9 +26,7 @@ from harness.common.io import parse_jsonl_line
 from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
 from harness.server.protocol import Prepared, prepare
-
-if TYPE_CHECKING:
-    from harness.server.app import ServerState
+from harness.server.state import Outcome, ServerState, cached_completion
 
 _MAX_ERRORS = 20
 
@@ -88,8 +86,6 @@ def _parse(st: ServerState, raw: bytes, default_tenant: str) -> list[_Line]:
 
 
 async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
-    from harness.server.app import Outcome, _cached_completion  # app imports this module lazily
-
     params = dataclasses.replace(prep.params, logprobs=True)
     out = Outcome()
     async with st.preload_sem:
@@ -99,7 +95,7 @@ async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
                 break
     if out.finish_reason not in COMPLETED_FINISH_REASONS:
         raise RuntimeError(f"generation ended with '{out.finish_reason}'")
-    comp = _cached_completion(st, prep, out)
+    comp = cached_completion(st, prep, out)
     return dataclasses.replace(comp, meta={"source": "preload", "prompt_fp": prep.prompt_fp})
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from harness.common.errors import ConfigError
-from harness.server.app import GuardedStream
+from harness.server.asgi import GuardedStream
 from harness.server.cli import open_cache
 
 
