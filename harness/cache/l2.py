@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -339,6 +339,20 @@ class RedisTier:
         }
         return self.info
 
+    def reconnect(self) -> Coroutine[Any, Any, None] | None:
+        """Forget every connection and close the breaker: the server behind ``url`` was restarted
+        (the embedded Redis), so old connections are dead and the next operation may succeed.
+        Returns the closing of the old asyncio client, for the caller to run (or ``None``)."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.disconnect()
+        self.breaker.success()
+        if self._client is None:
+            return None
+        client, self._client = self._client, None
+        self._initialized = False
+        return _close_quietly(client)
+
     async def close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
@@ -346,11 +360,16 @@ class RedisTier:
         if self._client is not None:
             client, self._client = self._client, None
             self._initialized = False
-            try:
-                async with asyncio.timeout(1.0):
-                    await client.aclose()
-            except (rexc.RedisError, OSError, TimeoutError, RuntimeError):
-                pass
+            await _close_quietly(client)
+
+
+async def _close_quietly(client: Any) -> None:
+    """Close a redis.asyncio client within a second, whatever state its server is in."""
+    try:
+        async with asyncio.timeout(1.0):
+            await client.aclose()
+    except (rexc.RedisError, OSError, TimeoutError, RuntimeError):
+        pass
 
 
 def _flatten(info: Any) -> dict[str, Any]:

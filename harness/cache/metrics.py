@@ -115,6 +115,11 @@ class CacheMetrics:
             "Requests merged into an identical in-flight request.",
             registry=registry,
         )
+        self.redis_restarts = Counter(
+            "cache_redis_restarts",
+            "Restarts of the embedded Redis after its process died.",
+            registry=registry,
+        )
         self.writebacks = Counter(
             "cache_writebacks", "Completions written back, per value tier.", ["value_tier"], registry=registry
         )

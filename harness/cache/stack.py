@@ -102,6 +102,10 @@ class CacheStack:
         self.l2: RedisTier | None = l2.redis if isinstance(l2, L2Tier) else None
         """The Redis client of L2 (tests and benchmarks inspect it)."""
         self.l3 = semantic
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the stack serves on, known from the first ``begin``/``put`` (for restarts)."""
+        if embedded is not None:
+            embedded.on_restart.append(self._redis_restarted)
         self.policy: TierPolicy = TIER_POLICIES.get(settings.tier_policy)(settings)
         self.model_revision: str | None = None
         """Overrides ``settings.model_revision`` in keys (the server sets it from the engine)."""
@@ -244,6 +248,8 @@ class CacheStack:
     async def put(
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, completion: CachedCompletion
     ) -> str:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         req = self.keys.normalize(
             endpoint, body, tenant or DEFAULT_TENANT, model_revision=self.model_revision
         )
@@ -539,7 +545,23 @@ class CacheStack:
     def _bloom_fp(self) -> float:
         return self.bloom.measured_fp_rate() if self.bloom is not None else 0.0
 
+    def _redis_restarted(self) -> None:
+        """The embedded Redis came back (called from its supervisor thread): count it, and have
+        the loop drop L2's dead connections and close its breaker, so L2 serves again at once."""
+        self.metrics.redis_restarts.inc()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._reconnect_l2)
+
+    def _reconnect_l2(self) -> None:
+        if self.l2 is not None and not self._closed:
+            job = self.l2.reconnect()
+            if job is not None:
+                self._spawn(job)
+
     def _ensure_background(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         if self._refresher is None and not self._closed:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 

@@ -289,6 +289,7 @@ class L2Tier(CacheTier):
             "url": redact(r.url),
             "cluster": r.cluster,
             "embedded_pid": embedded.pid if embedded is not None and embedded.alive() else None,
+            "embedded_restarts": embedded.restarts if embedded is not None else 0,
             "breaker": r.breaker.state,
             "breaker_opens": r.breaker.opens,
             "breaker_skips": r.skipped,

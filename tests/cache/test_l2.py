@@ -140,7 +140,8 @@ async def test_corrupt_value_is_a_miss_and_is_deleted(make_stack: StackFactory, 
 
 
 async def test_redis_killed_requests_still_served_and_errors_counted(make_stack: StackFactory) -> None:
-    stack = await make_stack(breaker_failures=3, breaker_reset_s=3600)
+    # Redis stays dead here (no supervisor): this is about serving without it.
+    stack = await make_stack(breaker_failures=3, breaker_reset_s=3600, redis_restart=False)
     engine = CountingEngine(delay_s=0.0)
     warm = chat("cached before the crash")
     await serve(stack, engine, warm)
