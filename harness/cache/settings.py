@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import HarnessSettings, stage_config
 
 WhitespaceMode = Literal["collapse", "lines"]
 RedisPersistence = Literal["none", "rdb", "aof"]
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+"""``REDIS_URL`` schemes the L2 client understands (``?cluster=1`` also selects Redis Cluster)."""
 
 
 class CacheSettings(BaseSettings):
@@ -147,6 +150,30 @@ class CacheSettings(BaseSettings):
     """Where Bloom and L3 state live; default ``<run_dir>/cache``."""
     run_dir: Path | None = None
     """Default ``HarnessSettings().run_dir``."""
+
+    @field_validator("tier_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from harness.cache.policy import TIER_POLICIES  # the policies import these settings
+
+        if name not in TIER_POLICIES:
+            raise ValueError(f"unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES.names())}")
+        return name
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        if url is not None and urlsplit(url).scheme not in REDIS_SCHEMES:
+            raise ValueError(f"unsupported Redis URL scheme; expected one of {', '.join(REDIS_SCHEMES)}")
+        return url
+
+    @field_validator("embed_model_path")
+    @classmethod
+    def _embed_model_exists(cls, path: str | None, info: ValidationInfo) -> str | None:
+        # Checked here, before any model is loaded (l3_enabled is declared above this field).
+        if path and info.data.get("l3_enabled", True) and not Path(path).is_dir():
+            raise ValueError(f"{path!r} is not a directory")
+        return path
 
     @model_validator(mode="after")
     def _ttl_order(self) -> CacheSettings:

@@ -233,19 +233,36 @@ def _coldpath_config(
     )
 
 
+def check_inputs(files: list[str], fmt: str | None) -> list[str]:
+    """Check every input before any is read (exists, readable, text; the format named or
+    detected), so a bad last file fails at once, not after the others were streamed. Returns the
+    format of each."""
+    from harness.common.io import check_input_file
+    from harness.traces._base import family_of
+    from harness.traces.api import URL_PREFIXES, detect_format
+
+    if fmt is not None:
+        family_of(fmt)  # an unknown name is a ConfigError listing the formats
+    names = []
+    for path in files:
+        if fmt is not None and not path.startswith(URL_PREFIXES):
+            check_input_file(path)
+        names.append(fmt or detect_format(path))
+    return names
+
+
 def collect_coldpaths(
     files: list[str], fmt: str | None, skip_invalid: bool, config: Any
 ) -> tuple[list[Any], Any, Any]:
     from harness.traces._base import SkipLog
-    from harness.traces.api import detect_format, read_traces
+    from harness.traces.api import read_traces
     from harness.traces.coldpaths import ColdPathStats, extract
     from harness.traces.model import ColdPathRecord
 
     skips = SkipLog()
     stats = ColdPathStats()
     out: list[ColdPathRecord] = []
-    for path in files:
-        name = fmt or detect_format(path)
+    for path, name in zip(files, check_inputs(files, fmt), strict=True):
         if name == "coldpaths":
             from harness.common.io import check_input_file
             from harness.traces.readers.coldpaths import read_records
@@ -297,9 +314,10 @@ def coldpaths_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Extract cold paths (slow, uncached first hops of HTTP/gRPC call chains) to JSONL."""
-    from harness.common.io import write_jsonl
+    from harness.common.io import check_output_file, write_jsonl
 
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, cache_hit)
+    check_output_file(output)
     paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
     n = write_jsonl(output, (p.model_dump(mode="json") for p in paths))
     rejected = ", ".join(f"{v} {k}" for k, v in stats.rejected.most_common())
@@ -337,7 +355,7 @@ def scenarios_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Cluster cold paths into k scenario classes (weights, latency/token distributions, examples)."""
-    from harness.common.io import write_json
+    from harness.common.io import check_output_file, write_json
     from harness.traces.scenarios import build_scenarios
 
     s = _settings()
@@ -345,7 +363,9 @@ def scenarios_cmd(
     if k < 1:
         raise ConfigError("--k must be ≥ 1")
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, None)
+    check_output_file(output)
     paths, _stats, skips = collect_coldpaths(files, format, skip_invalid, config)
+
     scen, _warnings = build_scenarios(
         paths, k=k, threshold_ms=config.threshold_ms, sources=files, seed=s.seed if seed is None else seed
     )
@@ -391,7 +411,7 @@ def schedule_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Write an arrival schedule (JSONL of intended offsets) from a request trace or a synthetic process."""
-    from harness.common.io import write_jsonl
+    from harness.common.io import check_output_file, write_jsonl
     from harness.traces import schedule as sched
     from harness.traces._base import SkipLog
     from harness.traces.api import load_scenarios, read_requests
@@ -399,8 +419,10 @@ def schedule_cmd(
     skips = SkipLog()
     if (source is None) == (rate is None):
         raise ConfigError("give exactly one of --from FILE (replay) or --rate R (synthetic)")
+    check_output_file(output)
     if source is not None:
-        events = read_requests(source, format=format, skip_invalid=skip_invalid, on_skip=skips)
+        (fmt,) = check_inputs([source], format)
+        events = read_requests(source, format=fmt, skip_invalid=skip_invalid, on_skip=skips)
         entries = sched.from_requests(
             events,
             speedup=speedup,

@@ -14,7 +14,7 @@ import pytest
 
 from harness.common.errors import ConfigError
 from harness.server.asgi import GuardedStream
-from harness.server.cli import open_cache
+from harness.server.cli import load_cache_settings
 
 
 async def test_guarded_stream_cleans_up_when_the_body_never_starts():
@@ -80,5 +80,5 @@ def test_cache_flag_without_the_cache_stack_is_a_config_error(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "harness.cache.factory", None)
     with pytest.raises(ConfigError) as info:
-        open_cache(EngineSettings(), registry=None)  # type: ignore[arg-type]
+        load_cache_settings(EngineSettings())
     assert "harness.cache.factory" in str(info.value)
