@@ -127,8 +127,12 @@ async def bench_stack(quick: bool) -> dict[str, Any]:
         assert raw_sync.get(rkey) is not None
         await raw_async.get(rkey)
 
-        async def l2_hit() -> None:
-            got = await stack._l2_get(key)
+        l2_tier = stack.tier("l2")
+        req = stack.keys.normalize("chat.completions", body, "default")
+        assert l2_tier is not None and req.key == key
+
+        async def l2_hit() -> None:  # the tier's lookup: GET, checksum, decode
+            got = await l2_tier.get(req, {})
             assert got is not None
 
         m = n // 4

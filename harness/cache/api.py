@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from harness.common.headers import CacheStatus
 from harness.common.openai import Endpoint
 
 Tier = Literal["hot", "warm", "cold"]
+"""A completion's value tier: how long it is worth keeping (``ttl_hot_s`` ≥ ``ttl_warm_s`` ≥ …)."""
+
+TierName = Literal["l1", "l2", "l3"]
+TIER_NAMES: tuple[TierName, ...] = get_args(TierName)
+"""The cache tiers in lookup order (fastest first); :data:`harness.cache.tiers.CACHE_TIERS`
+implements them under these names."""
+FLUSH_TIERS: tuple[str, ...] = (*TIER_NAMES, "bloom")
+"""What :meth:`ResponseCache.flush` can drop, one at a time; ``all`` (or ``None``) drops every one."""
+FLUSH_ALL = "all"
 
 
 @dataclass(slots=True)
@@ -61,6 +70,15 @@ class ResponseCache(Protocol):
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
     ) -> CacheTicket: ...
 
+    def begin_nowait(
+        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
+    ) -> CacheTicket | None:
+        """The answers :meth:`begin` can give without I/O (a BYPASS, an in-process hit), or ``None``:
+        then call :meth:`begin` with the same arguments. An implementation without such a fast
+        path always returns ``None``. The server tries it first, so an in-process hit needs no task
+        and no disconnect watcher."""
+        ...
+
     async def finish(self, ticket: CacheTicket, completion: CachedCompletion | None) -> None: ...
 
     async def put(
@@ -70,7 +88,13 @@ class ResponseCache(Protocol):
         ...
 
     async def flush(self, tier: str | None = None) -> dict[str, int]:
-        """Drop entries of one tier (``l1``, ``l2``, ``l3``, ``bloom``) or all; returns counts dropped."""
+        """Drop the entries of one of :data:`FLUSH_TIERS`, or of all (``None`` or ``"all"``);
+        returns the counts dropped per tier."""
+        ...
+
+    async def drain(self, timeout_s: float | None = 60.0) -> int:
+        """Wait until background writes (write-backs after ``finish``) have landed; returns how
+        many are still pending when ``timeout_s`` runs out (0: all landed)."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 * ``harness cache stats --url URL`` — ``GET /cache/stats`` as a table (``--json`` for the raw JSON);
 * ``harness cache preload FILE.jsonl --url URL`` — ``POST /cache/preload`` with the file as body
   (one OpenAI request body per line, optional ``completion`` and ``tenant`` fields);
-* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom, all).
+* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom, all);
+* ``harness cache drain --url URL`` — ``POST /cache/drain``: returns once the write-backs of finished
+  requests are in L2/L3 (before a snapshot, a restart or a warm pass that must hit L2).
 
 An unreachable server is an :class:`UnavailableError` (exit 5); a rejected request (HTTP 4xx) is an
 :class:`InputError` (exit 3) carrying the server's message.
@@ -17,6 +19,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
+from harness.cache.api import FLUSH_ALL, FLUSH_TIERS
 from harness.common.errors import InputError, UnavailableError
 from harness.common.headers import TENANT
 from harness.common.io import iter_jsonl
@@ -25,7 +28,7 @@ app = typer.Typer(help="Inspect, preload and flush a running server's response c
 
 URL = Annotated[str, typer.Option("--url", help="Base URL of a running `harness serve --cache`.")]
 TIMEOUT = Annotated[float, typer.Option("--timeout", min=0.1, help="HTTP timeout in seconds.")]
-FLUSH_TIERS = ("l1", "l2", "l3", "bloom", "all")
+FLUSH_CHOICES = (*FLUSH_TIERS, FLUSH_ALL)
 
 
 def _request(
@@ -119,12 +122,29 @@ def preload_cmd(
 
 @app.command("flush")
 def flush_cmd(
-    tier: Annotated[str, typer.Option("--tier", help="l1, l2, l3, bloom or all.")] = "all",
+    tier: Annotated[str, typer.Option("--tier", help=f"{', '.join(FLUSH_CHOICES)}.")] = "all",
     url: URL = "http://127.0.0.1:8000",
     timeout: TIMEOUT = 30.0,
 ) -> None:
     """Drop the entries of one tier (or all tiers)."""
-    if tier.lower() not in FLUSH_TIERS:
-        raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_TIERS)}", field="--tier")
+    if tier.lower() not in FLUSH_CHOICES:
+        raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_CHOICES)}", field="--tier")
     data = _request("POST", url, f"/cache/flush?tier={tier.lower()}", timeout, headers={})
     typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+@app.command("drain")
+def drain_cmd(
+    url: URL = "http://127.0.0.1:8000",
+    wait: Annotated[
+        float, typer.Option("--wait", min=0.0, max=3600.0, help="Seconds to wait for write-backs.")
+    ] = 60.0,
+) -> None:
+    """Wait until the write-backs of finished requests have landed in L2 and L3."""
+    data = _request("POST", url, f"/cache/drain?timeout_s={wait:g}", wait + 10.0, headers={})
+    pending = int(data.get("pending", 0))
+    if pending:
+        raise UnavailableError(
+            f"{pending} write-back(s) still pending after {wait:g} s", hint="is Redis slow or down?"
+        )
+    typer.echo(orjson.dumps(data).decode())

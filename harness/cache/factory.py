@@ -1,8 +1,8 @@
 """Build the cache stack the server uses: ``create_cache(settings, registry) -> ResponseCache``.
 
 Blocking on purpose (call it before the event loop serves traffic): it starts the embedded Redis
-(unless ``REDIS_URL`` names an external one), loads the embedding model when L3 is on, and loads
-the saved Bloom filter and L3 indexes from the state directory.
+and its supervisor (unless ``REDIS_URL`` names an external one), loads the embedding model when L3
+is on, and loads the saved Bloom filter and L3 indexes from the state directory.
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ def build_stack(
     embedded: EmbeddedRedis | None = None
     url = s.redis_url
     if s.l2_enabled and not url:
-        embedded = EmbeddedRedis(s.resolved_run_dir(), s.redis_maxmemory)
+        embedded = EmbeddedRedis(
+            s.resolved_run_dir(),
+            s.redis_maxmemory,
+            persistence=s.redis_persistence,
+            restart=s.redis_restart,
+            backoff_s=s.redis_restart_backoff_s,
+            max_backoff_s=s.redis_restart_backoff_max_s,
+        )
         embedded.start()
         url = embedded.url
     semantic = None

@@ -26,7 +26,8 @@ class L1Entry:
 
 
 class L1Cache:
-    """LRU + TTL. ``clock`` is injectable only so that benchmarks can use a cheaper timer."""
+    """LRU + TTL. ``clock`` is injectable so that benchmarks can use a cheaper timer and tests a
+    manual one (expiry without racing real time)."""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -43,7 +43,8 @@ class CircuitBreaker:
     def __init__(self, failures: int, reset_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = failures
         self.reset_s = reset_s
-        self._clock = clock
+        self.clock = clock
+        """Monotonic seconds; replaceable (tests move a manual clock past ``reset_s``)."""
         self.failures = 0
         self.opened_at: float | None = None
         self._probing = False
@@ -53,12 +54,12 @@ class CircuitBreaker:
     def state(self) -> str:
         if self.opened_at is None:
             return "closed"
-        return "half-open" if self._clock() - self.opened_at >= self.reset_s else "open"
+        return "half-open" if self.clock() - self.opened_at >= self.reset_s else "open"
 
     def allow(self) -> bool:
         if self.opened_at is None:
             return True
-        if self._clock() - self.opened_at < self.reset_s or self._probing:
+        if self.clock() - self.opened_at < self.reset_s or self._probing:
             return False
         self._probing = True
         return True
@@ -73,7 +74,7 @@ class CircuitBreaker:
         if self._probing or self.failures >= self.threshold:
             if self.opened_at is None or self._probing:
                 self.opens += 1
-            self.opened_at = self._clock()
+            self.opened_at = self.clock()
             self._probing = False
 
 
@@ -121,6 +122,8 @@ class RedisTier:
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
         self.budget = RetryBudget(settings.retry_budget_ratio)
         self.retries = 0
+        self.skipped = 0
+        """Operations the open breaker refused without touching Redis."""
         self._client: Any = None
         self._initialized = False
         self._init_task: asyncio.Task[None] | None = None
@@ -178,12 +181,17 @@ class RedisTier:
             self._init_task = asyncio.get_running_loop().create_task(init())
         await asyncio.shield(self._init_task)
 
+    def _admit(self) -> None:
+        """Raise :class:`L2Unavailable` without touching Redis while the breaker is open."""
+        if not self.breaker.allow():
+            self.skipped += 1
+            raise L2Unavailable("circuit breaker open")
+
     def rkey(self, key: str) -> str:
         return self.prefix + key
 
     async def _run(self, op: Callable[[], Awaitable[T]]) -> T:
-        if not self.breaker.allow():
-            raise L2Unavailable("circuit breaker open")
+        self._admit()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.l2_op_timeout_s
         attempt = 0
@@ -244,8 +252,7 @@ class RedisTier:
         Each attempt is bounded by ``blocking_timeout_s`` per step (connect, handshake, reply), at
         most three steps, and a retry starts only if a whole attempt still fits in the budget.
         """
-        if not self.breaker.allow():
-            raise L2Unavailable("circuit breaker open")
+        self._admit()
         end = time.monotonic() + self.settings.l2_op_timeout_s
         attempt = 0
         while True:
@@ -288,8 +295,7 @@ class RedisTier:
                 n += await self._delete_many(batch)
             return n
 
-        if not self.breaker.allow():
-            raise L2Unavailable("circuit breaker open")
+        self._admit()
         try:
             async with asyncio.timeout(max(5.0, self.settings.l2_op_timeout_s)):
                 if self.cluster and not self._initialized:
@@ -333,6 +339,20 @@ class RedisTier:
         }
         return self.info
 
+    def reconnect(self) -> Coroutine[Any, Any, None] | None:
+        """Forget every connection and close the breaker: the server behind ``url`` was restarted
+        (the embedded Redis), so old connections are dead and the next operation may succeed.
+        Returns the closing of the old asyncio client, for the caller to run (or ``None``)."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.disconnect()
+        self.breaker.success()
+        if self._client is None:
+            return None
+        client, self._client = self._client, None
+        self._initialized = False
+        return _close_quietly(client)
+
     async def close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
@@ -340,11 +360,16 @@ class RedisTier:
         if self._client is not None:
             client, self._client = self._client, None
             self._initialized = False
-            try:
-                async with asyncio.timeout(1.0):
-                    await client.aclose()
-            except (rexc.RedisError, OSError, TimeoutError, RuntimeError):
-                pass
+            await _close_quietly(client)
+
+
+async def _close_quietly(client: Any) -> None:
+    """Close a redis.asyncio client within a second, whatever state its server is in."""
+    try:
+        async with asyncio.timeout(1.0):
+            await client.aclose()
+    except (rexc.RedisError, OSError, TimeoutError, RuntimeError):
+        pass
 
 
 def _flatten(info: Any) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from harness.cache.api import TIER_NAMES
 from harness.common.stats import percentile
 
-TIERS = ("l1", "l2", "l3")
+TIERS: tuple[str, ...] = TIER_NAMES
 _BUCKETS = (
     1e-6,
     5e-6,
@@ -112,6 +113,11 @@ class CacheMetrics:
         self.singleflight_merges = Counter(
             "cache_singleflight_merges",
             "Requests merged into an identical in-flight request.",
+            registry=registry,
+        )
+        self.redis_restarts = Counter(
+            "cache_redis_restarts",
+            "Restarts of the embedded Redis after its process died.",
             registry=registry,
         )
         self.writebacks = Counter(

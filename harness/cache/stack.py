@@ -5,8 +5,10 @@ in-flight identical request (single-flight) or becomes its leader and looks the 
 
 1. Bloom guard: a key never written skips L1 and L2 (no Redis round trip for cache-penetrating
    keys); L3 is still asked (``bloom_l3_on_first_sight``) because a paraphrase always has a new key.
-2. L1 (in-process), then L2 (Redis, fail-open), then L3 (semantic). A hit is promoted to the
-   faster tiers with the *original* expiry (a promotion never extends an entry's life).
+2. The tiers of :data:`harness.cache.tiers.CACHE_TIERS` in order: L1 (in-process), then L2 (Redis,
+   fail-open), then L3 (semantic). A hit is promoted to the faster tiers with the *original*
+   expiry (a promotion never extends an entry's life). The stack knows tiers only through
+   :class:`~harness.cache.tiers.CacheTier`; what is special about one lives in its class.
 3. A miss returns a leader ticket; the server generates and calls ``finish``. ``finish`` writes L1
    and the Bloom filter at once and L2 + L3 in the background (write-back), then releases the
    followers, which are answered from the leader's completion (reported as ``HIT-L1``, with
@@ -24,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,24 +34,23 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from harness.cache import codec
-from harness.cache.api import CachedCompletion, CacheTicket
+from harness.cache.api import FLUSH_ALL, FLUSH_TIERS, TIER_NAMES, CachedCompletion, CacheTicket
 from harness.cache.bloom import BloomGuard
 from harness.cache.keys import KeyBuilder, NormalizedRequest
-from harness.cache.l1 import L1Cache, L1Entry
-from harness.cache.l2 import L2Unavailable, RedisTier, redact
-from harness.cache.l3 import L3Entry, SemanticCache, Vector
-from harness.cache.metrics import TIERS, CacheMetrics
+from harness.cache.l1 import L1Cache
+from harness.cache.l2 import RedisTier
+from harness.cache.l3 import SemanticCache
+from harness.cache.metrics import CacheMetrics
 from harness.cache.policy import TIER_POLICIES, TierPolicy
 from harness.cache.redis_server import EmbeddedRedis
 from harness.cache.settings import CacheSettings
+from harness.cache.tiers import CACHE_TIERS, CacheTier, L2Tier, TierHit, TierParts, TierUnavailable
 from harness.common.errors import HarnessError, InputError, UnavailableError
 from harness.common.headers import DEFAULT_TENANT, CacheStatus
-from harness.common.openai import Endpoint
+from harness.common.openai import COMPLETED_FINISH_REASONS, Endpoint
 
 log = logging.getLogger(__name__)
 
-CACHEABLE_FINISH = frozenset({"stop", "length"})
-FLUSH_TIERS = ("l1", "l2", "l3", "bloom")
 _HIT_COUNTS_MAX = 100_000
 _MEMOS_MAX = 1024
 
@@ -90,19 +91,28 @@ class CacheStack:
             on_evict=self.metrics.evictions.labels("l1").inc,
         )
         self.embedded = embedded
-        self.l2 = RedisTier(settings, redis_url) if settings.l2_enabled and redis_url else None
+        self._pending: set[asyncio.Task[Any]] = set()
+        parts = TierParts(settings, self.metrics, self.l1, redis_url, embedded, semantic, self._spawn)
+        self.tiers: list[CacheTier] = [t for _, make in CACHE_TIERS.items() if (t := make(parts)) is not None]
+        """The enabled tiers in lookup order."""
+        self._by_name: dict[str, CacheTier] = {t.name: t for t in self.tiers}
+        self._local = [t for t in self.tiers if t.local]
+        self._remote = [t for t in self.tiers if not t.local]
+        l2 = self._by_name.get("l2")
+        self.l2: RedisTier | None = l2.redis if isinstance(l2, L2Tier) else None
+        """The Redis client of L2 (tests and benchmarks inspect it)."""
         self.l3 = semantic
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the stack serves on, known from the first ``begin``/``put`` (for restarts)."""
+        if embedded is not None:
+            embedded.on_restart.append(self._redis_restarted)
         self.policy: TierPolicy = TIER_POLICIES.get(settings.tier_policy)(settings)
         self.model_revision: str | None = None
         """Overrides ``settings.model_revision`` in keys (the server sets it from the engine)."""
         self._inflight: dict[str, asyncio.Future[CachedCompletion | None]] = {}
-        self._pending: set[asyncio.Task[Any]] = set()
         self._hit_counts: OrderedDict[str, int] = OrderedDict()
         self._status_counts: dict[str, int] = {}
         self.merges = 0
-        self.corrupt = 0
-        self._l2_evictions_seen: int | None = None
-        self._l3_evictions_seen = 0
         self._refresher: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._closed = False
@@ -170,9 +180,10 @@ class CacheStack:
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
     ) -> CacheTicket | None:
         """:meth:`begin` for the answers that need no I/O: a BYPASS or an L1 hit, with the same
-        statuses and counters ``begin`` would give. ``None`` means "now call ``begin``" (with the same
-        arguments), which then reuses this call's key and Bloom/L1 outcome instead of counting them
-        twice. Lets the server skip a task and a disconnect watcher on an L1 hit.
+        statuses and counters ``begin`` would give (the local tiers: L1). ``None`` means "now call
+        ``begin``" (with the same arguments), which then reuses this call's key and Bloom/L1 outcome
+        instead of counting them twice. Lets the server skip a task and a disconnect watcher on an
+        L1 hit.
         """
         t0 = time.perf_counter()
         tenant = tenant or DEFAULT_TENANT
@@ -187,9 +198,10 @@ class CacheStack:
             return None  # a leader is at work: ``begin`` waits for it
         self._ensure_background()
         ctx: dict[str, Any] = {"req": req}
-        maybe, entry = self._lookup_local(req, ctx)
-        if entry is not None:
-            return self._ticket("HIT-L1", req.key, tenant, t0, completion=entry.completion, context=ctx)
+        maybe, tier, hit = self._lookup_local(req, ctx)
+        if tier is not None and hit is not None:
+            status, completion = self._on_hit(req, tier, hit, ctx)
+            return self._ticket(status, req.key, tenant, t0, completion=completion, context=ctx)
         self._put_memo(_Memo(body, endpoint, tenant, self.model_revision, req, (maybe, ctx)))
         return None
 
@@ -224,91 +236,66 @@ class CacheStack:
         ok = (
             req is not None
             and completion is not None
-            and completion.finish_reason in CACHEABLE_FINISH
+            and completion.finish_reason in COMPLETED_FINISH_REASONS
             and not self._closed
         )
         if ok:
             assert req is not None and completion is not None
-            self._store(req, completion, ticket.context.get("vec"), background=True)
+            self._store(req, completion, ticket.context, background=True)
         if fut is not None:
             self._release(ticket.key, fut, completion if ok else None)
 
     async def put(
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, completion: CachedCompletion
     ) -> str:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         req = self.keys.normalize(
             endpoint, body, tenant or DEFAULT_TENANT, model_revision=self.model_revision
         )
-        await self._store(req, completion, None, background=False)
+        await self._store(req, completion, {}, background=False)
         return req.key
 
     async def flush(self, tier: str | None = None) -> dict[str, int]:
-        tiers = FLUSH_TIERS if tier in (None, "all") else (tier,)
+        names = FLUSH_TIERS if tier in (None, FLUSH_ALL) else (tier,)
         out: dict[str, int] = {}
-        for t in tiers:
-            if t == "l1":
-                out["l1"] = self.l1.clear()
-            elif t == "l2":
-                if self.l2 is None:
-                    out["l2"] = 0
-                    continue
-                try:
-                    out["l2"] = await self.l2.flush()
-                except L2Unavailable as exc:
-                    self.metrics.error("l2")
-                    raise _unavailable(exc) from None
-            elif t == "l3":
-                out["l3"] = self.l3.clear() if self.l3 is not None else 0
-            elif t == "bloom":
-                out["bloom"] = self.bloom.clear() if self.bloom is not None else 0
-            else:
+        for name in names:
+            if name == "bloom":
+                out[name] = self.bloom.clear() if self.bloom is not None else 0
+                continue
+            if name not in TIER_NAMES:
                 raise InputError(
-                    f"unknown cache tier {t!r}; expected one of {', '.join(FLUSH_TIERS)}", field="tier"
+                    f"unknown cache tier {name!r}; expected one of {', '.join(FLUSH_TIERS)}", field="tier"
                 )
+            t = self._by_name.get(name)
+            try:
+                out[name] = await t.clear() if t is not None else 0
+            except TierUnavailable as exc:
+                self.metrics.error(name)
+                raise UnavailableError(str(exc)) from None
         return out
 
     def stats(self) -> dict[str, Any]:
         c = self.metrics.counts
         tiers: dict[str, Any] = {}
-        for t in TIERS:
-            hits, misses = c[t]["hits"], c[t]["misses"]
-            win = self.metrics.drift[t]
-            tiers[t] = {
-                "enabled": self._tier_enabled(t),
+        for name in TIER_NAMES:
+            t = self._by_name.get(name)
+            hits, misses = c[name]["hits"], c[name]["misses"]
+            win = self.metrics.drift[name]
+            tiers[name] = {
+                "enabled": t is not None,
                 "hits": hits,
                 "misses": misses,
-                "errors": c[t]["errors"],
+                "errors": c[name]["errors"],
                 "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-                "entries": int(self._entries(t)),
-                "fill_rate": self._fill_rate(t),
-                "evictions": self._evictions(t),
+                "entries": int(t.entries()) if t is not None else 0,
+                "fill_rate": t.fill_rate() if t is not None else 0.0,
+                "evictions": t.evictions() if t is not None else 0,
                 "lookup_ms_p50": win.percentile(50) * 1000,
                 "lookup_ms_p99": win.percentile(99) * 1000,
                 "thermal_drift": win.drift(),
+                **(t.stats() if t is not None else {}),
             }
-        tiers["l1"].update(bytes=self.l1.bytes_used, capacity_bytes=self.l1.max_bytes, ttl_s=self.l1.ttl_s)
-        if self.l2 is not None:
-            tiers["l2"].update(
-                url=redact(self.l2.url),
-                cluster=self.l2.cluster,
-                embedded_pid=self.embedded.pid
-                if self.embedded is not None and self.embedded.alive()
-                else None,
-                breaker=self.l2.breaker.state,
-                breaker_opens=self.l2.breaker.opens,
-                retries=self.l2.retries,
-                corrupt=self.corrupt,
-                info=dict(self.l2.info),
-            )
-        if self.l3 is not None:
-            tiers["l3"].update(
-                threshold=self.settings.l3_threshold,
-                tenants={t: {"entries": i.live, "index": i.kind} for t, i in self.l3.tenants.items()},
-                refused=dict(self.l3.refused),
-                consistency=dict(self.l3.consistency),
-                embed_ms_mean=1000 * self.l3.embed_s_total / max(1, self.l3.lookups),
-                search_ms_mean=1000 * self.l3.search_s_total / max(1, self.l3.lookups),
-            )
         total = sum(self._status_counts.values())
         hits = sum(v for k, v in self._status_counts.items() if k.startswith("HIT"))
         return {
@@ -339,37 +326,70 @@ class CacheStack:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._refresher), timeout=2.0)
-        await self.drain(timeout_s=5.0)
+        left = await self.drain(timeout_s=5.0)
+        if left:
+            log.warning("%d cache write-back(s) still pending at close; dropped", left)
         for key, fut in list(self._inflight.items()):
             self._release(key, fut, None)
         if self.settings.persist:
             await asyncio.get_running_loop().run_in_executor(None, self.save_state)
-        if self.l2 is not None:
-            await self.l2.close()
-        if self.l3 is not None:
-            self.l3.close()
+        for t in self.tiers:
+            await t.close()
         if self.embedded is not None:
             self.embedded.stop()
 
     # ------------------------------------------------------------------ extras (not in the protocol)
 
-    async def drain(self, timeout_s: float = 5.0) -> None:
-        """Wait for background write-backs (tests, preload, shutdown)."""
-        pending = list(self._pending)
-        if pending:
-            await asyncio.wait(pending, timeout=timeout_s)
+    async def drain(self, timeout_s: float | None = 60.0) -> int:
+        """Wait until the background writes (L2/L3 write-backs, promotions, deletes of corrupt
+        values) have finished, including any started while waiting; returns how many are still
+        pending when ``timeout_s`` runs out (0: everything landed). ``None`` waits without limit.
+
+        This is how callers (tests, ``POST /cache/drain``, shutdown) know that a completion handed
+        to :meth:`finish` is in L2 and L3, instead of sleeping and hoping.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while pending := [t for t in self._pending if not t.done()]:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return len(pending)
+            await asyncio.wait(pending, timeout=remaining)
+        return 0
+
+    async def refresh(self) -> None:
+        """One pass of the background housekeeping, which :meth:`begin` starts every
+        ``stats_refresh_s``: each tier's :meth:`~harness.cache.tiers.CacheTier.housekeep` (Redis
+        INFO for the L2 gauges, L1/L3 expiry sweeps) and the evictions it reports. Callable
+        directly, so a caller that wants fresh figures need not wait for the timer.
+        """
+        for t in self.tiers:
+            evicted = await t.housekeep()
+            if evicted:
+                self.metrics.evictions.labels(t.name).inc(evicted)
+
+    def tier(self, name: str) -> CacheTier | None:
+        """The enabled tier called ``name`` (``l1``, ``l2``, ``l3``), else ``None``."""
+        return self._by_name.get(name)
+
+    @property
+    def corrupt(self) -> int:
+        """L2 values that failed decoding or verification (and were deleted)."""
+        l2 = self._by_name.get("l2")
+        return l2.corrupt if isinstance(l2, L2Tier) else 0
 
     def state_dir(self) -> Path:
         return self.settings.resolved_state_dir()
 
     def save_state(self) -> None:
-        """Save the Bloom filter and the L3 indexes; a failure is logged, never raised (shutdown)."""
+        """Save the Bloom filter and the tiers' state (L3 indexes); a failure is logged, never
+        raised (shutdown)."""
         d = self.state_dir()
         try:
             if self.bloom is not None:
                 self.bloom.save(d / "bloom.bin")
-            if self.l3 is not None:
-                self.l3.save(d / "l3")
+            for t in self.tiers:
+                t.save_state(d)
         except Exception:
             log.exception("cache state not saved to %s", d)
 
@@ -380,8 +400,8 @@ class CacheStack:
                 self.bloom.load(d / "bloom.bin")
             except HarnessError as exc:
                 log.warning("Bloom state not loaded: %s", exc)
-        if self.l3 is not None:
-            self.l3.load(d / "l3")
+        for t in self.tiers:
+            t.load_state(d)
 
     # ------------------------------------------------------------------ internals
 
@@ -416,171 +436,94 @@ class CacheStack:
         if not fut.done():
             fut.set_result(value)
 
-    def _lookup_local(self, req: NormalizedRequest, ctx: dict[str, Any]) -> tuple[bool, L1Entry | None]:
-        """Bloom guard, then L1: (may the key exist, the L1 entry on a hit). Counts both."""
+    def _lookup_local(
+        self, req: NormalizedRequest, ctx: dict[str, Any]
+    ) -> tuple[bool, CacheTier | None, TierHit | None]:
+        """Bloom guard, then the local tiers (L1): (may the key exist, the tier and hit if one hit).
+        Counts every lookup."""
         maybe = True
         if self.bloom is not None:
             maybe = self.bloom.check_item(req.bloom_item)
             (self.metrics.bloom_passes if maybe else self.metrics.bloom_intercepts).inc()
             ctx["bloom"] = maybe
-        if not maybe:
-            return False, None
-        if not self.settings.l1_enabled:
-            return True, None
-        t = time.perf_counter()
-        entry = self.l1.get(req.key)
-        self.metrics.observe("l1", time.perf_counter() - t)
-        if entry is not None:
-            self.metrics.hit("l1")
-            self._count_hit(req.key)
-            return True, entry
-        self.metrics.miss("l1")
-        return True, None
+        for tier in self._local:
+            if (tier.guarded and not maybe) or not tier.accepts(req):
+                continue
+            t = time.perf_counter()
+            hit = tier.get_nowait(req)
+            self.metrics.observe(tier.name, time.perf_counter() - t)
+            if hit is not None:
+                self.metrics.hit(tier.name)
+                return maybe, tier, hit
+            self.metrics.miss(tier.name)
+        return maybe, None, None
 
     async def _lookup(
         self, req: NormalizedRequest, local: tuple[bool, dict[str, Any]] | None = None
     ) -> tuple[CacheStatus, CachedCompletion | None, dict[str, Any]]:
         if local is not None:
-            maybe, ctx = local  # from ``begin_nowait``: an L1 miss, already counted
+            maybe, ctx = local  # from ``begin_nowait``: the local tiers missed, already counted
         else:
             ctx = {"req": req}
-            maybe, entry = self._lookup_local(req, ctx)
-            if entry is not None:
-                return "HIT-L1", entry.completion, ctx
-        if maybe and self.l2 is not None:
-            stored = await self._l2_get(req.key)
-            if stored is not None:
-                self._count_hit(req.key)
-                self._l1_put(req.key, stored.completion, stored.value_tier, stored.expires_at)
-                return "HIT-L2", stored.completion, ctx
-        if self.l3 is not None and (maybe or self.settings.bloom_l3_on_first_sight) and req.text:
-            hit, vec = await self._l3_lookup(req)
-            ctx["vec"] = vec
-            if hit is not None:
-                self._count_hit(req.key)
-                e = hit.entry
-                ctx.update(l3_score=hit.score, l3_source_key=e.key)
-                # Promote under this request's own key, keeping the source's expiry.
-                self._l1_put(req.key, e.completion, e.value_tier, e.expires_at)
-                if self.bloom is not None:
-                    self.bloom.add_item(req.bloom_item)
-                if self.l2 is not None:
-                    value = codec.StoredValue(req.key, e.completion, e.value_tier, time.time(), e.expires_at)
-                    self._spawn(self._l2_set(req.key, value))
-                return "HIT-L3", e.completion, ctx
+            maybe, tier, hit = self._lookup_local(req, ctx)
+            if tier is not None and hit is not None:
+                return (*self._on_hit(req, tier, hit, ctx), ctx)
+        for tier in self._remote:
+            if (tier.guarded and not maybe) or not tier.accepts(req):
+                continue
+            t = time.perf_counter()
+            try:
+                found = await tier.get(req, ctx)
+            except TierUnavailable as exc:  # fail open: served without this tier
+                self.metrics.error(tier.name)
+                log.debug("%s lookup failed (served without it): %s", tier.name, exc)
+                continue
+            finally:
+                self.metrics.observe(tier.name, time.perf_counter() - t)
+            if found is not None:
+                self.metrics.hit(tier.name)
+                return (*self._on_hit(req, tier, found, ctx), ctx)
+            self.metrics.miss(tier.name)
         return "MISS", None, ctx
 
-    async def _l2_get(self, key: str) -> codec.StoredValue | None:
-        assert self.l2 is not None
-        t = time.perf_counter()
-        try:
-            raw = await self.l2.get(key)
-        except L2Unavailable as exc:
-            self.metrics.error("l2")
-            log.debug("L2 get failed (served without L2): %s", exc)
-            return None
-        finally:
-            self.metrics.observe("l2", time.perf_counter() - t)
-        if raw is None:
-            self.metrics.miss("l2")
-            return None
-        try:
-            stored = codec.decode(raw, key, self.settings.schema_version)
-        except codec.CorruptValue as exc:
-            self.corrupt += 1
-            self.metrics.corrupt.labels("l2").inc()
-            self.metrics.miss("l2")
-            log.warning("corrupt L2 value for %s deleted: %s", key, exc)
-            self._spawn(self._l2_delete(key))
-            return None
-        if stored.expires_at <= time.time():
-            self.metrics.miss("l2")
-            return None
-        self.metrics.hit("l2")
-        return stored
-
-    async def _l2_delete(self, key: str) -> None:
-        assert self.l2 is not None
-        try:
-            await self.l2.delete(key)
-        except L2Unavailable:
-            self.metrics.error("l2")
-
-    async def _l2_set(self, key: str, value: codec.StoredValue) -> None:
-        assert self.l2 is not None
-        ttl = value.expires_at - time.time()
-        if ttl <= 0:
-            return
-        try:
-            raw = codec.encode(value, self.settings.schema_version)
-        except ValueError as exc:
-            self.metrics.error("l2")
-            log.warning("not writing %s to L2: %s", key, exc)
-            return
-        try:
-            await self.l2.set(key, raw, ttl)
-        except L2Unavailable as exc:
-            self.metrics.error("l2")
-            log.debug("L2 set failed: %s", exc)
-
-    async def _l3_lookup(self, req: NormalizedRequest) -> tuple[Any, Vector | None]:
-        assert self.l3 is not None
-        if len(req.text) > self.settings.l3_max_chars:
-            return None, None
-        t = time.perf_counter()
-        try:
-            hit, vec = await self.l3.lookup(req)
-        except Exception as exc:  # a broken L3 must not fail the request
-            self.metrics.error("l3")
-            log.warning("L3 lookup failed (served without L3): %s", exc)
-            return None, None
-        finally:
-            self.metrics.observe("l3", time.perf_counter() - t)
-        if hit is None:
-            self.metrics.miss("l3")
-        else:
-            self.metrics.hit("l3")
-        return hit, vec
-
-    async def _l3_add(self, req: NormalizedRequest, entry: L3Entry, vec: Vector | None) -> None:
-        assert self.l3 is not None
-        try:
-            await self.l3.add(req, entry, vec)
-        except Exception as exc:  # a broken L3 must not fail the request
-            self.metrics.error("l3")
-            log.warning("L3 add failed: %s", exc)
+    def _on_hit(
+        self, req: NormalizedRequest, tier: CacheTier, hit: TierHit, ctx: dict[str, Any]
+    ) -> tuple[CacheStatus, CachedCompletion]:
+        """Count the hit and promote it into the faster tiers under this request's key, keeping the
+        source's expiry (a promotion never extends an entry's life)."""
+        self._count_hit(req.key)
+        ctx.update(hit.context)
+        value = codec.StoredValue(req.key, hit.completion, hit.value_tier, time.time(), hit.expires_at)
+        for faster in self.tiers:
+            if faster is tier:
+                break
+            job = faster.write(req, value, ctx)
+            if job is not None:
+                self._spawn(job)
+        if not tier.exact and self.bloom is not None:
+            self.bloom.add_item(req.bloom_item)  # a near-duplicate's key is new to the guard
+        return tier.hit_status, hit.completion
 
     def _store(
-        self, req: NormalizedRequest, completion: CachedCompletion, vec: Vector | None, *, background: bool
+        self, req: NormalizedRequest, completion: CachedCompletion, ctx: dict[str, Any], *, background: bool
     ) -> Any:
-        """Write L1 + Bloom now and L2 + L3 in the background (or awaited, when not ``background``)."""
+        """Write every tier: the local ones (L1) and the Bloom filter now, the others (L2, L3) in
+        the background, or awaited when not ``background`` (``put``)."""
         hits = self._hit_counts.get(req.key, 0)
         tier = self.policy.tier(req.key, completion, hits)
         now = time.time()
-        expires = now + self.settings.ttl_for(tier)
+        value = codec.StoredValue(req.key, completion, tier, now, now + self.settings.ttl_for(tier))
         self.metrics.writebacks.labels(tier).inc()
-        self._l1_put(req.key, completion, tier, expires)
+        jobs = [job for t in self.tiers if (job := t.write(req, value, ctx)) is not None]
         if self.bloom is not None:
             self.bloom.add_item(req.bloom_item)
-        jobs: list[Any] = []
-        if self.l2 is not None:
-            jobs.append(self._l2_set(req.key, codec.StoredValue(req.key, completion, tier, now, expires)))
-        if self.l3 is not None and req.text and len(req.text) <= self.settings.l3_max_chars:
-            entry = L3Entry(
-                req.key, req.params_hash, req.numbers, req.negations, completion, expires, tier, req.text
-            )
-            jobs.append(self._l3_add(req, entry, vec))
         if background:
             for job in jobs:
                 self._spawn(job)
             return None
         return asyncio.gather(*jobs)
 
-    def _l1_put(self, key: str, completion: CachedCompletion, tier: str, expires_at: float) -> None:
-        if self.settings.l1_enabled:
-            self.l1.put(key, completion, codec.completion_nbytes(completion), tier, expires_at)
-
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -591,63 +534,40 @@ class CacheStack:
         if len(self._hit_counts) > _HIT_COUNTS_MAX:
             self._hit_counts.popitem(last=False)
 
-    def _tier_enabled(self, tier: str) -> bool:
-        return {"l1": self.settings.l1_enabled, "l2": self.l2 is not None, "l3": self.l3 is not None}[tier]
+    def _entries(self, name: str) -> float:
+        t = self._by_name.get(name)
+        return t.entries() if t is not None else 0.0
 
-    def _entries(self, tier: str) -> float:
-        if tier == "l1":
-            return float(len(self.l1))
-        if tier == "l2":
-            return float(self.l2.info.get("keys", 0)) if self.l2 is not None else 0.0
-        return float(self.l3.entries()) if self.l3 is not None else 0.0
-
-    def _fill_rate(self, tier: str) -> float:
-        if tier == "l1":
-            return self.l1.bytes_used / self.l1.max_bytes
-        if tier == "l2":
-            if self.l2 is None:
-                return 0.0
-            cap = self.l2.info.get("maxmemory") or self.settings.redis_maxmemory
-            return float(self.l2.info.get("used_memory", 0)) / float(cap)
-        if self.l3 is None:
-            return 0.0
-        return self.l3.entries() / (self.settings.l3_max_entries * max(1, len(self.l3.tenants)))
-
-    def _evictions(self, tier: str) -> int:
-        if tier == "l1":
-            return self.l1.evictions
-        if tier == "l2":
-            return int(self.l2.info.get("evicted_keys", 0)) if self.l2 is not None else 0
-        return self.l3.evictions() if self.l3 is not None else 0
+    def _fill_rate(self, name: str) -> float:
+        t = self._by_name.get(name)
+        return t.fill_rate() if t is not None else 0.0
 
     def _bloom_fp(self) -> float:
         return self.bloom.measured_fp_rate() if self.bloom is not None else 0.0
 
+    def _redis_restarted(self) -> None:
+        """The embedded Redis came back (called from its supervisor thread): count it, and have
+        the loop drop L2's dead connections and close its breaker, so L2 serves again at once."""
+        self.metrics.redis_restarts.inc()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._reconnect_l2)
+
+    def _reconnect_l2(self) -> None:
+        if self.l2 is not None and not self._closed:
+            job = self.l2.reconnect()
+            if job is not None:
+                self._spawn(job)
+
     def _ensure_background(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         if self._refresher is None and not self._closed:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     async def _refresh_loop(self) -> None:
-        """Every few seconds: Redis INFO for L2 gauges, eviction counters, L1/L3 expiry sweeps."""
+        """:meth:`refresh` every ``stats_refresh_s`` until :meth:`close`."""
         while not self._closed:
-            if self.l2 is not None:
-                # Failures are counted where requests fail; the gauges keep their last values.
-                with contextlib.suppress(L2Unavailable):
-                    await self.l2.refresh_info()
-                ev = int(self.l2.info.get("evicted_keys", 0))
-                if self._l2_evictions_seen is not None and ev > self._l2_evictions_seen:
-                    self.metrics.evictions.labels("l2").inc(ev - self._l2_evictions_seen)
-                self._l2_evictions_seen = ev
-            self.l1.purge_expired()
-            if self.l3 is not None:
-                await asyncio.get_running_loop().run_in_executor(None, self.l3.expire)
-                ev3 = self.l3.evictions()
-                if ev3 > self._l3_evictions_seen:
-                    self.metrics.evictions.labels("l3").inc(ev3 - self._l3_evictions_seen)
-                self._l3_evictions_seen = ev3
+            await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.settings.stats_refresh_s)
-
-
-def _unavailable(exc: Exception) -> HarnessError:
-    return UnavailableError(f"Redis (L2) is unavailable: {exc}")

@@ -86,6 +86,23 @@ def check_input_file(path: str | Path, *, allow_empty: bool = False) -> Path:
     return p
 
 
+def check_output_file(path: str | Path) -> Path:
+    """Return ``path`` if a file can be written there (:func:`atomic_write` creates missing parent
+    directories); else raise :class:`InputError`. For commands that read a lot before they write:
+    a bad output path should fail before the reading, not after it."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("is a directory, expected a file to write", file=p)
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"cannot create the output's directory: {parent} is not a directory", file=p)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write in {parent}", file=p)
+    return p
+
+
 def _expecting(message: str, expected: str | None) -> str:
     return f"{message}, expected {expected}" if expected else message
 

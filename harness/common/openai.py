@@ -24,6 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 Endpoint = Literal["completions", "chat.completions"]
 """The two generation endpoints, named by the ``object`` prefix of their responses."""
 
+COMPLETED_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length"})
+"""``finish_reason`` values of a generation that ran to its end (a stop condition, or
+``max_tokens``). Anything else (``abort``, ``error``) is incomplete: the server reports it as an
+error and the response cache never stores it."""
+
 # --------------------------------------------------------------------------------------------------
 # requests
 

@@ -53,9 +53,12 @@ def load_settings(cls: type[S], **overrides: object) -> S:
         return cls(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err.get("loc", ()))
+        loc = err.get("loc", ())
+        field = ".".join(str(p) for p in loc)
         prefix = str(cls.model_config.get("env_prefix", ""))
+        # A field read through an alias (``REDIS_URL``) is reported under the alias, as given.
+        named = field.upper() if loc and loc[0] not in cls.model_fields else f"{prefix}{field.upper()}"
         raise ConfigError(
             f"invalid setting: {err.get('msg', 'invalid value')}",
-            field=f"{prefix}{field.upper()}" if field else None,
+            field=named if field else None,
         ) from None

@@ -1,14 +1,16 @@
 """``harness serve``: the OpenAI-compatible server in front of the local engine (and the cache).
 
 Options override ``HARNESS__ENGINE__*`` / ``HARNESS__SERVER__*`` / ``HARNESS__CACHE__*`` settings.
-The listening socket is bound before the model loads, so a busy port fails fast (exit 5); with
-``--port 0`` the OS picks a free port. Either way one line ``serving MODEL at http://HOST:PORT`` is
-printed on stdout once the port is known, for people. Programs pass ``--ready-file PATH`` instead:
-once the server accepts requests (startup complete), :class:`ReadyInfo` is written there atomically
-as JSON (``url``, ``model``, ``pid``, ``cache``), so a caller waits for the file, never parses logs.
-SIGINT/SIGTERM stop accepting connections, give in-flight requests ``graceful_shutdown_s`` to
-finish, stop the engine thread and close the cache. ``--tiers FILE`` hands the cache a tier policy
-file (``HARNESS__CACHE__TIER_FILE``, checked before the model loads): value tiers and TTLs from it.
+Everything that can be checked is checked before the model loads or Redis starts (:func:`prepare`):
+every setting (exit 4), the model directory's files (exit 4), and the listening socket is bound,
+so a busy port fails fast (exit 5); with ``--port 0`` the OS picks a free port. Either way one line
+``serving MODEL at http://HOST:PORT`` is printed on stdout once the port is known, for people.
+Programs pass ``--ready-file PATH`` instead: once the server accepts requests (startup complete),
+:class:`ReadyInfo` is written there atomically as JSON (``url``, ``model``, ``pid``, ``cache``), so
+a caller waits for the file, never parses logs. SIGINT/SIGTERM stop accepting connections, give
+in-flight requests ``graceful_shutdown_s`` to finish, stop the engine thread and close the cache.
+``--tiers FILE`` hands the cache a tier policy file (``HARNESS__CACHE__TIER_FILE``, checked up front):
+value tiers and TTLs from it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from harness.cache.api import ResponseCache
+    from harness.cache.settings import CacheSettings
     from harness.engine.api import AsyncEngine
     from harness.engine.settings import EngineSettings
 
@@ -93,17 +97,32 @@ def model_revision(settings: EngineSettings) -> str:
     return "dir:" + ";".join(parts)
 
 
-def open_cache(
-    engine_settings: EngineSettings,
-    registry: CollectorRegistry,
-    overrides: dict[str, Any] | None = None,
-) -> ResponseCache:
-    """The response cache stack, imported lazily (it starts an embedded Redis).
+def check_model_dir(path: Path) -> None:
+    """The files a checkpoint directory needs, checked in milliseconds before torch is imported or
+    a weight is read: the directory, ``config.json``, ``tokenizer.json`` and safetensors weights.
+    The engine's loader still checks their contents (model type, tensor names and shapes)."""
+    field = "--model / HARNESS__ENGINE__MODEL_DIR"
+    if not path.is_dir():
+        raise ConfigError("model directory does not exist", file=path, field=field)
+    for name in ("config.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise ConfigError(f"not a Hugging Face checkpoint: no {name}", file=path / name, field=field)
+    if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise ConfigError(
+            "no model.safetensors (or model.safetensors.index.json); only safetensors checkpoints are read",
+            file=path,
+            field=field,
+        )
 
-    ``overrides`` are cache settings given on the command line (``--tiers`` → ``tier_file``).
-    """
+
+def load_cache_settings(
+    engine_settings: EngineSettings, overrides: dict[str, Any] | None = None
+) -> CacheSettings:
+    """The cache settings ``--cache`` will use (validated; ``model_revision`` from the engine's
+    settings), imported lazily: a server without ``--cache`` never imports the cache stack.
+    ``overrides`` are cache settings given on the command line (``--tiers`` → ``tier_file``)."""
     try:
-        factory = importlib.import_module("harness.cache.factory")
+        importlib.import_module("harness.cache.factory")
         cache_settings_mod = importlib.import_module("harness.cache.settings")
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("harness.cache"):
@@ -115,9 +134,45 @@ def open_cache(
     given: dict[str, Any] = dict(overrides or {})
     if not os.environ.get("HARNESS__CACHE__MODEL_REVISION"):
         given["model_revision"] = model_revision(engine_settings)
-    cache_settings = load_settings(cache_settings_mod.CacheSettings, **given)
+    cache_settings: CacheSettings = load_settings(cache_settings_mod.CacheSettings, **given)
+    return cache_settings
+
+
+def open_cache(cache_settings: CacheSettings, registry: CollectorRegistry) -> ResponseCache:
+    """The response cache stack (starts the embedded Redis, loads MiniLM when L3 is on)."""
+    factory = importlib.import_module("harness.cache.factory")
     cache: ResponseCache = factory.create_cache(cache_settings, registry=registry)
     return cache
+
+
+@dataclass
+class ServePlan:
+    """Everything :func:`prepare` checked and reserved, before anything slow happened."""
+
+    engine: EngineSettings
+    server: ServerSettings
+    cache: CacheSettings | None
+    """``None`` without ``--cache``."""
+    sock: socket.socket
+
+
+def prepare(
+    engine_overrides: dict[str, Any],
+    server_overrides: dict[str, Any],
+    cache_overrides: dict[str, Any] | None = None,
+) -> ServePlan:
+    """Validate every setting and file and bind the port, before a model is loaded or Redis is
+    started: a mistake (a bad setting, a model directory that is not a checkpoint, bad cache
+    settings, a busy port) costs milliseconds and names what is wrong."""
+    from harness.engine.settings import EngineSettings
+
+    engine_settings = load_settings(EngineSettings, **engine_overrides)
+    settings = load_settings(ServerSettings, **server_overrides)
+    if engine_settings.model_dir is not None:
+        check_model_dir(Path(engine_settings.model_dir))
+    cache_settings = load_cache_settings(engine_settings, cache_overrides) if settings.cache else None
+    sock = bind_socket(settings.host, settings.port)
+    return ServePlan(engine_settings, settings, cache_settings, sock)
 
 
 def run_server(
@@ -126,16 +181,13 @@ def run_server(
     ready_file: Path | None = None,
     cache_overrides: dict[str, Any] | None = None,
 ) -> None:
-    """Build engine, cache and app from settings plus overrides, and serve until a signal."""
+    """Check everything (:func:`prepare`), then build engine, cache and app and serve until a signal."""
+    plan = prepare(engine_overrides, server_overrides, cache_overrides)
     import uvicorn
     from prometheus_client import CollectorRegistry
     from rich.console import Console
 
-    from harness.engine.settings import EngineSettings
-
-    engine_settings = load_settings(EngineSettings, **engine_overrides)
-    settings = load_settings(ServerSettings, **server_overrides)
-    sock = bind_socket(settings.host, settings.port)
+    engine_settings, settings, sock = plan.engine, plan.server, plan.sock
     cache: ResponseCache | None = None
     app: FastAPI | None = None
     try:
@@ -145,9 +197,9 @@ def run_server(
 
             engine: AsyncEngine = create_engine(engine_settings)
         registry = CollectorRegistry()
-        if settings.cache:
+        if plan.cache is not None:
             with console.status("starting the response cache…"):
-                cache = open_cache(engine_settings, registry, cache_overrides)
+                cache = open_cache(plan.cache, registry)
 
         from harness.server.app import create_app
 
@@ -238,8 +290,6 @@ def serve(
         "block_size": block_size,
         "max_model_len": max_model_len,
     }
-    if model is not None and not model.is_dir():
-        raise ConfigError("model directory does not exist", file=model, field="--model")
     server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
     cache_overrides: dict[str, Any] = {}
     if tiers is not None:

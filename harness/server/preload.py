@@ -16,19 +16,17 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from harness.cache.api import CachedCompletion, ResponseCache
 from harness.common.errors import InputError
 from harness.common.io import parse_jsonl_line
-from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
 from harness.server.protocol import Prepared, prepare
-
-if TYPE_CHECKING:
-    from harness.server.app import ServerState
+from harness.server.state import Outcome, ServerState, cached_completion
 
 _MAX_ERRORS = 20
 
@@ -88,8 +86,6 @@ def _parse(st: ServerState, raw: bytes, default_tenant: str) -> list[_Line]:
 
 
 async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
-    from harness.server.app import Outcome, _cached_completion  # app imports this module lazily
-
     params = dataclasses.replace(prep.params, logprobs=True)
     out = Outcome()
     async with st.preload_sem:
@@ -97,9 +93,9 @@ async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
             out.add(ev)
             if ev.finished:
                 break
-    if out.finish_reason not in ("stop", "length"):
+    if out.finish_reason not in COMPLETED_FINISH_REASONS:
         raise RuntimeError(f"generation ended with '{out.finish_reason}'")
-    comp = _cached_completion(st, prep, out)
+    comp = cached_completion(st, prep, out)
     return dataclasses.replace(comp, meta={"source": "preload", "prompt_fp": prep.prompt_fp})
 
 

@@ -1,6 +1,7 @@
 """Shared plumbing for the trace readers: the reader registry, ID and tag normalization, line streaming.
 
-Every reader module registers a :class:`Reader` in :data:`READERS` under its format name. Readers
+Every reader module registers a :class:`Reader` under its format name, in :data:`REQUEST_READERS`
+or :data:`TRACE_READERS` by what it yields (names are unique across both). Readers
 stream: JSONL and CSV are read line by line from a binary handle (so invalid UTF-8 is located to the
 line), big JSON documents go through ``ijson``. Row-level problems become :class:`InputError` naming
 file, line and field; with ``skip_invalid`` they are passed to an ``on_skip`` callback instead and
@@ -17,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
-from harness.common.errors import InputError
+from harness.common.errors import ConfigError, InputError
 from harness.common.registry import Registry
 from harness.traces.model import RequestEvent, TagValue, Trace
 
@@ -31,26 +32,52 @@ R = TypeVar("R")
 P = TypeVar("P")
 
 
+E = TypeVar("E", RequestEvent, Trace)
+
+
 @dataclass(frozen=True, slots=True)
-class Reader:
+class Reader(Generic[E]):
     """One input format: how to recognise it and how to stream it.
 
-    ``sniff`` gets the path and the first bytes of the file and answers whether the file is in
-    this format; ``read`` yields :class:`RequestEvent` (family ``requests``) or :class:`Trace`
-    (family ``traces``).
+    ``sniff`` gets the path and the first bytes of the file and answers whether the file is in this
+    format; ``read(path, skip_invalid, on_skip)`` yields the format's items: :class:`RequestEvent`
+    for a reader in :data:`REQUEST_READERS`, :class:`Trace` for one in :data:`TRACE_READERS`.
+    ``path`` is a :class:`Path` (a URL string for live sources).
     """
 
     name: str
-    family: Family
     description: str
     sniff: Callable[[Path, bytes], bool]
-    read: Callable[..., Iterator[RequestEvent]] | Callable[..., Iterator[Trace]]
-    """``read(path, skip_invalid, on_skip)``; ``path`` is a :class:`Path` (a URL string for live sources)."""
+    read: Callable[..., Iterator[E]]
     priority: int = 50
     """Lower sniffs first; specific formats go before generic ones."""
 
 
-READERS: Registry[Reader] = Registry("trace format")
+REQUEST_READERS: Registry[Reader[RequestEvent]] = Registry("request-trace format")
+"""LLM request traces (Mooncake, Azure, BurstGPT, Splitwise, cold paths) → :class:`RequestEvent`."""
+TRACE_READERS: Registry[Reader[Trace]] = Registry("distributed-trace format")
+"""Distributed traces (Jaeger, OTLP, a Jaeger query service) → :class:`Trace` with its span tree."""
+FAMILIES: dict[Family, Registry[Reader[RequestEvent]] | Registry[Reader[Trace]]] = {
+    "requests": REQUEST_READERS,
+    "traces": TRACE_READERS,
+}
+
+
+def all_readers() -> list[tuple[Family, Reader[RequestEvent] | Reader[Trace]]]:
+    """Every registered format with its family, in sniffing order (lowest ``priority`` first)."""
+    found: list[tuple[Family, Reader[RequestEvent] | Reader[Trace]]] = []
+    for family, registry in FAMILIES.items():
+        found.extend((family, r) for _, r in registry.items())
+    return sorted(found, key=lambda fr: fr[1].priority)
+
+
+def family_of(name: str) -> Family:
+    """The family of format ``name``; a :class:`ConfigError` naming every format if it is unknown."""
+    for family, registry in FAMILIES.items():
+        if name in registry:
+            return family
+    known = ", ".join(r.name for _, r in all_readers())
+    raise ConfigError(f"unknown trace format {name!r}; known: {known}")
 
 
 @dataclass(slots=True)

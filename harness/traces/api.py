@@ -13,12 +13,18 @@ from pydantic import ValidationError
 
 from harness.common.errors import InputError
 from harness.common.io import check_input_file, iter_jsonl, validation_input_error
+from harness.common.registry import Registry
 from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
 from harness.traces._base import (
-    READERS,
+    REQUEST_READERS,
+    TRACE_READERS,
+    E,
+    Family,
     OnSkip,
     Reader,
+    all_readers,
     default_on_skip,
+    family_of,
     read_head,
     utf8_error,
 )
@@ -29,7 +35,7 @@ URL_PREFIXES = ("http://", "https://")
 
 def formats(family: str | None = None) -> list[str]:
     """Registered format names, optionally only those of one family (``requests`` / ``traces``)."""
-    return [name for name, r in READERS.items() if family is None or r.family == family]
+    return [r.name for fam, r in all_readers() if family is None or fam == family]
 
 
 def detect_format(path: str | Path) -> str:
@@ -42,35 +48,43 @@ def detect_format(path: str | Path) -> str:
         return "jaeger-query"
     p = check_input_file(path)
     head = read_head(p)
-    for reader in sorted((r for _, r in READERS.items()), key=lambda r: r.priority):
+    for _, reader in all_readers():
         if reader.sniff(p, head):
             return reader.name
     bad_utf8 = utf8_error(p, head)
     if bad_utf8 is not None:
         raise bad_utf8
     raise InputError(
-        "unrecognised format; expected one of " + ", ".join(READERS.names()),
+        "unrecognised format; expected one of " + ", ".join(formats()),
         file=p,
         line=1,
         hint="pass --format to name it",
     )
 
 
-def _reader(path: str | Path, format: str | None, family: str) -> tuple[Reader, Path | str]:
+_WRONG_FAMILY: dict[Family, tuple[str, str]] = {
+    "traces": (
+        "{name} is an LLM request trace, not a distributed trace (no spans)",
+        "replay it with `harness traces schedule --from` (API: read_requests)",
+    ),
+    "requests": (
+        "{name} is a distributed trace, not an LLM request trace",
+        "extract cold paths first with `harness traces coldpaths` (API: read_traces)",
+    ),
+}
+"""Per family asked for: what to say when the file is of the other family."""
+
+
+def _reader(
+    path: str | Path, format: str | None, family: Family, registry: Registry[Reader[E]]
+) -> tuple[Reader[E], Path | str]:
+    """The reader of ``family`` for ``path`` (detected unless ``format`` names it) and the checked path."""
     name = format or detect_format(path)
-    reader = READERS.get(name)
-    if reader.family != family:
-        if family == "traces":
-            raise InputError(
-                f"{name} is an LLM request trace, not a distributed trace (no spans)",
-                file=str(path),
-                hint="replay it with `harness traces schedule --from` (API: read_requests)",
-            )
-        raise InputError(
-            f"{name} is a distributed trace, not an LLM request trace",
-            file=str(path),
-            hint="extract cold paths first with `harness traces coldpaths` (API: read_traces)",
-        )
+    if name not in registry:
+        family_of(name)  # an unknown name is a ConfigError listing every format
+        message, hint = _WRONG_FAMILY[family]
+        raise InputError(message.format(name=name), file=str(path), hint=hint)
+    reader = registry.get(name)
     if str(path).startswith(URL_PREFIXES):
         return reader, str(path)
     return reader, check_input_file(path)
@@ -89,8 +103,8 @@ def read_requests(
     ``on_skip`` (default: a logged warning) and dropped; otherwise the first one raises
     :class:`InputError` naming file, line/row and field.
     """
-    reader, p = _reader(path, format, "requests")
-    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)  # type: ignore[misc]
+    reader, p = _reader(path, format, "requests", REQUEST_READERS)
+    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)
 
 
 def read_traces(
@@ -101,8 +115,8 @@ def read_traces(
     on_skip: OnSkip | None = None,
 ) -> Iterator[Trace]:
     """Stream the traces of a Jaeger or OTLP file (or a Jaeger query URL), each with its span tree."""
-    reader, p = _reader(path, format, "traces")
-    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)  # type: ignore[misc]
+    reader, p = _reader(path, format, "traces", TRACE_READERS)
+    yield from reader.read(p, skip_invalid, on_skip or default_on_skip)
 
 
 def load_scenarios(path: str | Path) -> ScenarioSet:

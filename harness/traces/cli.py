@@ -20,6 +20,7 @@ from rich.console import Console
 
 from harness.common.errors import ConfigError, HarnessError
 from harness.common.settings import load_settings
+from harness.traces.settings import default
 
 app = typer.Typer(
     help="Read distributed and LLM request traces; extract cold paths, scenarios and schedules.",
@@ -83,22 +84,22 @@ def _settings() -> Any:
 @app.command("formats")
 def formats_cmd() -> None:
     """List the input formats and what they read."""
-    from harness.traces._base import READERS
+    from harness.traces._base import all_readers
     from harness.traces.api import formats  # noqa: F401  (registers readers)
 
-    for name, reader in READERS.items():
-        typer.echo(f"{name:12} {reader.family:9} {reader.description}")
+    for family, reader in sorted(all_readers(), key=lambda fr: (fr[0], fr[1].name)):
+        typer.echo(f"{reader.name:12} {family:9} {reader.description}")
 
 
 def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, Any]:
     """Format, counts, time range and warnings of one input, as a JSON-ready dict."""
-    from harness.traces._base import READERS, SkipLog
+    from harness.traces._base import SkipLog, family_of
     from harness.traces.api import detect_format, read_requests, read_traces
 
     name = fmt or detect_format(path)
     skips = SkipLog()
     info: dict[str, Any] = {"file": path, "format": name}
-    family = READERS.get(name).family
+    family = family_of(name)
     with _progress(f"reading {Path(path).name}") as advance:
         if family == "requests":
             n = 0
@@ -232,19 +233,36 @@ def _coldpath_config(
     )
 
 
+def check_inputs(files: list[str], fmt: str | None) -> list[str]:
+    """Check every input before any is read (exists, readable, text; the format named or
+    detected), so a bad last file fails at once, not after the others were streamed. Returns the
+    format of each."""
+    from harness.common.io import check_input_file
+    from harness.traces._base import family_of
+    from harness.traces.api import URL_PREFIXES, detect_format
+
+    if fmt is not None:
+        family_of(fmt)  # an unknown name is a ConfigError listing the formats
+    names = []
+    for path in files:
+        if fmt is not None and not path.startswith(URL_PREFIXES):
+            check_input_file(path)
+        names.append(fmt or detect_format(path))
+    return names
+
+
 def collect_coldpaths(
     files: list[str], fmt: str | None, skip_invalid: bool, config: Any
 ) -> tuple[list[Any], Any, Any]:
     from harness.traces._base import SkipLog
-    from harness.traces.api import detect_format, read_traces
+    from harness.traces.api import read_traces
     from harness.traces.coldpaths import ColdPathStats, extract
     from harness.traces.model import ColdPathRecord
 
     skips = SkipLog()
     stats = ColdPathStats()
     out: list[ColdPathRecord] = []
-    for path in files:
-        name = fmt or detect_format(path)
+    for path, name in zip(files, check_inputs(files, fmt), strict=True):
         if name == "coldpaths":
             from harness.common.io import check_input_file
             from harness.traces.readers.coldpaths import read_records
@@ -268,16 +286,24 @@ def coldpaths_cmd(
     ),
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     threshold_ms: Annotated[
-        float | None, typer.Option("--threshold-ms", help="First-hop latency threshold [500].")
+        float | None,
+        typer.Option(
+            "--threshold-ms", help=f"First-hop latency threshold, ms (default {default('threshold_ms'):g})."
+        ),
     ] = None,
     protocol: Annotated[
-        str | None, typer.Option("--protocol", help="http,grpc (default), genai, other or any.")
+        str | None,
+        typer.Option(
+            "--protocol",
+            help=f"Comma-separated: http, grpc, genai, other or any (default {default('protocols')}).",
+        ),
     ] = None,
     hops: Annotated[
-        str | None, typer.Option("--hops", help="first (default) or all cross-service server spans.")
+        str | None,
+        typer.Option("--hops", help=f"first or all cross-service server spans (default {default('hops')})."),
     ] = None,
     cache_scope: Annotated[
-        str | None, typer.Option("--cache-scope", help="subtree (default) or hop.")
+        str | None, typer.Option("--cache-scope", help=f"subtree or hop (default {default('cache_scope')}).")
     ] = None,
     cache_hit: Annotated[
         list[str] | None,
@@ -288,9 +314,10 @@ def coldpaths_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Extract cold paths (slow, uncached first hops of HTTP/gRPC call chains) to JSONL."""
-    from harness.common.io import write_jsonl
+    from harness.common.io import check_output_file, write_jsonl
 
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, cache_hit)
+    check_output_file(output)
     paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
     n = write_jsonl(output, (p.model_dump(mode="json") for p in paths))
     rejected = ", ".join(f"{v} {k}" for k, v in stats.rejected.most_common())
@@ -308,14 +335,19 @@ def scenarios_cmd(
     files: Annotated[
         list[str], typer.Argument(help="Cold-path JSONL (or trace files: cold paths are extracted).")
     ],
-    k: Annotated[int | None, typer.Option("--k", help="Number of scenario classes [12].")] = None,
+    k: Annotated[
+        int | None, typer.Option("--k", help=f"Number of scenario classes (default {default('k')}).")
+    ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="ScenarioSet JSON to write.")] = Path(
         "scenarios.json"
     ),
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="k-means seed [0].")] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help=f"k-means seed (default {default('seed')}).")
+    ] = None,
     threshold_ms: Annotated[
-        float | None, typer.Option("--threshold-ms", help="For trace inputs [500].")
+        float | None,
+        typer.Option("--threshold-ms", help=f"For trace inputs (default {default('threshold_ms'):g})."),
     ] = None,
     protocol: Annotated[str | None, typer.Option("--protocol", help="For trace inputs.")] = None,
     hops: Annotated[str | None, typer.Option("--hops", help="For trace inputs.")] = None,
@@ -323,7 +355,7 @@ def scenarios_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Cluster cold paths into k scenario classes (weights, latency/token distributions, examples)."""
-    from harness.common.io import write_json
+    from harness.common.io import check_output_file, write_json
     from harness.traces.scenarios import build_scenarios
 
     s = _settings()
@@ -331,7 +363,9 @@ def scenarios_cmd(
     if k < 1:
         raise ConfigError("--k must be ≥ 1")
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, None)
+    check_output_file(output)
     paths, _stats, skips = collect_coldpaths(files, format, skip_invalid, config)
+
     scen, _warnings = build_scenarios(
         paths, k=k, threshold_ms=config.threshold_ms, sources=files, seed=s.seed if seed is None else seed
     )
@@ -377,7 +411,7 @@ def schedule_cmd(
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Write an arrival schedule (JSONL of intended offsets) from a request trace or a synthetic process."""
-    from harness.common.io import write_jsonl
+    from harness.common.io import check_output_file, write_jsonl
     from harness.traces import schedule as sched
     from harness.traces._base import SkipLog
     from harness.traces.api import load_scenarios, read_requests
@@ -385,8 +419,10 @@ def schedule_cmd(
     skips = SkipLog()
     if (source is None) == (rate is None):
         raise ConfigError("give exactly one of --from FILE (replay) or --rate R (synthetic)")
+    check_output_file(output)
     if source is not None:
-        events = read_requests(source, format=format, skip_invalid=skip_invalid, on_skip=skips)
+        (fmt,) = check_inputs([source], format)
+        events = read_requests(source, format=fmt, skip_invalid=skip_invalid, on_skip=skips)
         entries = sched.from_requests(
             events,
             speedup=speedup,

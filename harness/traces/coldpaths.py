@@ -31,17 +31,12 @@ from dataclasses import dataclass, field
 from harness.common.errors import ConfigError
 from harness.traces._base import truthy
 from harness.traces.model import ColdPathRecord, Span, SpanKind, TagValue, Trace
+from harness.traces.settings import DEFAULT_CACHE_HIT, default
 
 PROTOCOLS = ("http", "grpc", "genai", "other")
 INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
 OUTPUT_KEYS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
 CACHE_READ_KEY = "gen_ai.usage.cache_read.input_tokens"
-DEFAULT_CACHE_HIT = (
-    "cache.hit",
-    "cache_hit",
-    "gen_ai.usage.cache_read.input_tokens>0",
-    "http.response.header.x-cache~hit",
-)
 TENANT_KEYS = ("tenant.id", "tenant", "enduser.tenant")
 
 _PRED = re.compile(r"^\s*([^=~>]+?)\s*(?:(=|~|>)\s*(.*?))?\s*$")
@@ -88,22 +83,31 @@ class Predicate:
 
 @dataclass(frozen=True, slots=True)
 class ColdPathConfig:
-    threshold_ms: float = 500.0
-    protocols: frozenset[str] = frozenset({"http", "grpc"})
-    hops: str = "first"
-    cache_scope: str = "subtree"
-    cache_hit: tuple[Predicate, ...] = ()
+    """What makes a cold path; build it with :meth:`build` (its defaults are the traces settings')."""
+
+    threshold_ms: float
+    protocols: frozenset[str]
+    hops: str
+    cache_scope: str
+    cache_hit: tuple[Predicate, ...]
 
     @classmethod
     def build(
         cls,
         *,
-        threshold_ms: float = 500.0,
-        protocols: str | Sequence[str] = "http,grpc",
-        hops: str = "first",
-        cache_scope: str = "subtree",
+        threshold_ms: float | None = None,
+        protocols: str | Sequence[str] | None = None,
+        hops: str | None = None,
+        cache_scope: str | None = None,
         cache_hit: str | Sequence[str] | None = None,
     ) -> ColdPathConfig:
+        """Validate and parse; an argument left ``None`` takes the declared default of the
+        :class:`~harness.traces.settings.TracesSettings` field of the same name."""
+        threshold: float = default("threshold_ms") if threshold_ms is None else threshold_ms
+        hops_mode: str = default("hops") if hops is None else hops
+        scope: str = default("cache_scope") if cache_scope is None else cache_scope
+        if protocols is None:
+            protocols = str(default("protocols"))
         protos = [
             p.strip().lower() for p in (protocols.split(",") if isinstance(protocols, str) else protocols)
         ]
@@ -115,20 +119,20 @@ class ColdPathConfig:
             raise ConfigError(
                 f"unknown protocol {bad[0] if bad else '(none)'}; known: {', '.join(PROTOCOLS)}, any"
             )
-        if hops not in ("first", "all"):
-            raise ConfigError(f"unknown hops mode {hops!r}; known: first, all")
-        if cache_scope not in ("hop", "subtree"):
-            raise ConfigError(f"unknown cache scope {cache_scope!r}; known: hop, subtree")
-        if threshold_ms < 0:
+        if hops_mode not in ("first", "all"):
+            raise ConfigError(f"unknown hops mode {hops_mode!r}; known: first, all")
+        if scope not in ("hop", "subtree"):
+            raise ConfigError(f"unknown cache scope {scope!r}; known: hop, subtree")
+        if threshold < 0:
             raise ConfigError("threshold must be ≥ 0 ms")
         if cache_hit is None:
             cache_hit = DEFAULT_CACHE_HIT
         preds = cache_hit.split(",") if isinstance(cache_hit, str) else list(cache_hit)
         return cls(
-            threshold_ms=threshold_ms,
+            threshold_ms=threshold,
             protocols=frozenset(protos),
-            hops=hops,
-            cache_scope=cache_scope,
+            hops=hops_mode,
+            cache_scope=scope,
             cache_hit=tuple(Predicate.parse(p) for p in preds if p.strip()),
         )
 

@@ -52,7 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]
                     "--dir", str(d), "--save", "", "--appendonly", "no"]  # fmt: skip
             nodes.append((port, subprocess.Popen(args, stdout=subprocess.DEVNULL)))
         clients = [redis.Redis(port=p, socket_timeout=2) for p, _ in nodes]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # generous: node start-up on a busy machine
         while True:
             try:
                 for c in clients:
@@ -67,7 +67,7 @@ def cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]
             c.execute_command("CLUSTER", "ADDSLOTS", *range(bounds[i], bounds[i + 1]))
         for c in clients[1:]:
             c.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0][0])
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients):
             if time.monotonic() > deadline:
                 raise RuntimeError("the test cluster did not converge")
@@ -90,7 +90,7 @@ async def test_l2_on_a_redis_cluster(
     bodies = [(f"tenant{i % 3}", chat(f"cluster question {i}")) for i in range(30)]
     for tenant, body in bodies:
         assert (await serve(stack, engine, body, tenant))[0] == "MISS"
-    await stack.drain()
+    assert await stack.drain() == 0
     per_node = [redis.Redis(port=p).dbsize() for p, _ in cluster]
     assert sum(per_node) == 30 and sum(1 for n in per_node if n) >= 2  # spread over the slots
     await stack.flush("l1")

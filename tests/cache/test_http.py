@@ -123,19 +123,54 @@ def test_cli_stats_and_errors(server: ServerProc, tmp_path: Path) -> None:
     res = cli("preload", str(bad), "--url", server.url)
     assert res.returncode == 3 and "bad.jsonl:2" in res.stderr
     assert cli("flush", "--tier", "l7", "--url", server.url).returncode == 3
+    drained = cli("drain", "--url", server.url)
+    assert drained.returncode == 0 and orjson.loads(drained.stdout) == {"pending": 0}, drained.stderr
     assert cli("stats", "--url", "http://127.0.0.1:9").returncode == 5
 
 
 @pytest.fixture
 def lean_server(tmp_path: Path) -> Iterator[ServerProc]:
-    """Without L3 (faster start) and with a short L2 budget, for the Redis failure tests."""
+    """Without L3 (faster start), with a short L2 budget and no Redis restarts, for the Redis
+    failure tests (Redis stays down once killed)."""
     env = {
         "HARNESS__CACHE__L3_ENABLED": "false",
         "HARNESS__CACHE__L2_OP_TIMEOUT_S": "0.3",
         "HARNESS__CACHE__BREAKER_RESET_S": "0.5",
+        "HARNESS__CACHE__REDIS_RESTART": "false",
     }
     with harness_server(tmp_path, "--cache", env=env) as srv:
         yield srv
+
+
+def metric_value(srv: ServerProc, name: str) -> float:
+    for line in httpx.get(srv.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_killed_redis_is_restarted_and_counted_in_metrics(tmp_path: Path) -> None:
+    """The server's embedded Redis, killed for real, comes back (its supervisor restarts it) and
+    L2 serves again. The wait is on the server's own restart counter, with a generous deadline."""
+    env = {"HARNESS__CACHE__L3_ENABLED": "false"}
+    with harness_server(tmp_path, "--cache", env=env) as srv:
+        body = {"prompt": "served again after a restart"}
+        assert post(srv, "/v1/completions", body).headers["x-cache"] == "MISS"
+        assert metric_value(srv, "cache_redis_restarts_total") == 0
+        pid = stats(srv)["tiers"]["l2"]["embedded_pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while metric_value(srv, "cache_redis_restarts_total") < 1:
+            assert time.monotonic() < deadline, "the embedded Redis was not restarted within 60 s"
+            time.sleep(0.05)
+        l2 = stats(srv)["tiers"]["l2"]
+        assert l2["embedded_pid"] not in (None, pid) and l2["embedded_restarts"] == 1
+        httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
+        r = post(srv, "/v1/completions", body)
+        assert r.headers["x-cache"] == "MISS"  # no persistence by default: the entry died with Redis
+        assert httpx.post(srv.url + "/cache/drain", timeout=120).json() == {"pending": 0}
+        httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
+        assert post(srv, "/v1/completions", body).headers["x-cache"] == "HIT-L2"
 
 
 def errors_l2(srv: ServerProc) -> float:
@@ -153,18 +188,19 @@ def test_redis_stopped_then_killed_requests_still_served(lean_server: ServerProc
     body = {"prompt": "served through a redis failure"}
     truth = text(post(srv, "/v1/completions", body, **{"Cache-Control": "no-cache"}))
     assert post(srv, "/v1/completions", body).headers["x-cache"] == "MISS"
-    time.sleep(0.2)  # the L2 write-back
+    drained = httpx.post(srv.url + "/cache/drain", timeout=120)  # the L2 write-back
+    assert drained.status_code == 200, drained.text
     os.kill(pid, signal.SIGSTOP)
     try:
         httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
-        t0 = time.perf_counter()
+        # The server gives up on the frozen Redis after its 0.3 s budget; the client's 60 s
+        # timeout only turns a hang into a failure (no stopwatch: the machine may be busy).
         r = post(srv, "/v1/completions", body)
         assert r.status_code == 200 and r.headers["x-cache"] == "MISS" and text(r) == truth
-        assert time.perf_counter() - t0 < 5.0
         assert errors_l2(srv) >= 1
     finally:
         os.kill(pid, signal.SIGCONT)
-    time.sleep(0.7)  # breaker half-open: the next request probes Redis again
+    time.sleep(0.7)  # past breaker_reset_s (a lower bound, not a wait for work): the next request probes
     httpx.post(srv.url + "/cache/flush?tier=l1", timeout=10)
     r = post(srv, "/v1/completions", body)
     assert r.headers["x-cache"] in {"HIT-L2", "MISS"}  # MISS only if the probe landed elsewhere

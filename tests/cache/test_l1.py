@@ -4,31 +4,41 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 from harness.cache.l1 import L1Cache
-from tests.cache.conftest import completion
+from tests.cache.conftest import ManualClock, completion
 
 
 def test_ttl_is_fixed_from_write_not_refreshed_by_hits() -> None:
-    l1 = L1Cache(max_entries=10, max_bytes=10_000, ttl_s=0.4)
+    clock = ManualClock()
+    l1 = L1Cache(max_entries=10, max_bytes=10_000, ttl_s=0.4, clock=clock)
     l1.put("k", completion("v"), 100, "warm")
-    t0 = time.time()
-    while time.time() - t0 < 0.3:  # hit it repeatedly: must not extend the life
+    for _ in range(15):  # hit it repeatedly over 0.3 s: must not extend the life
         assert l1.get("k") is not None
-        time.sleep(0.02)
-    time.sleep(max(0.0, 0.45 - (time.time() - t0)))
+        clock.advance(0.02)
+    clock.advance(0.1)  # 0.4 s after the write: expired, however often it was hit
     assert l1.get("k") is None
     assert l1.expirations == 1 and len(l1) == 0 and l1.bytes_used == 0
 
 
 def test_promoted_entry_keeps_the_source_expiry() -> None:
-    l1 = L1Cache(max_entries=10, max_bytes=10_000, ttl_s=60)
-    assert l1.put("k", completion("v"), 10, "warm", expires_at=time.time() + 0.15)
+    clock = ManualClock()
+    l1 = L1Cache(max_entries=10, max_bytes=10_000, ttl_s=60, clock=clock)
+    assert l1.put("k", completion("v"), 10, "warm", expires_at=clock() + 0.15)
     assert l1.get("k") is not None
-    time.sleep(0.2)
-    assert l1.get("k") is None
-    assert not l1.put("dead", completion("v"), 10, "warm", expires_at=time.time() - 1)
+    clock.advance(0.15)
+    assert l1.get("k") is None  # the source's expiry, not L1's 60 s
+    assert not l1.put("dead", completion("v"), 10, "warm", expires_at=clock() - 1)
+
+
+def test_purge_expired_drops_only_expired_entries() -> None:
+    clock = ManualClock()
+    l1 = L1Cache(max_entries=10, max_bytes=10_000, ttl_s=10, clock=clock)
+    l1.put("short", completion("v"), 10, "warm", expires_at=clock() + 1)
+    l1.put("long", completion("v"), 10, "warm")
+    clock.advance(1)
+    assert l1.purge_expired() == 1
+    assert l1.get("long") is not None and len(l1) == 1 and l1.bytes_used == 10
 
 
 def test_lru_by_entries_and_bytes() -> None:

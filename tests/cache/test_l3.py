@@ -5,15 +5,18 @@ TTL, persistence with the reload consistency check, and the switch to HNSW."""
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
+from harness.cache.l3 import SemanticCache
+from harness.cache.stack import CacheStack
 from harness.common.embeddings import shared_embedder
-from tests.cache.conftest import StackFactory, chat, completion
+from tests.cache.conftest import StackFactory, chat, completion, make_settings
 
 pytestmark = pytest.mark.slow  # loads MiniLM (seconds) once per session
 
@@ -58,7 +61,7 @@ async def test_paraphrases_hit_l3_and_unrelated_prompts_miss(make_stack: StackFa
         assert await miss(stack, chat(q)) == "MISS"
     # A served paraphrase is promoted under its own key: next time it is an exact hit.
     assert (await stack.begin("chat.completions", chat(PARAPHRASES[0][1]), "default")).status == "HIT-L1"
-    await stack.drain()
+    assert await stack.drain() == 0  # the promotion to L2 is written in the background
     await stack.flush("l1")
     assert (await stack.begin("chat.completions", chat(PARAPHRASES[0][1]), "default")).status == "HIT-L2"
 
@@ -103,14 +106,20 @@ async def test_tenant_isolation_at_l3_for_the_identical_prompt(make_stack: Stack
 
 
 async def test_l3_entries_expire(make_stack: StackFactory) -> None:
-    stack = await l3_stack(make_stack, ttl_hot_s=0.8, ttl_warm_s=0.8, ttl_cold_s=0.8)
-    orig, para = PARAPHRASES[3]
-    await stack.put("chat.completions", chat(orig), "default", completion("tea"))
-    assert (await stack.begin("chat.completions", chat(para), "default")).status == "HIT-L3"
-    await asyncio.sleep(0.9)
-    await stack.flush("l1")
-    assert await miss(stack, chat(para + " ")) == "MISS"  # same text after normalization, new lookup
-    assert stack.l3.refused["expired"] + stack.l3.entries() <= 1
+    """A cold entry (1 s) expires while a hot one (an hour) is still served. Real time has to pass
+    for that; a sleep is a lower bound on it, so a slow machine cannot make this fail."""
+    stack = await l3_stack(make_stack, ttl_hot_s=3600.0, ttl_warm_s=3600.0, ttl_cold_s=1.0)
+    (hot, hot_para), (cold, cold_para) = PARAPHRASES[2], PARAPHRASES[3]
+    await stack.put("chat.completions", chat(hot), "default", completion("light", mean_entropy=0.1))
+    await stack.put("chat.completions", chat(cold), "default", completion("tea", mean_entropy=3.0))
+    await asyncio.sleep(1.0)
+    assert await miss(stack, chat(cold_para)) == "MISS"
+    # Dropped either by that lookup (refused as expired) or by the expiry sweep of the housekeeping
+    # pass the first lookup started; after one more pass it is gone either way.
+    await stack.refresh()
+    assert stack.l3.entries() == 1
+    t = await stack.begin("chat.completions", chat(hot_para), "default")
+    assert t.status == "HIT-L3" and t.completion is not None and t.completion.text == "light"
 
 
 async def test_persistence_and_reload_consistency_check(make_stack: StackFactory, tmp_path: Path) -> None:
@@ -167,23 +176,33 @@ async def test_switches_to_hnsw_and_still_finds_paraphrases(make_stack: StackFac
     assert stack.stats()["tiers"]["l3"]["tenants"]["default"]["index"] == "hnsw"
 
 
-async def test_embedding_runs_off_the_event_loop(make_stack: StackFactory) -> None:
-    stack = await l3_stack(make_stack)
-    ticks = 0
-    stop = False
+async def test_embedding_runs_off_the_event_loop(tmp_path: Path) -> None:
+    """The embedder below checks, inside every encode() call, that it is not on the event loop's
+    thread and that the loop is free meanwhile (it has the loop run a coroutine and waits for it:
+    on the loop's own thread that would deadlock). The property itself, not a speed ratio."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    real = shared_embedder(device="cpu")
+    calls: list[int] = []
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not stop:
-            ticks += 1
-            await asyncio.sleep(0.001)
+    class CheckingEmbedder:
+        dim = real.dim
 
-    task = asyncio.create_task(ticker())
-    t0 = time.perf_counter()
-    for i in range(10):
-        await miss(stack, chat(f"a long-ish question number {i} about embeddings and event loops " * 4))
-    elapsed = time.perf_counter() - t0
-    stop = True
-    await task
-    # Had encode() run on the loop, the ticker could not have run during the ~10 embeddings.
-    assert ticks >= 0.3 * elapsed / 0.002
+        def encode(self, texts, *, show_progress: bool = False):
+            if threading.get_ident() == loop_thread:
+                raise AssertionError("encode() ran on the event loop's thread")
+            calls.append(len(texts))
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=60)
+            return real.encode(texts, show_progress=show_progress)
+
+    settings = make_settings(tmp_path, l3_enabled=True, l2_enabled=False)
+    semantic = SemanticCache(settings, embedder=CheckingEmbedder())  # type: ignore[arg-type]
+    stack = CacheStack(settings, CollectorRegistry(), redis_url=None, semantic=semantic)
+    try:
+        for i in range(3):
+            q = f"question number {i} about embeddings and event loops"
+            assert await miss(stack, chat(q)) == "MISS"  # one lookup embedding each
+        await stack.put("chat.completions", chat("stored for the add path"), "default", completion("x"))
+        assert len(calls) == 4
+    finally:
+        await stack.close()

@@ -12,8 +12,9 @@ from tests.cache.conftest import CountingEngine, StackFactory, bloom_of, chat, c
 
 
 async def test_32_concurrent_identical_requests_make_one_engine_call(make_stack: StackFactory) -> None:
-    """The engine is a real coroutine that sleeps 0.2 s (see CountingEngine): long enough that all
-    32 requests arrive while the first is still generating, as with a real model."""
+    """Not a race: ``gather`` starts all 32 in one event-loop pass, and a follower's ``begin``
+    reaches the single-flight wait without suspending, so all 31 are waiting before the leader's
+    engine coroutine (which yields, like a decode loop) can finish, however slow the machine."""
     stack = await make_stack()
     engine = CountingEngine(delay_s=0.2)
     body = chat("Explain single-flight in one sentence.")
@@ -44,7 +45,7 @@ async def test_tenants_never_see_each_other_in_l1_and_l2(make_stack: StackFactor
     for t in tenants:
         status, text = await serve(stack, engine, body, tenant=t)
         assert status == "MISS" and text == f"answer for {t}: What is our refund policy?"
-    await stack.drain()
+    assert await stack.drain() == 0
     for tier_flush in (None, "l1"):
         if tier_flush:
             await stack.flush(tier_flush)
@@ -84,7 +85,7 @@ async def test_incomplete_completions_are_not_cached(make_stack: StackFactory) -
     body = chat("cut short")
     t = await stack.begin("chat.completions", body, "default")
     await stack.finish(t, completion("partial", finish_reason="abort"))
-    await stack.drain()
+    assert await stack.drain() == 0
     t2 = await stack.begin("chat.completions", body, "default")
     assert t2.status == "MISS"
     await stack.finish(t2, None)
@@ -95,7 +96,7 @@ async def test_bloom_guard_skips_lookups_for_unseen_keys(make_stack: StackFactor
     engine = CountingEngine(delay_s=0.0)
     for i in range(10):
         await serve(stack, engine, chat(f"unique prompt {i}"))
-    await stack.drain()
+    assert await stack.drain() == 0
     assert bloom_of(stack).intercepted == 10 and bloom_of(stack).passed == 0
     # Intercepted keys never reached Redis: no L2 lookups were counted.
     c = stack.metrics.counts["l2"]
@@ -113,7 +114,8 @@ async def test_metrics_and_stats(make_stack: StackFactory) -> None:
         await serve(stack, engine, chat(f"m{i}"))
     for i in range(3):
         await serve(stack, engine, chat(f"m{i}"))
-    await asyncio.sleep(0.5)  # one background refresh of the Redis INFO gauges
+    assert await stack.drain() == 0  # the L2 write-backs have landed …
+    await stack.refresh()  # … and one housekeeping pass read Redis INFO for the L2 gauges
     reg = stack.metrics.registry
     hits = reg.get_sample_value("cache_hits_total", {"tier": "l1"})
     misses = reg.get_sample_value("cache_misses_total", {"tier": "l1"}) or 0.0
@@ -144,8 +146,7 @@ async def test_l1_entry_caps_count_evictions(make_stack: StackFactory) -> None:
     stack = await make_stack(l1_max_entries=3)
     for i in range(5):
         await stack.put("chat.completions", chat(f"e{i}"), "default", completion(f"v{i}"))
-    assert len(stack.l1) == 3 and stack.l1.evictions == 2
-    await asyncio.sleep(0.5)
+    assert len(stack.l1) == 3 and stack.l1.evictions == 2  # counted as they happen, no refresh needed
     assert stack.metrics.registry.get_sample_value("cache_evictions_total", {"tier": "l1"}) == 2
 
 
@@ -154,7 +155,7 @@ async def test_l1_disabled_serves_from_l2_and_stores_nothing_in_l1(make_stack: S
     engine = CountingEngine(delay_s=0.0)
     body = chat("Where does a hit come from without L1?")
     assert (await serve(stack, engine, body))[0] == "MISS"
-    await stack.drain()
+    assert await stack.drain() == 0
     assert len(stack.l1) == 0
     assert [(await serve(stack, engine, body))[0] for _ in range(2)] == ["HIT-L2", "HIT-L2"]
     assert len(stack.l1) == 0 and engine.calls == 1
@@ -172,7 +173,7 @@ async def test_unreachable_external_redis_fails_open(make_stack: StackFactory, t
     engine = CountingEngine(delay_s=0.0)
     body = chat("no redis at all")
     assert await serve(stack, engine, body) == ("MISS", "answer for default: no redis at all")
-    await stack.drain()  # the L2 write-back fails and is counted
+    assert await stack.drain() == 0  # the L2 write-back fails and is counted
     await stack.flush("l1")
     assert await serve(stack, engine, body) == ("MISS", "answer for default: no redis at all")
     assert stack.metrics.counts["l2"]["errors"] >= 2
@@ -200,3 +201,15 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HARNESS__CACHE__TTL_COLD_S", "99999")
     with pytest.raises(ConfigError):
         load_settings(CacheSettings)
+
+
+async def test_tiers_come_from_the_registry_in_lookup_order(make_stack: StackFactory) -> None:
+    from harness.cache.api import FLUSH_TIERS, TIER_NAMES
+    from harness.cache.tiers import CACHE_TIERS
+
+    assert CACHE_TIERS.names() == list(TIER_NAMES) and (*TIER_NAMES, "bloom") == FLUSH_TIERS
+    stack = await make_stack()
+    assert [t.name for t in stack.tiers] == ["l1", "l2"]  # L3 is off in these tests
+    assert [t.name for t in (await make_stack(l1_enabled=False, l2_enabled=False)).tiers] == []
+    assert set(stack.stats()["tiers"]) == set(TIER_NAMES)
+    assert (await stack.flush()).keys() == set(FLUSH_TIERS)

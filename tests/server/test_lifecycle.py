@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from harness.common.errors import ConfigError
-from harness.server.app import GuardedStream
-from harness.server.cli import open_cache
+from harness.server.asgi import GuardedStream
+from harness.server.cli import load_cache_settings
 
 
 async def test_guarded_stream_cleans_up_when_the_body_never_starts():
@@ -32,11 +32,13 @@ async def test_guarded_stream_cleans_up_when_the_body_never_starts():
     async def receive():
         return {"type": "http.disconnect"}  # the client is already gone
 
+    stuck = asyncio.Event()
+
     async def send(message):
-        await asyncio.sleep(1.0)  # a slow socket: the disconnect wins the race
+        await stuck.wait()  # a socket that never drains: only the disconnect can end the response
 
     resp = GuardedStream(body(), on_close, {})
-    await asyncio.wait_for(resp({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send), 5)
+    await asyncio.wait_for(resp({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send), 60)
     assert started is False  # the generator's own finally never ran …
     assert closed == [1]  # … but the cleanup did
 
@@ -78,5 +80,5 @@ def test_cache_flag_without_the_cache_stack_is_a_config_error(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "harness.cache.factory", None)
     with pytest.raises(ConfigError) as info:
-        open_cache(EngineSettings(), registry=None)  # type: ignore[arg-type]
+        load_cache_settings(EngineSettings())
     assert "harness.cache.factory" in str(info.value)

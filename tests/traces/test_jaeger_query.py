@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +30,8 @@ class Replay:
         self.ui01 = (realdata / "jaeger/ui_01.json").read_bytes()
         self.mode = mode  # "v3" (v1 search removed), "v1", "500", "400", "slow"
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.release = threading.Event()
+        """Holds "slow" answers until the test is over (no race between a sleep and the client's timeout)."""
 
     def respond(self, path: str, query: dict[str, str]) -> tuple[int, bytes]:
         self.requests.append((path, query))
@@ -39,7 +40,7 @@ class Replay:
         if self.mode == "400":
             return 400, b'{"data": null, "errors": [{"code": 400, "msg": "parameter service is required"}]}'
         if self.mode == "slow":
-            time.sleep(1.0)
+            self.release.wait(60)
         if path.startswith("/api/v3/"):
             name = {
                 "/api/v3/services": "GetServices.json",
@@ -85,6 +86,7 @@ def server(realdata: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", replay
     finally:
+        replay.release.set()
         httpd.shutdown()
         httpd.server_close()
 

@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.common.errors import InputError
-from harness.traces._base import READERS, ArrivalClock, OnSkip, Reader, convert_rows, iter_lines, reject
+from harness.traces._base import (
+    REQUEST_READERS,
+    ArrivalClock,
+    OnSkip,
+    Reader,
+    convert_rows,
+    iter_lines,
+    reject,
+)
 from harness.traces.model import RequestEvent
 
 Cells = dict[str, str]
@@ -178,8 +186,6 @@ class CsvRequests:
 
 
 def register_csv(fmt: CsvRequests) -> CsvRequests:
-    """Register ``fmt`` in :data:`READERS` under its name (family ``requests``)."""
-    READERS.register(fmt.name)(
-        Reader(fmt.name, "requests", fmt.description, fmt.sniff, fmt.read, fmt.priority)
-    )
+    """Register ``fmt`` in :data:`REQUEST_READERS` under its name."""
+    REQUEST_READERS.register(fmt.name)(Reader(fmt.name, fmt.description, fmt.sniff, fmt.read, fmt.priority))
     return fmt

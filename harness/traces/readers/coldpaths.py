@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.common.io import parse_jsonl_line
 from harness.traces._base import (
-    READERS,
+    REQUEST_READERS,
     ArrivalClock,
     OnSkip,
     Reader,
@@ -75,6 +75,6 @@ def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
         yield to_event(rec, arrival_s, source, n)
 
 
-READERS.register("coldpaths")(
-    Reader("coldpaths", "requests", "cold-path JSONL from `harness traces coldpaths`", sniff, read, 5)
+REQUEST_READERS.register("coldpaths")(
+    Reader("coldpaths", "cold-path JSONL from `harness traces coldpaths`", sniff, read, 5)
 )

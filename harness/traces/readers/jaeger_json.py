@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.common.errors import InputError
 from harness.traces._base import (
-    READERS,
+    TRACE_READERS,
     OnSkip,
     Reader,
     coerce_tag,
@@ -254,10 +254,9 @@ def _guard(it: Iterator[Trace], skip: bool, on_skip: OnSkip) -> Iterator[Trace]:
         on_skip(err)
 
 
-READERS.register("jaeger-json")(
+TRACE_READERS.register("jaeger-json")(
     Reader(
         "jaeger-json",
-        "traces",
         "Jaeger v1 JSON (envelope, trace, array, JSONL, ES span documents)",
         sniff,
         read,

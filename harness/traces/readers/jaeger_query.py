@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from harness.common.errors import InputError, UnavailableError
-from harness.traces._base import READERS, OnSkip, Reader, normalize_id
+from harness.traces._base import TRACE_READERS, OnSkip, Reader, normalize_id
 from harness.traces.model import Trace
 from harness.traces.readers.jaeger_json import convert_trace
 from harness.traces.readers.otlp_json import document_spans
@@ -327,10 +327,9 @@ def _never(path: object, head: bytes) -> bool:
     return False  # URLs are recognised by scheme in detect_format, never by file content
 
 
-READERS.register("jaeger-query")(
+TRACE_READERS.register("jaeger-query")(
     Reader(
         "jaeger-query",
-        "traces",
         "live Jaeger query service (v1 HTTP API or api_v3), given as a URL",
         _never,
         read,

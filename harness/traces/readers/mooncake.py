@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.common.io import parse_jsonl_line
 from harness.traces._base import (
-    READERS,
+    REQUEST_READERS,
     ArrivalClock,
     OnSkip,
     Reader,
@@ -63,6 +63,6 @@ def read(path: Path, skip: bool, on_skip: OnSkip) -> Iterator[RequestEvent]:
         )
 
 
-READERS.register("mooncake")(
-    Reader("mooncake", "requests", "Mooncake JSONL request trace (timestamp ms, hash_ids)", sniff, read, 10)
+REQUEST_READERS.register("mooncake")(
+    Reader("mooncake", "Mooncake JSONL request trace (timestamp ms, hash_ids)", sniff, read, 10)
 )

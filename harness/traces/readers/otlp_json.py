@@ -18,7 +18,7 @@ import orjson
 
 from harness.common.errors import InputError
 from harness.traces._base import (
-    READERS,
+    TRACE_READERS,
     OnSkip,
     Reader,
     error_from_tags,
@@ -221,10 +221,9 @@ def read(path: Path, skip: bool, on_skip: OnSkip, max_buffered_spans: int | None
     yield from assembler.flush()
 
 
-READERS.register("otlp-json")(
+TRACE_READERS.register("otlp-json")(
     Reader(
         "otlp-json",
-        "traces",
         "OTLP/JSON traces, their JSON Lines form, Jaeger api_v3 responses",
         sniff,
         read,

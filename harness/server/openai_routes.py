@@ -1,0 +1,501 @@
+"""The OpenAI routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``.
+
+A request goes through:
+
+1. body read with a size cap (413), JSON parse and strict validation (400 naming the field);
+2. :func:`~harness.server.protocol.prepare`: tokenize, check the context length (400), build
+   :class:`SamplingParams` and the cache body;
+3. the cache's ``begin_nowait`` / ``begin`` (tenant from ``X-Tenant-ID``, ``Cache-Control:
+   no-cache`` bypasses); a hit is replayed, split into the engine's tokens so streaming clients see
+   the same chunk cadence;
+4. on a miss the engine's first event is awaited *before* the response starts, so a full queue is a
+   real 429 (with ``Retry-After``) and not a broken 200 stream;
+5. tokens are streamed as SSE or collected into one JSON response; a completed miss is handed to
+   ``finish(ticket, completion)``, anything else to ``finish(ticket, None)``.
+
+A client that goes away aborts its engine request (its KV blocks go back to the pool): while the
+response has not started a watcher on the ASGI receive channel notices the disconnect; once streaming,
+Starlette cancels the body iterator and its ``finally`` aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from harness.cache.api import CachedCompletion, CacheTicket
+from harness.common import headers as H
+from harness.common.errors import HarnessError
+from harness.common.openai import (
+    COMPLETED_FINISH_REASONS,
+    SSE_DONE,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Endpoint,
+    sse_event,
+)
+from harness.engine.api import EngineError, EngineFull, InvalidPrompt, PromptTooLong, TokenEvent
+from harness.server.asgi import ClientGone, GuardedStream, parse_json, read_body, until_disconnect
+from harness.server.errors import APIError, bad_request, from_validation_error, retry_after_header
+from harness.server.protocol import (
+    CompletionsFormat,
+    Prepared,
+    TokenLog,
+    check_context,
+    formatter,
+    prepare,
+    replay_progress,
+    split_tokens,
+    tokenize_prepared,
+    usage_dict,
+)
+from harness.server.state import Outcome, ServerState, cached_completion, log, new_id
+
+
+def add_openai_routes(app: FastAPI, st: ServerState) -> None:
+    """Register the OpenAI endpoints on ``app``."""
+
+    async def completions(request: Request) -> Response:
+        return await Handler(st, request, "completions").run()
+
+    async def chat_completions(request: Request) -> Response:
+        return await Handler(st, request, "chat.completions").run()
+
+    # Plain Starlette routes: the handlers take the raw Request, so FastAPI's dependency solving
+    # (tens of µs per request) would buy nothing on the hottest path. Exception handlers still apply.
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = {
+            "id": st.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "harness",
+            "max_model_len": st.engine.max_model_len,
+        }
+        return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """An engine stream being sent to a client."""
+
+    gen: AsyncIterator[TokenEvent]
+    out: Outcome
+    finished: bool = False
+
+
+async def _chain(first: Iterable[TokenEvent], rest: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
+    for ev in first:
+        yield ev
+        if ev.finished:
+            return
+    async for ev in rest:
+        yield ev
+        if ev.finished:
+            return
+
+
+async def _close(gen: AsyncIterator[TokenEvent] | None) -> None:
+    """Close an engine stream (which aborts its request if unfinished); errors are irrelevant here."""
+    aclose = getattr(gen, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+class Handler:
+    """Serves one OpenAI request; split into steps so each failure maps to one status."""
+
+    def __init__(self, st: ServerState, request: Request, endpoint: Endpoint) -> None:
+        self.st = st
+        self.request = request
+        self.endpoint = endpoint
+        self.ctx = st.context(request, endpoint)
+        self.ticket: CacheTicket | None = None
+        self.fmt: CompletionsFormat | None = None
+        self._closed = False
+        """Set by the (idempotent) cleanup of a streaming response."""
+
+    async def run(self) -> Response:
+        st, ctx = self.st, self.ctx
+        st.metrics.in_flight.inc()
+        handed_off = False  # a streaming body takes over the cleanup
+        try:
+            raw = await read_body(self.request, st.settings.max_body_bytes)
+            req = self._validate(parse_json(raw))
+            if req.request_id and not self.request.headers.get(H.REQUEST_ID):
+                ctx.request_id = req.request_id
+            if st.settings.strict_model_name and req.model not in (None, st.model_name):
+                raise APIError(
+                    404,
+                    f"The model '{req.model}' does not exist; this server serves '{st.model_name}'",
+                    param="model",
+                    code="model_not_found",
+                    reason="unknown_model",
+                )
+            prep = prepare(
+                req,
+                tokenizer=st.engine.tokenizer,
+                model_name=st.model_name,
+                max_model_len=st.engine.max_model_len,
+                default_max_tokens=st.settings.default_max_tokens,
+                # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
+                tokenize=st.cache is None or ctx.no_cache,
+            )
+            self.fmt = formatter(
+                self.endpoint,
+                new_id(),
+                int(time.time()),
+                st.model_name,
+                prep.include_usage,
+                continuous_usage=prep.continuous_usage,
+            )
+            await self._begin_cache(prep)
+            if self.ticket is not None and self.ticket.completion is not None:
+                resp = self._serve_hit(prep, self.ticket.completion)
+            else:
+                tokenize_prepared(prep, st.engine.tokenizer, st.engine.max_model_len)
+                resp = await self._serve_engine(prep)
+            handed_off = isinstance(resp, StreamingResponse)
+            return resp
+        except APIError as exc:
+            st.metrics.rejections.labels(exc.reason).inc()
+            await self._finish_cache(None)
+            st.count(ctx, exc.status)
+            st.log_request(ctx, None)
+            return exc.response(ctx.headers())
+        except ClientGone:
+            st.metrics.disconnects.inc()
+            await self._finish_cache(None)
+            st.count(ctx, 499)
+            st.log_request(ctx, None)
+            return Response(status_code=499)
+        except Exception:
+            # A bug: release a MISS ticket (single-flight followers wait on it), then let the app's
+            # handler answer 500 and log the traceback.
+            await self._finish_cache(None)
+            st.count(ctx, 500)
+            raise
+        finally:
+            if not handed_off:
+                st.metrics.in_flight.dec()
+
+    def _validate(self, obj: Any) -> CompletionRequest | ChatCompletionRequest:
+        if not isinstance(obj, dict):
+            raise bad_request("request body must be a JSON object", code="invalid_json")
+        cls = ChatCompletionRequest if self.endpoint == "chat.completions" else CompletionRequest
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+
+    async def _begin_cache(self, prep: Prepared) -> None:
+        cache = self.st.cache
+        if cache is None:
+            return
+        no_cache = self.ctx.no_cache or not prep.cacheable
+        try:
+            # An L1 hit or a bypass is decided without I/O: no task, no disconnect watcher.
+            ticket = cache.begin_nowait(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache)
+            if ticket is None:
+                ticket = await until_disconnect(
+                    self.request,
+                    cache.begin(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache),
+                )
+            self.ticket = ticket
+        except ClientGone:
+            raise
+        except HarnessError as exc:  # a body the cache cannot key: served uncached
+            log.warning("response cache refused the request (%s); serving from the engine", exc)
+            self.ticket = None
+            return
+        except Exception:
+            # Fail open: a broken cache must never cost the request; the cache counts its own errors.
+            log.exception("response cache begin() failed; serving from the engine")
+            self.ticket = None
+            return
+        self.ctx.cache_status = self.ticket.status
+        self.ctx.cache_key = self.ticket.key
+
+    async def _finish_cache(self, completion: CachedCompletion | None) -> None:
+        ticket, self.ticket = self.ticket, None  # exactly once
+        if ticket is None or ticket.status != "MISS" or self.st.cache is None:
+            return
+        try:
+            await self.st.cache.finish(ticket, completion)
+        except Exception:
+            log.exception("response cache finish() failed")
+
+    # ---------------------------------------------------------------- cache hit
+
+    def _serve_hit(self, prep: Prepared, hit: CachedCompletion) -> Response:
+        st, ctx, fmt = self.st, self.ctx, self.fmt
+        assert fmt is not None
+        echo = prep.prompt_text if prep.echo else None
+        n_prompt = self._hit_prompt_tokens(prep, hit)
+        device = st.device
+        m_ttft, m_e2e, m_prompt, m_output = st.hit_metrics(self.endpoint)
+
+        def usage(ttft_ms: float, e2e_ms: float) -> dict[str, Any]:
+            tpot = (e2e_ms - ttft_ms) / (hit.completion_tokens - 1) if hit.completion_tokens > 1 else 0.0
+            return usage_dict(
+                prompt_tokens=n_prompt,
+                completion_tokens=hit.completion_tokens,
+                cached_tokens=n_prompt,
+                metrics=None,
+                cache_status=ctx.cache_status,
+                ttft_ms=ttft_ms,
+                tpot_ms=tpot,
+                e2e_ms=e2e_ms,
+                device=device,
+                mean_entropy=hit.mean_entropy,
+            )
+
+        def account(ttft_s: float) -> None:
+            e2e_s = time.perf_counter() - ctx.t0
+            m_ttft.observe(ttft_s)
+            m_e2e.observe(e2e_s)
+            m_prompt.inc(n_prompt)
+            m_output.inc(hit.completion_tokens)
+
+        if not prep.stream:
+            ttft = time.perf_counter() - ctx.t0
+            text = (echo or "") + hit.text
+            body = fmt.response(text, hit.finish_reason, None, usage(ttft * 1000, ttft * 1000))
+            account(ttft)
+            st.count(ctx, 200)
+            st.log_request(
+                ctx, Outcome(text=[hit.text], finish_reason=hit.finish_reason, tokens=hit.completion_tokens)
+            )
+            return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
+
+        pieces = split_tokens(st.engine.tokenizer, hit.text, hit.completion_tokens)
+        progress = replay_progress(len(pieces), hit.completion_tokens)
+
+        async def replay() -> AsyncIterator[bytes]:
+            ttft: float | None = None
+            try:
+                for c in fmt.start_chunks(echo, (n_prompt, 0)):
+                    yield sse_event(c)
+                for piece, done in zip(pieces, progress, strict=True):
+                    if ttft is None:
+                        ttft = time.perf_counter() - ctx.t0
+                    yield sse_event(fmt.delta(piece, None, (n_prompt, done)))
+                yield sse_event(fmt.finish(hit.finish_reason, (n_prompt, hit.completion_tokens)))
+                ttft = ttft if ttft is not None else time.perf_counter() - ctx.t0
+                if prep.include_usage:
+                    e2e = time.perf_counter() - ctx.t0
+                    yield sse_event(fmt.usage_chunk(usage(ttft * 1000, e2e * 1000)))
+                yield SSE_DONE
+                account(ttft)
+            finally:
+                await close()
+
+        async def close() -> None:
+            if self._closed:
+                return
+            self._closed = True
+            st.metrics.in_flight.dec()
+            st.log_request(
+                ctx, Outcome(text=pieces, finish_reason=hit.finish_reason, tokens=hit.completion_tokens)
+            )
+
+        st.count(ctx, 200)
+        return GuardedStream(replay(), close, self._stream_headers())
+
+    def _hit_prompt_tokens(self, prep: Prepared, hit: CachedCompletion) -> int:
+        """The hit's ``prompt_tokens``: the entry's own count when it was made from this very prompt
+        (same fingerprint), else this request's prompt tokenized now (an L3 or preloaded entry, or a
+        prompt that differs from the cached one only in normalized whitespace)."""
+        st = self.st
+        if not prep.tokenized and hit.meta.get("prompt_fp") == prep.prompt_fp:
+            param = "prompt" if prep.endpoint == "completions" else "messages"
+            check_context(hit.prompt_tokens, prep.params.max_tokens, st.engine.max_model_len, param)
+            return hit.prompt_tokens
+        tokenize_prepared(prep, st.engine.tokenizer, st.engine.max_model_len)
+        return len(prep.prompt_ids)
+
+    def _stream_headers(self) -> dict[str, str]:
+        return {**self.ctx.headers(), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    # ---------------------------------------------------------------- engine
+
+    async def _serve_engine(self, prep: Prepared) -> Response:
+        st, ctx = self.st, self.ctx
+        params = prep.params
+        caching = self.ticket is not None and self.ticket.status == "MISS"
+        if caching and not params.logprobs:
+            # The cache's value policy reads mean entropy; it costs one log-softmax per step.
+            params = dataclasses.replace(params, logprobs=True)
+        gen: AsyncIterator[TokenEvent] | None = None
+        try:
+            # The engine refuses (EngineFull, PromptTooLong) either here or at the first event.
+            gen = st.engine.generate(ctx.engine_id, prep.prompt_ids, params)
+            first = await until_disconnect(self.request, gen.__anext__())
+        except EngineFull as exc:
+            await _close(gen)
+            raise APIError(
+                429,
+                f"the server is busy (waiting queue full): {exc}",
+                type="rate_limit_error",
+                code="queue_full",
+                reason="queue_full",
+                headers=retry_after_header(exc.retry_after_s),
+            ) from None
+        except PromptTooLong as exc:
+            await _close(gen)
+            raise APIError(
+                400,
+                str(exc),
+                param="max_tokens",
+                code="context_length_exceeded",
+                reason="too_long",
+            ) from None
+        except InvalidPrompt as exc:
+            await _close(gen)
+            raise bad_request(str(exc), param="prompt") from None
+        except EngineError as exc:
+            await _close(gen)
+            raise APIError(
+                503, f"the engine refused the request: {exc}", type="server_error", reason="engine_error"
+            ) from None
+        except StopAsyncIteration:
+            raise APIError(
+                500, "the engine ended the request without output", type="server_error", reason="engine_error"
+            ) from None
+        except ClientGone:
+            if gen is not None:
+                await self._abort(gen)
+            raise
+        out = Outcome(log=TokenLog() if prep.want_logprobs else None)
+        if prep.stream:
+            st.count(ctx, 200)
+            state = _StreamState(gen, out)
+            return GuardedStream(
+                self._stream(prep, state, first),
+                lambda: self._stream_closed(prep, state),
+                self._stream_headers(),
+            )
+        try:
+            await until_disconnect(self.request, self._collect(gen, first, out))
+        except ClientGone:
+            await self._abort(gen)
+            raise
+        if out.finish_reason not in COMPLETED_FINISH_REASONS:  # ``run`` settles the cache ticket
+            raise APIError(
+                500,
+                f"generation ended with '{out.finish_reason}'",
+                type="server_error",
+                reason="engine_error",
+            )
+        await self._finish_cache(cached_completion(st, prep, out))
+        self._account(out)
+        text = "".join(out.text)
+        if prep.echo:
+            text = prep.prompt_text + text
+        assert self.fmt is not None
+        body = self.fmt.response(text, out.finish_reason or "stop", out.log, self._usage(prep, out))
+        st.count(ctx, 200)
+        st.log_request(ctx, out)
+        return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
+
+    async def _collect(self, gen: AsyncIterator[TokenEvent], first: TokenEvent, out: Outcome) -> None:
+        async for ev in _chain([first], gen):
+            out.add(ev)
+            if ev.text and self.ctx.first_text_at is None:
+                self.ctx.first_text_at = time.perf_counter()
+
+    async def _abort(self, gen: AsyncIterator[TokenEvent]) -> None:
+        with anyio.CancelScope(shield=True):
+            await _close(gen)
+            with contextlib.suppress(Exception):
+                await self.st.engine.abort(self.ctx.engine_id)
+
+    def _usage(self, prep: Prepared, out: Outcome) -> dict[str, Any]:
+        m = out.metrics
+        now = time.perf_counter()
+        first = self.ctx.first_text_at or now
+        return usage_dict(
+            prompt_tokens=m.prompt_tokens if m and m.prompt_tokens else len(prep.prompt_ids),
+            completion_tokens=m.output_tokens if m else out.tokens,
+            cached_tokens=m.cached_prompt_tokens if m else 0,
+            metrics=m,
+            cache_status=self.ctx.cache_status,
+            ttft_ms=(first - self.ctx.t0) * 1000,
+            tpot_ms=0.0,
+            e2e_ms=(now - self.ctx.t0) * 1000,
+            device=self.st.device if m is None else m.device,
+        )
+
+    def _account(self, out: Outcome) -> None:
+        mt = self.st.metrics
+        now = time.perf_counter()
+        ttft = (self.ctx.first_text_at or now) - self.ctx.t0
+        mt.ttft.labels(self.endpoint, "engine").observe(ttft)
+        mt.e2e.labels(self.endpoint, "engine").observe(now - self.ctx.t0)
+        m = out.metrics
+        if m is not None:
+            if m.output_tokens > 1:
+                mt.tpot.labels(self.endpoint).observe(m.tpot_ms / 1000)
+            mt.prefill.observe(m.prefill_ms / 1000)
+            mt.queued.observe(m.queued_ms / 1000)
+            mt.prefill_kv_bytes.observe(m.prefill_kv_bytes)
+            mt.prompt_tokens.labels("engine").inc(m.prompt_tokens)
+            mt.output_tokens.labels("engine").inc(m.output_tokens)
+
+    async def _stream(self, prep: Prepared, state: _StreamState, first: TokenEvent) -> AsyncIterator[bytes]:
+        ctx, fmt, out = self.ctx, self.fmt, state.out
+        assert fmt is not None
+        n_prompt = len(prep.prompt_ids)
+        try:
+            for c in fmt.start_chunks(prep.prompt_text if prep.echo else None, (n_prompt, 0)):
+                yield sse_event(c)
+            async for ev in _chain([first], state.gen):
+                step = out.add(ev)
+                if ev.text or step is not None:
+                    if ev.text and ctx.first_text_at is None:
+                        ctx.first_text_at = time.perf_counter()
+                    yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
+                if ev.finished:
+                    state.finished = True
+            if out.finish_reason in COMPLETED_FINISH_REASONS:
+                yield sse_event(fmt.finish(out.finish_reason or "stop", (n_prompt, out.tokens)))
+                if prep.include_usage:
+                    yield sse_event(fmt.usage_chunk(self._usage(prep, out)))
+            else:
+                err = APIError(500, f"generation ended with '{out.finish_reason}'", type="server_error")
+                yield sse_event(err.body())
+            yield SSE_DONE
+            self._account(out)
+        finally:
+            # Completion or cancellation (client gone) mid-stream; shielded so the awaits complete.
+            with anyio.CancelScope(shield=True):
+                await self._stream_closed(prep, state)
+
+    async def _stream_closed(self, prep: Prepared, state: _StreamState) -> None:
+        """Abort an unfinished engine request, settle the cache ticket, account; once."""
+        if self._closed:
+            return
+        self._closed = True
+        st = self.st
+        if not state.finished:
+            st.metrics.disconnects.inc()
+            await self._abort(state.gen)
+        done = state.finished and state.out.finish_reason in COMPLETED_FINISH_REASONS
+        await self._finish_cache(cached_completion(st, prep, state.out) if done else None)
+        st.metrics.in_flight.dec()
+        st.log_request(self.ctx, state.out)

@@ -1,0 +1,212 @@
+"""What every request handler of ``harness serve`` shares: the app's state, a request's context, the
+outcome of one generation, and turning an outcome into a cache entry.
+
+:class:`ServerState` is created once per app by :func:`harness.server.app.create_app` and passed to
+the route modules (:mod:`~harness.server.openai_routes`, :mod:`~harness.server.admin_routes`) and to
+:mod:`~harness.server.preload`, which import this module and never the app: no module of the
+server imports the module that imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request
+
+from harness.cache.api import CachedCompletion, ResponseCache
+from harness.common import headers as H
+from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
+from harness.server.metrics import EngineCollector, ServerMetrics
+from harness.server.protocol import Prepared, TokenLog
+from harness.server.settings import ServerSettings
+
+log = logging.getLogger("harness.server")
+
+
+def new_id() -> str:
+    """32 random hex digits, like ``uuid4().hex`` without its ``os.urandom`` system call.
+
+    Request, response and engine ids must be unique, not unpredictable.
+    """
+    return f"{random.getrandbits(128):032x}"
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Per-request facts read from the headers, plus timing."""
+
+    request_id: str
+    engine_id: str
+    stage: str | None
+    trace_id: str | None
+    warmup_id: str | None
+    tenant: str
+    no_cache: bool
+    t0: float
+    endpoint: str
+    cache_status: str = "BYPASS"
+    cache_key: str | None = None
+    status: int = 200
+    first_text_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def headers(self) -> dict[str, str]:
+        h = {H.REQUEST_ID: self.request_id, H.CACHE_STATUS: self.cache_status}
+        if self.cache_key:
+            h[H.CACHE_KEY] = self.cache_key
+        return h
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What came out of one generation, engine or cache."""
+
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    metrics: RequestMetrics | None = None
+    tokens: int = 0
+    logprob_sum: float = 0.0
+    logprob_n: int = 0
+    entropy_sum: float = 0.0
+    entropy_n: int = 0
+    log: TokenLog | None = None
+    offset: int = 0
+
+    def add(self, ev: TokenEvent) -> TokenLog | None:
+        """Account one engine event; returns this token's logprob entry when logprobs are on."""
+        if ev.token_id is not None:
+            self.tokens += 1
+        if ev.logprob is not None:
+            self.logprob_sum += ev.logprob
+            self.logprob_n += 1
+        if ev.entropy is not None:
+            self.entropy_sum += ev.entropy
+            self.entropy_n += 1
+        step: TokenLog | None = None
+        if self.log is not None and ev.token_id is not None and ev.logprob is not None:
+            step = self.log.add(ev, self.offset)
+        if ev.text:
+            self.text.append(ev.text)
+            self.offset += len(ev.text)
+        if ev.finished:
+            self.finish_reason = ev.finish_reason
+            self.metrics = ev.metrics
+        return step
+
+
+class ServerState:
+    """Everything the handlers share; one per app."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: ServerSettings,
+        cache: ResponseCache | None,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.cache = cache
+        self.registry = registry
+        self.metrics = ServerMetrics(registry, settings.max_stage_labels)
+        registry.register(EngineCollector(engine.stats))
+        self.model_name = settings.served_model_name or engine.model_name
+        self.created = int(time.time())
+        self.ready = False
+        self.cache_closed = False
+        self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
+        self._device: str | None = None
+        self._request_counters: dict[tuple[str, int, str | None], Any] = {}
+        self._hit_metrics: dict[str, tuple[Any, Any, Any, Any]] = {}
+
+    @property
+    def device(self) -> str:
+        """The engine's device, read once (it never changes; ``engine.stats()`` is not free)."""
+        if self._device is None:
+            self._device = self.engine.stats().device
+        return self._device
+
+    def hit_metrics(self, endpoint: str) -> tuple[Any, Any, Any, Any]:
+        """The labelled children a cache hit updates, resolved once per endpoint (``labels()`` costs µs)."""
+        m = self._hit_metrics.get(endpoint)
+        if m is None:
+            mt = self.metrics
+            m = (
+                mt.ttft.labels(endpoint, "cache"),
+                mt.e2e.labels(endpoint, "cache"),
+                mt.prompt_tokens.labels("cache"),
+                mt.output_tokens.labels("cache"),
+            )
+            self._hit_metrics[endpoint] = m
+        return m
+
+    def context(self, request: Request, endpoint: str) -> RequestContext:
+        hdr = request.headers
+        rid = hdr.get(H.REQUEST_ID) or new_id()
+        cache_control = hdr.get("cache-control", "").lower()
+        return RequestContext(
+            request_id=rid,
+            engine_id=new_id(),
+            stage=hdr.get(H.STAGE),
+            trace_id=hdr.get(H.TRACE_ID),
+            warmup_id=hdr.get(H.WARMUP_ID),
+            tenant=hdr.get(H.TENANT) or H.DEFAULT_TENANT,
+            no_cache="no-cache" in cache_control or "no-store" in cache_control,
+            t0=time.perf_counter(),
+            endpoint=endpoint,
+        )
+
+    def count(self, ctx: RequestContext, status: int) -> None:
+        ctx.status = status
+        label = (ctx.endpoint, status, ctx.stage)
+        child = self._request_counters.get(label)
+        if child is None:
+            stage = self.metrics.stage_label(ctx.stage)
+            child = self.metrics.requests.labels(ctx.endpoint, str(status), stage)
+            if stage == ctx.stage or ctx.stage is None:
+                # Bounded like the labels themselves: only stages that got their own label are kept.
+                self._request_counters[label] = child
+        child.inc()
+
+    def log_request(self, ctx: RequestContext, out: Outcome | None) -> None:
+        if not self.settings.log_requests:
+            return
+        log.info(
+            "request id=%s endpoint=%s status=%s stage=%s trace=%s warmup=%s tenant=%s cache=%s "
+            "tokens=%s finish=%s e2e_ms=%.1f",
+            ctx.request_id,
+            ctx.endpoint,
+            ctx.status,
+            ctx.stage,
+            ctx.trace_id,
+            ctx.warmup_id,
+            ctx.tenant,
+            ctx.cache_status,
+            out.tokens if out else 0,
+            out.finish_reason if out else None,
+            (time.perf_counter() - ctx.t0) * 1000,
+        )
+
+
+def cached_completion(st: ServerState, prep: Prepared, out: Outcome) -> CachedCompletion:
+    """The cache entry for a completed generation (live request or preload).
+
+    ``prompt_fp`` lets a later hit on the same prompt report ``prompt_tokens`` without tokenizing.
+    """
+    return CachedCompletion(
+        text="".join(out.text),
+        finish_reason=out.finish_reason or "stop",
+        model=st.model_name,
+        prompt_tokens=len(prep.prompt_ids),
+        completion_tokens=out.metrics.output_tokens if out.metrics else out.tokens,
+        created=int(time.time()),
+        mean_logprob=out.logprob_sum / out.logprob_n if out.logprob_n else None,
+        mean_entropy=out.entropy_sum / out.entropy_n if out.entropy_n else None,
+        meta={"engine_model": st.engine.model_name, "prompt_fp": prep.prompt_fp},
+    )
