@@ -263,6 +263,15 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
             f"no dedup judge for language(s) {', '.join(missing)}", field="HARNESS__CORPUS__DEDUP_JUDGES"
         )
     tok = load_tokenizer(str(settings.tokenizer) if settings.tokenizer else None, settings.seed)
+    # A trial render: what compiles can still fail when it runs (an include leaving the root, an
+    # undefined variable, a sandbox escape), and that too must show before any model loads.
+    probe = InputSampler(settings.seed, utterances, locales=settings.locales, scenarios=scen)
+    got = probe.variables(0)
+    if got is not None:
+        ctx = _context(got[0], got[1], utterances[:2], None)
+        for _, name in tmpl.parts if tmpl.kind == "messages" else [("prompt", tmpl.name)]:
+            if name is not None:
+                renderer.render(name, ctx)
     return _Prepared(tmpl, renderer, scen, rows, n, logs, utterances, tok, langs)
 
 

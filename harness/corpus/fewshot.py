@@ -135,6 +135,10 @@ class FewShotPool:
             "confidence": "log's own, else nearest-centroid label confidence (docs/corpus.md)",
             "strata": dict(sorted(Counter(self.strata).items())),
             "shot_set": dict(sorted(Counter(self.strata[i] for i in self.shots).items())),
+            "entries": [
+                {"id": e.id, "lang": e.lang, "domain": e.domain, "confidence": e.confidence, "text": e.text}
+                for e in self.entries
+            ],
         }
 
 
