@@ -246,10 +246,12 @@ def test_bad_template_fails_without_importing_torch(tmp_path: Path) -> None:
     """In a fresh process: the sandbox refuses the template and torch was never imported."""
     bad = tmp_path / "bad.j2"
     bad.write_text("{{ 1 +")
+    argv = ["corpus", "build", "--template", str(bad), "--n", "3", "--out", str(tmp_path / "o")]
     code = (
         "import sys\nfrom harness.cli import main\n"
-        f"try:\n    main(['corpus', 'build', '--template', {str(bad)!r}, '--n', '3', '--out', {str(tmp_path / 'o')!r}])\n"
-        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
+        f"try:\n    main({argv!r})\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300, cwd=ROOT
