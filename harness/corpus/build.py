@@ -360,14 +360,9 @@ def build_corpus(
             seed=settings.seed,
         )
     tick("few-shot pool", 1, 1)
-    in_pool = {u.text for u in pool.entries} if pool is not None else set()
-    # A request never shows its own query as an example: pool lines are not queries.
-    sampler = InputSampler(
-        settings.seed,
-        [u for u in usable if u.text not in in_pool],
-        locales=settings.locales,
-        scenarios=prep.scenarios,
-    )
+    # Pool lines may be queries too (a small log would run out otherwise); a prompt never shows its
+    # own query among its examples (FewShotPool.for_request).
+    sampler = InputSampler(settings.seed, usable, locales=settings.locales, scenarios=prep.scenarios)
 
     # Generate-and-dedup rounds (see module docstring).
     cand: list[tuple[RequestVariables, Pick]] = []
@@ -474,7 +469,9 @@ def _render_all(
     for k, ci in enumerate(chosen):
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
-        shots = pool.for_request(v.domain, rng, settings.shots_per_prompt) if pool is not None else []
+        shots = (
+            pool.for_request(v.domain, rng, settings.shots_per_prompt, v.query) if pool is not None else []
+        )
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
         records.append(

@@ -111,15 +111,19 @@ class FewShotPool:
     """Candidates skipped as near-duplicates of a pool member."""
     shots: list[int] = field(default_factory=list)
 
-    def for_request(self, domain: str, rng: np.random.Generator, per_prompt: int) -> list[Utterance]:
-        """``per_prompt`` shots: one from the request's own domain when the shot set has one, then mixed."""
+    def for_request(
+        self, domain: str, rng: np.random.Generator, per_prompt: int, query: str | None = None
+    ) -> list[Utterance]:
+        """``per_prompt`` shots: one from the request's own domain when the shot set has one, then mixed;
+        never the request's own ``query``."""
         if per_prompt <= 0 or not self.shots:
             return []
-        same = [i for i in self.shots if self.strata[i] == domain]
+        shots = [i for i in self.shots if self.entries[i].text != query]
+        same = [i for i in shots if self.strata[i] == domain]
         chosen: list[int] = []
         if same:
             chosen.append(same[int(rng.integers(len(same)))])
-        others = [i for i in self.shots if i not in chosen]
+        others = [i for i in shots if i not in chosen]
         take = min(per_prompt - len(chosen), len(others))
         if take > 0:
             chosen.extend(int(others[j]) for j in rng.choice(len(others), size=take, replace=False))

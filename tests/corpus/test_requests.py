@@ -95,7 +95,9 @@ def test_default_build_is_deterministic_real_and_deduplicated_on_the_request(tmp
     assert len(pool) == 100
     assert _max_offdiag(_minilm([e["text"] for e in pool if e["lang"] == "en"])) < 0.82
     assert _max_offdiag(_char_tfidf([e["text"] for e in pool if e["lang"] == "zh"])) < 0.82
-    assert not ({e["text"] for e in pool} & set(en + zh))  # a pool line is never a query
+    by_id = {e["id"]: e["text"] for e in pool}
+    for r in records:  # a prompt never shows its own query as an example
+        assert all(by_id[i] != r.variables.query for i in r.variables.fewshot_ids)  # type: ignore[union-attr]
 
     quality = json.loads((tmp_path / "a" / "quality.json").read_text())
     assert quality["dedup_judges"]["en"]["method"] == "embedding"
