@@ -237,18 +237,22 @@ class EmbeddingJudge(Judge):
         self.method = method
         self.tick = tick or (lambda done, total: None)
         self.encoded = 0
+        """Texts sent to the encoder (each distinct text once per judge)."""
+        self._memo: dict[str, npt.NDArray[np.float32]] = {}
 
     def vectors(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        emb = self.embedder
-        chunk = max(emb.batch_size * 4, 256)
-        parts = []
-        for s in range(0, len(texts), chunk):
-            parts.append(emb.encode(texts[s : s + chunk]))
-            self.tick(min(len(texts), s + chunk), len(texts))
-        self.encoded += len(texts)
-        if not parts:
+        # A text judged before (a few-shot pool line drawn again as a query) is not re-encoded.
+        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        chunk = max(self.embedder.batch_size * 8, 512)
+        for s in range(0, len(todo), chunk):
+            part = todo[s : s + chunk]
+            for t, v in zip(part, self.embedder.encode(part), strict=True):
+                self._memo[t] = v
+            self.tick(min(len(todo), s + chunk), len(todo))
+        self.encoded += len(todo)
+        if not texts:
             return np.zeros((0, 1), dtype=np.float32)
-        return np.ascontiguousarray(np.vstack(parts), dtype=np.float32)
+        return np.ascontiguousarray(np.stack([self._memo[t] for t in texts]), dtype=np.float32)
 
     def stack(self, a: Any, b: Any) -> Any:
         return b if len(a) == 0 else np.vstack([a, b])

@@ -214,31 +214,40 @@ def build_pool(
     kept_vecs: dict[str, Any] = {}
     judges: dict[str, Judge] = {}
     rejected = 0
-    for stratum in sorted(by_stratum):
-        want = quota.get(stratum, 0)
-        got = 0
-        cands = by_stratum[stratum]
-        # Judge candidates in batches (one encoder call per batch), the most confident first.
-        pos = 0
-        while got < want and pos < len(cands):
-            batch = cands[pos : pos + max(8, 2 * (want - got))]
-            pos += len(batch)
-            for lang in sorted({e.lang for e in batch}):
-                judge = judges.setdefault(lang, judge_for(lang))
-                part = [e for e in batch if e.lang == lang]
-                vecs = judge.vectors([e.text for e in part])
-                for row, e in enumerate(part):
-                    if got >= want:
-                        break
-                    v = vecs[row : row + 1]
-                    have = kept_vecs.get(lang)
-                    if have is not None and _max_cos(judge, have, v) >= threshold - MARGIN:
-                        rejected += 1
-                        continue
-                    kept_vecs[lang] = v if have is None else judge.stack(have, v)
-                    chosen.append(e)
-                    strata.append(stratum)
-                    got += 1
+    need = {st: quota.get(st, 0) for st in by_stratum}
+    pos = dict.fromkeys(by_stratum, 0)
+    margin = 1  # one spare line per stratum: a rejection rarely costs another encoder call
+    while True:
+        # One batch over every stratum still short, the most confident lines first, so the
+        # encoder runs once per pass instead of once per stratum.
+        batch = [
+            (st, e)
+            for st in sorted(by_stratum)
+            if need[st] > 0
+            for e in by_stratum[st][pos[st] : pos[st] + need[st] + margin]
+        ]
+        if not batch:
+            break
+        vecs: dict[int, Any] = {}
+        for lang in sorted({e.lang for _, e in batch}):
+            judge = judges.setdefault(lang, judge_for(lang))
+            rows = [k for k, (_, e) in enumerate(batch) if e.lang == lang]
+            mat = judge.vectors([batch[k][1].text for k in rows])
+            vecs.update({k: mat[r : r + 1] for r, k in enumerate(rows)})
+        for k, (st, e) in enumerate(batch):
+            if need[st] <= 0:
+                continue  # the stratum filled up; its spare lines stay unjudged for a later pass
+            pos[st] += 1
+            judge, v = judges[e.lang], vecs[k]
+            have = kept_vecs.get(e.lang)
+            if have is not None and _max_cos(judge, have, v) >= threshold - MARGIN:
+                rejected += 1
+                continue
+            kept_vecs[e.lang] = v if have is None else judge.stack(have, v)
+            chosen.append(e)
+            strata.append(st)
+            need[st] -= 1
+        margin = 4
     pool = FewShotPool(chosen, strata, strata_from, k_used, sil, rejected)
     weights = {s: n / len(strata) for s, n in Counter(strata).items()} if strata else {}
     alloc = allocate(weights, shot_set_size, floor)
