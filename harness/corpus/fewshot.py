@@ -232,8 +232,8 @@ def build_pool(
         for lang in sorted({e.lang for _, e in batch}):
             judge = judges.setdefault(lang, judge_for(lang))
             rows = [k for k, (_, e) in enumerate(batch) if e.lang == lang]
-            mat = judge.vectors([batch[k][1].text for k in rows])
-            vecs.update({k: mat[r : r + 1] for r, k in enumerate(rows)})
+            mat = judge.vectors([batch[b][1].text for b in rows])
+            vecs.update({b: mat[r : r + 1] for r, b in enumerate(rows)})
         for k, (st, e) in enumerate(batch):
             if need[st] <= 0:
                 continue  # the stratum filled up; its spare lines stay unjudged for a later pass
