@@ -269,7 +269,7 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     got = probe.variables(0)
     if got is not None:
         ctx = _context(got[0], got[1], utterances[:2], None)
-        names = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
+        names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
         for name in names:
             if name is not None:
                 renderer.render(name, ctx)

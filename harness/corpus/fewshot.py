@@ -234,11 +234,11 @@ def build_pool(
             rows = [k for k, (_, e) in enumerate(batch) if e.lang == lang]
             mat = judge.vectors([batch[b][1].text for b in rows])
             vecs.update({b: mat[r : r + 1] for r, b in enumerate(rows)})
-        for k, (st, e) in enumerate(batch):
+        for idx, (st, e) in enumerate(batch):
             if need[st] <= 0:
                 continue  # the stratum filled up; its spare lines stay unjudged for a later pass
             pos[st] += 1
-            judge, v = judges[e.lang], vecs[k]
+            judge, v = judges[e.lang], vecs[idx]
             have = kept_vecs.get(e.lang)
             if have is not None and _max_cos(judge, have, v) >= threshold - MARGIN:
                 rejected += 1
