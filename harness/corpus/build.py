@@ -270,9 +270,9 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     if got is not None:
         ctx = _context(got[0], got[1], utterances[:2], None)
         names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
-        for name in names:
-            if name is not None:
-                renderer.render(name, ctx)
+        for part in names:
+            if part is not None:
+                renderer.render(part, ctx)
     return _Prepared(tmpl, renderer, scen, rows, n, logs, utterances, tok, langs)
 
 

@@ -198,9 +198,9 @@ def build_pool(
         head = ranked[: max(4 * top_n, 50)]
         strata_of = {}
         for lang in sorted({e.lang for e in head}):
-            members = [e for e in head if e.lang == lang]
-            labels, k_used, sil = cluster(judge_for(lang).vectors([e.text for e in members]), k, seed)
-            strata_of.update({e.id: f"{lang}-cluster-{int(c)}" for e, c in zip(members, labels, strict=True)})
+            same = [e for e in head if e.lang == lang]
+            labels, k_used, sil = cluster(judge_for(lang).vectors([e.text for e in same]), k, seed)
+            strata_of.update({e.id: f"{lang}-cluster-{int(c)}" for e, c in zip(same, labels, strict=True)})
         ranked = head
     by_stratum: dict[str, list[Utterance]] = {}
     for e in ranked:
@@ -254,9 +254,9 @@ def build_pool(
     rng = np.random.default_rng(seed)
     shots: list[int] = []
     for stratum in sorted(alloc):
-        idx = [i for i, name in enumerate(strata) if name == stratum]
-        take = min(alloc[stratum], len(idx))
-        shots.extend(sorted(int(idx[j]) for j in rng.choice(len(idx), size=take, replace=False)))
+        members = [i for i, name in enumerate(strata) if name == stratum]
+        take = min(alloc[stratum], len(members))
+        shots.extend(sorted(int(members[j]) for j in rng.choice(len(members), size=take, replace=False)))
     pool.shots = shots
     return pool
 
