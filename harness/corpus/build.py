@@ -692,6 +692,11 @@ def _record(
             parts = render(2, False)
             fixed = sum(tok.count(t) for _, t in parts[:-1])
         body, _, fitted = tok.fit(parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}")
+        if v.query not in body and v.query in parts[-1][1]:
+            # Cut from the front instead: the request itself must reach the target intact.
+            body, _, fitted = tok.fit_keep_end(
+                parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}"
+            )
         parts[-1] = (parts[-1][0], body)
     if prefix:
         first_role, first_text = parts[0]
