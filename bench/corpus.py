@@ -209,8 +209,8 @@ def main() -> None:
             f"End to end, bundled real logs, medians of {args.reps} alternated runs. *ratio*: build "
             "prompts/s ÷ encoder sentences/s on the corpus's queries (goal ≥ 0.9); *overhead ratio*: "
             "encoder alone on every text the build encoded (pool candidates, dropped near-duplicates) "
-            "÷ build time. Chinese queries are judged by the character TF-IDF guard, not the encoder, so with `zh_CN` the "
-            "build encodes fewer texts than the ratio's reference does.",
+            "÷ build time. Chinese queries are judged by the character TF-IDF guard, not the encoder, "
+            "so with `zh_CN` the build encodes fewer texts than the ratio's reference does.",
             "",
             "| locales | prompts | candidates | texts encoded | build s | prompts/s | encoder sentences/s "
             "| ratio (goal ≥ 0.9) | overhead ratio |",
