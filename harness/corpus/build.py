@@ -471,7 +471,9 @@ def _render_all(
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
         shots = (
-            pool.for_request(v.domain, rng, settings.shots_per_prompt, v.query) if pool is not None else []
+            pool.for_request(v.domain, rng, settings.shots_per_prompt, v.query, v.profile.lang)
+            if pool is not None
+            else []
         )
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None

@@ -244,7 +244,8 @@ def load_catalog() -> Catalog:
     geo_raw = _load("geo.json")
     geo = {lang: tuple((c, r, int(n)) for c, r, n in rows) for lang, rows in geo_raw.items()}
     phrases = sorted({x for v in kinds.values() for x in v} | {p.text for p in places}, key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w'])(" + "|".join(re.escape(p) for p in phrases) + r")(?![\w'])")
+    # A plural names the same item ("pizzas" → pizza).
+    pattern = re.compile(r"(?<![\w'])(" + "|".join(re.escape(p) for p in phrases) + r")(?:e?s)?(?![\w'])")
     districts = tuple(sorted({v.district for v in venues if v.district}))
     subways = tuple(sorted({v.subway for v in venues if v.subway}))
     dishes_zh = tuple(sorted({d for v in venues for d in v.dishes}))

@@ -112,13 +112,20 @@ class FewShotPool:
     shots: list[int] = field(default_factory=list)
 
     def for_request(
-        self, domain: str, rng: np.random.Generator, per_prompt: int, query: str | None = None
+        self,
+        domain: str,
+        rng: np.random.Generator,
+        per_prompt: int,
+        query: str | None = None,
+        lang: str | None = None,
     ) -> list[Utterance]:
-        """``per_prompt`` shots: one from the request's own domain when the shot set has one, then mixed;
-        never the request's own ``query``."""
+        """``per_prompt`` shots in the request's ``lang`` when the shot set has some: one from its own
+        domain when there is one, then mixed; never the request's own ``query``."""
         if per_prompt <= 0 or not self.shots:
             return []
         shots = [i for i in self.shots if self.entries[i].text != query]
+        same_lang = [i for i in shots if self.entries[i].lang == lang]
+        shots = same_lang or shots
         same = [i for i in shots if self.strata[i] == domain]
         chosen: list[int] = []
         if same:
