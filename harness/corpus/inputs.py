@@ -120,6 +120,7 @@ class QueryPool:
             for k, u in enumerate(us):
                 self._by_domain.setdefault((lang, u.domain or ""), deque()).append(k)
         self._used: set[tuple[str, int]] = set()
+        self._left = {lang: len(us) for lang, us in self.order.items()}
 
     @property
     def langs(self) -> list[str]:
@@ -129,7 +130,7 @@ class QueryPool:
         return sorted({d for (lg, d) in self._by_domain if lg == lang and d})
 
     def left(self, lang: str) -> int:
-        return len(self.order.get(lang, ())) - sum(1 for lg, _ in self._used if lg == lang)
+        return self._left.get(lang, 0)
 
     def take(self, lang: str, domain: str | None = None) -> Utterance | None:
         if domain is not None:
@@ -138,6 +139,7 @@ class QueryPool:
                 k = q.popleft()
                 if (lang, k) not in self._used:
                     self._used.add((lang, k))
+                    self._left[lang] -= 1
                     return self.order[lang][k]
         seq = self.order.get(lang, [])
         while self._next.get(lang, 0) < len(seq):
@@ -145,6 +147,7 @@ class QueryPool:
             self._next[lang] = k + 1
             if (lang, k) not in self._used:
                 self._used.add((lang, k))
+                self._left[lang] -= 1
                 return seq[k]
         return None
 
