@@ -408,10 +408,15 @@ def build_corpus(
 
     records = _render_all(prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick)
     failures_extra: list[str] = []
-    if len(chosen) < n:
+    if len(chosen) < n and (exhausted or sampler.exhausted()):
         failures_extra.append(
             f"only {len(chosen)} distinct requests were possible from the request logs "
             f"({len(cand)} candidates, cosine < {threshold} per language); asked for {n}"
+        )
+    elif len(chosen) < n:
+        failures_extra.append(
+            f"only {len(chosen)} distinct requests after {settings.max_rounds} rounds ({len(cand)} "
+            f"candidates; the logs hold more): raise HARNESS__CORPUS__MAX_ROUNDS; asked for {n}"
         )
     return _write(
         prep=prep,
