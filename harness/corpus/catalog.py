@@ -127,6 +127,34 @@ FLOWS: dict[str, Flow] = {
     ),
 }  # fmt: skip
 GENERIC = _flow("customer service", "客户服务", "", ("open_app", "home_city"), ("browse", "home_city"))
+# Domains whose intents do different things get a flow per intent group (CLINC150 intents).
+_RESTAURANT = _flow("", "", "", ("search_restaurants", "restaurant"), ("view_restaurant", "restaurant"))
+_RECIPE = _flow("", "", "", ("search_recipes", "dish"), ("view_recipe", "dish"))
+_LISTS = _flow("", "", "", ("open_lists", "grocery"), ("view_shopping_list", "grocery"))
+_ASSISTANT = _flow(
+    "",
+    "",
+    "",
+    ("open_assistant", "home_city"),
+)
+INTENT_FLOWS: dict[str, Flow] = {
+    **dict.fromkeys(
+        ("restaurant_reservation", "confirm_reservation", "cancel_reservation", "restaurant_reviews",
+         "restaurant_suggestion", "how_busy", "accept_reservations"),
+        _RESTAURANT,
+    ),
+    **dict.fromkeys(
+        ("recipe", "ingredients_list", "cook_time", "calories", "nutrition_info", "meal_suggestion",
+         "food_last", "ingredient_substitution"),
+        _RECIPE,
+    ),
+    **dict.fromkeys(("shopping_list", "shopping_list_update", "order"), _LISTS),
+    **dict.fromkeys(
+        ("play_music", "what_song", "update_playlist", "reminder", "reminder_update", "calendar",
+         "calendar_update", "todo_list", "todo_list_update", "smart_home", "next_song", "timer", "alarm"),
+        _ASSISTANT,
+    ),
+}  # fmt: skip
 # Chinese requests of an English-catalogue domain use the venue flow closest to it.
 ZH_FLOW_FOR = {"travel": "hotel", "food_delivery": "restaurant", "kitchen_and_dining": "restaurant"}
 CHANNELS = {
@@ -136,8 +164,10 @@ CHANNELS = {
 TIERS = ("basic", "silver", "gold", "platinum")
 
 
-def flow(domain: str | None, lang: str) -> Flow:
-    """The flow of ``domain`` for a request in ``lang``."""
+def flow(domain: str | None, lang: str, intent: str | None = None) -> Flow:
+    """The flow of a request in ``lang`` of ``domain`` (of ``intent``, where the domain splits)."""
+    if lang == "en" and intent in INTENT_FLOWS:
+        return INTENT_FLOWS[intent]
     name = domain or ""
     if lang == "zh" and name in ZH_FLOW_FOR:
         name = ZH_FLOW_FOR[name]
@@ -161,6 +191,7 @@ class Venue:
     price: float | None
     type: str | None
     dishes: tuple[str, ...]
+    duration: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,17 +229,14 @@ class Catalog:
         return region in self.regions.get(lang, {}).get(city, frozenset())
 
     def entities_en(self, text: str) -> list[tuple[str, str]]:
-        """(kind, phrase) of the catalogue phrases in an English text, longest first, in text order."""
+        """(kind, phrase) of the catalogue phrases in an English text, in text order; a phrase of
+        several kinds (``american``: an airline and a card) is listed under each."""
         out: list[tuple[str, str]] = []
         for m in self._en_pattern.finditer(text.lower()):
             phrase = m.group(1)
-            for kind, values in self.kinds_en.items():
-                if phrase in values:
-                    out.append((kind, phrase))
-                    break
-            else:
-                if phrase in self.place_by_text:
-                    out.append(("place", phrase))
+            out.extend((kind, phrase) for kind, values in self.kinds_en.items() if phrase in values)
+            if phrase in self.place_by_text:
+                out.append(("place", phrase))
         return out
 
 
@@ -229,6 +257,7 @@ def load_catalog() -> Catalog:
             price=v.get("price"),
             type=v.get("type"),
             dishes=tuple(v.get("dishes") or ()),
+            duration=v.get("duration"),
         )
         for v in _load("venues_zh.json")
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -253,7 +253,7 @@ class InputSampler:
         venue = self._venue(q, rng) if lang == "zh" else None
         window = timedelta(minutes=self.session_minutes * float(rng.uniform(0.3, 1.0)))
         start = request_at - window
-        steps = catalog.flow(q.domain, lang).steps
+        steps = catalog.flow(q.domain, lang, q.intent).steps
         k = int(rng.integers(1, len(steps) + 1))
         chosen = sorted(int(j) for j in rng.choice(len(steps), size=k, replace=False))
         # What the query is about was seen in the session: the named venue, restaurant, place …
@@ -333,12 +333,7 @@ class InputSampler:
         options = cat.venues_by_domain.get(q.domain or "", ())
         if not options:
             options = cat.venues
-        fitting = [
-            v
-            for v in options
-            if ("dish" not in slots or slots["dish"] in v.dishes)
-            and ("hotel_type" not in slots or slots["hotel_type"] == v.type)
-        ]
+        fitting = [v for v in options if venue_fits(v, slots)]
         pool = fitting or options
         return pool[int(rng.integers(len(pool)))]
 
@@ -418,6 +413,51 @@ class InputSampler:
             out["window_start"] = s.isoformat()
             out["window_end"] = e.isoformat()
         return out
+
+
+_RANGE = re.compile(r"^(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)元$")
+_ABOVE = re.compile(r"^(\d+(?:\.\d+)?)(?:元|分)以上$")
+_BELOW = re.compile(r"^(\d+(?:\.\d+)?)元以下$")
+_EXACT = re.compile(r"^(\d+(?:\.\d+)?)分$")
+
+
+def _fits_number(value: float | None, wanted: str) -> bool:
+    """Whether a venue's price or rating meets a CrossWOZ constraint (``100-150元``, ``4.5分以上``,
+    ``20元以下``, ``免费``, ``不免费``, ``5分``); an unparsed constraint is not held against it."""
+    if wanted == "免费":
+        return value == 0
+    if wanted == "不免费":
+        return value is not None and value > 0
+    if value is None:
+        return False
+    m = _RANGE.match(wanted)
+    if m:
+        return float(m.group(1)) <= value <= float(m.group(2))
+    m = _ABOVE.match(wanted)
+    if m:
+        return value >= float(m.group(1))
+    m = _BELOW.match(wanted)
+    if m:
+        return value <= float(m.group(1))
+    m = _EXACT.match(wanted)
+    return value == float(m.group(1)) if m else True
+
+
+# What the catalogue can check of a stated constraint, by slot (others — facilities, names — pass).
+VENUE_CHECKS: dict[str, Callable[[catalog.Venue, str], bool]] = {
+    "dish": lambda v, w: w in v.dishes,
+    "hotel_type": lambda v, w: w == v.type,
+    "visit_duration": lambda v, w: w == v.duration,
+    "rating": lambda v, w: _fits_number(v.rating, w),
+    "price": lambda v, w: _fits_number(v.price, w),
+    "price_per_person": lambda v, w: _fits_number(v.price, w),
+    "ticket": lambda v, w: _fits_number(v.price, w),
+}
+
+
+def venue_fits(v: catalog.Venue, slots: dict[str, str]) -> bool:
+    """Whether a venue meets every constraint the user stated that the catalogue can check."""
+    return all(VENUE_CHECKS[key](v, wanted) for key, wanted in slots.items() if key in VENUE_CHECKS)
 
 
 def _day_window(word: str, at: datetime) -> tuple[datetime, datetime]:

@@ -37,7 +37,7 @@ def test_every_query_is_used_once_and_domains_interleave() -> None:
 def test_sessions_follow_the_flow_and_name_catalogue_items(built: list) -> None:  # type: ignore[type-arg]
     cat = catalog.load_catalog()
     for v, pick in built:
-        steps = [s.action for s in catalog.flow(pick.query.domain, v.profile.lang).steps]
+        steps = [s.action for s in catalog.flow(pick.query.domain, v.profile.lang, pick.query.intent).steps]
         actions = [e.action for e in v.session.events]
         assert actions == sorted(actions, key=steps.index)  # search before view before act
         for e in v.session.events:
@@ -74,3 +74,35 @@ def test_constraints_say_what_the_query_says(built: list) -> None:  # type: igno
                 assert "place" not in v.constraints
         assert cat.in_region(v.profile.lang, v.profile.city, v.profile.region)
     assert checked_zh >= 20 and checked_en >= 3
+
+
+def test_venue_fits_reads_crosswoz_constraints() -> None:
+    from harness.corpus.inputs import venue_fits
+
+    v = catalog.Venue("restaurant", "x", "西城区", None, 4.6, 120.0, None, ("驴杂汤",), None)
+    assert venue_fits(v, {"price_per_person": "100-150元", "rating": "4.5分以上", "dish": "驴杂汤"})
+    assert not venue_fits(v, {"price_per_person": "50-100元"})
+    assert not venue_fits(v, {"rating": "5分"}) and not venue_fits(v, {"dish": "烤鸭"})
+    assert venue_fits(v, {"facilities": "无烟房"})  # not in the catalogue: not held against it
+    free = catalog.Venue("attraction", "y", None, None, 4.0, 0.0, None, (), "1小时")
+    assert venue_fits(free, {"ticket": "免费", "visit_duration": "1小时"})
+    assert not venue_fits(free, {"ticket": "不免费"})
+
+
+def test_a_searched_venue_meets_the_stated_constraints(built: list) -> None:  # type: ignore[type-arg]
+    from harness.corpus.inputs import venue_fits
+
+    cat = catalog.load_catalog()
+    checked = 0
+    for v, pick in built:
+        q = pick.query
+        if v.profile.lang != "zh" or q.focus or q.domain not in ("hotel", "restaurant", "attraction"):
+            continue
+        slots = dict(q.slots)
+        if not any(venue_fits(x, slots) for x in cat.venues_by_domain[q.domain]):
+            continue  # nothing in the catalogue fits: any venue of the domain will do
+        named = [cat.venue_by_name[e.detail] for e in v.session.events if e.detail in cat.venue_by_name]
+        for venue in named:
+            assert venue_fits(venue, slots) or venue.name in q.text
+            checked += 1
+    assert checked >= 5
