@@ -96,3 +96,23 @@ def test_pool_is_stratified_confident_and_deduplicated(embedder) -> None:
     sims = x @ x.T
     np.fill_diagonal(sims, 0)
     assert sims.max() < 0.82
+
+
+def test_a_log_without_domains_is_stratified_by_clusters() -> None:
+    """Unlabelled lines: KMeans on the judge's vectors (here the Chinese TF-IDF guard) gives the strata."""
+    from dataclasses import replace
+
+    lines = [
+        replace(u, domain=None, intent=None, confidence=0.9)
+        for u in read_log(FIXTURES / "crosswoz_sample.json.zip")
+    ]
+    judge = CharTfidfJudge([u.text for u in lines])
+    pool = build_pool(lines, lambda lang: judge, top_n=30, threshold=0.82, shot_set_size=6, seed=0)
+    assert pool.strata_from == "kmeans" and pool.k is not None and 2 <= pool.k <= 10
+    assert pool.silhouette is not None
+    assert len(pool.entries) == 30 and all(s.startswith("zh-cluster-") for s in pool.strata)
+    assert len(set(pool.strata)) == pool.k  # every cluster is represented (floor 1)
+    x = judge.vectors([u.text for u in pool.entries])
+    sims = (x @ x.T).toarray()
+    np.fill_diagonal(sims, 0)
+    assert sims.max() < 0.82
