@@ -12,7 +12,7 @@ sees the file name and the first bytes, after unzipping a ``.zip``):
 * ``crosswoz`` — CrossWOZ dialogues (``train.json`` … or ``val.json.zip`` as shipped): every user
   turn that asks or tells something (turns with only greetings and thanks are left out), with its
   domain and intent from the turn's dialog acts, the constraints the user has given so far in that
-  domain, and the venue the conversation is about (the last one the system named).
+  domain, and the venue the conversation is about (the last one either side named).
 
 Each yields :class:`Utterance` values. Bad files are one :class:`InputError` naming the file, the
 line (JSONL) or the JSON path (``"10312".messages[4].dialog_act``), and the field.
@@ -24,7 +24,7 @@ import io
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,6 @@ class Utterance:
     """The venue the request is about when the dialogue names one (CrossWOZ)."""
     where: str | None = None
     """Where in the file: ``line 12`` or a JSON path."""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def detect_lang(text: str) -> str:
@@ -149,20 +148,7 @@ def read_logs(paths: list[Path]) -> list[Utterance]:
 
 
 def _with_id(u: Utterance, new_id: str) -> Utterance:
-    return Utterance(
-        id=new_id,
-        text=u.text,
-        lang=u.lang,
-        domain=u.domain,
-        intent=u.intent,
-        source=u.source,
-        confidence=u.confidence,
-        response=u.response,
-        slots=u.slots,
-        focus=u.focus,
-        where=u.where,
-        extra=u.extra,
-    )
+    return replace(u, id=new_id)
 
 
 def _json_doc(path: Path, data: bytes, expected: str) -> Any:
