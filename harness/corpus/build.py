@@ -1,12 +1,17 @@
-"""Builds a corpus: inputs → dedup → render → token fitting → quality → files.
+"""Builds a corpus: validate inputs → read logs → few-shot pool → candidates → dedup → render → files.
 
-The build runs in generate-and-dedup rounds. Candidate ``i`` is a pure function of ``(seed, i)``;
-its request text (the user's query, the part that makes a request distinct; prompts share their
-scaffold) is embedded, and greedy first-come dedup over all candidates so far decides who stays.
-Greedy dedup is prefix-stable (an item's fate depends only on items before it), so later rounds
-never change earlier decisions and the corpus is the first ``n`` kept candidates: deterministic
-for a seed. Kept requests are then assigned, in order, to trace rows (arrival, token lengths,
-shared prefix) when a trace is given, rendered, fitted, and written atomically.
+Every input is validated before any model loads (template syntax and sandbox, scenario and trace
+files, request logs, locales, judges, the tokenizer), so a bad ``--template`` or ``--fewshot`` fails
+in milliseconds, not after the embedder's seconds of start-up.
+
+Each request's query is a real utterance of the logs (:mod:`harness.corpus.logs`), and dedup judges
+exactly that text, which the prompt shows verbatim: English with the MiniLM embedder, Chinese with
+the character n-gram TF-IDF guard (:mod:`harness.corpus.dedup`, one judge per language by the
+``dedup_judges`` setting). The build runs in generate-and-dedup rounds over a seeded candidate
+order; greedy first-come dedup is prefix-stable (an item's fate depends only on items before it),
+so later rounds never change earlier decisions and the corpus is the first ``n`` kept candidates:
+deterministic for a seed. When the logs run out before ``n`` distinct requests, the corpus holds
+the ones that were possible and the shortfall is reported (a quality failure, exit 1), never padded.
 """
 
 from __future__ import annotations
@@ -22,21 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
-from harness.common.errors import CheckFailed, ConfigError, InputError
+from harness.common.errors import ConfigError, InputError
 from harness.common.io import check_input_file, write_json, write_jsonl
+from harness.corpus import catalog, quality
 from harness.corpus import dedup as dedup_mod
-from harness.corpus import quality
-from harness.corpus.fewshot import FewShotPool, build_pool, read_log
-from harness.corpus.inputs import InputSampler, Pick, candidate_rng, sample_distribution
+from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence
+from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng, sample_distribution
+from harness.corpus.logs import Utterance, detect_log_format, read_logs
 from harness.corpus.model import (
     CORPUS_FILE,
     MANIFEST_FILE,
     QUALITY_FILE,
     CorpusRecord,
-    FewShotLogEntry,
     Manifest,
     Message,
     Provenance,
@@ -52,16 +56,12 @@ from harness.traces.model import ScenarioSet
 Progress = Callable[[str, int, int], None]
 """``(phase, done, total)`` callback for progress bars."""
 
-DOMAIN_LABELS = {
-    "travel": ("travel", "旅行"),
-    "ecommerce": ("online shopping", "电商"),
-    "banking": ("banking", "银行"),
-    "telecom": ("telecom", "通信"),
-    "food_delivery": ("food delivery", "外卖"),
-}
-
-
-_EMBEDDERS: dict[tuple[str, int, str], Any] = {}
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_LOGS = (
+    REPO / "fixtures" / "corpus" / "clinc150_sample.json",
+    REPO / "fixtures" / "corpus" / "crosswoz_sample.json.zip",
+)
+"""The bundled real request logs (CLINC150 and CrossWOZ samples) used when no ``--fewshot`` is given."""
 
 
 @dataclass
@@ -70,10 +70,27 @@ class BuildInputs:
     out: Path
     n: int | None = None
     scenarios: Path | None = None
-    fewshot: Path | None = None
+    fewshot: list[Path] | None = None
+    """Request logs (few-shot pool and queries); ``None``: the bundled samples (:data:`DEFAULT_LOGS`)."""
     trace: Path | None = None
     trace_format: str | None = None
     template_roots: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class LangDedup:
+    """One language's dedup: its judge, the candidates it judged, and what it kept."""
+
+    judge: dedup_mod.Judge
+    index: list[int] = field(default_factory=list)
+    """Candidate indices of this language, in order."""
+    vectors: Any = None
+    banned: set[int] = field(default_factory=set)
+    """Positions (in ``index``) dropped by the refitted check of a lexical judge."""
+    keep: set[int] = field(default_factory=set)
+    dropped: dict[int, int] = field(default_factory=dict)
+    pairs: int = 0
+    sims: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,7 +98,8 @@ class BuildResult:
     records: list[CorpusRecord]
     manifest: Manifest
     metrics: dict[str, float | int | None]
-    dedup: dedup_mod.DedupResult
+    dropped: int
+    examples: list[dict[str, object]]
     failures: list[str]
     candidates: int
 
@@ -95,6 +113,21 @@ class _Template:
     parts: list[tuple[str, str | None]]
     """(role, template name) for messages; role ``fewshot`` expands to user/assistant pairs."""
     files: list[Path]
+
+
+@dataclass
+class _Prepared:
+    """Everything validated before a model loads."""
+
+    tmpl: _Template
+    renderer: PromptRenderer
+    scenarios: ScenarioSet | None
+    rows: list[Any] | None
+    n: int
+    logs: list[Path]
+    utterances: list[Utterance]
+    tok: TargetTokenizer
+    langs: list[str]
 
 
 def _load_template(path: Path, renderer: PromptRenderer) -> _Template:
@@ -154,19 +187,16 @@ def _scenarios(path: Path) -> ScenarioSet:
     return load_scenarios(path)
 
 
-def _context(
-    v: RequestVariables, pick: Pick, shots: list[FewShotLogEntry], history: int | None
-) -> dict[str, Any]:
+def _context(v: RequestVariables, pick: Pick, shots: list[Utterance], history: int | None) -> dict[str, Any]:
     """Template variables. Values are plain data (dicts, lists, strings): nothing is compiled."""
     lang = v.profile.lang
-    label = DOMAIN_LABELS.get(v.domain, (v.domain, v.domain))[1 if lang == "zh" else 0]
     session = v.session.model_dump()
     if history is not None:
         session["events"] = session["events"][-history:] if history else []
     return {
         "lang": lang,
         "domain": v.domain,
-        "domain_label": label,
+        "domain_label": catalog.label(v.domain, lang),
         "intent": v.intent,
         "query": v.query,
         "profile": v.profile.model_dump(),
@@ -181,29 +211,13 @@ def _context(
     }
 
 
-def dedup_text(v: RequestVariables, mode: str = "variables") -> str:
-    """The text dedup compares: the query alone, or every variable part of the prompt.
-
-    Rendered prompts share their template scaffold, which would dominate their embeddings; the
-    variable parts (who asks, what they did, what they ask, under which constraints) are what makes
-    two requests different, so that is what ``variables`` embeds.
-    """
-    if mode == "query":
-        return v.query
-    p = v.profile
-    actions = ", ".join(f"{e.action} {e.detail}" for e in v.session.events[-4:])
-    cons = "; ".join(f"{k}={val}" for k, val in sorted(v.constraints.items()) if not k.startswith("window"))
-    return f"{v.query} | {p.name}, {p.tier}, {p.city} | {actions} | {cons}"
+def dedup_text(v: RequestVariables) -> str:
+    """The text dedup judges: the user's query, exactly as the prompt shows it."""
+    return v.query
 
 
-def build_corpus(
-    inputs: BuildInputs, settings: CorpusSettings, progress: Progress | None = None
-) -> BuildResult:
-    """Build the corpus described by ``inputs`` into ``inputs.out`` and return what was written."""
-    from harness.common.embeddings import Embedder
-    from harness.common.settings import HarnessSettings
-
-    tick = progress or (lambda phase, done, total: None)
+def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
+    """Validate every input and setting, cheaply: no embedder, no torch (see the module docstring)."""
     template_path = inputs.template
     if not template_path.is_file():
         raise TemplateError("template file not found", file=template_path)
@@ -219,75 +233,253 @@ def build_corpus(
         raise ConfigError("give --n (the number of requests), or --trace to take one request per trace line")
     if rows is not None and len(rows) < n:
         n = len(rows)
-
-    cache = HarnessSettings().run_dir / "cache" / "embeddings.sqlite" if settings.embed_cache else None
-    key = (settings.device, settings.batch_size, str(cache))
-    embedder = _EMBEDDERS.get(key)
-    if embedder is None:  # one per process and configuration: loading the model costs seconds
-        embedder = _EMBEDDERS[key] = Embedder(
-            device=settings.device, batch_size=settings.batch_size, cache_path=cache
+    unknown = [loc for loc in settings.locales if loc not in LOCALE_LANG]
+    if unknown:
+        raise ConfigError(
+            f"unsupported locale(s) {', '.join(unknown)}; supported: {', '.join(LOCALE_LANG)}",
+            field="HARNESS__CORPUS__LOCALES",
+        )
+    for lang, name in settings.dedup_judges.items():
+        dedup_mod.judges.get(name)  # an unknown judge is a ConfigError naming the known ones
+        if lang not in LOCALE_LANG.values():
+            raise ConfigError(f"no language {lang!r}; use en or zh", field="HARNESS__CORPUS__DEDUP_JUDGES")
+    if settings.dedup_method != "auto":
+        dedup_mod.searches.get(settings.dedup_method)
+    logs = list(inputs.fewshot) if inputs.fewshot else list(DEFAULT_LOGS)
+    for p in logs:
+        detect_log_format(p)  # a file of no known format fails here, before anything is read in full
+    utterances = read_logs(logs)
+    wanted = {LOCALE_LANG[loc] for loc in settings.locales}
+    langs = sorted({u.lang for u in utterances} & wanted)
+    if not langs:
+        raise InputError(
+            "the request logs hold no requests in the languages of the locales "
+            f"({', '.join(settings.locales)})",
+            file=", ".join(map(str, logs)),
+        )
+    missing = [lang for lang in langs if lang not in settings.dedup_judges]
+    if missing:
+        raise ConfigError(
+            f"no dedup judge for language(s) {', '.join(missing)}", field="HARNESS__CORPUS__DEDUP_JUDGES"
         )
     tok = load_tokenizer(str(settings.tokenizer) if settings.tokenizer else None, settings.seed)
+    # A trial render: what compiles can still fail when it runs (an include leaving the root, an
+    # undefined variable, a sandbox escape), and that too must show before any model loads.
+    probe = InputSampler(settings.seed, utterances, locales=settings.locales, scenarios=scen)
+    got = probe.variables(0)
+    if got is not None:
+        ctx = _context(got[0], got[1], utterances[:2], None)
+        names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
+        for part in names:
+            if part is not None:
+                renderer.render(part, ctx)
+    return _Prepared(tmpl, renderer, scen, rows, n, logs, utterances, tok, langs)
+
+
+def _judges(
+    settings: CorpusSettings, utterances: Sequence[Utterance], langs: Sequence[str], tick: Progress
+) -> dict[str, dedup_mod.Judge]:
+    """One judge per language; the embedder is built (and its model loaded) only if one needs it."""
+    out: dict[str, dedup_mod.Judge] = {}
+    for lang in langs:
+        name = settings.dedup_judges[lang]
+        if name == "embedding":
+            from harness.common.embeddings import shared_embedder
+            from harness.common.settings import HarnessSettings
+
+            cache = (
+                HarnessSettings().run_dir / "cache" / "embeddings.sqlite" if settings.embed_cache else None
+            )
+            emb = shared_embedder(
+                str(settings.embed_model) if settings.embed_model else None,
+                settings.device,
+                batch_size=settings.batch_size,
+                cache_path=cache,
+            )
+            out[lang] = dedup_mod.judges.get(name)(
+                emb, method=settings.dedup_method, tick=partial(tick, "embed")
+            )
+        else:
+            out[lang] = dedup_mod.judges.get(name)(reference=[u.text for u in utterances if u.lang == lang])
+    return out
+
+
+def _greedy(d: LangDedup, threshold: float) -> None:
+    """First-come greedy over one language's candidates, ``banned`` positions dropped outright."""
+    i, j, s = d.judge.pairs(d.vectors, threshold - dedup_mod.MARGIN)
+    d.pairs = len(i)
+    d.sims = (
+        {(int(a), int(b)): float(c) for a, b, c in zip(i, j, s, strict=True)} if len(i) <= 100_000 else {}
+    )
+    kept = np.ones(len(d.index), dtype=bool)
+    for b in d.banned:
+        kept[b] = False
+    dropped: dict[int, int] = {b: -1 for b in d.banned}
+    if len(i):
+        order = np.lexsort((i, j))
+        i, j = i[order], j[order]
+        bounds = np.flatnonzero(np.diff(j)) + 1
+        for gi, gj in zip(np.split(i, bounds), np.split(j, bounds), strict=True):
+            jj = int(gj[0])
+            if not kept[jj]:
+                continue
+            for cand in gi:
+                if kept[cand]:
+                    kept[jj] = False
+                    dropped[jj] = int(cand)
+                    break
+    d.keep = {int(x) for x in np.flatnonzero(kept)}
+    d.dropped = dropped
+
+
+def build_corpus(
+    inputs: BuildInputs, settings: CorpusSettings, progress: Progress | None = None
+) -> BuildResult:
+    """Build the corpus described by ``inputs`` into ``inputs.out`` and return what was written."""
+    tick = progress or (lambda phase, done, total: None)
+    prep = prepare(inputs, settings)
+    n = prep.n
+    threshold = settings.dedup_threshold
+
+    tick("read logs", 0, 1)
+    utterances = fill_confidence(prep.utterances)
+    tick("read logs", 1, 1)
+    judges = _judges(settings, utterances, prep.langs, tick)
+
+    tick("few-shot pool", 0, 1)
+    usable = [u for u in utterances if u.lang in prep.langs]
     pool: FewShotPool | None = None
-    if inputs.fewshot is not None:
-        tick("few-shot pool", 0, 1)
+    if settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
         pool = build_pool(
-            read_log(inputs.fewshot),
-            embedder,
+            usable,
+            lambda lang: judges[lang],
             top_n=settings.fewshot_top_n,
+            threshold=threshold,
             k=settings.fewshot_k,
             shot_set_size=settings.shot_set_size,
             floor=settings.fewshot_floor,
             seed=settings.seed,
         )
-        tick("few-shot pool", 1, 1)
-    sampler = InputSampler(settings.seed, locales=settings.locales, scenarios=scen)
+    tick("few-shot pool", 1, 1)
+    # Pool lines may be queries too (a small log would run out otherwise); a prompt never shows its
+    # own query among its examples (FewShotPool.for_request).
+    sampler = InputSampler(settings.seed, usable, locales=settings.locales, scenarios=prep.scenarios)
 
     # Generate-and-dedup rounds (see module docstring).
     cand: list[tuple[RequestVariables, Pick]] = []
-    vecs = np.zeros((0, 0), dtype=np.float32)
-    result = dedup_mod.dedup(np.zeros((0, 1), np.float32), settings.dedup_threshold, settings.dedup_method)
+    per_lang = {lang: LangDedup(judges[lang]) for lang in prep.langs}
+    chosen: list[int] = []
+    exhausted = False
     for _round in range(settings.max_rounds):
-        kept = len(result.keep)
-        if kept >= n:
+        kept_total = sum(len(d.keep) for d in per_lang.values())
+        if len(chosen) >= n or exhausted:
             break
-        want = n - kept
+        want = n - len(chosen)
         if cand:
-            rate = max(kept / len(cand), 0.05)
-            want = math.ceil(want / rate * 1.1) + 4
+            rate = max(kept_total / len(cand), 0.05)
+            want = math.ceil(want / rate * 1.05) + 2
         start = len(cand)
         for i in range(start, start + want):
-            cand.append(sampler.variables(i))
+            got = sampler.variables(i)
+            if got is None:
+                exhausted = True
+                break
+            cand.append(got)
             if (i - start) % 50 == 0:
                 tick("generate", i - start, want)
         tick("generate", want, want)
-        texts = [dedup_text(v, settings.dedup_on) for v, _ in cand[start:]]
-        tick("embed", 0, len(texts))
-        fresh = _encode(embedder, texts, partial(tick, "embed"))
-        vecs = fresh if vecs.size == 0 else np.vstack([vecs, fresh])
+        for lang, d in per_lang.items():
+            fresh = [k for k in range(start, len(cand)) if cand[k][0].profile.lang == lang]
+            if not fresh:
+                continue
+            vecs = d.judge.vectors([dedup_text(cand[k][0]) for k in fresh])
+            d.vectors = vecs if d.vectors is None else d.judge.stack(d.vectors, vecs)
+            d.index.extend(fresh)
         tick("dedup", 0, 1)
-        result = dedup_mod.dedup(vecs, settings.dedup_threshold, settings.dedup_method)
+        while True:
+            for d in per_lang.values():
+                if d.index:
+                    _greedy(d, threshold)
+            kept = sorted(d.index[p] for d in per_lang.values() for p in d.keep)
+            chosen = kept[:n]
+            if not _refit_vetoes(per_lang, set(chosen), cand, threshold):
+                break
         tick("dedup", 1, 1)
-    if len(result.keep) < n:
-        raise CheckFailed(
-            f"only {len(result.keep)} distinct requests (cosine < {settings.dedup_threshold}) after "
-            f"{len(cand)} candidates in {settings.max_rounds} rounds; ask for fewer, raise the threshold, "
-            "or add locales / scenarios"
-        )
-    chosen = [int(i) for i in result.keep[:n]]
 
+    records = _render_all(prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick)
+    failures_extra: list[str] = []
+    if len(chosen) < n and (exhausted or sampler.exhausted()):
+        failures_extra.append(
+            f"only {len(chosen)} distinct requests were possible from the request logs "
+            f"({len(cand)} candidates, cosine < {threshold} per language); asked for {n}"
+        )
+    elif len(chosen) < n:
+        failures_extra.append(
+            f"only {len(chosen)} distinct requests after {settings.max_rounds} rounds ({len(cand)} "
+            f"candidates; the logs hold more): raise HARNESS__CORPUS__MAX_ROUNDS; asked for {n}"
+        )
+    return _write(
+        prep=prep,
+        settings=settings,
+        inputs=inputs,
+        pool=pool,
+        judges=judges,
+        per_lang=per_lang,
+        cand=cand,
+        chosen=chosen,
+        records=records,
+        failures_extra=failures_extra,
+    )
+
+
+def _refit_vetoes(
+    per_lang: dict[str, LangDedup],
+    chosen: set[int],
+    cand: list[tuple[RequestVariables, Pick]],
+    threshold: float,
+) -> bool:
+    """Ban the later of any chosen pair a lexical judge finds with the IDF refitted on the chosen texts."""
+    changed = False
+    for d in per_lang.values():
+        refit = getattr(d.judge, "refit_pairs", None)
+        if refit is None:
+            continue
+        pos = [p for p, k in enumerate(d.index) if k in chosen and p in d.keep]
+        if len(pos) < 2:
+            continue
+        _, j, _ = refit([dedup_text(cand[d.index[p]][0]) for p in pos], threshold - dedup_mod.MARGIN)
+        for b in j.tolist():
+            if pos[b] not in d.banned:
+                d.banned.add(pos[b])
+                changed = True
+    return changed
+
+
+def _render_all(
+    *,
+    prep: _Prepared,
+    settings: CorpusSettings,
+    pool: FewShotPool | None,
+    cand: list[tuple[RequestVariables, Pick]],
+    chosen: list[int],
+    tick: Progress,
+) -> list[CorpusRecord]:
     # Trace prefix sharing: a block id seen in two or more used rows is shared text.
     id_counts: Counter[int] = Counter()
+    rows = prep.rows
     if rows is not None:
-        for ev in rows[:n]:
+        for ev in rows[: len(chosen)]:
             id_counts.update(set(ev.prefix_block_ids))
-
     records: list[CorpusRecord] = []
-    template_sha = _sha(tmpl.files)
+    template_sha = _sha(prep.tmpl.files)
     for k, ci in enumerate(chosen):
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
-        shots = pool.for_request(v.domain, rng, settings.shots_per_prompt) if pool is not None else []
+        shots = (
+            pool.for_request(v.domain, rng, settings.shots_per_prompt, v.query, v.profile.lang)
+            if pool is not None
+            else []
+        )
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
         records.append(
@@ -298,9 +490,9 @@ def build_corpus(
                 pick=pick,
                 shots=shots,
                 ev=ev,
-                tmpl=tmpl,
-                renderer=renderer,
-                tok=tok,
+                tmpl=prep.tmpl,
+                renderer=prep.renderer,
+                tok=prep.tok,
                 template_sha=template_sha,
                 id_counts=id_counts,
                 settings=settings,
@@ -308,49 +500,103 @@ def build_corpus(
             )
         )
         if k % 20 == 0:
-            tick("render", k, n)
-    tick("render", n, n)
-
+            tick("render", k, len(chosen))
+    tick("render", len(chosen), len(chosen))
     # Measured, not assumed: every prompt's length under the target tokenizer.
-    counts = tok.count_batch([r.text() for r in records])
+    counts = prep.tok.count_batch([r.text() for r in records])
     for r, c in zip(records, counts, strict=True):
         r.prompt_tokens = c
         if r.target_input_tokens is not None and c == r.target_input_tokens and r.provenance.fitted == "none":
             r.provenance.fitted = "exact"
+    return records
 
-    kept_vecs = vecs[chosen]
-    after = dedup_mod.dedup(kept_vecs, settings.dedup_threshold, settings.dedup_method)
+
+def _write(
+    *,
+    prep: _Prepared,
+    settings: CorpusSettings,
+    inputs: BuildInputs,
+    pool: FewShotPool | None,
+    judges: dict[str, dedup_mod.Judge],
+    per_lang: dict[str, LangDedup],
+    cand: list[tuple[RequestVariables, Pick]],
+    chosen: list[int],
+    records: list[CorpusRecord],
+    failures_extra: list[str],
+) -> BuildResult:
+    threshold = settings.dedup_threshold
+    chosen_set = set(chosen)
+    dropped_total = sum(len(d.dropped) for d in per_lang.values())
+    # Re-judge the corpus itself, per language: 0 pairs when dedup held.
+    after_pairs = 0
+    after_dropped = 0
+    en_vecs = None
+    judged: dict[str, dict[str, object]] = {}
+    examples: list[dict[str, object]] = []
+    for lang, d in per_lang.items():
+        pos = [p for p, k in enumerate(d.index) if k in chosen_set]
+        if pos:
+            sub = d.vectors[pos]
+            i, j, _ = d.judge.pairs(sub, threshold)
+            after_pairs += len(i)
+            after_dropped += len(set(j.tolist()))
+            if isinstance(d.judge, dedup_mod.EmbeddingJudge):
+                en_vecs = np.asarray(sub, dtype=np.float32)
+        judged[lang] = {
+            **d.judge.describe(),
+            "threshold": threshold,
+            "candidates": len(d.index),
+            "dropped": len(d.dropped),
+            "pairs": d.pairs,
+            "records": len(pos),
+        }
+        for b, rep in sorted(d.dropped.items())[:5]:
+            if rep < 0:
+                continue
+            examples.append(
+                {
+                    "lang": lang,
+                    "kept": dedup_text(cand[d.index[rep]][0]),
+                    "dropped": dedup_text(cand[d.index[b]][0]),
+                    "cosine": round(d.sims.get((rep, b), float("nan")), 4),
+                }
+            )
     metrics = quality.compute(
         records,
-        vectors=kept_vecs,
-        dup_before=result.n_dropped / len(cand) if cand else 0.0,
-        dup_after=after.n_dropped / len(chosen) if chosen else 0.0,
+        vectors=en_vecs,
+        dup_before=dropped_total / len(cand) if cand else 0.0,
+        dup_after=after_dropped / len(chosen) if chosen else 0.0,
     )
+    metrics["requested"] = prep.n
+    metrics["shortfall"] = prep.n - len(records)
     metrics["candidates"] = len(cand)
-    metrics["dropped"] = result.n_dropped
+    metrics["dropped"] = dropped_total
     thresholds = Thresholds.of(settings)
-    bad = quality.failures(metrics, thresholds)
+    bad = quality.failures(metrics, thresholds) + failures_extra
 
+    emb = next((j for j in judges.values() if isinstance(j, dedup_mod.EmbeddingJudge)), None)
     manifest = Manifest(
         created_at=datetime.now(UTC).isoformat(),
         seed=settings.seed,
         n=len(records),
-        templates=[TemplateInfo(path=str(p), sha256=_sha([p])) for p in tmpl.files],
-        embedder=embedder.name,
-        embedder_dim=int(vecs.shape[1]) if vecs.size else 0,
-        tokenizer=str(tok.path),
+        templates=[TemplateInfo(path=str(p), sha256=_sha([p])) for p in prep.tmpl.files],
+        embedder=emb.embedder.name if emb is not None else "none",
+        embedder_dim=int(en_vecs.shape[1]) if en_vecs is not None and en_vecs.size else 0,
+        tokenizer=str(prep.tok.path),
         block_size=settings.block_size,
         dedup={
-            "threshold": settings.dedup_threshold,
-            "method": result.method,
+            "threshold": threshold,
+            "on": "query",
             "candidates": len(cand),
-            "dropped": result.n_dropped,
-            "pairs": result.pairs,
+            "dropped": dropped_total,
+            "pairs": sum(d.pairs for d in per_lang.values()),
         },
+        dedup_judges=judged,
         counts={
+            "requested": prep.n,
             "records": len(records),
             "candidates": len(cand),
-            "dropped": result.n_dropped,
+            "dropped": dropped_total,
             "with_prefix": sum(1 for r in records if r.prefix_tokens > 0),
             "fitted_exact": sum(
                 1
@@ -361,42 +607,27 @@ def build_corpus(
         inputs={
             "template": str(inputs.template),
             "scenarios": str(inputs.scenarios) if inputs.scenarios else None,
-            "fewshot": str(inputs.fewshot) if inputs.fewshot else None,
+            "fewshot": ", ".join(str(p) for p in prep.logs),
             "trace": str(inputs.trace) if inputs.trace else None,
         },
+        sources=[{"file": str(p), "format": detect_log_format(p), "sha256": _sha([p])} for p in prep.logs],
         fewshot=pool.summary() if pool is not None else {},
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump().items()},
     )
     out = inputs.out
     write_jsonl(out / CORPUS_FILE, (r.model_dump(mode="json", exclude_none=True) for r in records))
     write_json(out / MANIFEST_FILE, manifest.model_dump(mode="json"))
-    examples = [
-        {
-            "kept": dedup_text(cand[a][0], settings.dedup_on),
-            "dropped": dedup_text(cand[b][0], settings.dedup_on),
-            "cosine": round(s, 4),
-        }
-        for a, b, s in result.examples
-    ]
     write_json(
         out / QUALITY_FILE,
         {
             "metrics": metrics,
             "thresholds": thresholds.model_dump(),
             "failures": bad,
+            "dedup_judges": judged,
             "dedup_examples": examples,
         },
     )
-    return BuildResult(records, manifest, metrics, result, bad, len(cand))
-
-
-def _encode(embedder: Any, texts: list[str], tick: Callable[..., None]) -> npt.NDArray[np.float32]:
-    chunk = max(embedder.batch_size * 4, 256)
-    parts = []
-    for s in range(0, len(texts), chunk):
-        parts.append(embedder.encode(texts[s : s + chunk]))
-        tick(min(len(texts), s + chunk), len(texts))
-    return np.vstack(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)
+    return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand))
 
 
 def _record(
@@ -405,7 +636,7 @@ def _record(
     ci: int,
     v: RequestVariables,
     pick: Pick,
-    shots: list[FewShotLogEntry],
+    shots: list[Utterance],
     ev: Any,
     tmpl: _Template,
     renderer: PromptRenderer,
@@ -468,6 +699,11 @@ def _record(
             parts = render(2, False)
             fixed = sum(tok.count(t) for _, t in parts[:-1])
         body, _, fitted = tok.fit(parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}")
+        if v.query not in body and v.query in parts[-1][1]:
+            # Cut from the front instead: the request itself must reach the target intact.
+            body, _, fitted = tok.fit_keep_end(
+                parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}"
+            )
         parts[-1] = (parts[-1][0], body)
     if prefix:
         first_role, first_text = parts[0]
@@ -481,6 +717,9 @@ def _record(
         source_line=getattr(ev, "line", None),
         source_trace_id=getattr(ev, "source_trace_id", None),
         fitted=fitted,
+        query_source=pick.query.source,
+        query_id=pick.query.id,
+        query_at=pick.query.where,
     )
     prompt = parts[0][1] if tmpl.kind == "prompt" else None
     messages = [Message(role=r, content=t) for r, t in parts] if tmpl.kind == "messages" else None

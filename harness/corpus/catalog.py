@@ -1,432 +1,313 @@
-"""The business-domain catalogue the generator draws from: intents, their constraints and phrasings.
+"""The catalogue sessions and profiles are built from: real items, real places, and domain flows.
 
-Each domain has a few intents; each intent names the constraint kinds it needs (time window,
-region, budget …) and user phrasings in English and Chinese with ``{slot}`` placeholders that the
-input generator fills (Python ``str.format`` on trusted catalogue strings only, never on data).
-Phrasings are deliberately varied, with optional detail clauses, so that two requests of the same
-intent differ by more than a city name and survive embedding dedup when they really differ.
+Data (``harness/corpus/data``, provenance and licences in its README):
+
+* ``venues_zh.json`` — every CrossWOZ venue (Beijing hotels, restaurants, attractions) with its
+  district, subway exit, type, price, rating and dishes (Apache-2.0);
+* ``catalog_en.json`` — slot-like phrases CLINC150 users typed (restaurants, banks, cards, dishes,
+  airlines, groceries, account kinds; each in at least two utterances) and the places they named
+  that GeoNames knows (CC-BY-3.0 / CC-BY-4.0);
+* ``geo.json`` — real (city, region) pairs for profiles: US cities with their state, Chinese cities
+  with their province (GeoNames, CC-BY-4.0).
+
+A :class:`Flow` lists a domain's session actions in the order users take them (search before
+view before act), each with the kind of catalogue item its detail names. Domains are the logs'
+own labels (CLINC150's ten, CrossWOZ's five, the JSONL fixture's five); an unknown domain gets the
+generic flow, whose details are the user's own city.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
 @dataclass(frozen=True, slots=True)
-class Intent:
-    """One thing a user asks for, with the constraints it carries and how users phrase it."""
-
-    name: str
-    constraints: tuple[str, ...]
-    en: tuple[str, ...]
-    zh: tuple[str, ...]
-    keywords: tuple[str, ...] = ()
-    """Words that, found in a scenario's service path or operations, point at this intent."""
+class Step:
+    action: str
+    kind: str
+    """Catalogue kind the detail is drawn from (``restaurant``, ``place``, ``venue``, ``subway`` …).
+    ``local`` is the place the query names, else the user's own city; ``home_city`` is the latter."""
 
 
 @dataclass(frozen=True, slots=True)
-class Domain:
-    name: str
-    intents: tuple[Intent, ...]
-    actions: tuple[str, ...]
-    """Session-history actions typical of the domain (``search``, ``view_item`` …)."""
-    details_en: tuple[str, ...] = field(default=())
-    details_zh: tuple[str, ...] = field(default=())
+class Flow:
+    """A domain's session actions in plausible order, and its labels and scenario keywords."""
+
+    steps: tuple[Step, ...]
+    label_en: str
+    label_zh: str
     keywords: tuple[str, ...] = ()
 
 
-CONSTRAINT_KINDS = ("time_window", "region", "budget", "party_size", "quantity", "channel", "priority")
+def _flow(label_en: str, label_zh: str, keywords: str, *steps: tuple[str, str]) -> Flow:
+    return Flow(tuple(Step(a, k) for a, k in steps), label_en, label_zh, tuple(keywords.split()))
 
-DOMAINS: tuple[Domain, ...] = (
-    Domain(
-        name="travel",
-        keywords=("travel", "trip", "flight", "hotel", "booking", "itinerary", "airline"),
-        actions=(
-            "search_flights",
-            "view_hotel",
-            "compare_prices",
-            "read_reviews",
-            "add_traveller",
-            "view_map",
-        ),
-        details_en=(
-            "I prefer a window seat if possible.",
-            "A late check-out would really help.",
-            "Please avoid red-eye connections.",
-            "Somewhere quiet, close to the metro.",
-            "My loyalty number is already on file.",
-            "Breakfast included would be ideal.",
-            "We are travelling with a toddler.",
-            "I need an invoice for my employer.",
-        ),
-        details_zh=(
-            "最好是靠窗的座位。",
-            "希望可以延迟退房。",
-            "请避开凌晨的中转航班。",
-            "希望离地铁站近一点，环境安静。",
-            "我的会员号已经绑定了。",
-            "最好含早餐。",
-            "我们带着一个两岁的孩子。",
-            "需要开具公司抬头的发票。",
-        ),
-        intents=(
-            Intent(
-                "book_hotel",
-                ("time_window", "region", "budget", "party_size"),
-                en=(
-                    "Find me a hotel in {city} from {start} to {end} for {party} people, under {budget}.",
-                    "I need a room in {city} between {start} and {end}; budget is {budget} per night.",
-                    "Can you book {party} guests into somewhere central in {city}, "
-                    "{start}–{end}, max {budget}?",
-                    "Looking for accommodation near the business district of {city}, {start} to {end}, "
-                    "{party} adults, no more than {budget}.",
-                ),
-                zh=(
-                    "帮我在{city}订一家酒店，{start}到{end}，{party}个人，预算{budget}以内。",
-                    "{start}至{end}需要在{city}住宿，每晚不超过{budget}。",
-                    "请给{party}位客人在{city}市中心找个酒店，时间是{start}到{end}，最多{budget}。",
-                ),
-                keywords=("hotel", "lodging", "room"),
-            ),
-            Intent(
-                "search_flight",
-                ("time_window", "region", "budget"),
-                en=(
-                    "Show me flights to {city} leaving between {start} and {end}, cheaper than {budget}.",
-                    "What is the best fare to {city} departing {start}? I can spend up to {budget}.",
-                    "I have to be in {city} by {end}; find a direct flight under {budget}.",
-                ),
-                zh=(
-                    "查一下{start}到{end}之间飞往{city}的航班，价格低于{budget}。",
-                    "{start}出发去{city}，最便宜的机票是多少？预算{budget}。",
-                    "我需要在{end}之前到达{city}，找一个{budget}以内的直飞航班。",
-                ),
-                keywords=("flight", "fare", "airline", "air"),
-            ),
-            Intent(
-                "change_itinerary",
-                ("time_window", "priority"),
-                en=(
-                    "Please move my trip so that I return on {end} instead; this is {priority} priority.",
-                    "My meeting moved — can I shift the booking to start on {start}?",
-                    "Change my itinerary to {start} through {end}; treat it as {priority}.",
-                ),
-                zh=(
-                    "请把我的行程改到{end}返回，优先级{priority}。",
-                    "会议改期了，能把预订改到{start}开始吗？",
-                    "把行程调整为{start}到{end}，按{priority}处理。",
-                ),
-                keywords=("itinerary", "change", "rebook"),
-            ),
-        ),
+
+FLOWS: dict[str, Flow] = {
+    # CLINC150 domains (English)
+    "banking": _flow(
+        "banking", "银行", "bank payment account transfer ledger finance balance",
+        ("sign_in", "bank"), ("view_accounts", "account"), ("view_transactions", "account"),
+        ("open_transfers", "account"),
     ),
-    Domain(
-        name="ecommerce",
-        keywords=("shop", "cart", "order", "checkout", "product", "catalog", "store", "inventory"),
-        actions=(
-            "search_product",
-            "view_item",
-            "add_to_cart",
-            "remove_from_cart",
-            "apply_coupon",
-            "view_order",
-        ),
-        details_en=(
-            "It is a gift, so please hide the price.",
-            "I already have a coupon from last week.",
-            "Eco-friendly packaging if you have it.",
-            "The previous one arrived damaged.",
-            "Size medium, in dark blue or black.",
-            "I would like it before the weekend.",
-            "Compare it with last year's model, please.",
-        ),
-        details_zh=(
-            "是送人的礼物，请不要放价格单。",
-            "我上周领了一张优惠券。",
-            "如果有环保包装就更好了。",
-            "上一次收到的东西有破损。",
-            "要M码，深蓝色或黑色。",
-            "希望周末之前能到。",
-            "请和去年的款式比较一下。",
-        ),
-        intents=(
-            Intent(
-                "product_search",
-                ("budget", "quantity", "region"),
-                en=(
-                    "Recommend {quantity} wireless earbuds under {budget} that ship to {city}.",
-                    "I want a lightweight laptop for students, below {budget}, delivered in {city}.",
-                    "Find {quantity} running shoes with good arch support for less than {budget}.",
-                    "Which air purifier around {budget} works best for a small flat in {city}?",
-                ),
-                zh=(
-                    "推荐{quantity}副{budget}以内、能送到{city}的无线耳机。",
-                    "想买一台适合学生的轻薄笔记本，{budget}以下，送到{city}。",
-                    "找{quantity}双足弓支撑好的跑鞋，价格低于{budget}。",
-                    "{budget}左右的空气净化器，哪款适合{city}的小户型？",
-                ),
-                keywords=("search", "product", "catalog", "recommend"),
-            ),
-            Intent(
-                "order_status",
-                ("time_window", "channel"),
-                en=(
-                    "Where is my order placed on {start}? Please reply via {channel}.",
-                    "My package was due by {end} and still has not arrived.",
-                    "Track the parcel I ordered on {start} and tell me through {channel}.",
-                ),
-                zh=(
-                    "我{start}下的订单到哪里了？请通过{channel}回复我。",
-                    "包裹应该在{end}之前送到，现在还没收到。",
-                    "帮我查一下{start}订的快递，结果发{channel}给我。",
-                ),
-                keywords=("order", "tracking", "shipment", "delivery"),
-            ),
-            Intent(
-                "return_item",
-                ("time_window", "channel", "priority"),
-                en=(
-                    "I want to return an item bought on {start}; contact me by {channel}.",
-                    "The blender I received is faulty — start a refund, {priority} priority please.",
-                    "How do I send back a jacket before {end}? I prefer {channel}.",
-                ),
-                zh=(
-                    "我想退{start}买的商品，请用{channel}联系我。",
-                    "收到的破壁机有故障，请尽快退款，优先级{priority}。",
-                    "{end}之前怎么退回一件外套？我倾向于{channel}。",
-                ),
-                keywords=("return", "refund", "rma"),
-            ),
-        ),
+    "credit_cards": _flow(
+        "credit cards", "信用卡", "card credit rewards apr",
+        ("sign_in", "bank"), ("view_card", "card"), ("view_statement", "card"), ("view_rewards", "card"),
     ),
-    Domain(
-        name="banking",
-        keywords=("bank", "payment", "account", "card", "loan", "transfer", "ledger", "finance"),
-        actions=(
-            "login",
-            "view_balance",
-            "view_statement",
-            "transfer_funds",
-            "update_contact",
-            "freeze_card",
-        ),
-        details_en=(
-            "I am currently abroad.",
-            "This is for my business account.",
-            "I noticed it on the mobile app.",
-            "My card has contactless payments enabled.",
-            "I called yesterday but nobody picked up.",
-            "Please do not close the account.",
-        ),
-        details_zh=(
-            "我现在在国外。",
-            "这是我的对公账户。",
-            "我是在手机银行上看到的。",
-            "我的卡开通了闪付。",
-            "昨天打过电话但没人接。",
-            "请不要注销这个账户。",
-        ),
-        intents=(
-            Intent(
-                "dispute_charge",
-                ("time_window", "budget", "channel"),
-                en=(
-                    "There is a charge of {budget} on {start} that I do not recognise.",
-                    "Please dispute a {budget} card payment made between {start} and {end}.",
-                    "Someone used my card for {budget} on {start}; notify me via {channel}.",
-                ),
-                zh=(
-                    "{start}有一笔{budget}的扣款，我不认识。",
-                    "请对{start}到{end}之间一笔{budget}的刷卡消费提出争议。",
-                    "有人在{start}用我的卡消费了{budget}，请通过{channel}通知我。",
-                ),
-                keywords=("dispute", "chargeback", "fraud"),
-            ),
-            Intent(
-                "loan_inquiry",
-                ("budget", "region", "time_window"),
-                en=(
-                    "What mortgage rate can I get for {budget} on a flat in {city}?",
-                    "I want to borrow {budget} and repay it by {end}; what are my options?",
-                    "Compare personal loans of about {budget} for someone living in {city}.",
-                ),
-                zh=(
-                    "在{city}买房贷款{budget}，利率是多少？",
-                    "我想借{budget}，{end}之前还清，有哪些方案？",
-                    "帮我比较一下{city}居民大约{budget}的个人贷款。",
-                ),
-                keywords=("loan", "mortgage", "credit"),
-            ),
-            Intent(
-                "transfer_money",
-                ("budget", "region", "priority"),
-                en=(
-                    "Send {budget} to my landlord in {city} today, {priority} priority.",
-                    "How long does an international transfer of {budget} to {city} take?",
-                    "Set up a monthly transfer of {budget} to my savings account.",
-                ),
-                zh=(
-                    "今天给{city}的房东转{budget}，优先级{priority}。",
-                    "向{city}跨境汇款{budget}需要多长时间？",
-                    "设置每月自动转{budget}到我的储蓄账户。",
-                ),
-                keywords=("transfer", "wire", "remit", "payment"),
-            ),
-        ),
+    "kitchen_and_dining": _flow(
+        "kitchen and dining", "厨房与餐饮", "food recipe restaurant menu kitchen meal dining reservation",
+        ("search_recipes", "dish"), ("view_recipe", "dish"), ("search_restaurants", "restaurant"),
+        ("view_restaurant", "restaurant"),
     ),
-    Domain(
-        name="telecom",
-        keywords=("telecom", "mobile", "plan", "sim", "network", "roaming", "billing", "broadband"),
-        actions=("view_plan", "check_usage", "pay_bill", "open_ticket", "run_speed_test", "view_coverage"),
-        details_en=(
-            "I work from home most days.",
-            "The problem started after the last update.",
-            "There are four devices on the account.",
-            "I have been a customer for ten years.",
-            "Signal drops mostly in the evening.",
-        ),
-        details_zh=(
-            "我大部分时间在家办公。",
-            "上次系统更新后开始出问题。",
-            "账户下有四台设备。",
-            "我已经是十年的老用户了。",
-            "主要是晚上信号不好。",
-        ),
-        intents=(
-            Intent(
-                "plan_upgrade",
-                ("budget", "region"),
-                en=(
-                    "Which data plan under {budget} a month has the best coverage in {city}?",
-                    "Upgrade me to unlimited data if it stays below {budget}.",
-                    "I need a family plan for {party} lines in {city}, max {budget} monthly.",
-                ),
-                zh=(
-                    "每月{budget}以内，哪个套餐在{city}信号最好？",
-                    "如果不超过{budget}，帮我升级到无限流量。",
-                    "在{city}办一个{party}张卡的家庭套餐，每月最多{budget}。",
-                ),
-                keywords=("plan", "upgrade", "tariff", "subscription"),
-            ),
-            Intent(
-                "network_issue",
-                ("region", "time_window", "priority"),
-                en=(
-                    "My broadband in {city} keeps dropping since {start}; this is {priority}.",
-                    "No mobile signal in {city} between {start} and {end} — is there an outage?",
-                    "Internet speed has been terrible since {start}; please send a technician.",
-                ),
-                zh=(
-                    "自{start}以来我在{city}的宽带一直断线，优先级{priority}。",
-                    "{start}到{end}在{city}完全没有信号，是有故障吗？",
-                    "从{start}开始网速特别慢，请派技术人员上门。",
-                ),
-                keywords=("network", "outage", "signal", "broadband", "ticket"),
-            ),
-            Intent(
-                "roaming_query",
-                ("region", "time_window", "budget"),
-                en=(
-                    "I travel to {city} from {start} to {end}; what will roaming cost?",
-                    "Add a roaming pack for {city} that costs less than {budget}.",
-                    "Is data roaming in {city} included in my plan for the trip starting {start}?",
-                ),
-                zh=(
-                    "我{start}到{end}去{city}，漫游费用是多少？",
-                    "帮我加一个{city}的漫游包，费用低于{budget}。",
-                    "{start}出发去{city}，我的套餐包含流量漫游吗？",
-                ),
-                keywords=("roaming", "international"),
-            ),
-        ),
+    "home": _flow(
+        "home assistant", "家居助手", "home list reminder calendar music",
+        ("open_lists", "grocery"), ("view_shopping_list", "grocery"), ("add_list_item", "grocery"),
     ),
-    Domain(
-        name="food_delivery",
-        keywords=("food", "restaurant", "menu", "delivery", "courier", "kitchen", "meal"),
-        actions=(
-            "browse_menu",
-            "add_dish",
-            "apply_voucher",
-            "track_courier",
-            "rate_order",
-            "search_restaurant",
-        ),
-        details_en=(
-            "One of us is vegetarian.",
-            "No peanuts — severe allergy.",
-            "Leave it with the building reception.",
-            "Not too spicy, please.",
-            "We are watching a match, so quick is better.",
-        ),
-        details_zh=(
-            "我们中有一位吃素。",
-            "不要花生，严重过敏。",
-            "放在大楼前台就行。",
-            "不要太辣。",
-            "我们在看球赛，越快越好。",
-        ),
-        intents=(
-            Intent(
-                "order_food",
-                ("budget", "party_size", "time_window", "region"),
-                en=(
-                    "Order dinner for {party} in {city} around {start}, total under {budget}.",
-                    "Find a noodle place in {city} that delivers before {end}, {budget} max.",
-                    "Get lunch for {party} colleagues, arriving by {end}, about {budget} in total.",
-                ),
-                zh=(
-                    "在{city}给{party}个人点晚餐，{start}左右送到，总价{budget}以内。",
-                    "找一家{city}能在{end}前送到的面馆，最多{budget}。",
-                    "给{party}位同事订午餐，{end}前送到，总共大约{budget}。",
-                ),
-                keywords=("order", "menu", "restaurant", "meal"),
-            ),
-            Intent(
-                "delivery_complaint",
-                ("time_window", "channel", "priority"),
-                en=(
-                    "My order from {start} arrived cold and late; please contact me via {channel}.",
-                    "The courier marked it delivered at {start} but nothing came.",
-                    "Half of my order was missing — I want a refund, {priority} priority.",
-                ),
-                zh=(
-                    "我{start}的订单送到时已经凉了还迟到了，请通过{channel}联系我。",
-                    "骑手显示{start}已送达，但我什么都没收到。",
-                    "我的订单少了一半，要求退款，优先级{priority}。",
-                ),
-                keywords=("complaint", "courier", "late", "refund"),
-            ),
-            Intent(
-                "schedule_order",
-                ("time_window", "party_size", "budget"),
-                en=(
-                    "Schedule a catered lunch for {party} people on {start}, within {budget}.",
-                    "Can I pre-order breakfast to arrive at {start} every weekday until {end}?",
-                    "Book a birthday dinner delivery for {party} on {start}; budget {budget}.",
-                ),
-                zh=(
-                    "{start}为{party}个人预订团餐，预算{budget}以内。",
-                    "能否预订工作日早餐，从{start}开始每天送到，直到{end}？",
-                    "{start}给{party}个人订生日晚餐外卖，预算{budget}。",
-                ),
-                keywords=("schedule", "catering", "preorder"),
-            ),
-        ),
+    "auto_and_commute": _flow(
+        "auto and commute", "汽车与通勤", "car commute traffic gas uber",
+        ("check_traffic", "local"), ("search_gas_stations", "local"), ("view_route", "local"),
     ),
+    "travel": _flow(
+        "travel", "旅行", "travel trip flight hotel booking itinerary airline",
+        ("search_destinations", "place"), ("search_flights", "place"), ("compare_airlines", "airline"),
+        ("view_destination", "place"),
+    ),
+    "utility": _flow(
+        "utilities", "实用工具", "weather time timer alarm calculator",
+        ("check_weather", "local"), ("check_time_zone", "local"), ("view_map", "local"),
+    ),
+    "work": _flow(
+        "workplace", "工作", "work pto payroll meeting insurance",
+        ("open_hr_portal", "home_city"), ("view_direct_deposit", "account"), ("view_benefits", "account"),
+    ),
+    "small_talk": _flow("small talk", "闲聊", "chat talk", ("open_chat", "home_city")),
+    "meta": _flow("assistant settings", "助手设置", "settings assistant", ("open_settings", "home_city")),
+    # CrossWOZ domains (Chinese); the venue kind is a Beijing venue of the domain
+    "hotel": _flow(
+        "hotels", "酒店", "hotel lodging room",
+        ("search_hotels", "district"), ("view_hotel", "venue"), ("view_map", "subway"),
+        ("read_reviews", "venue"),
+    ),
+    "restaurant": _flow(
+        "restaurants", "餐馆", "restaurant food dining menu",
+        ("search_restaurants", "dish"), ("view_restaurant", "venue"), ("view_menu", "dish"),
+        ("view_map", "subway"),
+    ),
+    "attraction": _flow(
+        "attractions", "景点", "attraction sight ticket tour",
+        ("search_attractions", "district"), ("view_attraction", "venue"), ("view_map", "subway"),
+    ),
+    "metro": _flow(
+        "metro", "地铁", "metro subway route", ("view_place", "venue"), ("search_route", "subway"),
+    ),
+    "taxi": _flow(
+        "taxi", "出租车", "taxi cab ride", ("view_place", "venue"), ("request_taxi_quote", "venue"),
+    ),
+    # the JSONL fixture's domains
+    "ecommerce": _flow(
+        "online shopping", "电商", "shop cart order checkout product catalog store",
+        ("search_products", "grocery"), ("view_item", "grocery"), ("add_to_cart", "grocery"),
+    ),
+    "telecom": _flow(
+        "telecom", "通信", "telecom mobile plan sim network roaming broadband",
+        ("view_plan", "home_city"), ("view_coverage", "local"),
+    ),
+    "food_delivery": _flow(
+        "food delivery", "外卖", "delivery courier takeaway",
+        ("search_restaurants", "restaurant"), ("browse_menu", "dish"),
+    ),
+}  # fmt: skip
+GENERIC = _flow("customer service", "客户服务", "", ("open_app", "home_city"), ("browse", "home_city"))
+# Domains whose intents do different things get a flow per intent group (CLINC150 intents).
+_RESTAURANT = _flow("", "", "", ("search_restaurants", "restaurant"), ("view_restaurant", "restaurant"))
+_RECIPE = _flow("", "", "", ("search_recipes", "dish"), ("view_recipe", "dish"))
+_LISTS = _flow("", "", "", ("open_lists", "grocery"), ("view_shopping_list", "grocery"))
+_ASSISTANT = _flow(
+    "",
+    "",
+    "",
+    ("open_assistant", "home_city"),
 )
-
-DOMAIN_NAMES: tuple[str, ...] = tuple(d.name for d in DOMAINS)
-
-CHANNELS_EN = ("email", "SMS", "phone", "in-app chat")
-CHANNELS_ZH = ("邮件", "短信", "电话", "App内消息")
-PRIORITIES_EN = ("low", "normal", "high", "urgent")
-PRIORITIES_ZH = ("低", "普通", "高", "紧急")
+INTENT_FLOWS: dict[str, Flow] = {
+    **dict.fromkeys(
+        ("restaurant_reservation", "confirm_reservation", "cancel_reservation", "restaurant_reviews",
+         "restaurant_suggestion", "how_busy", "accept_reservations"),
+        _RESTAURANT,
+    ),
+    **dict.fromkeys(
+        ("recipe", "ingredients_list", "cook_time", "calories", "nutrition_info", "meal_suggestion",
+         "food_last", "ingredient_substitution"),
+        _RECIPE,
+    ),
+    **dict.fromkeys(("shopping_list", "shopping_list_update", "order"), _LISTS),
+    **dict.fromkeys(
+        ("play_music", "what_song", "update_playlist", "reminder", "reminder_update", "calendar",
+         "calendar_update", "todo_list", "todo_list_update", "smart_home", "next_song", "timer", "alarm"),
+        _ASSISTANT,
+    ),
+}  # fmt: skip
+# Chinese requests of an English-catalogue domain use the venue flow closest to it.
+ZH_FLOW_FOR = {"travel": "hotel", "food_delivery": "restaurant", "kitchen_and_dining": "restaurant"}
+CHANNELS = {
+    "en": ("mobile app", "web chat", "email", "phone call"),
+    "zh": ("手机App", "网页在线客服", "微信", "电话"),
+}
 TIERS = ("basic", "silver", "gold", "platinum")
 
 
-def domain(name: str) -> Domain:
-    """The domain called ``name`` (a KeyError names the known ones)."""
-    for d in DOMAINS:
-        if d.name == name:
-            return d
-    raise KeyError(f"unknown domain {name!r}; known: {', '.join(DOMAIN_NAMES)}")
+def flow(domain: str | None, lang: str, intent: str | None = None) -> Flow:
+    """The flow of a request in ``lang`` of ``domain`` (of ``intent``, where the domain splits)."""
+    if lang == "en" and intent in INTENT_FLOWS:
+        return INTENT_FLOWS[intent]
+    name = domain or ""
+    if lang == "zh" and name in ZH_FLOW_FOR:
+        name = ZH_FLOW_FOR[name]
+    if lang == "en" and name in ("hotel", "restaurant", "attraction", "metro", "taxi"):
+        return GENERIC  # the venue catalogue is Chinese
+    return FLOWS.get(name, GENERIC)
+
+
+def label(domain: str | None, lang: str) -> str:
+    f = FLOWS.get(domain or "", GENERIC)
+    return f.label_zh if lang == "zh" else f.label_en
+
+
+@dataclass(frozen=True, slots=True)
+class Venue:
+    domain: str
+    name: str
+    district: str | None
+    subway: str | None
+    rating: float | None
+    price: float | None
+    type: str | None
+    dishes: tuple[str, ...]
+    duration: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    text: str
+    """As users write it (lower case)."""
+    name: str
+    country: str
+    region: str | None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The loaded catalogue (one per process, see :func:`load_catalog`)."""
+
+    venues: tuple[Venue, ...]
+    venues_by_domain: dict[str, tuple[Venue, ...]]
+    venue_by_name: dict[str, Venue]
+    kinds_en: dict[str, tuple[str, ...]]
+    places: tuple[Place, ...]
+    place_by_text: dict[str, Place]
+    geo: dict[str, tuple[tuple[str, str, int], ...]]
+    """lang → (city, region, population)."""
+    districts: tuple[str, ...]
+    subways: tuple[str, ...]
+    dishes_zh: tuple[str, ...]
+    items: dict[str, frozenset[str]]
+    """lang → every string a session detail may name (for the catalogue-share metric)."""
+    regions: dict[str, dict[str, frozenset[str]]]
+    """lang → city → the regions a city of that name lies in (names repeat: Springfield)."""
+    _en_pattern: re.Pattern[str]
+
+    def in_region(self, lang: str, city: str, region: str) -> bool:
+        """Whether a city of that name lies in ``region`` (per the GeoNames table)."""
+        return region in self.regions.get(lang, {}).get(city, frozenset())
+
+    def entities_en(self, text: str) -> list[tuple[str, str]]:
+        """(kind, phrase) of the catalogue phrases in an English text, in text order; a phrase of
+        several kinds (``american``: an airline and a card) is listed under each."""
+        out: list[tuple[str, str]] = []
+        for m in self._en_pattern.finditer(text.lower()):
+            phrase = m.group(1)
+            out.extend((kind, phrase) for kind, values in self.kinds_en.items() if phrase in values)
+            if phrase in self.place_by_text:
+                out.append(("place", phrase))
+        return out
+
+
+def _load(name: str) -> Any:
+    return orjson.loads((DATA_DIR / name).read_bytes())
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> Catalog:
+    """Read the bundled catalogue once per process."""
+    venues = tuple(
+        Venue(
+            domain=v["domain"],
+            name=v["name"],
+            district=v.get("district"),
+            subway=v.get("subway"),
+            rating=v.get("rating"),
+            price=v.get("price"),
+            type=v.get("type"),
+            dishes=tuple(v.get("dishes") or ()),
+            duration=v.get("duration"),
+        )
+        for v in _load("venues_zh.json")
+    )
+    by_domain: dict[str, list[Venue]] = {}
+    for v in venues:
+        by_domain.setdefault(v.domain, []).append(v)
+    en = _load("catalog_en.json")
+    kinds = {k: tuple(v) for k, v in en["kinds"].items()}
+    places = tuple(
+        Place(text=p["text"], name=p["name"], country=p["country"], region=p.get("region"))
+        for p in en["places"]
+    )
+    geo_raw = _load("geo.json")
+    geo = {lang: tuple((c, r, int(n)) for c, r, n in rows) for lang, rows in geo_raw.items()}
+    phrases = sorted({x for v in kinds.values() for x in v} | {p.text for p in places}, key=len, reverse=True)
+    # A plural names the same item ("pizzas" → pizza).
+    pattern = re.compile(r"(?<![\w'])(" + "|".join(re.escape(p) for p in phrases) + r")(?:e?s)?(?![\w'])")
+    districts = tuple(sorted({v.district for v in venues if v.district}))
+    subways = tuple(sorted({v.subway for v in venues if v.subway}))
+    dishes_zh = tuple(sorted({d for v in venues for d in v.dishes}))
+    items = {
+        "zh": frozenset({v.name for v in venues} | set(districts) | set(subways) | set(dishes_zh))
+        | {c for c, _, _ in geo["zh"]},
+        "en": frozenset({x for v in kinds.values() for x in v} | {p.text for p in places})
+        | {c for c, _, _ in geo["en"]},
+    }
+    return Catalog(
+        venues=venues,
+        venues_by_domain={k: tuple(v) for k, v in by_domain.items()},
+        venue_by_name={v.name: v for v in venues},
+        kinds_en=kinds,
+        places=places,
+        place_by_text={p.text: p for p in places},
+        geo=geo,
+        districts=districts,
+        subways=subways,
+        dishes_zh=dishes_zh,
+        items=items,
+        regions={lang: _regions(rows) for lang, rows in geo.items()},
+        _en_pattern=pattern,
+    )
+
+
+def _regions(rows: Sequence[tuple[str, str, int]]) -> dict[str, frozenset[str]]:
+    out: dict[str, set[str]] = {}
+    for city, region, _ in rows:
+        out.setdefault(city, set()).add(region)
+    return {c: frozenset(r) for c, r in out.items()}
+
+
+def scenario_keywords(domains: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Keywords that point a scenario class at each of ``domains``."""
+    return {d: (*FLOWS.get(d, GENERIC).keywords, d.replace("_", " ")) for d in domains}

@@ -9,7 +9,7 @@ import orjson
 import typer
 from rich.console import Console
 
-from harness.common.errors import InputError
+from harness.common.errors import CheckFailed, InputError
 
 app = typer.Typer(
     help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
@@ -17,7 +17,6 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
-DEFAULT_FEWSHOT = Path("fixtures/corpus/fewshot_log.jsonl")
 
 
 @app.command()
@@ -39,7 +38,13 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         Path | None, typer.Option("--scenarios", help="scenarios.json weighting intents and lengths.")
     ] = None,
     fewshot: Annotated[
-        Path | None, typer.Option("--fewshot", help="JSONL log of past requests with confidence.")
+        list[Path] | None,
+        typer.Option(
+            "--fewshot",
+            help="Request log for the few-shot pool and the queries (repeatable): CLINC150 JSON, "
+            "CrossWOZ dialogues (.json or .json.zip) or a JSONL log; format detected. "
+            "Default: the bundled CLINC150 and CrossWOZ samples.",
+        ),
     ] = None,
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Request trace giving arrivals, token lengths, hash_ids.")
@@ -53,7 +58,9 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     threshold: Annotated[
         float | None, typer.Option("--threshold", help="Dedup cosine threshold (default 0.82).")
     ] = None,
-    dedup_method: Annotated[str | None, typer.Option("--dedup-method", help="auto, exact or faiss.")] = None,
+    dedup_method: Annotated[
+        str | None, typer.Option("--dedup-method", help="Embedding pair search: auto, exact or faiss.")
+    ] = None,
     locales: Annotated[
         str | None, typer.Option("--locales", help="Comma-separated Faker locales (en_US,zh_CN).")
     ] = None,
@@ -90,7 +97,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         out=out,
         n=n,
         scenarios=scenarios,
-        fewshot=fewshot,
+        fewshot=list(fewshot) if fewshot else None,
         trace=trace,
         trace_format=trace_format,
         template_roots=list(template_root or []),
@@ -114,12 +121,16 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     Console().print(quality.table(result.metrics, thresholds))
     console.print(
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "
-        f"{result.dedup.n_dropped} near-duplicates dropped)"
+        f"{result.dropped} near-duplicates dropped)"
     )
-    for rep, dropped, cos in result.dedup.examples[:3]:
-        console.print(f"  dropped #{dropped} ≈ kept #{rep} (cosine {cos:.3f})", highlight=False)
-    if check:
-        quality.check(result.metrics, thresholds, file=str(out / "quality.json"))
+    for ex in result.examples[:3]:
+        console.print(f"  dropped {ex['dropped']!r} ≈ kept {ex['kept']!r} ({ex['cosine']})", highlight=False)
+    for line in result.failures:
+        console.print(f"[yellow]quality:[/] {line}", highlight=False)
+    if check and result.failures:
+        raise CheckFailed(
+            "corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json")
+        )
 
 
 @app.command()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -182,3 +183,150 @@ def dedup(
 def surviving_pairs(vectors: npt.NDArray[np.float32], keep: npt.NDArray[np.int64], threshold: float) -> int:
     """Pairs ≥ threshold among kept items (0 when the invariant holds), by exact search."""
     return len(pairs_exact(np.ascontiguousarray(vectors[keep], dtype=np.float32), threshold)[0])
+
+
+# --------------------------------------------------------------------------- judges per language
+
+MARGIN = 1e-4
+"""Judges drop at ``threshold - MARGIN``: batch-dependent float noise in an embedding (≈1e-6) can
+then never make a kept pair reach the threshold when someone re-embeds the texts independently."""
+
+
+class Judge:
+    """Decides which texts of one language are near-duplicates, by a cosine on its own vectors.
+
+    Subclasses are registered in :data:`judges` by name and chosen per language by the
+    ``dedup_judges`` setting (``{"en": "embedding", "zh": "char-tfidf"}``). ``vectors`` returns
+    row vectors of unit norm (dense or scipy-sparse), ``stack`` appends rows, ``pairs`` finds every
+    pair at or above a threshold.
+    """
+
+    name = "judge"
+
+    def vectors(self, texts: list[str]) -> Any:
+        raise NotImplementedError
+
+    def stack(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def pairs(self, x: Any, threshold: float) -> Pairs:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, object]:
+        raise NotImplementedError
+
+
+judges: Registry[Callable[..., Judge]] = Registry("dedup judge")
+
+
+@judges.register("embedding")
+class EmbeddingJudge(Judge):
+    """Cosine of sentence embeddings (the shared MiniLM :class:`~harness.common.embeddings.Embedder`);
+    pairs by the ``exact`` or ``faiss`` search (``method``)."""
+
+    name = "embedding"
+
+    def __init__(
+        self,
+        embedder: Any,
+        method: str = "auto",
+        tick: Callable[[int, int], None] | None = None,
+        **_: object,
+    ) -> None:
+        self.embedder = embedder
+        self.method = method
+        self.tick = tick or (lambda done, total: None)
+        self.encoded = 0
+        """Texts sent to the encoder (each distinct text once per judge)."""
+        self._memo: dict[str, npt.NDArray[np.float32]] = {}
+
+    def vectors(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        # A text judged before (a few-shot pool line drawn again as a query) is not re-encoded.
+        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        chunk = max(self.embedder.batch_size * 8, 512)
+        for s in range(0, len(todo), chunk):
+            part = todo[s : s + chunk]
+            for t, v in zip(part, self.embedder.encode(part), strict=True):
+                self._memo[t] = v
+            self.tick(min(len(todo), s + chunk), len(todo))
+        self.encoded += len(todo)
+        if not texts:
+            return np.zeros((0, 1), dtype=np.float32)
+        return np.ascontiguousarray(np.stack([self._memo[t] for t in texts]), dtype=np.float32)
+
+    def stack(self, a: Any, b: Any) -> Any:
+        return b if len(a) == 0 else np.vstack([a, b])
+
+    def pairs(self, x: Any, threshold: float) -> Pairs:
+        method = self.method if self.method != "auto" else ("exact" if len(x) <= EXACT_MAX_N else "faiss")
+        return searches.get(method)(np.ascontiguousarray(x, dtype=np.float32), threshold)
+
+    def describe(self) -> dict[str, object]:
+        return {"method": "embedding", "model": getattr(self.embedder, "name", "?"), "search": self.method}
+
+
+@judges.register("char-tfidf")
+class CharTfidfJudge(Judge):
+    """Cosine of character 2–3-gram TF-IDF vectors: a lexical guard for languages the embedder was
+    not trained on. The IDF is fitted once on a fixed reference (every text of the language the
+    sources hold), so a text's vector does not depend on which other candidates were drawn and
+    greedy dedup stays prefix-stable. :meth:`refit_pairs` re-checks a kept set with the IDF fitted on
+    that set alone, the other natural reading of "TF-IDF cosine", so the corpus passes both."""
+
+    name = "char-tfidf"
+    NGRAMS = (2, 3)
+
+    def __init__(self, reference: list[str], **_: object) -> None:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self.reference_size = len(reference)
+        self.vec = TfidfVectorizer(analyzer="char", ngram_range=self.NGRAMS, dtype=np.float32)
+        self.vec.fit(reference or [" "])
+
+    def vectors(self, texts: list[str]) -> Any:
+        return self.vec.transform(texts).tocsr()  # rows are L2-normalized: dot products are cosines
+
+    def stack(self, a: Any, b: Any) -> Any:
+        import scipy.sparse as sp
+
+        return b if a.shape[0] == 0 else sp.vstack([a, b], format="csr")
+
+    def pairs(self, x: Any, threshold: float) -> Pairs:
+        return sparse_pairs(x, threshold)
+
+    def refit_pairs(self, texts: list[str], threshold: float) -> Pairs:
+        """Pairs of ``texts`` at or above ``threshold`` with the IDF fitted on ``texts`` themselves."""
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        if len(texts) < 2:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        vec = TfidfVectorizer(analyzer="char", ngram_range=self.NGRAMS, dtype=np.float32)
+        return sparse_pairs(vec.fit_transform(texts).tocsr(), threshold)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "method": "char-tfidf",
+            "ngrams": list(self.NGRAMS),
+            "idf_reference_texts": self.reference_size,
+            "also_checked": "IDF refitted on the kept texts",
+        }
+
+
+def sparse_pairs(x: Any, threshold: float, block: int = 2048) -> Pairs:
+    """All pairs i < j of sparse unit rows with dot ≥ threshold, blockwise (memory stays bounded)."""
+    n = x.shape[0]
+    ii: list[npt.NDArray[np.int64]] = []
+    jj: list[npt.NDArray[np.int64]] = []
+    ss: list[npt.NDArray[np.float32]] = []
+    xt = x.T.tocsc()
+    for s in range(0, n, block):
+        prod = (x[s : s + block] @ xt).tocoo()
+        r = prod.row.astype(np.int64) + s
+        c = prod.col.astype(np.int64)
+        keep = (c > r) & (prod.data >= threshold)
+        ii.append(r[keep])
+        jj.append(c[keep])
+        ss.append(prod.data[keep].astype(np.float32))
+    if not ii:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate(ii), np.concatenate(jj), np.concatenate(ss)

@@ -99,6 +99,12 @@ class Provenance(_Strict):
     source_trace_id: str | None = None
     fitted: Literal["exact", "padded", "truncated", "none"] = "none"
     """How the prompt was fitted to the target input tokens."""
+    query_source: str | None = None
+    """``format:file`` of the request log the query was taken from."""
+    query_id: str | None = None
+    """The query's id in that log (CLINC150: ``split-row``, CrossWOZ: ``dialogue-turn``)."""
+    query_at: str | None = None
+    """Where in the log: ``line 12``, ``test[3]`` or ``"10312".messages[4]``."""
 
 
 class CorpusRecord(_Strict):
@@ -188,14 +194,18 @@ class Manifest(_Strict):
     tokenizer: str
     block_size: int
     dedup: dict[str, float | int | str]
+    dedup_judges: dict[str, dict[str, object]] = Field(default_factory=dict)
+    """Per language: which judge decided near-duplicates (method, model or n-grams), and its counts."""
     counts: dict[str, int]
     inputs: dict[str, str | None]
+    sources: list[dict[str, str]] = Field(default_factory=list)
+    """The request logs read: file, detected format, SHA-256."""
     fewshot: dict[str, object] = Field(default_factory=dict)
     settings: dict[str, object] = Field(default_factory=dict)
 
 
 class FewShotLogEntry(_Strict):
-    """One line of a production request log used for the few-shot pool."""
+    """One line of the harness's JSONL request log (few-shot pool and queries)."""
 
     id: str
     text: str = Field(min_length=1)

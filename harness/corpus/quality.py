@@ -10,7 +10,12 @@ Definitions (also in docs/corpus.md):
   exactly as ``(‖Σx‖² − Σ‖x‖²) / (n(n−1))``) and distinct-1/2 over the request texts;
 * duplicate rate: share of items having an earlier item at cosine ≥ threshold, before and after
   dedup;
-* token-length fit: two-sample KS statistic of prompt tokens against the target lengths.
+* token-length fit: two-sample KS statistic of prompt tokens against the target lengths;
+* catalogue share: share of session events whose detail names an item of the catalogue
+  (:mod:`harness.corpus.catalog`: a venue, dish, district, subway exit, place, restaurant …);
+* region agreement: share of records whose profile city lies in its profile region, and whose
+  constraints' place lies in their region (and Beijing district in Beijing);
+* query in prompt: share of records whose query appears verbatim in the request as sent.
 
 Thresholds turn metrics into a :class:`CheckFailed` naming every metric that missed.
 """
@@ -119,6 +124,50 @@ def ks_statistic(actual: Sequence[int], target: Sequence[int]) -> float | None:
     return float(ks_2samp(np.asarray(actual), np.asarray(target)).statistic)
 
 
+def catalog_share(records: Sequence[CorpusRecord]) -> float | None:
+    """Share of session events whose detail is a catalogue item (``None`` without events)."""
+    from harness.corpus.catalog import load_catalog
+
+    cat = load_catalog()
+    total = found = 0
+    for r in records:
+        if r.variables is None:
+            continue
+        items = cat.items.get(r.variables.profile.lang, frozenset())
+        for e in r.variables.session.events:
+            total += 1
+            found += e.detail in items
+    return found / total if total else None
+
+
+def region_ok(v: RequestVariables) -> bool:
+    """Whether one record's places agree: profile city in its region, constraint place in its region."""
+    from harness.corpus.catalog import load_catalog
+
+    cat = load_catalog()
+    lang = v.profile.lang
+    if not cat.in_region(lang, v.profile.city, v.profile.region):
+        return False
+    c = v.constraints
+    place, region = c.get("place"), c.get("region")
+    if isinstance(place, str) and region is not None:
+        regions = {p.region for p in cat.places if p.name == place}
+        if region not in regions:
+            return False
+    district = c.get("district")
+    return district is None or (district in cat.districts and c.get("city") == "北京市")
+
+
+def region_agreement(records: Sequence[CorpusRecord]) -> float | None:
+    vs = [r.variables for r in records if r.variables is not None]
+    return sum(1 for v in vs if region_ok(v)) / len(vs) if vs else None
+
+
+def query_in_prompt(records: Sequence[CorpusRecord]) -> float | None:
+    vs = [(r.variables.query, r.text()) for r in records if r.variables is not None]
+    return sum(1 for q, t in vs if q in t) / len(vs) if vs else None
+
+
 def compute(
     records: Sequence[CorpusRecord],
     *,
@@ -153,6 +202,9 @@ def compute(
         "dup_rate_after": dup_after,
         "token_ks": ks_statistic([int(p) for p in prompt_tokens], [int(t) for t in targets if t is not None]),
         "token_exact_share": (exact / len(targets)) if targets else None,
+        "catalog_share": catalog_share(records),
+        "region_agreement": region_agreement(records),
+        "query_in_prompt": query_in_prompt(records),
     }
 
 
@@ -163,6 +215,8 @@ _CHECKS: tuple[tuple[str, str, str], ...] = (
     ("max_mean_cosine", "mean_pairwise_cosine", "max"),
     ("min_distinct_2", "distinct_2", "min"),
     ("max_ks", "token_ks", "max"),
+    ("min_catalog_share", "catalog_share", "min"),
+    ("min_region_agreement", "region_agreement", "min"),
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings
@@ -22,6 +21,8 @@ class Thresholds(BaseModel):
     max_mean_cosine: float | None = None
     min_distinct_2: float | None = None
     max_ks: float | None = None
+    min_catalog_share: float | None = 0.95
+    min_region_agreement: float | None = 1.0
 
     @classmethod
     def of(cls, settings: object) -> Thresholds:
@@ -38,14 +39,20 @@ class CorpusSettings(BaseSettings, Thresholds):
     seed: int = 0
     dedup_threshold: float = Field(default=0.82, gt=0.0, le=1.0)
     dedup_method: str = "auto"
-    """``auto`` (exact up to 20 000 candidates, faiss beyond), ``exact`` or ``faiss``."""
-    dedup_on: Literal["variables", "query"] = "variables"
-    """What dedup embeds: the variable parts of the prompt (default) or the user's query alone."""
+    """Pair search of the ``embedding`` judge: ``auto`` (exact up to 20 000 candidates, faiss
+    beyond), ``exact`` or ``faiss``."""
+    dedup_judges: dict[str, str] = Field(default_factory=lambda: {"en": "embedding", "zh": "char-tfidf"})
+    """Per language, the judge of near-duplicate queries: ``embedding`` (the sentence embedder's
+    cosine) or ``char-tfidf`` (character 2–3-gram TF-IDF cosine, for languages the embedder was not
+    trained on). Set a multilingual ``embed_model`` to judge Chinese by embedding too."""
+    embed_model: Path | None = None
+    """A local sentence-transformers model directory for the ``embedding`` judge; default MiniLM."""
     max_rounds: int = Field(default=8, ge=1)
     """Generate-and-dedup rounds before giving up on reaching ``n`` distinct requests."""
     fewshot_top_n: int = Field(default=100, ge=1)
+    """Few-shot pool size: the most confident log lines, stratified by domain (docs/corpus.md)."""
     fewshot_k: int | None = Field(default=None, ge=1)
-    """KMeans clusters for the few-shot pool; ``None``: chosen by silhouette in 2..10."""
+    """KMeans clusters when a log has no domain labels; ``None``: chosen by silhouette in 2..10."""
     shot_set_size: int = Field(default=12, ge=1)
     shots_per_prompt: int = Field(default=3, ge=0)
     fewshot_floor: int = Field(default=1, ge=0)

@@ -163,6 +163,21 @@ class TargetTokenizer:
             got = self.count(fitted)
         return fitted, got, how
 
+    def fit_keep_end(self, text: str, budget: int, key: str) -> tuple[str, int, str]:
+        """Like :meth:`fit`, but a text over budget loses its beginning (cut at a word start), so
+        what it ends with (the request) survives; the cut is topped up with filler words in front."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        n = len(enc.ids)
+        if n <= budget:
+            return self.fit(text, budget, key)
+        start = n - budget
+        word_ids = enc.word_ids
+        while 0 < start < n and word_ids[start] is not None and word_ids[start] == word_ids[start - 1]:
+            start += 1  # a word split across the cut goes whole
+        tail = text[enc.offsets[start][0] :] if start < n else ""
+        fitted, got, _ = self.fit(tail, budget, f"head:{key}")
+        return fitted, got, "truncated"
+
 
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str | None, seed: int) -> TargetTokenizer:

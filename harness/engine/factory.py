@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.common.device import resolve_device as common_resolve_device
 from harness.common.errors import ConfigError
 from harness.engine.async_engine import ThreadedAsyncEngine
 from harness.engine.core import EngineCore
@@ -21,22 +22,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` → CUDA when present, else CPU; an unavailable CUDA is a :class:`ConfigError`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}", field="HARNESS__ENGINE__DEVICE") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "device 'cuda' asked for but CUDA is not available", field="HARNESS__ENGINE__DEVICE"
-        )
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(
-            f"unsupported device {name!r}; use auto, cpu or cuda[:N]", field="HARNESS__ENGINE__DEVICE"
-        )
-    return dev
+    """``auto`` → CUDA when present, else CPU; an unavailable CUDA is a :class:`ConfigError`.
+
+    The rules live in :func:`harness.common.device.resolve_device`, shared with the embedder.
+    """
+    return torch.device(common_resolve_device(name, field="HARNESS__ENGINE__DEVICE"))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -8,14 +8,24 @@ import pytest
 from harness.common.errors import CheckFailed, ExitCode
 from harness.corpus import quality
 from harness.corpus.inputs import InputSampler
+from harness.corpus.logs import read_log
 from harness.corpus.model import CorpusRecord, Provenance
+
+from .conftest import FIXTURES
+
+
+def _sampler(seed: int) -> InputSampler:
+    logs = read_log(FIXTURES / "clinc150_sample.json") + read_log(FIXTURES / "crosswoz_sample.json.zip")
+    return InputSampler(seed, logs)
 
 
 def _records(n: int) -> list[CorpusRecord]:
-    s = InputSampler(11)
+    s = _sampler(11)
     out = []
     for i in range(n):
-        v, _ = s.variables(i)
+        got = s.variables(i)
+        assert got is not None
+        v, _ = got
         out.append(
             CorpusRecord(
                 id=f"r{i}",
@@ -88,3 +98,21 @@ def test_distinct_n_and_ks() -> None:
 def test_duplicate_rate_threshold_fails() -> None:
     metrics = quality.compute(_records(5), dup_before=0.3, dup_after=0.1)
     assert quality.failures(metrics, quality.Thresholds()) == ["dup_rate_after = 0.1000, needs ≤ 0.0"]
+
+
+def test_catalogue_share_and_region_agreement_catch_planted_defects() -> None:
+    recs = _records(40)
+    assert quality.catalog_share(recs) == 1.0
+    assert quality.region_agreement(recs) == 1.0
+    assert quality.query_in_prompt(recs) == 1.0
+    events = sum(len(r.variables.session.events) for r in recs)  # type: ignore[union-attr]
+    for r in recs[:5]:  # word salad in one event of five records
+        r.variables.session.events[0].detail = "writer brother"  # type: ignore[union-attr]
+    assert quality.catalog_share(recs) == pytest.approx(1 - 5 / events)
+    zh = next(r for r in recs if r.lang == "zh")
+    zh.variables.profile.region = "澳门特别行政区"  # type: ignore[union-attr]
+    en = next(r for r in recs if r.lang == "en")
+    en.variables.profile.city = "Lake Amandaville"  # type: ignore[union-attr]
+    assert quality.region_agreement(recs) == pytest.approx(38 / 40)
+    recs[7].prompt = "something else"
+    assert quality.query_in_prompt(recs) == pytest.approx(39 / 40)

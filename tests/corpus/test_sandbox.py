@@ -117,11 +117,17 @@ def test_render_time_limit(tmp_path: Path) -> None:
 def test_shipped_templates_render_with_documented_variables() -> None:
     from harness.corpus.build import _context
     from harness.corpus.inputs import InputSampler
-    from harness.corpus.model import FewShotLogEntry
+    from harness.corpus.logs import Utterance, read_log
 
-    sampler = InputSampler(3)
-    v, pick = sampler.variables(0)
-    shot = FewShotLogEntry(id="x", text="{{ 7*7 }} literal", confidence=0.9, domain="travel", response="ok")
+    from .conftest import FIXTURES
+
+    sampler = InputSampler(3, read_log(FIXTURES / "clinc150_sample.json"))
+    got = sampler.variables(0)
+    assert got is not None
+    v, pick = got
+    shot = Utterance(
+        id="x", text="{{ 7*7 }} literal", lang="en", domain="travel", intent=None, source="t", response="ok"
+    )
     ctx = _context(v, pick, [shot], None)
     r = PromptRenderer([TEMPLATES])
     out = r.render("four_section.j2", ctx)

@@ -54,3 +54,12 @@ def test_fit_lands_on_the_budget(tok: TargetTokenizer, ref: Tokenizer, text: str
     assert how == ("exact" if original == budget else "padded" if original < budget else "truncated")
     if how == "padded":
         assert fitted.endswith(text.lstrip(" "))
+
+
+@pytest.mark.parametrize("budget", [5, 40, 300])
+def test_fit_keep_end_cuts_the_front(tok: TargetTokenizer, ref: Tokenizer, budget: int) -> None:
+    text = "context " * 500 + "the request: where is my parcel?"
+    fitted, n, how = tok.fit_keep_end(text, budget, key="k")
+    assert len(_ids(ref, fitted)) == budget == n and how == "truncated"
+    if budget >= 40:
+        assert fitted.endswith("the request: where is my parcel?")
