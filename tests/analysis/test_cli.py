@@ -11,6 +11,7 @@ import yaml
 
 from harness.cli import main
 from harness.common.io import write_jsonl
+from harness.load.plan import read_plan
 
 from .test_anomaly import planted_scrapes
 from .test_warmup import SAMPLE
@@ -71,8 +72,8 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan == json.loads(out)
     assert plan["expected_hit_rate"] <= plan["ceiling"] and plan["window_requests"] == 20
-    ladder = yaml.safe_load((tmp_path / "ladder.yaml").read_text())
-    assert ladder["stages"] and ladder["preload"] is None  # no corpus: no preload file
+    ladder = read_plan(tmp_path / "ladder.yaml")  # the load stage's plan model reads it
+    assert ladder.stages and ladder.preload is None  # no corpus: no preload file
     assert not (tmp_path / "preload.jsonl").exists()
 
 
@@ -287,4 +288,5 @@ def test_tiers_and_plan_with_corpus(capsys: pytest.CaptureFixture[str], tmp_path
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     lines = [json.loads(x) for x in (tmp_path / "plan" / "preload.jsonl").read_text().splitlines()]
     assert len(lines) == plan["preload_lines_written"] == plan["preload_requests"] > 0
-    assert yaml.safe_load((tmp_path / "plan" / "ladder.yaml").read_text())["preload"] == "preload.jsonl"
+    ladder = read_plan(tmp_path / "plan" / "ladder.yaml")
+    assert ladder.preload == "preload.jsonl" and ladder.policy.on_failure == "retry"
