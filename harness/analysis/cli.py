@@ -64,6 +64,17 @@ def _api(value: str) -> Any:
     return value
 
 
+def _warn_sampled(lines: list[dict[str, Any]]) -> None:
+    from harness.load.arrivals import is_sampled
+
+    n = sum(is_sampled(line) for line in lines)
+    if n:
+        _say(
+            f"harness: warning: {n} of {len(lines)} preload lines sample (temperature > 0 without a seed): "
+            "a response cache does not serve those by default (harness serve: HARNESS__CACHE__CACHE_SAMPLED)"
+        )
+
+
 # --------------------------------------------------------------------------- hitrate
 
 
@@ -192,6 +203,7 @@ def plan(
         preload_name = "preload.jsonl"
         if missing:
             _say(f"harness: warning: {missing} preload requests have no corpus record and were left out")
+        _warn_sampled(lines)
     ladder = ladder_plan(
         history,
         stage_s=stage_s,

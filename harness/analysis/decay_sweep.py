@@ -63,7 +63,7 @@ from harness.common.errors import (
 )
 from harness.common.io import write_json, write_jsonl
 from harness.common.stats import percentile
-from harness.load.arrivals import ApiChoice
+from harness.load.arrivals import ApiChoice, is_sampled
 
 DEFAULT_RATE = 1000.0
 """Offered arrivals/s of a stage: far above what a single inference server serves per client pool."""
@@ -326,8 +326,16 @@ def run_sweep(
             field="--settle",
         )
     preload_file = out_dir / PRELOAD_FILE
-    write_jsonl(preload_file, corpus_preload(settings))
+    lines = corpus_preload(settings)
+    write_jsonl(preload_file, lines)
     sweep = DecaySweep(settings=settings, preload=None, stages=[], fit=None)
+    sampled = sum(is_sampled(line) for line in lines)
+    if sampled:
+        # Such requests miss whatever the bypass fraction: every stage measures a CMR near 1.
+        sweep.warnings.append(
+            f"{sampled} of {len(lines)} corpus requests sample (temperature > 0 without a seed): a response "
+            "cache does not serve them by default (harness serve: HARNESS__CACHE__CACHE_SAMPLED)"
+        )
 
     def warm(before: str) -> None:
         say(f"preloading {preload_file} into {settings.url} before {before}")

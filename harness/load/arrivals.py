@@ -122,6 +122,14 @@ def preload_line(
     return body
 
 
+def is_sampled(body: dict[str, Any]) -> bool:
+    """A random draw: ``temperature`` > 0 (OpenAI's default is 1) and no ``seed``. Response caches
+    do not serve these by default (ours answers ``BYPASS`` unless ``HARNESS__CACHE__CACHE_SAMPLED``),
+    so preloading them warms nothing the replay will hit."""
+    temperature = body.get("temperature", 1.0)
+    return bool(temperature is None or temperature > 0) and body.get("seed") is None
+
+
 INV_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 """Step of the bypass sequence: the golden ratio's fractional part (the most evenly spreading step)."""
 

@@ -16,6 +16,7 @@ from harness.load.arrivals import (
     bypasses,
     from_corpus_offsets,
     from_schedule,
+    is_sampled,
     preload_line,
     prepare_requests,
     share,
@@ -152,3 +153,11 @@ def test_bypass_choice_is_deterministic_and_holds_its_share_in_every_window(frac
 def test_bypass_edges() -> None:
     assert not any(bypasses(s, 0.0, 0.3) for s in range(1000))
     assert all(bypasses(s, 1.0, 0.3) for s in range(1000))
+
+
+def test_sampled_requests_are_recognised() -> None:
+    assert is_sampled({"prompt": "x"})  # OpenAI's default temperature is 1
+    assert is_sampled({"prompt": "x", "temperature": None})
+    assert is_sampled({"prompt": "x", "temperature": 0.7})
+    assert not is_sampled({"prompt": "x", "temperature": 0.7, "seed": 1})
+    assert not is_sampled({"prompt": "x", "temperature": 0})
