@@ -281,7 +281,7 @@ def plot_decay(fit: DecayFit, path: str | Path, *, mixture: MixtureFit | None = 
         )
     ax.scatter(x, y, color="black", zorder=3, label="stages")
     ax.set_ylabel("achieved QPS")
-    ax.set_title(f"QPS decay under cache misses (R² = {fit.r2:.3f})")
+    ax.set_title(f"QPS decay under cache misses (exp(−k·CMR²) fit: R² = {fit.r2:.3f})")
     ax.legend()
     ax_r.axhline(0.0, color="grey", linewidth=0.8)
     ax_r.scatter(x, fit.residuals, color="black", label="exp(−k·CMR²)")

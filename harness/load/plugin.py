@@ -122,7 +122,9 @@ class Inputs:
     """The JSONL to post to ``/cache/preload`` first: ``--preload``, else the plan's ``preload``."""
 
     @classmethod
-    def load(cls, opts: LoadOptions, *, ladder: bool) -> Inputs:
+    def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
+        """Read and check the inputs; ``posts_preload``: this process posts the preload (not a
+        worker), so the file must exist here."""
         if opts.corpus is None:
             raise ConfigError("no corpus given", field="--corpus", hint="--corpus runs/corpus/corpus.jsonl")
         records = list(read_corpus(opts.corpus))
@@ -165,7 +167,7 @@ class Inputs:
         preload_file = opts.preload
         if preload_file is None and plan is not None and opts.plan is not None:
             preload_file = plan_preload(plan.plan, opts.plan)
-            if preload_file is not None and not preload_file.is_file():
+            if posts_preload and preload_file is not None and not preload_file.is_file():
                 raise InputError(
                     f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
                 )
@@ -704,7 +706,7 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     role = _role(env)
     try:
         opts = LoadOptions.from_namespace(env.parsed_options)
-        inputs = Inputs.load(opts, ladder=_is_ladder(env))
+        inputs = Inputs.load(opts, ladder=_is_ladder(env), posts_preload=role != "worker")
     except HarnessError as exc:
         STATE.run = None
         _fail(env, exc)
