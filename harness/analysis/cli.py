@@ -436,11 +436,14 @@ def decay_sweep(
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise typer.BadParameter(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    if any(not 0.0 <= f <= 1.0 for f in fractions):
-        raise typer.BadParameter("bypass fractions lie in [0, 1]", param_hint="--cmr")
+        where = ".".join(map(str, err["loc"])) or "settings"
+        raise typer.BadParameter(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
     ) as bar:
         task = bar.add_task("decay sweep", total=None)
         sweep = run_sweep(settings, out, progress=lambda msg: bar.update(task, description=msg))

@@ -42,9 +42,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.analysis.decay import (
     MISS_STATUSES,
@@ -89,7 +89,7 @@ class SweepSettings(BaseModel):
 
     url: str
     corpus: Path
-    fractions: list[float] = Field(min_length=3)
+    fractions: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=3)
     """Bypass fractions, one stage each, in the order run (the fit needs three)."""
     duration_s: float = Field(gt=0.0)
     """Seconds each stage sends."""
@@ -111,6 +111,14 @@ class SweepSettings(BaseModel):
     completions are ``cold``, 300 s by default) would otherwise raise the miss rate of later stages."""
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
     """Level of ``k``'s interval."""
+
+    @model_validator(mode="after")
+    def _window(self) -> SweepSettings:
+        if self.settle_s >= self.duration_s:
+            raise ValueError(
+                f"the settle time ({self.settle_s:g} s) must be shorter than a stage ({self.duration_s:g} s)"
+            )
+        return self
 
 
 class SweepStage(BaseModel):
@@ -319,12 +327,6 @@ def run_sweep(
     say = progress or (lambda _msg: None)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if settings.settle_s >= settings.duration_s:
-        raise ConfigError(
-            f"the settle time ({settings.settle_s:g} s) must be shorter than a stage "
-            f"({settings.duration_s:g} s)",
-            field="--settle",
-        )
     preload_file = out_dir / PRELOAD_FILE
     lines = corpus_preload(settings)
     write_jsonl(preload_file, lines)
