@@ -339,7 +339,7 @@ def decay(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Fit QPS = QPS0·exp(−k·CMR²) (Levenberg–Marquardt) to a bypass-fraction sweep."""
-    from harness.analysis.decay import fit_decay, plot_decay, points_from_run, read_points
+    from harness.analysis.decay import fit_decay, fit_mixture, plot_decay, points_from_run, read_points
 
     pts = [p for f in points or [] for p in read_points(f)] + [
         p for r in run or [] for p in points_from_run(r)
@@ -347,10 +347,11 @@ def decay(
     if not pts:
         raise typer.BadParameter("give --points or --run", param_hint="--points")
     fit = fit_decay(pts, confidence)
+    mixture = fit_mixture(pts)
     if out is not None:
         write_json(out, fit.model_dump())
     if plot is not None:
-        plot_decay(fit, plot)
+        plot_decay(fit, plot, mixture=mixture)
     if as_json:
         _echo_json(fit.model_dump())
         return
@@ -364,6 +365,16 @@ def decay(
     console.print(
         f"k = {fit.k:.4g} ({int(fit.confidence * 100)} % interval {lo:.4g} … {hi:.4g}), "
         f"QPS0 = {fit.qps0:.4g}, RMSE {fit.rmse:.3g}, R² {fit.r2:.4f}, n = {fit.n}",
+        highlight=False,
+    )
+    if mixture is not None:
+        _print_mixture(mixture)
+
+
+def _print_mixture(m: Any) -> None:
+    console.print(
+        f"cost mixture 1/QPS = (1−CMR)/{m.qps_hit:.4g} + CMR/{m.qps_miss:.4g}: RMSE {m.rmse:.3g}, "
+        f"R² {m.r2:.4f} (same number of parameters; compare the residuals)",
         highlight=False,
     )
 
@@ -489,12 +500,7 @@ def decay_sweep(
         highlight=False,
     )
     if sweep.mixture is not None:
-        m = sweep.mixture
-        console.print(
-            f"cost mixture 1/QPS = (1−CMR)/{m.qps_hit:.4g} + CMR/{m.qps_miss:.4g}: RMSE {m.rmse:.3g}, "
-            f"R² {m.r2:.4f} (same number of parameters; compare the residuals)",
-            highlight=False,
-        )
+        _print_mixture(sweep.mixture)
     for w in sweep.warnings:
         _say(f"harness: warning: {w}")
 

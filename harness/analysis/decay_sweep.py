@@ -30,8 +30,9 @@ flight finish), so the backlog never drains into the next stage. Lateness (``sen
 through the whole stage and the run's summary flags it ``client_bound``: both are **expected here**
 — they measure the backlog, not a slow client — and the sweep ignores them. What it does check: a
 stage counts as saturated only when the target sent fewer than 90 % of the offered arrivals in the
-window (otherwise the target kept up and the number is the offered rate, not the capacity: raise
-``rate``), and the client's CPU (over 90 % the client, not the target, set the pace).
+window (otherwise the target kept up and the number is the offered rate, not the capacity: such a
+stage runs again at ``RATE_RAISE`` times the rate, at most ``rate_raises`` times), and the client's
+CPU (over 90 % the client, not the target, set the pace).
 
 Choose ``concurrency`` like a real deployment's client concurrency (the capacity depends on it: at
 most the engine's batch, ``--max-num-seqs``, plus its queue before the server answers 429).
