@@ -40,10 +40,13 @@ class DecayPoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cmr: float = Field(ge=0.0, le=1.0)
+    """Measured cache-miss rate: share of the stage's requests the cache answered ``MISS``/``BYPASS``."""
     qps: float = Field(gt=0.0)
     source: str | None = None
     stage: str | None = None
     requests: int | None = None
+    bypass_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The share of requests the stage asked to bypass the cache (a live sweep's setting), if known."""
 
 
 class DecayFit(BaseModel):
@@ -116,6 +119,68 @@ def fit_decay(points: Sequence[DecayPoint], confidence: float = 0.95) -> DecayFi
     )
 
 
+def mixture_model(cmr: FloatArray, qps_hit: float, qps_miss: float) -> FloatArray:
+    """``1 / ((1 − CMR)/QPS_hit + CMR/QPS_miss)``: each request costs its path's time."""
+    out: FloatArray = 1.0 / ((1.0 - cmr) / qps_hit + cmr / qps_miss)
+    return out
+
+
+class MixtureFit(BaseModel):
+    """The cost-mixture model beside the seed's: a hit costs ``1/QPS_hit``, a miss ``1/QPS_miss``.
+
+    A saturated server's throughput is the inverse of the mean cost of a request, so with a share
+    ``CMR`` of misses ``1/QPS`` is linear in ``CMR``. It has as many parameters as the seed's model;
+    comparing the residuals says which shape the measurements follow.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    qps_hit: float
+    qps_miss: float
+    residuals: list[float]
+    rmse: float
+    r2: float
+
+    def predict(self, cmr: FloatArray) -> FloatArray:
+        return mixture_model(cmr, self.qps_hit, self.qps_miss)
+
+
+def fit_mixture(points: Sequence[DecayPoint]) -> MixtureFit | None:
+    """Levenberg–Marquardt fit of :func:`mixture_model` (from the linear fit of ``1/QPS``); ``None``
+    when the points do not give positive costs for both paths or it does not converge."""
+    from scipy.optimize import curve_fit
+
+    x = np.asarray([p.cmr for p in points], dtype=np.float64)
+    y = np.asarray([p.qps for p in points], dtype=np.float64)
+    if len(points) < 3 or np.unique(x).size < 2:
+        return None
+    slope, intercept = np.polyfit(x, 1.0 / y, 1)
+    a, b = float(intercept), float(intercept + slope)  # costs at CMR 0 and CMR 1
+    if a <= 0 or b <= 0:
+        return None
+
+    def model(c: FloatArray, hit: float, miss: float) -> FloatArray:
+        return mixture_model(c, hit, miss)
+
+    try:
+        popt, _ = curve_fit(model, x, y, p0=(1.0 / a, 1.0 / b), method="lm", maxfev=10_000)
+    except RuntimeError:
+        return None
+    hit, miss = float(popt[0]), float(popt[1])
+    if hit <= 0 or miss <= 0:
+        return None
+    resid = y - mixture_model(x, hit, miss)
+    ss_res = float(np.sum(resid**2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return MixtureFit(
+        qps_hit=hit,
+        qps_miss=miss,
+        residuals=[float(r) for r in resid],
+        rmse=math.sqrt(ss_res / len(points)),
+        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+    )
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -183,8 +248,10 @@ def points_from_run(run_dir: str | Path) -> list[DecayPoint]:
 # --------------------------------------------------------------------------- plot
 
 
-def plot_decay(fit: DecayFit, path: str | Path) -> None:
-    """Points, fitted curve with the curves at ``k``'s interval ends, and residuals; PNG, atomically."""
+def plot_decay(fit: DecayFit, path: str | Path, *, mixture: MixtureFit | None = None) -> None:
+    """Points, fitted curve with the curves at ``k``'s interval ends, and residuals; PNG, atomically.
+
+    With ``mixture``, its curve and residuals are drawn too (dashed, hollow markers)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,12 +272,22 @@ def plot_decay(fit: DecayFit, path: str | Path) -> None:
         label=f"k {int(fit.confidence * 100)} % interval",
     )
     ax.plot(grid, decay_model(grid, fit.qps0, fit.k), label=f"QPS0·exp(−k·CMR²), k = {fit.k:.3g}")
+    if mixture is not None:
+        ax.plot(
+            grid,
+            mixture.predict(grid),
+            linestyle="--",
+            label=f"1/((1−CMR)/{mixture.qps_hit:.3g} + CMR/{mixture.qps_miss:.3g}) (cost mixture)",
+        )
     ax.scatter(x, y, color="black", zorder=3, label="stages")
     ax.set_ylabel("achieved QPS")
-    ax.set_title(f"QPS decay under cache misses (R² = {fit.r2:.3f})")
+    ax.set_title(f"QPS decay under cache misses (exp(−k·CMR²) fit: R² = {fit.r2:.3f})")
     ax.legend()
     ax_r.axhline(0.0, color="grey", linewidth=0.8)
-    ax_r.scatter(x, fit.residuals, color="black")
+    ax_r.scatter(x, fit.residuals, color="black", label="exp(−k·CMR²)")
+    if mixture is not None:
+        ax_r.scatter(x, mixture.residuals, facecolors="none", edgecolors="C1", label="cost mixture")
+        ax_r.legend(fontsize="small")
     ax_r.set_xlabel("cache-miss rate (CMR)")
     ax_r.set_ylabel("residual")
     with atomic_write(path, "wb", encoding=None) as fh:

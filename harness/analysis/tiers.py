@@ -18,9 +18,9 @@ which ``harness serve --cache --tiers FILE`` loads.
 
 Entropy comes, per query and in this order, from: an explicit value (``--entropy`` JSONL of
 ``{query|id|prompt_fp, mean_entropy}``, or ``mean_entropy`` in a ``--queries`` row), a load run's
-records (``mean_entropy`` or ``usage.harness.mean_entropy`` on a record, once the load stage records
-it), and last the cached completion's ``mean_entropy`` in the server's saved cache state
-(``<state_dir>/l3/<tenant>/meta.json``, matched by prompt fingerprint).
+records (:attr:`harness.load.results.RequestRecord.mean_entropy`, which the load stage fills from the
+server's ``usage.harness.mean_entropy``), and last the cached completion's ``mean_entropy`` in the
+server's saved cache state (``<state_dir>/l3/<tenant>/meta.json``, matched by prompt fingerprint).
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def queries_from_rows(path: str | Path) -> list[Query]:
 def queries_from_corpus(corpus: str | Path, runs: Sequence[str | Path] = ()) -> list[Query]:
     """Queries of a corpus, counted by how often load runs replayed them (once each without runs).
 
-    Entropy recorded by the runs (``mean_entropy`` or ``usage.harness.mean_entropy`` on a record)
-    is averaged per query.
+    Entropy recorded by the runs (each record's ``mean_entropy``, the server's
+    ``usage.harness.mean_entropy``) is averaged per query.
     """
     from harness.corpus.model import read_corpus
 
@@ -182,27 +182,13 @@ def queries_from_corpus(corpus: str | Path, runs: Sequence[str | Path] = ()) -> 
 
 
 def _run_rows(run: str | Path) -> Iterable[tuple[str, float | None]]:
-    """(record id, mean entropy if recorded) per request of a load run (read as plain JSON, so a
-    ``mean_entropy`` field added to the records by a newer load stage is picked up)."""
-    from harness.load.results import RECORDS_FILE
+    """(record id, mean entropy if the target reported it) per request of a load run, read through
+    the load stage's model (:func:`harness.load.results.read_records`: a malformed record is an
+    :class:`InputError` naming its line and field)."""
+    from harness.load.results import read_records
 
-    p = Path(run)
-    if p.is_dir():
-        p = p / RECORDS_FILE
-    for lineno, row in iter_jsonl(p, expected="a request record"):
-        rid = row.get("id")
-        if not isinstance(rid, str):
-            raise InputError("a record needs an 'id'", file=p, line=lineno, field="id")
-        yield rid, _entropy_of(row)
-
-
-def _entropy_of(row: dict[str, Any]) -> float | None:
-    value = row.get("mean_entropy")
-    if value is None:
-        usage = row.get("usage")
-        harness = usage.get("harness") if isinstance(usage, dict) else None
-        value = harness.get("mean_entropy") if isinstance(harness, dict) else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    for record in read_records(run):
+        yield record.id, record.mean_entropy
 
 
 def apply_entropy_file(queries: Sequence[Query], path: str | Path) -> int:

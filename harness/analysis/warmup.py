@@ -23,10 +23,12 @@
    from the replacement policy's losses.
 
 4. **Outputs.** ``preload.jsonl`` in the format ``POST /cache/preload`` accepts (one OpenAI request
-   body per line, optional ``tenant``; no ``completion``, so the server generates each answer, which
-   also fills the engine's prefix cache), and a ladder plan (:class:`LadderPlan`, YAML) for the
-   warmup locustfile: stages with a target QPS, a duration and a tolerated failure rate, and the
-   rollback policy.
+   body per line, the body the load stage sends for that record, optional ``tenant``; no
+   ``completion``, so the server generates each answer, which also fills the engine's prefix
+   cache), and the ladder plan for ``locustfiles/warmup.py`` in the load stage's own model
+   (:class:`harness.load.plan.Plan`, written by :func:`harness.load.plan.write_plan`): stages with a
+   target QPS, a duration and a tolerated failure rate, the rollback policy, and ``preload`` naming
+   the preload file beside it.
 """
 
 from __future__ import annotations
@@ -34,18 +36,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from harness.analysis.references import FloatArray, IntArray, RefTrace
 from harness.analysis.sim import optimal_preload, simulate
 from harness.common.errors import InputError
-from harness.common.headers import DEFAULT_TENANT
-from harness.common.io import atomic_write, write_jsonl
+from harness.common.io import write_jsonl
 from harness.common.registry import Registry
 from harness.common.stats import percentile
+from harness.load.arrivals import ApiChoice, preload_line
+from harness.load.plan import Plan, Policy, Stage
 
 Predictor = Callable[[RefTrace, float], FloatArray]
 """(history, τ seconds) → predicted reuse per key id (``len(history.labels)`` values)."""
@@ -125,53 +128,6 @@ def covering_requests(history: RefTrace, chosen: Iterable[int]) -> list[int]:
 # --------------------------------------------------------------------------- ladder plan
 
 
-class LadderStage(BaseModel):
-    """One step of the warmup ladder."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    target_qps: float = Field(gt=0.0)
-    duration_s: float = Field(gt=0.0)
-    max_failure_rate: float = Field(ge=0.0, le=1.0)
-    """Failed requests / requests in the stage above which the ladder rolls back."""
-
-
-class RollbackPolicy(BaseModel):
-    """What the ladder does when a stage's failure rate exceeds its tolerance."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    on_failure: Literal["previous-stage", "first-stage", "abort"] = "previous-stage"
-    max_rollbacks: int = Field(default=2, ge=0)
-    """Rollbacks allowed in one run; one more failure aborts the ladder."""
-    cooldown_s: float = Field(default=30.0, ge=0.0)
-    """Time spent at the stage rolled back to before climbing again."""
-
-
-class LadderPlan(BaseModel):
-    """The warmup ladder for the warmup locustfile (YAML).
-
-    The load stage owns the schema it reads; this is the shape the analysis emits (version 1):
-    preload first, then stages of increasing QPS, rolling back on failures.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: Literal[1] = 1
-    name: str = "warmup"
-    preload: str | None = None
-    """The preload JSONL to ``POST /cache/preload`` before the first stage."""
-    stages: list[LadderStage]
-    rollback: RollbackPolicy = Field(default_factory=RollbackPolicy)
-
-    @model_validator(mode="after")
-    def _stages(self) -> LadderPlan:
-        if not self.stages:
-            raise ValueError("a ladder needs at least one stage")
-        return self
-
-
 def arrival_rates(trace: RefTrace, bin_s: float = 10.0) -> list[float]:
     """Requests per second in consecutive ``bin_s`` bins over the trace's span."""
     if trace.n_requests == 0:
@@ -191,49 +147,34 @@ def ladder_plan(
     max_failure_rate: float = 0.01,
     bin_s: float = 10.0,
     preload: str | None = None,
-    rollback: RollbackPolicy | None = None,
-) -> LadderPlan:
-    """Stages at ``fractions`` of the history's ``peak_percentile`` arrival rate (per ``bin_s`` bin)."""
+    policy: Policy | None = None,
+) -> Plan:
+    """The warmup ladder for ``locustfiles/warmup.py``: the load stage's :class:`~harness.load.plan.Plan`.
+
+    Stages at ``fractions`` of the history's ``peak_percentile`` arrival rate (per ``bin_s`` bin),
+    each held ``stage_s`` with ``max_failure_rate`` tolerated; ``preload`` names the preload JSONL
+    beside the plan file. The default policy retries a failed stage once after holding the last
+    stage that passed (the seed's plan does the same).
+    """
     rates = arrival_rates(history, bin_s)
     peak = percentile(rates, peak_percentile) if rates else math.nan
     if not peak > 0:
         raise InputError("the history has no arrival rate to plan a ladder from", file=history.source)
     stages = [
-        LadderStage(
+        Stage(
             name=f"stage-{i + 1}",
-            target_qps=round(max(f * peak, 1e-3), 4),
+            qps=round(max(f * peak, 1e-3), 4),
             duration_s=stage_s,
             max_failure_rate=max_failure_rate,
         )
         for i, f in enumerate(sorted(fractions))
     ]
-    return LadderPlan(preload=preload, stages=stages, rollback=rollback or RollbackPolicy())
-
-
-def write_ladder(path: str | Path, plan: LadderPlan) -> None:
-    """Write the ladder plan as YAML, atomically."""
-    import yaml
-
-    with atomic_write(path) as fh:
-        yaml.safe_dump(plan.model_dump(mode="json"), fh, sort_keys=False)
-
-
-def read_ladder(path: str | Path) -> LadderPlan:
-    """Read a ladder plan YAML back (errors name the file and field)."""
-    import yaml
-    from pydantic import ValidationError
-
-    from harness.common.io import check_input_file, validation_input_error
-
-    p = check_input_file(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML ({exc}), expected a ladder plan", file=p) from None
-    try:
-        return LadderPlan.model_validate(doc)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=p, expected="a ladder plan") from None
+    return Plan(
+        name="warmup",
+        preload=preload,
+        policy=policy or Policy(on_failure="retry", max_retries=1),
+        stages=stages,
+    )
 
 
 # --------------------------------------------------------------------------- the plan
@@ -340,13 +281,21 @@ def _label_json(label: Hashable) -> Any:
 
 
 def preload_lines(
-    history: RefTrace, requests: Sequence[int], corpus: Path
+    history: RefTrace,
+    requests: Sequence[int],
+    corpus: Path,
+    *,
+    api: ApiChoice = "auto",
+    model: str | None = None,
+    max_tokens_cap: int | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """``POST /cache/preload`` lines for ``requests`` of ``history``, from the corpus that replays it.
 
     A request of a load run (``records:<id>``) is the corpus record with that id; a request of a
     trace (``line:<n>``) is the corpus record generated from that trace line
-    (``provenance.source_line``). Returns the lines and how many requests had no record.
+    (``provenance.source_line``). Each line is the body the load stage will send for that record
+    (:func:`harness.load.arrivals.preload_line`), so ``api``, ``model`` and ``max_tokens_cap`` must be
+    the replay's. Returns the lines and how many requests had no record.
     """
     from harness.corpus.model import CorpusRecord, read_corpus
 
@@ -373,10 +322,7 @@ def preload_lines(
         if rec.id in seen:
             continue
         seen.add(rec.id)
-        _, body = rec.to_request(stream=False)
-        if rec.tenant and rec.tenant != DEFAULT_TENANT:
-            body["tenant"] = rec.tenant
-        lines.append(body)
+        lines.append(preload_line(rec, api=api, model=model, max_tokens_cap=max_tokens_cap))
     return lines, missing
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from harness.common.errors import ConfigError
+from harness.common.headers import DEFAULT_TENANT
 from harness.common.openai import Endpoint
 from harness.corpus.model import CorpusRecord
 from harness.load.stream import TokenCounting
@@ -52,6 +53,13 @@ class RequestSpec:
     """Key that keeps related requests (a session's turns) on one worker."""
 
 
+_ENDPOINTS: dict[ApiChoice, Endpoint | None] = {
+    "auto": None,
+    "chat": "chat.completions",
+    "completions": "completions",
+}
+
+
 def prepare_requests(
     records: Iterable[CorpusRecord],
     *,
@@ -66,7 +74,7 @@ def prepare_requests(
     ``continuous_usage_stats`` (servers that do not know it ignore it or, if strict, should be run
     with ``--token-counting final-usage``); ``logprobs`` counting asks for logprobs.
     """
-    endpoint: Endpoint | None = {"auto": None, "chat": "chat.completions", "completions": "completions"}[api]
+    endpoint = _ENDPOINTS[api]
     out: list[RequestSpec] = []
     for rec in records:
         ep, body = rec.to_request(endpoint, model=model, max_tokens_cap=max_tokens_cap, stream=True)
@@ -92,6 +100,58 @@ def prepare_requests(
     if not out:
         raise ConfigError("the corpus has no records")
     return out
+
+
+def preload_line(
+    rec: CorpusRecord,
+    *,
+    api: ApiChoice = "auto",
+    model: str | None = None,
+    max_tokens_cap: int | None = None,
+) -> dict[str, Any]:
+    """The ``POST /cache/preload`` line that warms the entry a replay of ``rec`` will look up.
+
+    The same body :func:`prepare_requests` sends (endpoint, model, capped ``max_tokens``, every
+    sampling field: the cache keys on them), without streaming, plus ``tenant`` when it is not the
+    default one (the replay sends it as ``X-Tenant-ID``). No ``completion``: the server generates it.
+    Give the options the replay will run with, or the entries will not be hit.
+    """
+    _, body = rec.to_request(_ENDPOINTS[api], model=model, max_tokens_cap=max_tokens_cap, stream=False)
+    if rec.tenant and rec.tenant != DEFAULT_TENANT:
+        body["tenant"] = rec.tenant
+    return body
+
+
+def is_sampled(body: dict[str, Any]) -> bool:
+    """A random draw: ``temperature`` > 0 (OpenAI's default is 1) and no ``seed``. Response caches
+    do not serve these by default (ours answers ``BYPASS`` unless ``HARNESS__CACHE__CACHE_SAMPLED``),
+    so preloading them warms nothing the replay will hit."""
+    temperature = body.get("temperature", 1.0)
+    return bool(temperature is None or temperature > 0) and body.get("seed") is None
+
+
+INV_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+"""Step of the bypass sequence: the golden ratio's fractional part (the most evenly spreading step)."""
+
+
+def bypass_offset(seed: int) -> float:
+    """The bypass sequence's start in [0, 1) for ``seed`` (the same in every process)."""
+    digest = hashlib.blake2b(f"bypass:{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def bypasses(seq: int, fraction: float, offset: float) -> bool:
+    """Whether arrival ``seq`` of the run's global sequence is sent with ``Cache-Control: no-cache``.
+
+    A Weyl sequence, ``frac(offset + seq · φ⁻¹) < fraction``: deterministic per arrival (every worker
+    of a distributed run decides alike), not periodic (so not tied to ``seq mod len(corpus)``, which
+    picks the corpus record), and of low discrepancy: any run of ``n`` consecutive arrivals holds
+    ``fraction · n`` bypasses to within a few, where independent coin flips would be off by
+    ``√(n · f · (1 − f))``. Short stages therefore get the share they asked for.
+    """
+    if fraction <= 0.0:
+        return False
+    return (offset + seq * INV_GOLDEN) % 1.0 < fraction
 
 
 @dataclass(frozen=True, slots=True)

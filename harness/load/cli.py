@@ -149,6 +149,10 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
     concurrency: CONCURRENCY = None,
     max_tokens_cap: CAP = None,
     preload: PRELOAD = None,
+    bypass_fraction: Annotated[
+        float | None,
+        typer.Option("--bypass-fraction", help="Share of requests sent with Cache-Control: no-cache."),
+    ] = None,
 ) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
     from harness.load.runner import LoadSpec
@@ -167,6 +171,7 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
             concurrency=concurrency,
             max_tokens_cap=max_tokens_cap,
             preload=preload,
+            bypass_fraction=bypass_fraction,
         )
     )
 

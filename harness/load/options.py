@@ -57,7 +57,9 @@ class LoadOptions(BaseModel):
     plan: Path | None = None
     """Warmup ladder plan (YAML), for ``locustfiles/warmup.py``."""
     preload: Path | None = None
-    """JSONL posted to ``POST /cache/preload`` before the first request."""
+    """JSONL posted to ``POST /cache/preload`` before the first request (default: the plan's ``preload``)."""
+    bypass_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of arrivals sent with ``Cache-Control: no-cache`` (chosen per arrival from ``seed``)."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (``http://host:4318/v1/traces``): one client span per request."""
     warmup_id: str | None = None
@@ -65,6 +67,7 @@ class LoadOptions(BaseModel):
     pacer_spin_ms: float = Field(default=1.0, ge=0)
     request_timeout: float = Field(default=600.0, gt=0)
     seed: int = 0
+    """Seed of the Poisson process and of which arrivals bypass the cache."""
 
     @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
@@ -114,12 +117,13 @@ _HELP: dict[str, str] = {
     "token_counting": f"tokens per chunk from: {', '.join(TOKEN_COUNTINGS)}",
     "tokenizer": "tokenizer.json for --token-counting tokenizer",
     "plan": "warmup ladder plan (YAML)",
-    "preload": "JSONL to POST to /cache/preload before the first request",
+    "preload": "JSONL to POST to /cache/preload before the first request (default: the plan's preload)",
+    "bypass_fraction": "share of requests sent with Cache-Control: no-cache (0-1, per arrival from --seed)",
     "otlp_endpoint": "OTLP/HTTP endpoint for one client span per request",
     "warmup_id": "X-Warmup-ID of this run (default: random)",
     "pacer_spin_ms": "the pacer busy-waits (yielding) this long before each arrival for sub-ms precision",
     "request_timeout": "seconds a request may take (network timeout)",
-    "seed": "seed of the poisson arrival process",
+    "seed": "seed of the poisson arrival process and of the bypassed arrivals",
 }
 
 

@@ -1,9 +1,10 @@
 """The warmup ladder: a plan file of QPS stages, and the state machine that runs it with rollback.
 
 A plan (YAML, validated, unknown keys refused) lists stages, each a target arrival rate held for a
-duration with a tolerated failure rate::
+duration with a tolerated failure rate, and optionally the preload file to post first::
 
     name: seed
+    preload: preload.jsonl          # optional, relative to the plan file
     policy: {on_failure: retry, max_retries: 1, min_requests: 20}
     stages:
       - {name: s1-100qps, qps: 100, duration_s: 60, max_failure_rate: 0.08}
@@ -60,6 +61,9 @@ class Policy(_Strict):
 
 class Plan(_Strict):
     name: str = "ladder"
+    preload: str | None = None
+    """JSONL to ``POST /cache/preload`` before the first stage, relative to the plan file (a
+    ``--preload`` on the command line wins). ``harness analysis plan`` writes the two side by side."""
     policy: Policy = Field(default_factory=Policy)
     stages: list[Stage] = Field(min_length=1)
 
@@ -90,6 +94,31 @@ def read_plan(path: str | Path) -> Plan:
         return Plan.model_validate(data)
     except ValidationError as exc:
         raise validation_input_error(exc, file=p, expected="a ladder plan") from None
+
+
+def write_plan(path: str | Path, plan: Plan, *, comment: str | None = None) -> Path:
+    """Write ``plan`` as YAML that :func:`read_plan` reads back equal, atomically.
+
+    ``comment`` (lines) goes on top as ``#`` lines, e.g. where the stages came from.
+    """
+    import yaml
+
+    from harness.common.io import atomic_write
+
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    doc = plan.model_dump(mode="json", exclude_none=True)
+    with atomic_write(path) as fh:
+        fh.write(head)
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    return Path(path)
+
+
+def plan_preload(plan: Plan, plan_file: str | Path) -> Path | None:
+    """The plan's ``preload`` file resolved against the plan's directory (``None``: it names none)."""
+    if plan.preload is None:
+        return None
+    p = Path(plan.preload)
+    return p if p.is_absolute() else Path(plan_file).parent / p
 
 
 WindowStats = Callable[[float, float], tuple[int, int]]

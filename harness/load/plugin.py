@@ -53,6 +53,7 @@ from harness.load.arrivals import (
     RateArrivals,
     RequestSpec,
     Segment,
+    bypass_offset,
     from_corpus_offsets,
     from_schedule,
     prepare_requests,
@@ -60,7 +61,7 @@ from harness.load.arrivals import (
 )
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import ArrivalSource, Pacer
-from harness.load.plan import Ladder, read_plan
+from harness.load.plan import Ladder, plan_preload, read_plan
 from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
@@ -117,9 +118,13 @@ class Inputs:
     requests: list[RequestSpec]
     schedule: list[ScheduleEntry] | None
     ladder: Ladder | None
+    preload: Path | None = None
+    """The JSONL to post to ``/cache/preload`` first: ``--preload``, else the plan's ``preload``."""
 
     @classmethod
-    def load(cls, opts: LoadOptions, *, ladder: bool) -> Inputs:
+    def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
+        """Read and check the inputs; ``posts_preload``: this process posts the preload (not a
+        worker), so the file must exist here."""
         if opts.corpus is None:
             raise ConfigError("no corpus given", field="--corpus", hint="--corpus runs/corpus/corpus.jsonl")
         records = list(read_corpus(opts.corpus))
@@ -159,7 +164,14 @@ class Inputs:
             raise ConfigError(
                 "--token-counting tokenizer needs --tokenizer tokenizer.json", field="--tokenizer"
             )
-        return cls(opts, records, requests, schedule, plan)
+        preload_file = opts.preload
+        if preload_file is None and plan is not None and opts.plan is not None:
+            preload_file = plan_preload(plan.plan, opts.plan)
+            if posts_preload and preload_file is not None and not preload_file.is_file():
+                raise InputError(
+                    f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
+                )
+        return cls(opts, records, requests, schedule, plan, preload_file)
 
     def source(self, slot: int, n: int) -> tuple[ArrivalSource, int | None]:
         """This worker's arrival source and how many arrivals it holds (``None``: open-ended rate)."""
@@ -285,6 +297,8 @@ class LoadRun:
         self.epoch_unix = math.nan
         self.epoch = math.nan
         self.warmup_id = self.opts.warmup_id or uuid.uuid4().hex
+        self.bypass_offset = bypass_offset(self.opts.seed)
+        """Start of the bypass sequence (:func:`harness.load.arrivals.bypasses`)."""
         self.worker_index = 0
         self.slot = 0
         self.n_slots = 1
@@ -317,8 +331,8 @@ class LoadRun:
             self.n_slots = len(indexes)
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
         else:
-            if self.opts.preload is not None:
-                self.preload_result = preload(self.env.host or "", self.opts.preload)
+            if self.inputs.preload is not None:
+                self.preload_result = preload(self.env.host or "", self.inputs.preload)
             self.epoch_unix = time.time() + self.opts.start_delay
             po.harness_epoch = self.epoch_unix
             po.harness_warmup_id = self.warmup_id
@@ -692,7 +706,7 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     role = _role(env)
     try:
         opts = LoadOptions.from_namespace(env.parsed_options)
-        inputs = Inputs.load(opts, ladder=_is_ladder(env))
+        inputs = Inputs.load(opts, ladder=_is_ladder(env), posts_preload=role != "worker")
     except HarnessError as exc:
         STATE.run = None
         _fail(env, exc)

@@ -97,6 +97,12 @@ class RequestRecord(_Strict):
     """Whether ``prefill_peak_bytes`` was measured (CUDA) rather than estimated; ``None``: not reported."""
     cache: str | None = None
     """The ``x-cache`` response header (``HIT-L1`` … ``MISS``, ``BYPASS``); ``None`` when absent."""
+    bypass: bool = False
+    """Sent with ``Cache-Control: no-cache`` (``--bypass-fraction``): what the client asked for. Whether
+    the target's cache then missed is ``cache``, so a miss rate is measured, never assumed."""
+    mean_entropy: float | None = None
+    """Mean output entropy (nats/token) from the target's ``usage.harness.mean_entropy`` (our server;
+    on a cache hit, the stored completion's); ``None`` when the target does not report it (vLLM …)."""
     status: int = Field(ge=0)
     error: str | None = None
     worker: int = 0

@@ -67,6 +67,9 @@ class LoadSpec:
     otlp_endpoint: str | None = None
     warmup_id: str | None = None
     start_delay: float | None = None
+    drain_timeout: float | None = None
+    bypass_fraction: float | None = None
+    seed: int | None = None
     processes: int | None = None
     run_time: str | None = None
     """Locust's ``--run-time`` (``"90s"``, ``"5m"``): a cap; the rest of the schedule is not sent."""

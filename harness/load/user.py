@@ -33,7 +33,7 @@ from locust import FastHttpUser, constant, task
 
 from harness.common import headers as H
 from harness.load import plugin
-from harness.load.arrivals import Arrival
+from harness.load.arrivals import Arrival, bypasses
 from harness.load.stream import parse_lines, timing
 
 MAX_ERROR_BODY = 2048
@@ -113,6 +113,9 @@ class ReplayUser(FastHttpUser):
         trace_id = a.trace_id or spec.trace_id
         if trace_id:
             hdrs[H.TRACE_ID] = trace_id
+        bypass = bypasses(a.seq, run.opts.bypass_fraction, run.bypass_offset)
+        if bypass:
+            hdrs["Cache-Control"] = "no-cache"
         assert run.tracing is not None
         span = run.tracing.start(
             f"POST {spec.path}",
@@ -138,6 +141,7 @@ class ReplayUser(FastHttpUser):
             "status": 0,
             "error": None,
             "cache": None,
+            "bypass": bypass,
             "itl_ms": [],
         }
         clock = time.perf_counter
@@ -195,6 +199,8 @@ class ReplayUser(FastHttpUser):
                 row["prefill_kv_bytes"] = hx.get("prefill_kv_bytes")
                 row["prefill_peak_bytes"] = hx.get("prefill_peak_bytes")
                 row["peak_measured"] = hx.get("peak_measured")
+                entropy = hx.get("mean_entropy")
+                row["mean_entropy"] = entropy if isinstance(entropy, int | float) else None
             try:
                 tm = timing(parsed, run.opts.token_counting, run.tokenize)
             except ValueError as exc:

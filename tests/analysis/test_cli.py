@@ -11,7 +11,9 @@ import yaml
 
 from harness.cli import main
 from harness.common.io import write_jsonl
+from harness.load.plan import read_plan
 
+from .conftest import corpus_record
 from .test_anomaly import planted_scrapes
 from .test_warmup import SAMPLE
 
@@ -71,8 +73,8 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan == json.loads(out)
     assert plan["expected_hit_rate"] <= plan["ceiling"] and plan["window_requests"] == 20
-    ladder = yaml.safe_load((tmp_path / "ladder.yaml").read_text())
-    assert ladder["stages"] and ladder["preload"] is None  # no corpus: no preload file
+    ladder = read_plan(tmp_path / "ladder.yaml")  # the load stage's plan model reads it
+    assert ladder.stages and ladder.preload is None  # no corpus: no preload file
     assert not (tmp_path / "preload.jsonl").exists()
 
 
@@ -96,6 +98,34 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         ),
         (["analysis", "decay"], 2, "--points"),
         (["analysis", "tiers"], 2, "--corpus"),
+        (["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--api", "grpc"], 2, "grpc"),
+        (
+            ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", "/nope.jsonl"],
+            3,
+            "no such file",
+        ),
+        (["analysis", "decay-sweep", "--url", "u", "--corpus", str(SAMPLE), "--cmr", "0,1"], 2, "at least 3"),
+        (
+            ["analysis", "decay-sweep", "--url", "u", "--corpus", str(SAMPLE), "--cmr", "0,1,2"],
+            2,
+            "fractions.2",
+        ),
+        (
+            [
+                "analysis",
+                "decay-sweep",
+                "--url",
+                "u",
+                "--corpus",
+                str(SAMPLE),
+                "--duration",
+                "2",
+                "--settle",
+                "3",
+            ],
+            2,
+            "settle time",
+        ),
         (["deploy", "istio", "--host", "h", "--ab", "a=80,b=30"], 4, "add up to 100"),
         (["deploy", "istio"], 2, "host"),
     ],
@@ -106,6 +136,19 @@ def test_bad_input_is_one_line_and_an_exit_code(
     rc, _, err = run(capsys, *args)
     assert rc == code, err
     assert message in err and "Traceback" not in err
+
+
+def test_decay_sweep_against_no_server_is_unavailable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, [corpus_record("a", sampling={"temperature": 0.0}).model_dump(exclude_none=True)])
+    args = ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", str(corpus)]
+    rc, _, err = run(capsys, *args, "-o", str(tmp_path / "out"))
+    assert rc == 5 and "cannot reach http://127.0.0.1:9/cache/preload" in err
+    # The preload it would have posted is the replay's request, left for inspection.
+    line = json.loads((tmp_path / "out" / "preload.jsonl").read_text())
+    assert line["messages"][-1]["content"] == "question a" and line["temperature"] == 0.0
 
 
 def test_decay_avalanche_rto(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -287,4 +330,5 @@ def test_tiers_and_plan_with_corpus(capsys: pytest.CaptureFixture[str], tmp_path
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     lines = [json.loads(x) for x in (tmp_path / "plan" / "preload.jsonl").read_text().splitlines()]
     assert len(lines) == plan["preload_lines_written"] == plan["preload_requests"] > 0
-    assert yaml.safe_load((tmp_path / "plan" / "ladder.yaml").read_text())["preload"] == "preload.jsonl"
+    ladder = read_plan(tmp_path / "plan" / "ladder.yaml")
+    assert ladder.preload == "preload.jsonl" and ladder.policy.on_failure == "retry"

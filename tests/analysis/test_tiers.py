@@ -93,13 +93,10 @@ def test_zones_from_real_embeddings(tmp_path: Path) -> None:
 
 def test_entropy_from_runs_entropy_file_and_cache_state(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl", [corpus_record(f"q{i}") for i in range(4)])
-    # A newer load stage records mean_entropy (top level, or inside usage.harness): read as plain JSON.
+    # The load stage records the server's usage.harness.mean_entropy on each record (None: not reported).
     run = tmp_path / "run"
-    write_run(run, [record(i, id=f"q{i % 2}") for i in range(4)])
-    rows = [orjson.loads(x) for x in (run / "records.jsonl").read_bytes().splitlines()]
-    rows[0]["mean_entropy"] = 1.0
-    rows[2]["usage"] = {"harness": {"mean_entropy": 2.0}}
-    write_jsonl(run / "records.jsonl", rows)
+    entropies = [1.0, None, 2.0, None]
+    write_run(run, [record(i, id=f"q{i % 2}", mean_entropy=e) for i, e in enumerate(entropies)])
     qs = {q.ids[0]: q for q in queries_from_corpus(corpus, [run])}
     assert set(qs) == {"q0", "q1"}  # only what the runs replayed, counted
     assert (
@@ -137,3 +134,15 @@ def test_bad_rows_name_file_line_and_field(tmp_path: Path) -> None:
     assert exc.value.line == 2 and exc.value.field == "count"
     with pytest.raises(InputError, match="no queries"):
         build_tiers([], embed_queries([Query(text="x", prompt_fp="0" * 32)])[:0])
+
+
+def test_run_records_are_read_through_the_load_stages_model(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [corpus_record("q0")])
+    run = tmp_path / "run"
+    write_run(run, [record(0, id="q0", mean_entropy=1.0)])
+    rows = [orjson.loads(x) for x in (run / "records.jsonl").read_bytes().splitlines()]
+    rows[0]["mean_entropy"] = "high"  # not a number: the record's line and field are named
+    write_jsonl(run / "records.jsonl", rows)
+    with pytest.raises(InputError) as err:
+        queries_from_corpus(corpus, [run])
+    assert err.value.line == 1 and err.value.field == "mean_entropy"

@@ -11,17 +11,17 @@ import yaml
 from harness.analysis.references import load_refs
 from harness.analysis.sim import simulate
 from harness.analysis.warmup import (
-    LadderPlan,
     covering_requests,
     ladder_plan,
     plan_warmup,
     preload_lines,
     rank_keys,
-    read_ladder,
-    write_ladder,
 )
 from harness.common.errors import InputError
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.corpus.model import read_corpus
+from harness.load.arrivals import prepare_requests
+from harness.load.plan import Plan, plan_preload, read_plan, write_plan
 
 from .conftest import corpus_record, record, write_corpus, write_run
 
@@ -120,21 +120,35 @@ def test_preload_lines_are_what_post_cache_preload_accepts(tmp_path: Path) -> No
         (ChatCompletionRequest if "messages" in body else CompletionRequest).model_validate(body)
 
 
-def test_ladder_plan_shape_and_round_trip(tmp_path: Path) -> None:
+def test_ladder_plan_is_the_load_stages_plan_and_round_trips(tmp_path: Path) -> None:
     refs = load_refs(SAMPLE, "entries")
     plan = ladder_plan(refs, stage_s=30, max_failure_rate=0.02, preload="preload.jsonl")
-    qps = [s.target_qps for s in plan.stages]
+    assert isinstance(plan, Plan)
+    qps = [s.qps for s in plan.stages]
     assert qps == sorted(qps) and len(qps) == 5 and qps[0] > 0
-    write_ladder(tmp_path / "ladder.yaml", plan)
-    doc = yaml.safe_load((tmp_path / "ladder.yaml").read_text())
-    assert set(doc) == {"version", "name", "preload", "stages", "rollback"}
-    assert set(doc["stages"][0]) == {"name", "target_qps", "duration_s", "max_failure_rate"}
-    assert doc["rollback"]["on_failure"] == "previous-stage"
-    assert read_ladder(tmp_path / "ladder.yaml") == plan
-    (tmp_path / "bad.yaml").write_text("version: 1\nstages: []\n")
-    with pytest.raises(InputError, match="at least one stage"):
-        read_ladder(tmp_path / "bad.yaml")
-    assert LadderPlan.model_json_schema()["properties"]["stages"]
+    assert {s.duration_s for s in plan.stages} == {30} and {s.max_failure_rate for s in plan.stages} == {0.02}
+    assert plan.policy.on_failure == "retry"
+    path = write_plan(tmp_path / "ladder.yaml", plan)
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc) == {"name", "preload", "policy", "stages"}
+    assert set(doc["stages"][0]) == {"name", "qps", "duration_s", "max_failure_rate"}
+    assert read_plan(path) == plan  # what locustfiles/warmup.py reads
+    assert plan_preload(plan, path) == tmp_path / "preload.jsonl"
+
+
+def test_preload_lines_follow_the_replays_request_options(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [corpus_record(f"c{i}") for i in range(3)])
+    run = write_run(tmp_path / "run", [record(i, id=f"c{i % 3}", sent_s=float(i)) for i in range(6)])
+    refs = load_refs(run, "entries")
+    lines, missing = preload_lines(refs, [0, 1, 2], corpus, api="completions", model="m", max_tokens_cap=4)
+    assert missing == 0
+    # Exactly the body the load stage sends for the record (minus streaming): the cache key matches.
+    sent = prepare_requests(list(read_corpus(corpus)), api="completions", model="m", max_tokens_cap=4)
+    for line, req in zip(lines, sent, strict=True):
+        body = orjson.loads(req.body)
+        body.pop("stream")
+        body.pop("stream_options")
+        assert line == body and line["max_tokens"] == 4 and "prompt" in line
 
 
 @pytest.mark.realdata

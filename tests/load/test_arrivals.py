@@ -12,8 +12,12 @@ from harness.corpus.model import read_corpus
 from harness.load.arrivals import (
     RateArrivals,
     Segment,
+    bypass_offset,
+    bypasses,
     from_corpus_offsets,
     from_schedule,
+    is_sampled,
+    preload_line,
     prepare_requests,
     share,
 )
@@ -108,3 +112,52 @@ def test_poisson_rate_is_about_right() -> None:
     src.set_segments([Segment(0.0, 100.0, 50.0)])
     n = len(drain(src))
     assert 4500 < n < 5500
+
+
+def test_preload_lines_are_the_replayed_bodies_without_streaming(records: list) -> None:
+    for api in ("auto", "completions"):
+        reqs = prepare_requests(records, api=api, model="m", max_tokens_cap=4)
+        for rec, req in zip(records, reqs, strict=True):
+            line = preload_line(rec, api=api, model="m", max_tokens_cap=4)
+            sent = orjson.loads(req.body)
+            for k in ("stream", "stream_options"):
+                sent.pop(k)
+            # What the cache keys on is the same; the tenant goes as X-Tenant-ID live, as a field here.
+            assert {k: v for k, v in line.items() if k != "tenant"} == sent
+            assert line.get("tenant") == (None if rec.tenant == "default" else rec.tenant)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.75, 0.9])
+def test_bypass_choice_is_deterministic_and_holds_its_share_in_every_window(fraction: float) -> None:
+    offset = bypass_offset(7)
+    assert offset == bypass_offset(7) != bypass_offset(8) and 0.0 <= offset < 1.0
+    picks = [bypasses(seq, fraction, offset) for seq in range(5000)]
+    assert picks == [bypasses(seq, fraction, offset) for seq in range(5000)]
+    prefix = [0]
+    for p in picks:
+        prefix.append(prefix[-1] + p)
+    # Any run of n consecutive arrivals (a stage, a worker's slice of time) holds fraction·n to
+    # within a few (golden-ratio Weyl sequence); coin flips would stray by √(n·f·(1−f)) ≈ 11 at 500.
+    worst = max(
+        abs(prefix[start + n] - prefix[start] - fraction * n)
+        for n in (10, 37, 100, 500, 2000)
+        for start in range(0, 5000 - n, 7)
+    )
+    assert worst <= 3.0, worst
+    # Not periodic in the corpus length: with 4 records, each record is bypassed at about the share.
+    for rec in range(4):
+        mine = picks[rec::4]
+        assert abs(sum(mine) / len(mine) - fraction) < 0.01
+
+
+def test_bypass_edges() -> None:
+    assert not any(bypasses(s, 0.0, 0.3) for s in range(1000))
+    assert all(bypasses(s, 1.0, 0.3) for s in range(1000))
+
+
+def test_sampled_requests_are_recognised() -> None:
+    assert is_sampled({"prompt": "x"})  # OpenAI's default temperature is 1
+    assert is_sampled({"prompt": "x", "temperature": None})
+    assert is_sampled({"prompt": "x", "temperature": 0.7})
+    assert not is_sampled({"prompt": "x", "temperature": 0.7, "seed": 1})
+    assert not is_sampled({"prompt": "x", "temperature": 0})

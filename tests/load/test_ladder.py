@@ -49,3 +49,24 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
     assert len(by_stage["high"]) == pytest.approx(30 * high_span, abs=2)
     assert len(by_stage["low:rollback"]) == pytest.approx(16, abs=1)
     assert s.plan is not None and s.plan.path == str(plan)
+
+
+def test_the_plans_preload_file_is_posted_first(tmp_path: Path, corpus: Path) -> None:
+    (tmp_path / "plans").mkdir()
+    preload = tmp_path / "plans" / "preload.jsonl"
+    preload.write_text('{"prompt": "a", "max_tokens": 2}\n')
+    plan = tmp_path / "plans" / "ladder.yaml"
+    plan.write_text(
+        "preload: preload.jsonl\nstages:\n  - {name: only, qps: 4, duration_s: 1, max_failure_rate: 0.5}\n"
+    )
+    with SSEServer(Behaviour(tokens=2)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan,
+                        results_dir=tmp_path / "r", start_delay=0.5)  # fmt: skip
+        assert run_locust(spec, timeout_s=180) == 0
+        assert srv.preloads == [preload.read_bytes()]  # relative to the plan file, not the cwd
+    assert read_summary(tmp_path / "r").preload == {"lines": 1, "stored": 1, "generated": 0, "failed": 0}
+    preload.unlink()
+    spec = LoadSpec(host="http://127.0.0.1:9", corpus=corpus, locustfile="warmup", plan=plan,
+                    results_dir=tmp_path / "r2", start_delay=0.5)  # fmt: skip
+    assert run_locust(spec, timeout_s=180) == 3  # named in the plan, missing: bad input, before any load
+    assert "preload" in (tmp_path / "r2" / "locust.log").read_text()

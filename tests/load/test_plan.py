@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.errors import InputError
-from harness.load.plan import Ladder, Plan, read_plan
+from harness.load.plan import Ladder, Plan, plan_preload, read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,3 +98,17 @@ def test_first_stage_failing_has_no_safe_stage_and_stops() -> None:
     run(ladder, fails_above(5, ladder))
     assert [(o.name, o.verdict) for o in ladder.outcomes()] == [("a", "stopped")]
     assert ladder.stopped and ladder.segments() == []
+
+
+def test_write_plan_reads_back_equal_and_the_preload_is_beside_the_plan(tmp_path: Path) -> None:
+    p = plan("retry").model_copy(update={"preload": "preload.jsonl", "name": "from-analysis"})
+    path = write_plan(tmp_path / "sub" / "ladder.yaml", p, comment="line one\nline two")
+    text = path.read_text()
+    assert text.startswith("# line one\n# line two\n")
+    assert read_plan(path) == p
+    assert plan_preload(p, path) == tmp_path / "sub" / "preload.jsonl"
+    assert plan_preload(p.model_copy(update={"preload": "/abs/x.jsonl"}), path) == Path("/abs/x.jsonl")
+    assert plan_preload(plan(), path) is None
+    # Without a preload, the key is not written at all (a plan a person wrote looks the same).
+    write_plan(tmp_path / "plain.yaml", plan())
+    assert "preload" not in (tmp_path / "plain.yaml").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.stats import percentile
+from harness.load.arrivals import bypass_offset, bypasses
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.sse_server import Behaviour, SSEServer
@@ -182,3 +183,20 @@ def test_bad_input_fails_before_any_load_with_the_documented_code(tmp_path: Path
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert bad.returncode == 3 and "stages.0.oops" in bad.stderr
+
+
+def test_bypass_fraction_sends_no_cache_on_the_chosen_arrivals(tmp_path: Path, corpus: Path) -> None:
+    with SSEServer(Behaviour(tokens=2)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=2, results_dir=tmp_path / "r",
+                        start_delay=0.5, bypass_fraction=0.25, seed=3)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        served = srv.requests
+    recs = list(read_records(tmp_path / "r"))
+    assert len(recs) == len(served) == 40
+    # Arrival seq of a single-process rate run is 0, 1, … in send order: the choice is reproducible.
+    expected = sum(bypasses(seq, 0.25, bypass_offset(3)) for seq in range(40))
+    sent_no_cache = sum({k.lower(): v for k, v in x.headers.items()}.get("cache-control") == "no-cache"
+                        for x in served)  # fmt: skip
+    assert sum(r.bypass for r in recs) == sent_no_cache == expected == 10
+    # A target that reports no mean entropy (this one, vLLM) leaves the field empty, never 0.
+    assert all(r.mean_entropy is None for r in recs)

@@ -79,3 +79,11 @@ def test_round_trip_and_bad_lines_name_file_line_field(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         read_summary(bad)
     assert err.value.file is not None and err.value.file.endswith("summary.json")
+
+
+def test_bypass_and_mean_entropy_default_for_older_records_and_other_targets() -> None:
+    # Records written before the fields existed (and by targets that report no entropy) still read.
+    old = {k: v for k, v in record(0).model_dump(mode="json").items() if k not in ("bypass", "mean_entropy")}
+    r = RequestRecord.model_validate(old)
+    assert r.bypass is False and r.mean_entropy is None
+    assert record(1, bypass=True, mean_entropy=2.5).mean_entropy == 2.5

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from harness.load.results import read_records, read_summary
@@ -26,8 +29,8 @@ def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
     for run, n in (("r", 6), ("c", 4)):
         s = read_summary(tmp_path / run)
         assert s.requests == n and s.errors == 0, [r.error for r in read_records(tmp_path / run)]
-        # Until the server sends per-chunk usage, the final usage is spread (and the summary says so).
-        assert set(s.token_counting) <= {"usage", "final-usage"} and sum(s.token_counting.values()) == n
+        # Our server sends usage on every chunk (continuous_usage_stats): exact counts, no warning.
+        assert s.token_counting == {"usage": n} and not s.warnings, (s.token_counting, s.warnings)
         for r in read_records(tmp_path / run):
             assert r.status == 200 and r.cache == "BYPASS"
             assert r.ttft_ms is not None and r.e2e_ms is not None and r.e2e_ms >= r.ttft_ms
@@ -35,4 +38,38 @@ def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
             assert len(r.itl_ms) == r.completion_tokens - 1
             assert r.prompt_tokens and r.prefill_kv_bytes and r.prefill_kv_bytes > 0
             assert r.peak_measured is False  # the CPU estimate
+            assert r.mean_entropy is not None and r.mean_entropy > 0  # usage.harness.mean_entropy
     assert read_summary(tmp_path / "r").metrics["prefill_kv_bytes"].n == 6
+
+
+def wait_for_writebacks(url: str, n: int, deadline_s: float = 120.0) -> None:
+    """The cache writes a completion back after the response was sent: wait for its counter."""
+    end = time.monotonic() + deadline_s
+    total = 0.0
+    while time.monotonic() < end:
+        text = httpx.get(url + "/metrics", timeout=30).text
+        total = sum(float(m) for m in re.findall(r"^cache_writebacks_total\{[^}]*\} (\S+)$", text, re.M))
+        if total >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{total:g} of {n} write-backs within {deadline_s} s")
+
+
+def test_cache_hits_count_tokens_exactly_and_carry_the_stored_entropy(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "chat.jsonl", 4)
+    with running_server(["--preset", "tiny", "--cache"], log_dir=tmp_path / "server") as server:
+        for run in ("miss", "hit"):  # the second replay of the same requests is served by the cache
+            spec = LoadSpec(host=server.url, corpus=corpus, rate=4, duration=1, results_dir=tmp_path / run,
+                            max_tokens_cap=8, start_delay=0.5)  # fmt: skip
+            assert run_locust(spec, timeout_s=300) == 0
+            if run == "miss":
+                wait_for_writebacks(server.url, 4)
+    miss = {r.id: r for r in read_records(tmp_path / "miss")}
+    hit = {r.id: r for r in read_records(tmp_path / "hit")}
+    assert {r.cache for r in miss.values()} == {"MISS"}
+    assert {r.cache for r in hit.values()} <= {"HIT-L1", "HIT-L2", "HIT-L3"} and len(hit) == 4
+    assert read_summary(tmp_path / "hit").token_counting == {"usage": 4}
+    for rid, r in hit.items():
+        # The replayed stream's per-chunk usage reaches the stored completion's count exactly.
+        assert r.completion_tokens == miss[rid].completion_tokens and len(r.itl_ms) == r.completion_tokens - 1
+        assert r.mean_entropy == pytest.approx(miss[rid].mean_entropy)
