@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.common.errors import ConfigError, InputError
+from harness.common.errors import ConfigError
 from harness.common.headers import PREHEAT
 
 PREHEAT_VALUE = "preheat"
@@ -379,18 +379,9 @@ class IstioValues(BaseModel):
 
 def load_values(path: str | Path) -> dict[str, Any]:
     """A YAML/JSON mapping of :class:`IstioValues` fields."""
-    import yaml
+    from harness.common.io import read_yaml
 
-    from harness.common.io import check_input_file
-
-    p = check_input_file(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML ({exc})", file=p) from None
-    if not isinstance(doc, dict):
-        raise InputError("expected a mapping of Istio values", file=p)
-    return doc
+    return read_yaml(path, expected="a mapping of Istio values")
 
 
 def render_istio(values: IstioValues, templates: str | Path | None = None) -> dict[str, str]:

@@ -6,7 +6,9 @@ new one. Inputs are checked before parsing so that a directory, an empty file or
 a clear :class:`InputError` instead of a parser traceback. JSONL inputs (one JSON object per line,
 optionally a pydantic model) are read with :func:`iter_jsonl`, or line by line with
 :func:`parse_jsonl_line` for bodies already in memory, so every stage reports a bad line the same
-way: file, line and the field's dotted path (``messages.0.role``).
+way: file, line and the field's dotted path (``messages.0.role``). YAML documents people write
+(ladder plans, baselines, deployment values) are read with :func:`read_yaml`, which names the line
+of the field at fault too.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from harness.common.errors import InputError
+from harness.common.errors import HarnessError, InputError
+
+if TYPE_CHECKING:
+    import yaml
+    from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -167,8 +173,99 @@ def validation_input_error(
     """The first problem of a pydantic ``ValidationError`` as an :class:`InputError` naming its field."""
     err = exc.errors()[0]
     field = ".".join(str(x) for x in err.get("loc", ())) or None
-    message = _expecting(err.get("msg", "invalid value"), expected)
+    message = _expecting(_message(err), expected)
     return InputError(message, file=file, line=line, field=field)
+
+
+def _message(err: ErrorDetails) -> str:
+    # A validator's ValueError reads "Value error, <what we wrote>": show what we wrote.
+    return err.get("msg", "invalid value").removeprefix("Value error, ")
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """1-based line of the YAML node at pydantic location ``loc`` (the deepest one that exists)."""
+    import yaml
+
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            match = node.value[part]
+        else:
+            match = None
+        if match is None:
+            break
+        node = match
+        line = node.start_mark.line + 1
+    return line
+
+
+@overload
+def read_yaml(
+    path: str | Path,
+    model: None = None,
+    *,
+    expected: str,
+    error: type[HarnessError] = InputError,
+    hint: Callable[[ErrorDetails], str | None] | None = None,
+) -> dict[str, Any]: ...
+
+
+@overload
+def read_yaml(
+    path: str | Path,
+    model: type[M],
+    *,
+    expected: str,
+    error: type[HarnessError] = InputError,
+    hint: Callable[[ErrorDetails], str | None] | None = None,
+) -> M: ...
+
+
+def read_yaml(
+    path: str | Path,
+    model: type[M] | None = None,
+    *,
+    expected: str,
+    error: type[HarnessError] = InputError,
+    hint: Callable[[ErrorDetails], str | None] | None = None,
+) -> M | dict[str, Any]:
+    """A YAML mapping from ``path``, validated as ``model`` when one is given.
+
+    Every problem is one ``error`` (:class:`InputError` unless the file is configuration) naming the
+    file, the line and, for a validation error, the field's dotted path and the line it is on
+    (``stages.1.target_qps``). ``expected`` says what the file should be (``"a ladder plan"``);
+    ``hint`` may add a suggestion for a validation error.
+    """
+    import yaml
+
+    p = check_input_file(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = mark.line + 1 if mark is not None else None
+        raise error(f"not valid YAML ({exc.problem}), expected {expected}", file=p, line=line) from None
+    except yaml.YAMLError as exc:
+        raise error(f"not valid YAML ({exc}), expected {expected}", file=p) from None
+    if not isinstance(data, dict):
+        raise error(f"not a YAML mapping, expected {expected}", file=p)
+    if model is None:
+        return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        raise error(
+            _message(err),
+            file=p,
+            line=_line_of(yaml.compose(text, Loader=yaml.SafeLoader), loc),
+            field=".".join(str(x) for x in loc) or None,
+            hint=hint(err) if hint is not None else None,
+        ) from None
 
 
 @overload

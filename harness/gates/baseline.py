@@ -27,7 +27,7 @@ import hashlib
 import math
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -35,14 +35,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from harness import __version__
 from harness.common.errors import ConfigError, InputError
-from harness.common.io import atomic_write, check_input_file
+from harness.common.io import atomic_write, read_yaml
 from harness.common.stats import percentile
 from harness.gates.metrics import (
     METRICS,
@@ -54,6 +53,9 @@ from harness.gates.metrics import (
     rate_interval,
 )
 from harness.gates.runs import ResultSet, RunFrame
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 BASELINE_SCHEMA_VERSION: Literal[1] = 1
 
@@ -205,52 +207,20 @@ class Baseline(_Strict):
 # ------------------------------------------------------------------------------------- reading
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
-    """1-based line of the YAML node at pydantic location ``loc`` (the deepest one that exists)."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            match = node.value[part]
-        else:
-            match = None
-        if match is None:
-            break
-        node = match
-        line = node.start_mark.line + 1
-    return line
+def _hint(err: ErrorDetails) -> str | None:
+    loc = err.get("loc", ())
+    if loc and loc[0] == "schema_version":
+        return f"this harness reads baseline schema version {BASELINE_SCHEMA_VERSION}"
+    if err.get("type") == "extra_forbidden":
+        return "unknown keys are refused so that a typo cannot silently disable a gate"
+    return None
 
 
 def read_baseline(path: str | Path) -> Baseline:
     """Read and validate a baseline file; :class:`ConfigError` names the file, line and field."""
-    p = check_input_file(path)
-    text = p.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        raise ConfigError(
-            f"not valid YAML: {exc.problem}", file=p, line=mark.line + 1 if mark else None
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", file=p) from None
-    if not isinstance(data, dict):
-        raise ConfigError("a baseline is a YAML mapping (schema_version, gates, …)", file=p)
-    try:
-        return Baseline.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err.get("loc", ()))
-        field = ".".join(str(x) for x in loc) or None
-        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
-        hint = None
-        if loc and loc[0] == "schema_version":
-            hint = f"this harness reads baseline schema version {BASELINE_SCHEMA_VERSION}"
-        elif err.get("type") == "extra_forbidden":
-            hint = "unknown keys are refused so that a typo cannot silently disable a gate"
-        raise ConfigError(msg, file=p, line=_line_of(root, loc), field=field, hint=hint) from None
+    return read_yaml(
+        path, Baseline, expected="a baseline (schema_version, gates, …)", error=ConfigError, hint=_hint
+    )
 
 
 def baseline_sha256(path: str | Path) -> str:

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.common.errors import InputError
-from harness.common.io import check_input_file, validation_input_error
+from harness.common.io import read_yaml
 from harness.load.arrivals import Segment
 from harness.load.results import StageOutcome
 
@@ -78,22 +77,8 @@ class Plan(_Strict):
 
 
 def read_plan(path: str | Path) -> Plan:
-    """Load and validate a plan file; errors name the file and the field (``stages.1.qps``)."""
-    import yaml
-
-    p = check_input_file(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=p, line=line) from None
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping with 'stages'", file=p)
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=p, expected="a ladder plan") from None
+    """Load and validate a plan file; errors name the file, line and field (``stages.1.target_qps``)."""
+    return read_yaml(path, Plan, expected="a ladder plan")
 
 
 def write_plan(path: str | Path, plan: Plan, *, comment: str | None = None) -> Path:
