@@ -81,10 +81,16 @@ class ResponseCache(Protocol):
 
     async def finish(self, ticket: CacheTicket, completion: CachedCompletion | None) -> None: ...
 
+    def never_served(self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str) -> str | None:
+        """Why a live request with this body would never be answered from the cache (it would be a
+        ``BYPASS``), or ``None`` when it can be. Preload asks before it spends a generation."""
+        ...
+
     async def put(
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, completion: CachedCompletion
     ) -> str:
-        """Store a completion directly (preload); returns its key."""
+        """Store a completion directly (preload); returns its key. A body that :meth:`never_served`
+        refuses is an :class:`~harness.common.errors.InputError`: storing it would warm nothing."""
         ...
 
     async def flush(self, tier: str | None = None) -> dict[str, int]:

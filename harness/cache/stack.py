@@ -50,6 +50,10 @@ from harness.common.headers import DEFAULT_TENANT, CacheStatus
 from harness.common.openai import COMPLETED_FINISH_REASONS, Endpoint
 
 log = logging.getLogger(__name__)
+_SAMPLED_REFUSAL = (
+    "a sampled request (temperature > 0, no seed) is never served from the cache, so storing it warms "
+    "nothing; give it a seed or temperature 0, or set HARNESS__CACHE__CACHE_SAMPLED=true"
+)
 
 _HIT_COUNTS_MAX = 100_000
 _MEMOS_MAX = 1024
@@ -245,6 +249,15 @@ class CacheStack:
         if fut is not None:
             self._release(ticket.key, fut, completion if ok else None)
 
+    def never_served(self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str) -> str | None:
+        try:
+            req = self.keys.normalize(
+                endpoint, body, tenant or DEFAULT_TENANT, model_revision=self.model_revision
+            )
+        except HarnessError as exc:
+            return f"no cache key can be made for it: {exc}"
+        return _SAMPLED_REFUSAL if req.sampled and not self.settings.cache_sampled else None
+
     async def put(
         self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, completion: CachedCompletion
     ) -> str:
@@ -253,6 +266,8 @@ class CacheStack:
         req = self.keys.normalize(
             endpoint, body, tenant or DEFAULT_TENANT, model_revision=self.model_revision
         )
+        if req.sampled and not self.settings.cache_sampled:
+            raise InputError(_SAMPLED_REFUSAL, field="temperature")
         await self._store(req, completion, {}, background=False)
         return req.key
 

@@ -109,6 +109,9 @@ async def preload(st: ServerState, cache: ResponseCache, raw: bytes, default_ten
     async def one(line: _Line) -> None:
         nonlocal generated
         try:
+            refusal = cache.never_served(line.prep.endpoint, line.prep.cache_body, line.tenant)
+            if refusal is not None:  # before spending a generation on it
+                raise InputError(refusal, field="temperature")
             if line.completion is None:
                 comp = await _generate(st, line.prep)
                 generated += 1
@@ -123,6 +126,8 @@ async def preload(st: ServerState, cache: ResponseCache, raw: bytes, default_ten
                     meta={"source": "preload", "prompt_fp": line.prep.prompt_fp},
                 )
             keys.append(await cache.put(line.prep.endpoint, line.prep.cache_body, line.tenant, comp))
+        except InputError as exc:
+            errors.append({"line": line.number, "error": exc.message})
         except Exception as exc:  # reported per line: one failed generation does not sink the batch
             errors.append({"line": line.number, "error": f"{type(exc).__name__}: {exc}"})
 

@@ -122,6 +122,12 @@ def test_cli_stats_and_errors(server: ServerProc, tmp_path: Path) -> None:
     bad.write_text('{"prompt": "ok"}\n{"no_prompt": 1}\n')
     res = cli("preload", str(bad), "--url", server.url)
     assert res.returncode == 3 and "bad.jsonl:2" in res.stderr
+    sampled = tmp_path / "sampled.jsonl"  # would never be served: reported per line, nothing generated
+    sampled.write_text('{"prompt": "a sampled one", "temperature": 0.9, "max_tokens": 4}\n')
+    res = cli("preload", str(sampled), "--url", server.url)
+    report = orjson.loads(res.stdout)
+    assert (report["stored"], report["generated"], report["failed"]) == (0, 0, 1), res.stdout
+    assert "never served from the cache" in report["errors"][0]["error"]
     assert cli("flush", "--tier", "l7", "--url", server.url).returncode == 3
     drained = cli("drain", "--url", server.url)
     assert drained.returncode == 0 and orjson.loads(drained.stdout) == {"pending": 0}, drained.stderr

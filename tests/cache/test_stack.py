@@ -8,6 +8,7 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
+from harness.common.errors import InputError
 from tests.cache.conftest import CountingEngine, StackFactory, bloom_of, chat, completion, l2_of, serve
 
 
@@ -78,6 +79,21 @@ async def test_no_cache_sampled_and_unkeyable_requests_bypass(make_stack: StackF
     assert t.status == "MISS"
     await stack2.finish(t, completion("a sampled answer, cached by policy"))
     assert (await stack2.begin("chat.completions", sampled, "default")).status == "HIT-L1"
+
+
+async def test_storing_what_is_never_served_is_refused(make_stack: StackFactory) -> None:
+    """A preload of a sampled request would warm nothing: the stack says so instead of storing it."""
+    stack = await make_stack()
+    sampled = chat("hello", temperature=0.8)
+    reason = stack.never_served("chat.completions", sampled, "default")
+    assert reason is not None and "seed" in reason
+    with pytest.raises(InputError, match="never served from the cache"):
+        await stack.put("chat.completions", sampled, "default", completion("x"))
+    assert stack.never_served("chat.completions", chat("hello", temperature=0.8, seed=1), "default") is None
+    assert "no cache key" in (stack.never_served("chat.completions", {"messages": "nope"}, "default") or "")
+    stack2 = await make_stack(cache_sampled=True)
+    assert stack2.never_served("chat.completions", sampled, "default") is None
+    await stack2.put("chat.completions", sampled, "default", completion("x"))
 
 
 async def test_incomplete_completions_are_not_cached(make_stack: StackFactory) -> None:
