@@ -37,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 sys.path.insert(0, str(ROOT))
 
 from harness.analysis.references import RefTrace, load_refs  # noqa: E402
@@ -192,7 +195,7 @@ def main() -> None:
     ap.add_argument("--trace", action="append", default=[], help="another request trace with hash_ids")
     ap.add_argument("--index-sizes", default="1000,10000,100000", help="FAISS index sizes ('' to skip)")
     ap.add_argument("--index-texts", type=int, default=10_000, help="real CLINC150 requests to embed")
-    ap.add_argument("--no-append", action="store_true", help="do not append to docs/benchmarks.md")
+    add_publish_flag(ap)
     args = ap.parse_args()
     traces = [REALDATA / "mooncake" / "synthetic_trace.jsonl", *map(Path, args.trace)]
     started = time.perf_counter()
@@ -237,26 +240,23 @@ def main() -> None:
         "good as MIN's own; the rest of the gap is LRU's replacement (compare cold LRU with cold MIN: an "
         "LRU cache loses a block whose next use is more than a capacity of distinct blocks away)."
     )
-    print(t1, "", summary, "", t2, "", t3, f"total {total:.0f} s", sep="\n")
-    if not args.no_append:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        section = (
-            f"\n## analysis — {stamp}\n\n"
-            f"`python bench/analysis.py` on {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, Python {platform.python_version()} (shared machine; {total:.0f} s "
-            "total). Window: the first 10 % of the trace's requests. Expected = the plan's preload, then "
-            "LRU; ceiling = MIN from the optimal preload at the same capacity. Hit rates are per reference "
-            "(per KV block for `blocks`, per request for `entries`).\n\n"
-            + t1
-            + "\n\n"
-            + summary
-            + "\n\n"
-            + t2
-            + "\n"
-            + ("\n" + t3 + "\n" if t3 else "")
-        )
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write(section)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    section = (
+        f"## analysis — {stamp}\n\n"
+        f"`python bench/analysis.py` on {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()} (shared machine; {total:.0f} s "
+        "total). Window: the first 10 % of the trace's requests. Expected = the plan's preload, then "
+        "LRU; ceiling = MIN from the optimal preload at the same capacity. Hit rates are per reference "
+        "(per KV block for `blocks`, per request for `entries`).\n\n"
+        + t1
+        + "\n\n"
+        + summary
+        + "\n\n"
+        + t2
+        + "\n"
+        + ("\n" + t3 + "\n" if t3 else "")
+    )
+    publish(section, args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402  (after the path is set)
@@ -310,18 +313,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP measurement (no server)")
-    ap.add_argument(
-        "--no-append", action="store_true", help="print only; do not append to docs/benchmarks.md"
-    )
+    add_publish_flag(ap)
     args = ap.parse_args()
     t0 = time.perf_counter()
     res = asyncio.run(bench_stack(args.quick))
     http = None if args.no_http else bench_http(args.quick)
     text = report(res, http, args, time.perf_counter() - t0)
-    print(text)
-    if not args.no_append:
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write("\n" + text)
+    publish(text, args)
 
 
 if __name__ == "__main__":

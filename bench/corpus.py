@@ -27,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 
 def embedding_like(
     n: int, d: int = 384, topics: int = 2000, dup_share: float = 0.03, seed: int = 0
@@ -187,7 +189,7 @@ def main() -> None:
     ap.add_argument("--n-prompts", type=int, default=400)
     ap.add_argument("--reps", type=int, default=5, help="alternated build / encoder repetitions (best of)")
     ap.add_argument("--only", choices=("dedup", "e2e"), help="run one part only")
-    ap.add_argument("--no-append", action="store_true")
+    add_publish_flag(ap)
     args = ap.parse_args()
     os.environ.setdefault("HARNESS__RUN_DIR", tempfile.mkdtemp(prefix="bench-corpus-"))
     started = time.perf_counter()
@@ -239,10 +241,7 @@ def main() -> None:
             )
         lines.append("")
     text = "\n".join(lines)
-    print(text)
-    if not args.no_append:
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write(text)
+    publish(text, args)
 
 
 if __name__ == "__main__":

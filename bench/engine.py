@@ -19,7 +19,7 @@ KV bytes over the analytic 2·layers·kv_heads·head_dim·dtype·tokens, and for
 average prefill memory and P95 inter-token latency. Prints a markdown section and appends it to
 docs/benchmarks.md.
 
-Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-write]``
+Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-append]``
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from harness.engine.model import Transformer, rope_pair_order
 from harness.engine.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
 
 
 def sync(device: torch.device) -> None:
@@ -245,7 +247,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
-    ap.add_argument("--no-write", action="store_true", help="do not append to docs/benchmarks.md")
+    add_publish_flag(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     settings = EngineSettings(preset="tiny", device=args.device, max_num_seqs=64, max_num_batched_tokens=4096)
@@ -301,13 +303,7 @@ def main() -> None:
         kv_rows.append((n, m.prefill_kv_bytes, per_tok * n))
     tot_ratio = sum(r[1] for r in kv_rows) / sum(r[2] for r in kv_rows)
     md = render(header, rows, lat_rows, kv_rows, tot_ratio, core)
-    print(md)
-    if not args.no_write:
-        path = ROOT / "docs" / "benchmarks.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(md + "\n")
-        print(f"appended to {path}")
+    publish(md, args)
 
 
 def render(  # noqa: PLR0917

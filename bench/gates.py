@@ -50,6 +50,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402  (after the path is set)
@@ -286,10 +289,7 @@ def false_alarm(args: argparse.Namespace) -> None:
             *table(("recorded run", "reruns", "fail (false alarm)", "cannot judge", "detail"), real_rows),
         ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_append:
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write("\n" + text)
+    publish(text, args)
 
 
 # -------------------------------------------------------------------------------------- record
@@ -459,9 +459,7 @@ def main() -> None:
     fa.add_argument("--reps", type=int, default=1000)
     fa.add_argument("--baselines", type=int, default=20)
     fa.add_argument("--seed", type=int, default=2026)
-    fa.add_argument(
-        "--no-append", action="store_true", help="print only; do not append to docs/benchmarks.md"
-    )
+    add_publish_flag(fa)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {"record": record, "false-alarm": false_alarm}
     commands[args.cmd](args)

@@ -33,6 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402
@@ -168,9 +171,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved bare/replay throughput rounds")
     ap.add_argument("--rates", default="200,500,1000")
-    ap.add_argument(
-        "--no-append", action="store_true", help="print only; do not append to docs/benchmarks.md"
-    )
+    add_publish_flag(ap)
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -248,10 +249,7 @@ def main() -> None:
         *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
     ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_append:
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write("\n" + text)
+    publish(text, args)
 
 
 if __name__ == "__main__":

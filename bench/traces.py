@@ -33,6 +33,9 @@ from pathlib import Path
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.path)
+
 sys.path.insert(0, str(ROOT))
 
 from harness.traces import read_requests, read_traces  # noqa: E402
@@ -145,7 +148,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=50.0, help="size of each throughput file (MB)")
     ap.add_argument("--big-gb", type=float, default=1.0, help="size of the memory-test file (GB)")
-    ap.add_argument("--no-append", action="store_true", help="do not append to docs/benchmarks.md")
+    add_publish_flag(ap)
     args = ap.parse_args()
     target = int(args.mb * 1e6)
     tmp = Path(tempfile.mkdtemp(prefix="bench-traces-", dir="/tmp"))
@@ -285,20 +288,16 @@ def main() -> None:
     table = ["| input | size | ours | reference | ours ÷ reference |", "| --- | --- | --- | --- | --- |"]
     table += [f"| {' | '.join(r)} |" for r in rows]
     text = "\n".join(table)
-    print(text)
-    print(f"total {total:.0f} s")
-    if not args.no_append:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        section = (
-            f"\n## traces — {stamp}\n\n"
-            f"`python bench/traces.py --mb {args.mb:g} --big-gb {args.big_gb:g}` on "
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()} (shared machine; {total:.0f} s total). "
-            "Time ratio: reader time ÷ reference time (the reference only parses; the reader validates, "
-            "normalizes IDs/tags and builds span trees).\n\n" + text + "\n"
-        )
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as fh:
-            fh.write(section)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    section = (
+        f"## traces — {stamp}\n\n"
+        f"`python bench/traces.py --mb {args.mb:g} --big-gb {args.big_gb:g}` on "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()} (shared machine; {total:.0f} s total). "
+        "Time ratio: reader time ÷ reference time (the reference only parses; the reader validates, "
+        "normalizes IDs/tags and builds span trees).\n\n" + text + "\n"
+    )
+    publish(section, args)
 
 
 if __name__ == "__main__":
