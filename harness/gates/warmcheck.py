@@ -14,9 +14,11 @@ warm only when none of them is cold and the **warm rate** reaches the seed's 92 
     the response cache: the same probe requests, sent normally, come back with ``x-cache: HIT-*``.
 
 The probes are a seeded sample of the requests the warm phase will send, sent with the load stage's
-own bytes. The warm rate is the gates' ``warm_rate`` metric over the response probes (a
-response-cache or prefix-cache hit, among probes that report either), computed by the same code
-(:data:`harness.gates.metrics.METRICS`), with its exact binomial interval. A level the target does
+own bytes. The warm rate is the gates' ``warm_rate`` metric over the sampled requests (a request is
+warm when the response cache answered its probe or the engine's prefix cache held it when the KV
+probe came; among requests where the target reports either), computed by the same code
+(:data:`harness.gates.metrics.METRICS`), with its exact binomial interval. Each signal is the one
+taken before a probe of that prompt could change it (see :func:`_warm_frame`). A level the target does
 not expose (404, no ``x-cache`` header, no ``cached_tokens``) is *skipped* and named. A probe that
 misses the response cache stores its answer like any request: the check warms what it finds cold,
 but its verdict is taken before.
@@ -134,6 +136,26 @@ def _frame(probes: Sequence[ProbeResult]) -> RunFrame:
     )
 
 
+def _warm_frame(ctx: CheckContext) -> RunFrame:
+    """One row per sampled request, with the signal each level gave *before* a probe could change it.
+
+    The response probes' own ``cached_tokens`` cannot be used: the KV probes just ran the same
+    prompts through the engine. Their ``x-cache`` can (the KV probes bypassed the response cache and
+    stored nothing), and so can the KV probes' ``cached_tokens`` (the first time each prompt was
+    probed). A request is warm when either level already held it — the gates' ``warm_rate``."""
+    n = len(ctx.sample)
+    kv = ctx.kv_probes if len(ctx.kv_probes) == n else [None] * n
+    resp = ctx.response_probes if len(ctx.response_probes) == n else [None] * n
+    cached: list[float] = []
+    cache: list[str | None] = []
+    for k, r in zip(kv, resp, strict=True):
+        cached.append(
+            float(k.cached_tokens) if k is not None and k.ok and k.cached_tokens is not None else np.nan
+        )
+        cache.append(r.cache if r is not None and r.ok else None)
+    return RunFrame.from_columns(n, floats={"cached_tokens": np.array(cached)}, text={"cache": cache})
+
+
 def _rate(metric: str, probes: Sequence[ProbeResult], confidence: float) -> Rate:
     return Rate.of(METRICS.get(metric).compute(_frame(probes), MetricContext(confidence=confidence)))
 
@@ -216,7 +238,9 @@ def check_warm(
     """Check every level in :data:`WARM_LEVELS` order and decide whether the target is warm."""
     ctx = CheckContext(target, sample, min_warm_rate, confidence, concurrency)
     levels = [fn(ctx) for _, fn in WARM_LEVELS.items()]
-    warm_rate = _rate("warm_rate", ctx.response_probes, confidence)
+    warm_rate = Rate.of(
+        METRICS.get("warm_rate").compute(_warm_frame(ctx), MetricContext(confidence=confidence))
+    )
     cold = [lv for lv in levels if lv.status == "cold"]
     if cold:
         reason = "cold: " + "; ".join(f"{lv.level}: {lv.detail}" for lv in cold)
