@@ -36,6 +36,7 @@ from rich.markup import escape
 
 from harness.common.errors import ExitCode, HarnessError
 from harness.common.settings import HarnessSettings
+from harness.gates.metrics import format_value
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
@@ -204,11 +205,8 @@ class Explain:
         say(f"warm check: {escape(check.get('reason', '—'))}", highlight=False)
         for row in orjson.loads((p / "comparison.json").read_bytes())["rows"]:
             if row["metric"] in ("ttft_p95", "hit_rate_any", "prefill_kv_bytes_p95"):
-                cold, warm = row["cold"]["value"], row["warm"]["value"]
-                say(
-                    f"  {row['metric']}: cold {_num(cold)} → warm {_num(warm)} ({row['verdict']})",
-                    highlight=False,
-                )
+                cold, warm = (format_value(row[side]["value"], row["unit"]) for side in ("cold", "warm"))
+                say(f"  {row['metric']}: cold {cold} → warm {warm} ({row['verdict']})", highlight=False)
         verdict = orjson.loads((p / "gate.json").read_bytes())
         word = verdict["verdict"]
         colour = {"pass": "green", "fail": "red"}.get(word, "yellow")
@@ -228,12 +226,6 @@ class Explain:
             f"[bold]report:[/] {p / 'report.html'}  (summary for a PR comment: {p / 'report.md'})",
             highlight=False,
         )
-
-
-def _num(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v:.3g}"
 
 
 def default_steps() -> list[Step]:

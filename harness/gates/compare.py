@@ -11,8 +11,9 @@ built from the two phases' own intervals, each taken at confidence ``√c``: the
 independent samples, so both cover their true values at once with probability ``≥ √c · √c = c``,
 and then ``[lo_warm − hi_cold, hi_warm − lo_cold]`` covers the true difference. It is
 distribution-free and conservative (wider than a bootstrap would be, never narrower than the truth
-allows); when it excludes 0 the change is real at confidence ``c`` (``changed``), otherwise the run
-cannot tell (``no clear change``).
+allows); when it excludes 0 the change is real at confidence ``c`` (``better`` or ``worse``),
+otherwise the run cannot tell (``no clear change``, or ``too few samples`` while a phase's interval
+is still unbounded).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ class Row(_Strict):
     relative: float | None
     """``warm / cold − 1`` (``None`` when cold is 0 or unknown)."""
     verdict: str
-    """``better``, ``worse`` (the interval excludes 0 on that side), ``no clear change``, or ``unknown``."""
+    """``better``, ``worse`` (the interval excludes 0 on that side), ``no clear change`` (it holds 0),
+    ``too few samples`` (a phase's percentile has no bound on one side yet: a P95 needs 86
+    requests a phase at the joint confidence), or ``unknown`` (no samples)."""
 
 
 class Comparison(_Strict):
@@ -105,6 +108,8 @@ def compare(cold: ResultSet, warm: ResultSet, *, confidence: float = 0.95) -> Co
                 verdict = "better" if lower_is_better else "worse"
             elif diff.lo > 0:
                 verdict = "worse" if lower_is_better else "better"
+            elif math.isinf(diff.lo) or math.isinf(diff.hi):
+                verdict = "too few samples"  # a phase's interval has no bound on one side
             else:
                 verdict = "no clear change"
         rows.append(

@@ -497,7 +497,9 @@ class PairedRunner:
 
     def __init__(self, spec: PairedSpec, console: Console | None = None) -> None:
         self.spec = spec
-        self.out = spec.out
+        # Absolute: the server runs in its log directory, so a relative ready-file path given to it
+        # would be resolved there (harness.server.launch passes the path through as it is).
+        self.out = spec.out.resolve()
         self.ui = _Ui(console or Console(stderr=True))
         self.record = PairedRun(started_at=datetime.now(UTC).isoformat(), out=str(spec.out))
         self.gate_report: GateReport | None = None

@@ -214,10 +214,10 @@ def test_ctrl_c_stops_the_server_and_leaves_finalized_results(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "harness.cli", "run", "--serve-args", "--preset tiny --cache",
            "--corpus", str(corpus), "--rate", "2", "--duration", "600", "--max-tokens-cap", "4",
-           "--start-delay", "0.5", "--out", str(out)]  # fmt: skip
+           "--start-delay", "0.5", "--out", "out"]  # fmt: skip
     log = tmp_path / "run.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    with log.open("wb") as fh:  # a relative --out, as users type it (the server runs elsewhere)
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         records_file = out / "cold" / "records.jsonl"
         # Wait (on the process, with a generous deadline) until the cold phase has recorded requests.
