@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.demo import BASELINE, DemoConfig, corpus_build_args, run_demo
+from harness.common.errors import ExitCode
+from harness.demo import BASELINE, DemoConfig, DemoContext, StepFailed, corpus_build_args, harness, run_demo
 from harness.gates import read_report_json
 from harness.reports.plots import PLOTS
 from tests.reports.test_report import _parse
-
-pytestmark = pytest.mark.slow
 
 SHORT_PLAN = """\
 name: demo-test
@@ -32,6 +31,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_path_and_explains_the_verdict(tmp_path: Path, capsys) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SHORT_PLAN)
@@ -88,3 +88,14 @@ def test_corpus_recipe_is_spelled_once(repo_root: Path) -> None:
         shown = value.relative_to(repo_root) if value.is_absolute() else value
         assert f"{flag} {shown}" in doc, flag
     assert "--n 60" in doc
+
+
+def test_a_command_that_breaks_stops_the_demo_with_its_own_exit_code(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    ctx = DemoContext(DemoConfig(out_dir=tmp_path), Console())
+    with pytest.raises(StepFailed) as exc:
+        harness(ctx, "traces", "coldpaths", str(tmp_path / "missing.json"), "-o", str(tmp_path / "c.jsonl"))
+    assert exc.value.exit_code == ExitCode.INPUT  # the command's code, from the table
+    # A verdict is not a breakage: `harness gate` exiting 1 or 6 is allowed where the demo says so.
+    assert harness(ctx, "baseline", "check", str(tmp_path / "nope.yaml"), ok=(0, 3)) == 3
