@@ -40,6 +40,7 @@ TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "harness.server.cli", "serve"),
     ("gate", "harness.gates.cli", "gate"),
     ("report", "harness.reports.cli", "report"),
+    ("run", "harness.gates.run_cli", "run"),
 )
 
 stderr = Console(stderr=True)

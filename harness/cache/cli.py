@@ -3,7 +3,9 @@
 * ``harness cache stats --url URL`` — ``GET /cache/stats`` as a table (``--json`` for the raw JSON);
 * ``harness cache preload FILE.jsonl --url URL`` — ``POST /cache/preload`` with the file as body
   (one OpenAI request body per line, optional ``completion`` and ``tenant`` fields);
-* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom, all);
+* ``harness cache flush --tier l2 --url URL`` — ``POST /cache/flush?tier=…`` (l1, l2, l3, bloom);
+  ``--tier kv`` empties the engine's KV prefix cache (``POST /reset_prefix_cache``, vLLM's endpoint
+  too), and ``--tier all`` (the default) does both: every cache level the server exposes;
 * ``harness cache drain --url URL`` — ``POST /cache/drain``: returns once the write-backs of finished
   requests are in L2/L3 (before a snapshot, a restart or a warm pass that must hit L2).
 
@@ -23,12 +25,19 @@ from harness.cache.api import FLUSH_ALL, FLUSH_TIERS
 from harness.common.errors import InputError, UnavailableError
 from harness.common.headers import TENANT
 from harness.common.io import iter_jsonl
+from harness.common.openai import RESET_PREFIX_CACHE_PATH
 
 app = typer.Typer(help="Inspect, preload and flush a running server's response cache.", no_args_is_help=True)
 
 URL = Annotated[str, typer.Option("--url", help="Base URL of a running `harness serve --cache`.")]
 TIMEOUT = Annotated[float, typer.Option("--timeout", min=0.1, help="HTTP timeout in seconds.")]
-FLUSH_CHOICES = (*FLUSH_TIERS, FLUSH_ALL)
+KV_TIER = "kv"
+"""The engine's KV prefix cache, flushed through ``POST /reset_prefix_cache``."""
+FLUSH_CHOICES = (*FLUSH_TIERS, KV_TIER, FLUSH_ALL)
+
+
+class NotExposed(UnavailableError):
+    """The server answered 404: it does not expose this endpoint (no ``--cache``, another server)."""
 
 
 def _request(
@@ -50,7 +59,9 @@ def _request(
     if resp.status_code >= 400:
         err = data.get("error") if isinstance(data, dict) else None
         message = err.get("message") if isinstance(err, dict) else str(data)[:500]
-        cls = InputError if resp.status_code < 500 and resp.status_code != 404 else UnavailableError
+        if resp.status_code == 404:
+            raise NotExposed(f"{method} {full} answered 404: {message}")
+        cls = InputError if resp.status_code < 500 else UnavailableError
         raise cls(f"{method} {full} answered {resp.status_code}: {message}")
     return data
 
@@ -126,10 +137,37 @@ def flush_cmd(
     url: URL = "http://127.0.0.1:8000",
     timeout: TIMEOUT = 30.0,
 ) -> None:
-    """Drop the entries of one tier (or all tiers)."""
-    if tier.lower() not in FLUSH_CHOICES:
+    """Drop the entries of one tier, the KV prefix cache (kv), or every level (all)."""
+    tier = tier.lower()
+    if tier not in FLUSH_CHOICES:
         raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_CHOICES)}", field="--tier")
-    data = _request("POST", url, f"/cache/flush?tier={tier.lower()}", timeout, headers={})
+    if tier == KV_TIER:
+        data = _request("POST", url, RESET_PREFIX_CACHE_PATH, timeout, headers={})
+    elif tier != FLUSH_ALL:
+        data = _request("POST", url, f"/cache/flush?tier={tier}", timeout, headers={})
+    else:
+        # Every level the server exposes: a server without --cache (or vLLM outside its dev mode)
+        # answers 404 for one of them, which is reported, not fatal; none at all is.
+        data = {"tier": FLUSH_ALL}
+        skipped: dict[str, str] = {}
+        levels = (("response", f"/cache/flush?tier={FLUSH_ALL}"), (KV_TIER, RESET_PREFIX_CACHE_PATH))
+        for name, path in levels:
+            try:
+                answer = _request("POST", url, path, timeout, headers={})
+            except NotExposed as exc:
+                skipped[name] = exc.message
+                continue
+            if name == KV_TIER:
+                data[KV_TIER] = answer
+            else:
+                data["dropped"] = answer.get("dropped", answer)
+        if len(skipped) == 2:
+            raise UnavailableError(
+                f"{url} exposes no cache to flush: " + "; ".join(skipped.values()),
+                hint="is it `harness serve`, or vLLM with VLLM_SERVER_DEV_MODE=1?",
+            )
+        if skipped:
+            data["skipped"] = skipped
     typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
 
 

@@ -24,6 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 Endpoint = Literal["completions", "chat.completions"]
 """The two generation endpoints, named by the ``object`` prefix of their responses."""
 
+RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"
+"""``POST`` here empties the engine's KV prefix cache: vLLM's admin endpoint (its dev mode), which
+``harness serve`` answers too, so one client call resets either server."""
+
 COMPLETED_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length"})
 """``finish_reason`` values of a generation that ran to its end (a stop condition, or
 ``max_tokens``). Anything else (``abort``, ``error``) is incomplete: the server reports it as an

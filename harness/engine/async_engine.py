@@ -1,9 +1,9 @@
 """The asyncio face of the engine: a step-loop thread plus per-request ``asyncio.Queue`` streams.
 
 The engine thread owns :class:`~harness.engine.core.EngineCore` outright. Callers never touch it;
-they post commands (add, abort) to a thread-safe inbox, and the thread hands each
-:class:`TokenEvent` back with ``loop.call_soon_threadsafe`` into the request's own queue on the
-caller's event loop. Leaving the ``async for`` early (client disconnect, task cancelled) aborts
+they post commands (add, abort, reset the prefix cache) to a thread-safe inbox, and the thread
+hands each :class:`TokenEvent` (or the reset's answer) back with ``loop.call_soon_threadsafe`` into
+the caller's event loop. Leaving the ``async for`` early (client disconnect, task cancelled) aborts
 the request, which frees its KV blocks on the engine thread.
 """
 
@@ -36,6 +36,16 @@ log = logging.getLogger(__name__)
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[TokenEvent | BaseException]
+
+
+def _settle(fut: asyncio.Future[int], result: int | BaseException) -> None:
+    """Complete ``fut`` on its own loop (unless its caller gave up waiting)."""
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
 
 
 class ThreadedAsyncEngine:
@@ -134,6 +144,16 @@ class ThreadedAsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    async def reset_prefix_cache(self) -> int:
+        """Empty the prefix cache on the engine thread, between two steps (the block tables are
+        the thread's alone); returns the number of cached blocks freed."""
+        if self._thread is None:
+            raise EngineError("the engine is not started")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._inbox.put(("reset_prefix_cache", (loop, done)))
+        return await done
+
     def stats(self) -> EngineStats:
         return dataclasses.replace(self._stats, waiting=self._stats.waiting + self._pending)
 
@@ -159,6 +179,16 @@ class ThreadedAsyncEngine:
             ev = core.abort(str(payload))
             if ev is not None:
                 self._deliver(ev.request_id, ev)
+        elif kind == "reset_prefix_cache":
+            loop, done = cast("tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]", payload)
+            result: int | BaseException
+            try:
+                result = core.reset_prefix_cache()
+            except Exception as exc:  # a bug: the caller gets it, the engine keeps serving
+                log.exception("prefix cache reset failed")
+                result = exc
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, done, result)
 
     def _run(self) -> None:
         core = self.core
@@ -196,6 +226,10 @@ class ThreadedAsyncEngine:
                     with self._lock:
                         self._pending -= 1
                     self._deliver(request_id, EngineError("the engine shut down"))
+                elif kind == "reset_prefix_cache":
+                    loop, done = cast("tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]", payload)
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(_settle, done, EngineError("the engine shut down"))
 
     def _fail_all(self) -> None:
         """End every request with ``finish_reason="error"`` and free its blocks (a failed step, shutdown)."""

@@ -450,6 +450,11 @@ class EngineCore:
         req.emitted = len(req.text)
         return TokenEvent(req.request_id, tok, text, finished=True, finish_reason=reason, metrics=m)
 
+    def reset_prefix_cache(self) -> int:
+        """Empty the prefix cache (see :meth:`BlockManager.reset_prefix_cache`); returns the number
+        of cached blocks freed. Call it between steps, on the thread that steps."""
+        return self.blocks.reset_prefix_cache()
+
     # ---- introspection --------------------------------------------------------------------------
     def validate(self) -> None:
         """Check the KV layout against every running request's tokens (see BlockManager.validate)."""

@@ -221,16 +221,29 @@ class BlockManager:
         for blk in reversed(t.blocks):
             self._unref(blk)
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached, unreferenced block."""
+    def reset_prefix_cache(self) -> int:
+        """Empty the prefix cache: afterwards no prompt hits a block cached before; returns the
+        number of cached, unreferenced blocks freed.
+
+        Blocks that running sequences still hold keep their K/V (the sequences need them) but lose
+        their hashes, so they are private from now on and go back to the free list when released.
+        A running sequence whose blocks lost their hashes registers no further blocks (its chain
+        has an unhashed ancestor, see :meth:`record_written`); blocks written after the reset by new
+        sequences are cached as usual. The hit counters are not reset (they are totals).
+        """
+        freed = 0
         while self._evictable:
             bid, _ = self._evictable.popitem(last=False)
             blk = self.blocks[bid]
-            if blk.block_hash is not None:
-                self._by_hash.pop(blk.block_hash, None)
             blk.block_hash = None
             blk.tokens = []
             self._free.append(bid)
+            freed += 1
+        for blk in self.blocks:
+            if blk.ref_count > 0:
+                blk.block_hash = None
+        self._by_hash.clear()
+        return freed
 
     # ---- validation -----------------------------------------------------------------------------
     def validate(self, sequences: Iterable[tuple[str, Sequence[int]]]) -> None:

@@ -1,6 +1,6 @@
 """CI gates on P95 decode latency, TTFT and prefill memory against stored baselines.
 
-Python API (what ``harness gate`` and, later, ``harness run --gate FILE`` call)::
+Python API (what ``harness gate`` and ``harness run --gate FILE`` call)::
 
     from harness.gates import gate_runs
 
@@ -12,7 +12,9 @@ Python API (what ``harness gate`` and, later, ``harness run --gate FILE`` call):
 Pieces: :mod:`~harness.gates.runs` (result sets as columns), :mod:`~harness.gates.metrics` (the metric
 registry and intervals), :mod:`~harness.gates.baseline` (the file, ``baseline update``),
 :mod:`~harness.gates.judge` (the decision rule, the JSON verdict), :mod:`~harness.gates.output`
-(table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate).
+(table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate); the paired cold / warm run of
+``harness run``: :mod:`~harness.gates.paired` (the steps), :mod:`~harness.gates.target` (the target's
+cache levels, probes), :mod:`~harness.gates.warmcheck`, :mod:`~harness.gates.compare`.
 """
 
 from __future__ import annotations

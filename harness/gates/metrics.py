@@ -284,6 +284,19 @@ _register(
 )
 _register(
     Metric(
+        name="prefill_kv_bytes_p95",
+        unit="bytes",
+        direction="at_most",
+        description="P95 of prefill_kv_bytes per request, every request counted (a response-cache hit "
+        "wrote none: 0): the prefill memory a run's traffic costs",
+        compute=percentile_metric(field_samples("prefill_kv_bytes"), 95),
+        samples=field_samples("prefill_kv_bytes"),
+        kind="percentile",
+        q=95,
+    )
+)
+_register(
+    Metric(
         name="prefill_peak_bytes_max",
         unit="bytes",
         direction="at_most",

@@ -1,6 +1,6 @@
 """Run reports with plots: one self-contained HTML file and a Markdown summary for CI comments.
 
-Python API (what ``harness report`` and, later, ``harness run`` call)::
+Python API (what ``harness report`` calls; ``make demo`` runs that command)::
 
     from harness.gates import gate_runs, load_result_sets
     from harness.reports import write_report

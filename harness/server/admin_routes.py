@@ -1,5 +1,6 @@
-"""The operator routes: ``GET /health``, ``GET /metrics`` and the response-cache admin API
-(``GET /cache/stats``, ``POST /cache/flush``, ``POST /cache/drain``, ``POST /cache/preload``).
+"""The operator routes: ``GET /health``, ``GET /metrics``, ``POST /reset_prefix_cache`` (the engine's
+KV prefix cache, vLLM's endpoint) and the response-cache admin API (``GET /cache/stats``,
+``POST /cache/flush``, ``POST /cache/drain``, ``POST /cache/preload``).
 
 The cache routes answer 404 ``cache_disabled`` when the server runs without ``--cache``; a cache
 that cannot reach Redis makes a flush a 503 ``cache_unavailable`` (the CLI reports it), never a 500.
@@ -16,10 +17,11 @@ from starlette.responses import Response
 from harness.cache.api import FLUSH_ALL, FLUSH_TIERS, ResponseCache
 from harness.common import headers as H
 from harness.common.errors import HarnessError
+from harness.common.openai import RESET_PREFIX_CACHE_PATH
 from harness.server.asgi import ClientGone, read_body
 from harness.server.errors import APIError, bad_request
 from harness.server.preload import preload
-from harness.server.state import ServerState
+from harness.server.state import ServerState, log
 
 FLUSH_CHOICES = (*FLUSH_TIERS, FLUSH_ALL)
 MAX_DRAIN_S = 3600.0
@@ -50,6 +52,15 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(st.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post(RESET_PREFIX_CACHE_PATH)
+    async def reset_prefix_cache() -> Response:
+        """Empty the engine's KV prefix cache (vLLM's endpoint of the same name, so one client call
+        serves both servers). Works with or without ``--cache``; the response cache is
+        ``/cache/flush``'s."""
+        freed = await st.engine.reset_prefix_cache()
+        log.info("prefix cache reset: %d cached KV blocks freed", freed)
+        return _json({"reset": True, "blocks_freed": freed})
 
     def need_cache() -> ResponseCache:
         if st.cache is None:

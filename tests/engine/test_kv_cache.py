@@ -94,3 +94,24 @@ def test_validate_catches_tokens_past_length_in_cache() -> None:
     fill(bm, "a", [1, 2, 3, 4, 5])
     with pytest.raises(CheckFailed, match="only 4 tokens"):
         bm.validate([("a", [1, 2, 3, 4])])
+
+
+def test_reset_prefix_cache_forgets_cached_and_held_blocks() -> None:
+    """After a reset no prompt hits a block cached before it, also not one a running sequence holds."""
+    bm = BlockManager(16, BS)
+    p = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    fill(bm, "done", p)
+    bm.free("done")  # two full blocks parked in the LRU
+    fill(bm, "running", [11, 12, 13, 14, 15])  # one full block held by a live sequence
+    assert bm.num_cached_free == 2
+    assert bm.reset_prefix_cache() == 2
+    assert bm.num_cached_free == 0 and bm.num_used == 2  # "running" keeps its own blocks
+    assert fill(bm, "again", p) == 0
+    assert fill(bm, "twin", [11, 12, 13, 14, 15]) == 0
+    bm.validate({"running": [11, 12, 13, 14, 15], "again": p, "twin": [11, 12, 13, 14, 15]}.items())
+    # The held block lost its hash, so it returns to the free list, not the cache, when released.
+    bm.free("running")
+    assert bm.num_cached_free == 0
+    # Blocks written after the reset are cached as usual.
+    bm.free("again")
+    assert fill(bm, "third", p) == 2 * BS

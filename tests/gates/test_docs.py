@@ -16,7 +16,15 @@ def test_gates_doc_names_every_metric_and_plot(repo_root: Path) -> None:
     assert not [p for p in PLOTS.names() if f"`{p}`" not in doc]
     for code in (0, 1, 2, 3, 4, 6):
         assert f"| {code} |" in doc
-    assert "harness gate" in doc and "upload-artifact" in doc and "junit" in doc.lower()
+    assert "harness gate" in doc and "junit" in doc.lower() and "(ci.md)" in doc
+
+
+def test_ci_doc_has_the_job_and_the_exit_codes(repo_root: Path) -> None:
+    doc = (repo_root / "docs" / "ci.md").read_text(encoding="utf-8")
+    assert "harness run" in doc and "--gate fixtures/baselines/tiny-cpu.yaml" in doc
+    assert "upload-artifact" in doc and "gate.junit.xml" in doc and "report.html" in doc
+    for code in (0, 1, 2, 3, 4, 5, 6, 130):
+        assert f"| {code} |" in doc
 
 
 def test_exit_codes_doc_has_the_unjudgeable_code(repo_root: Path) -> None:

@@ -1,0 +1,723 @@
+"""``harness run``: one paired cold / warm run, the command a CI job calls.
+
+The same schedule is replayed twice against one target, and both result sets are handed to the
+gates:
+
+1. **check** every input before anything starts (corpus, schedule, plan, preload file, baseline,
+   the load options and ``--serve-args``): a mistake costs milliseconds (exit 2–4), not a model load;
+2. **target**: start ``harness serve SERVE_ARGS`` (a child process on a free port, its log and cache
+   state under ``OUT/server/``) or use ``--url`` (any OpenAI-compatible server);
+3. **flush** every cache level the target exposes (:data:`harness.gates.target.FLUSH_LEVELS`: the
+   response tiers and Bloom, the KV prefix cache); a level that answers 404 is named and skipped;
+4. **cold**: replay the schedule (headless Locust, :func:`harness.load.runner.run_locust`) → ``OUT/cold``;
+5. **warm up**: ``POST /cache/preload`` with ``--preload``, then the warmup ladder ``--plan``
+   → ``OUT/ladder``;
+6. **warm check** (:mod:`harness.gates.warmcheck`): embedding → KV → response, the warm rate of
+   probe requests, the verdict → ``OUT/warm-check.json``;
+7. **warm**: the same schedule again → ``OUT/warm``; the server is stopped;
+8. **compare** (:mod:`harness.gates.compare`) → ``OUT/comparison.json``, and with ``--gate FILE``
+   judge both phases (labels ``cold`` and ``warm``, :func:`harness.gates.gate_runs`) →
+   ``OUT/gate.junit.xml``, ``OUT/gate.json``.
+
+``OUT/run.json`` (:class:`PairedRun`) is rewritten atomically after every step, so an interrupted
+or failed run still says how far it got. Exit codes (:func:`exit_code_of`): 0 pass; 1 a gate proved
+a regression; 6 the warm phase could not be called warm or a gate could not judge; 3/4/5 bad input,
+bad configuration, target unavailable; 130 interrupted (Ctrl-C or SIGTERM: the running phase is
+finalized, the server stopped, ``run.json`` written).
+
+Locust runs in its own process (gevent never runs in this one); this process only polls the
+results file for the progress bar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from harness.common.errors import (
+    ConfigError,
+    ExitCode,
+    HarnessError,
+    InputError,
+    UnavailableError,
+)
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
+from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.gates.compare import Comparison
+from harness.gates.judge import GateReport
+from harness.gates.target import FlushOutcome, NotExposed, Target, flush_all
+from harness.gates.warmcheck import SEED_WARM_RATE, WarmCheck, check_warm
+from harness.load.arrivals import RequestSpec, from_corpus_offsets, from_schedule, prepare_requests
+from harness.load.results import RECORDS_FILE, InputRef, read_summary
+from harness.load.runner import LoadSpec, run_locust
+
+PHASES = ("cold", "ladder", "warm")
+"""Result directories under ``OUT``, in the order they are written."""
+RUN_FILE = "run.json"
+WARM_CHECK_FILE = "warm-check.json"
+COMPARISON_FILE = "comparison.json"
+JUNIT_FILE = "gate.junit.xml"
+VERDICT_FILE = "gate.json"
+SERVER_DIR = "server"
+OUTPUTS = (*PHASES, SERVER_DIR, RUN_FILE, WARM_CHECK_FILE, COMPARISON_FILE, JUNIT_FILE, VERDICT_FILE)
+"""Everything ``harness run`` writes under ``OUT`` (``--force`` removes exactly these)."""
+DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
+
+_ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
+    int(ExitCode.INPUT): InputError,
+    int(ExitCode.CONFIG): ConfigError,
+    int(ExitCode.UNAVAILABLE): UnavailableError,
+}
+
+
+# ------------------------------------------------------------------------------------------ spec
+
+
+@dataclass
+class PairedSpec:
+    """Everything a paired run is configured with (``harness run``'s options)."""
+
+    out: Path
+    load: LoadSpec
+    """Load options shared by both phases (corpus, schedule or rate, caps …); ``host``,
+    ``results_dir`` and ``stage`` are set per phase."""
+    serve_args: Sequence[str] | None = DEFAULT_SERVE_ARGS
+    """Arguments of the ``harness serve`` to start (``--port 0 --ready-file`` are added)."""
+    url: str | None = None
+    """Target an already running OpenAI-compatible server instead (``serve_args`` is then ignored)."""
+    plan: Path | None = None
+    preload: Path | None = None
+    gate: Path | None = None
+    probes: int = 20
+    """Probe requests of the warm check (a seeded sample of the warm phase's requests)."""
+    min_warm_rate: float = SEED_WARM_RATE
+    confidence: float = 0.95
+    force: bool = False
+    """Replace the outputs of an earlier run in ``out``."""
+    phase_timeout_s: float = 3600.0
+    server_timeout_s: float = 300.0
+    seed: int = 0
+    """Seed of the probe sample."""
+
+
+@dataclass
+class Prepared:
+    """What the checks read and computed, for the run."""
+
+    requests: list[RequestSpec]
+    planned: list[int]
+    """The request index of each arrival of a phase (cold and warm send the same)."""
+    ladder_requests: int | None
+    serve_args: list[str] | None
+    refs: dict[str, InputRef] = field(default_factory=dict)
+
+
+def parse_serve_args(text: str) -> list[str]:
+    """``--serve-args "--preset tiny --cache"`` → a list, shell-quoted as a user would type it."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split: {exc}", field="--serve-args") from None
+
+
+def check_serve_args(args: Sequence[str]) -> list[str]:
+    """Parse ``args`` with ``harness serve``'s own command line (an unknown option or a bad value is
+    a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
+    server runs in its log directory."""
+    import typer
+
+    from harness.server.cli import serve
+
+    app = typer.Typer()
+    app.command()(serve)
+    command = typer.main.get_command(app)
+    try:
+        ctx = command.make_context("harness serve", list(args))
+    except Exception as exc:  # typer's vendored click errors, by their shared interface
+        fmt = getattr(exc, "format_message", None)
+        if fmt is None:
+            raise
+        raise ConfigError(f"harness serve {' '.join(args)}: {fmt()}", field="--serve-args") from None
+    path_opts = {
+        opt
+        for param in command.params
+        if isinstance(ctx.params.get(param.name or ""), Path)
+        for opt in param.opts
+        if opt.startswith("--")
+    }
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if eq and name in path_opts:
+            out.append(f"{name}={Path(value).resolve()}")
+        elif i > 0 and args[i - 1] in path_opts:
+            out.append(str(Path(arg).resolve()))
+        else:
+            out.append(arg)
+    return out
+
+
+def check_preload(path: Path) -> int:
+    """Validate a preload file as the server will (one OpenAI request body a line, plus optional
+    ``completion`` and ``tenant``), naming file, line and field; returns its number of lines."""
+    n = 0
+    for number, obj in iter_jsonl(path, expected="an OpenAI request body"):
+        body = dict(obj)
+        for key in ("completion", "tenant"):
+            if body.get(key) is not None and not isinstance(body[key], str):
+                raise InputError(f"'{key}' must be a string", file=path, line=number, field=key)
+            body.pop(key, None)
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+        cls = ChatCompletionRequest if "messages" in body else CompletionRequest
+        if "messages" not in body and "prompt" not in body:
+            raise InputError("expected 'prompt' or 'messages'", file=path, line=number)
+        try:
+            cls.model_validate(body)
+        except ValidationError as exc:
+            raise validation_input_error(
+                exc, file=path, line=number, expected="an OpenAI request body"
+            ) from None
+        n += 1
+    if n == 0:
+        raise InputError("the preload file has no lines", file=path)
+    return n
+
+
+def planned_requests(spec: LoadSpec, records: Sequence[Any], requests: Sequence[RequestSpec]) -> list[int]:
+    """The request index of every arrival a replay of ``spec`` sends, in order (the load stage's
+    rules: a schedule's matching, the corpus's own offsets, or record ``g mod n`` at a rate)."""
+    from harness.traces.model import ScheduleEntry
+
+    opts = spec.options()
+    if opts.schedule is not None:
+        entries = [e for _, e in iter_jsonl(opts.schedule, ScheduleEntry, expected="a schedule entry")]
+        arrivals = from_schedule(
+            entries, requests, speedup=opts.speedup, duration_s=opts.duration, max_requests=opts.max_requests
+        )
+        return [a.request for a in arrivals]
+    if opts.rate is not None:
+        n = math.ceil(opts.rate * opts.duration) if opts.duration is not None else math.inf
+        if opts.max_requests is not None:
+            n = min(n, opts.max_requests)
+        return [g % len(requests) for g in range(int(n))]
+    offsets = from_corpus_offsets(
+        records, requests, speedup=opts.speedup, duration_s=opts.duration, max_requests=opts.max_requests
+    )
+    return [a.request for a in offsets or []]
+
+
+def prepare(spec: PairedSpec) -> Prepared:
+    """Check every input and option before a server starts or a request is sent."""
+    from harness.corpus.model import read_corpus
+    from harness.gates.baseline import read_baseline
+    from harness.load.plan import read_plan
+
+    if spec.probes < 1:
+        raise ConfigError("needs at least one probe request", field="--probes")
+    if not 0 < spec.min_warm_rate <= 1:
+        raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
+    _check_out(spec.out, force=spec.force)
+    try:
+        opts = spec.load.options()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err.get("loc") else "?"
+        raise ConfigError(err["msg"], field=f"--{name.replace('_', '-')}") from None
+    if opts.corpus is None:
+        raise ConfigError("no corpus given", field="--corpus")
+    if opts.schedule is not None and opts.rate is not None:
+        raise ConfigError("give --schedule or --rate, not both", field="--rate")
+    if opts.rate is not None and opts.duration is None and opts.max_requests is None:
+        raise ConfigError("--rate needs --duration (or --max-requests)", field="--duration")
+    if opts.token_counting == "tokenizer" and opts.tokenizer is None:
+        raise ConfigError("--token-counting tokenizer needs --tokenizer tokenizer.json", field="--tokenizer")
+    refs: dict[str, InputRef] = {}
+    records = list(read_corpus(opts.corpus))
+    if not records:
+        raise InputError("the corpus has no records", file=opts.corpus)
+    corpus_file = opts.corpus / "corpus.jsonl" if opts.corpus.is_dir() else opts.corpus
+    refs["corpus"] = InputRef.of(corpus_file)
+    if opts.schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in records):
+        raise ConfigError(
+            "nothing says when to send: give --schedule or --rate and --duration, or a corpus with "
+            "arrival offsets",
+            field="--schedule",
+        )
+    requests = prepare_requests(
+        records, api=opts.api, model=opts.model, max_tokens_cap=opts.max_tokens_cap,
+        token_counting=opts.token_counting,
+    )  # fmt: skip
+    planned = planned_requests(spec.load, records, requests)
+    if not planned:
+        raise ConfigError(
+            "the schedule sends no request (check --duration / --max-requests)", field="--duration"
+        )
+    if opts.schedule is not None:
+        refs["schedule"] = InputRef.of(opts.schedule)
+    ladder_requests = None
+    if spec.plan is not None:
+        plan = read_plan(spec.plan)
+        ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
+        refs["plan"] = InputRef.of(spec.plan)
+    if spec.preload is not None:
+        check_preload(spec.preload)
+        refs["preload"] = InputRef.of(spec.preload)
+    if spec.gate is not None:
+        read_baseline(spec.gate)
+        refs["baseline"] = InputRef.of(spec.gate)
+    serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
+    return Prepared(requests, planned, ladder_requests, serve_args, refs)
+
+
+def _check_out(out: Path, *, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError("is not a directory", file=out, field="--out")
+    earlier = [name for name in OUTPUTS if (out / name).exists()]
+    if earlier and not force:
+        raise ConfigError(
+            f"holds an earlier run ({', '.join(earlier)})",
+            file=out,
+            field="--out",
+            hint="another --out, or --force to replace it",
+        )
+
+
+def _clear_out(out: Path) -> None:
+    """Remove the outputs of an earlier run (only the names :data:`OUTPUTS` lists)."""
+    for name in OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+# ------------------------------------------------------------------------------------------ record
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TargetRecord(_Strict):
+    url: str
+    model: str | None = None
+    started: bool
+    """Whether this run started the server (``harness serve``) or used ``--url``."""
+    serve_args: list[str] | None = None
+    log: str | None = None
+
+
+class PhaseRecord(_Strict):
+    """One load run of the paired run."""
+
+    dir: str
+    exit_code: int
+    """The load run's exit code (docs/exit-codes.md: 1 requests failed or the ladder stopped)."""
+    seconds: float
+    requests: int | None = None
+    errors: int | None = None
+    interrupted: bool | None = None
+    client_bound: bool | None = None
+
+
+class FlushRecord(_Strict):
+    level: str
+    status: str
+    detail: str
+    answer: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, f: FlushOutcome) -> FlushRecord:
+        return cls(level=f.level, status=f.status, detail=f.detail, answer=f.answer)
+
+
+class GateRecord(_Strict):
+    verdict: str
+    exit_code: int
+    headline: str
+    junit: str
+    verdict_json: str
+
+
+class PairedRun(_Strict):
+    """``OUT/run.json``: what the paired run did, rewritten after every step."""
+
+    schema_version: int = 1
+    started_at: str
+    finished_at: str | None = None
+    out: str
+    inputs: dict[str, InputRef] = Field(default_factory=dict)
+    load: dict[str, Any] = Field(default_factory=dict)
+    """The load options both phases used (as ``locust`` arguments)."""
+    target: TargetRecord | None = None
+    flush: list[FlushRecord] = Field(default_factory=list)
+    preload: dict[str, Any] | None = None
+    """The target's answer to ``POST /cache/preload`` (or why it was skipped)."""
+    phases: dict[str, PhaseRecord] = Field(default_factory=dict)
+    warm_check: WarmCheck | None = None
+    comparison: str | None = None
+    gate: GateRecord | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    """Why the run ended with its exit code."""
+    interrupted: bool = False
+    skipped_levels: list[str] = Field(default_factory=list)
+    """Cache levels the target does not expose (404), so this run could neither flush nor check them."""
+
+
+def exit_code_of(warm: WarmCheck | None, gate: GateReport | None) -> tuple[ExitCode, str]:
+    """The run's exit code and why: a proven regression (1) outranks cannot-judge (6: the warm phase
+    was not warm, or a gate could not judge), which outranks pass (0)."""
+    if gate is not None and gate.exit_code == int(ExitCode.CHECK_FAILED):
+        return ExitCode.CHECK_FAILED, f"gate: {gate.headline()}"
+    reasons = []
+    if warm is not None and not warm.warm:
+        reasons.append(f"the warm phase cannot be called warm ({warm.reason})")
+    if gate is not None and gate.exit_code == int(ExitCode.UNJUDGEABLE):
+        reasons.append(f"gate: {gate.headline()}")
+    if reasons:
+        return ExitCode.UNJUDGEABLE, "; ".join(reasons)
+    return (
+        ExitCode.OK,
+        f"gate: {gate.headline()}" if gate is not None else "both phases measured, target warm",
+    )
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+class _Ui:
+    """Progress on stderr: one bar per load phase (requests recorded so far), spinners for the rest."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=False,
+        )  # fmt: skip
+
+    def say(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    @contextmanager
+    def step(self, description: str) -> Iterator[None]:
+        task = self.progress.add_task(description, total=None)
+        try:
+            yield
+        finally:
+            self.progress.update(task, total=1, completed=1)
+
+    @contextmanager
+    def phase(self, description: str, records: Path, total: int | None) -> Iterator[None]:
+        """A bar counting the lines of ``records`` (the load stage flushes them at least once a second)."""
+        task = self.progress.add_task(description, total=total)
+        counter = _LineCounter(records)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                self.progress.update(task, completed=counter.count())
+
+        poller = threading.Thread(target=poll, name="harness-run-progress", daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+            n = counter.count()
+            self.progress.update(task, completed=n, total=max(n, total or 0) or None)
+
+
+class _LineCounter:
+    """Counts the lines of a growing file, reading only what was appended since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.lines = 0
+
+    def count(self) -> int:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return self.lines
+        self.offset += len(chunk)
+        self.lines += chunk.count(b"\n")
+        return self.lines
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled) behaves like Ctrl-C: the running phase finalizes, the server stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class PairedRunner:
+    """Runs one :class:`PairedSpec` (see the module docstring); :meth:`run` returns the record."""
+
+    def __init__(self, spec: PairedSpec, console: Console | None = None) -> None:
+        self.spec = spec
+        # Absolute: the server runs in its log directory, so a relative ready-file path given to it
+        # would be resolved there (harness.server.launch passes the path through as it is).
+        self.out = spec.out.resolve()
+        self.ui = _Ui(console or Console(stderr=True))
+        self.record = PairedRun(started_at=datetime.now(UTC).isoformat(), out=str(spec.out))
+        self.gate_report: GateReport | None = None
+        self.comparison: Comparison | None = None
+
+    def save(self) -> None:
+        write_json(self.out / RUN_FILE, self.record.model_dump(mode="json"))
+
+    def run(self) -> PairedRun:
+        """Check, start, flush, cold, warm up, check warm, warm, compare, gate; ``run.json`` after each."""
+        spec = self.spec
+        prep = prepare(spec)
+        if spec.force:
+            _clear_out(self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.record.inputs = prep.refs
+        args = self._template("").options().to_args()
+        at = args.index("--results-dir") if "--results-dir" in args else -1
+        self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args}
+        self.save()
+        try:
+            with _sigterm_interrupts(), self.ui.progress, self._target(prep) as target:
+                self._measure(target, prep)
+        except KeyboardInterrupt:
+            self.record.interrupted = True
+            self.record.exit_code = int(ExitCode.INTERRUPTED)
+            self.record.message = "interrupted: the running phase was finalized and the server stopped"
+            self.record.finished_at = datetime.now(UTC).isoformat()
+            self.save()
+            raise
+        except HarnessError as exc:
+            self.record.exit_code = int(exc.exit_code)
+            self.record.message = str(exc)
+            self.record.finished_at = datetime.now(UTC).isoformat()
+            self.save()
+            raise
+        self._judge()
+        self.record.finished_at = datetime.now(UTC).isoformat()
+        self.save()
+        return self.record
+
+    # ---- steps ---------------------------------------------------------------------------------
+
+    def _template(self, host: str) -> LoadSpec:
+        return dataclasses.replace(self.spec.load, host=host)
+
+    @contextmanager
+    def _target(self, prep: Prepared) -> Iterator[Target]:
+        spec = self.spec
+        if spec.url is not None:
+            target = Target(url=spec.url.rstrip("/"))
+            with self.ui.step(f"target {spec.url}"):
+                try:
+                    models = target.admin("GET", "/v1/models", timeout_s=30)
+                except NotExposed:
+                    models = {}
+                data = models.get("data") if isinstance(models, dict) else None
+                target.model = data[0].get("id") if isinstance(data, list) and data else None
+            self.record.target = TargetRecord(url=target.url, model=target.model, started=False)
+            self.save()
+            yield target
+            return
+        from harness.server.launch import running_server
+
+        assert prep.serve_args is not None
+        log_dir = self.out / SERVER_DIR
+        # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of
+        # an earlier run must not leak into this one.
+        env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
+        self.ui.say(f"[dim]$ harness serve {escape(shlex.join(prep.serve_args))}[/]")
+        with ExitStack() as stack:
+            with self.ui.step("starting harness serve"):
+                server = stack.enter_context(
+                    running_server(prep.serve_args, log_dir=log_dir, env=env, timeout_s=spec.server_timeout_s)
+                )
+            self.record.target = TargetRecord(
+                url=server.url, model=server.model, started=True, serve_args=list(prep.serve_args),
+                log=str(log_dir / "server.log"),
+            )  # fmt: skip
+            self.save()
+            self.ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
+            yield Target(url=server.url, model=server.model, server=server)
+        self.ui.say("[green]✓[/] server stopped")
+
+    def _measure(self, target: Target, prep: Prepared) -> None:
+        spec = self.spec
+        with self.ui.step("flushing every cache level"):
+            flushed = flush_all(target)
+        self.record.flush = [FlushRecord.of(f) for f in flushed]
+        self.record.skipped_levels = [f.level for f in flushed if f.status == "not exposed"]
+        for f in flushed:
+            mark = "[green]✓[/] flushed" if f.status == "flushed" else "[yellow]–[/] not flushed:"
+            self.ui.say(f"{mark} {escape(f.detail)}")
+        self.save()
+
+        replay = self._template(target.url)
+        self._phase("cold", dataclasses.replace(replay, stage="cold"), len(prep.planned))
+        if spec.preload is not None:
+            self._preload(target, spec.preload)
+        if spec.plan is not None:
+            ladder = dataclasses.replace(
+                replay, locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None,
+                duration=None, max_requests=None, speedup=None,
+            )  # fmt: skip
+            self._phase("ladder", ladder, prep.ladder_requests)
+        sample = self._probe_sample(prep)
+        with self.ui.step(f"warm check: {len(sample)} probe requests"):
+            check = check_warm(
+                target, sample, min_warm_rate=spec.min_warm_rate, confidence=spec.confidence,
+                concurrency=min(4, spec.load.concurrency or 4),
+            )  # fmt: skip
+        write_json(self.out / WARM_CHECK_FILE, check.model_dump(mode="json"))
+        self.record.warm_check = check.model_copy(update={"probes": []})  # the probes are in warm-check.json
+        for lv in check.levels:
+            colour = {"warm": "green", "partial": "yellow", "cold": "red", "skipped": "dim"}[lv.status]
+            self.ui.say(f"  [{colour}]{lv.level:<9} {lv.status:<8}[/] {escape(lv.detail)}")
+        if check.warm:
+            self.ui.say(f"[green]✓[/] {escape(check.reason)}")
+        else:
+            self.ui.say(f"[bold red]✗ not calling this run warm[/]: {escape(check.reason)} (measured anyway)")
+        self.save()
+        self._phase("warm", dataclasses.replace(replay, stage="warm"), len(prep.planned))
+
+    def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
+        """A seeded sample of the distinct requests the warm phase will send."""
+        distinct = list(dict.fromkeys(prep.planned))
+        k = min(self.spec.probes, len(distinct))
+        rng = np.random.default_rng(self.spec.seed)
+        picked = sorted(rng.choice(len(distinct), size=k, replace=False).tolist())
+        return [prep.requests[distinct[i]] for i in picked]
+
+    def _preload(self, target: Target, path: Path) -> None:
+        body = check_input_file(path).read_bytes()
+        with self.ui.step(f"preloading {path.name}"):
+            try:
+                answer = target.admin("POST", "/cache/preload", content=body, timeout_s=3600)
+            except NotExposed as exc:
+                self.record.preload = {"skipped": f"the target has no response cache to preload ({exc})"}
+                self.ui.say(f"[yellow]–[/] preload skipped: {escape(str(exc))}")
+            else:
+                self.record.preload = answer if isinstance(answer, dict) else {"answer": answer}
+                self.ui.say(f"[green]✓[/] preloaded: {escape(str(self.record.preload))}")
+        self.save()
+
+    def _phase(self, name: str, load: LoadSpec, total: int | None) -> None:
+        results = self.out / name
+        load = dataclasses.replace(load, results_dir=results)
+        started = time.monotonic()
+        self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
+        try:
+            with self.ui.phase(f"{name} phase", results / RECORDS_FILE, total):
+                code = run_locust(load, timeout_s=self.spec.phase_timeout_s)
+        except KeyboardInterrupt:  # run_locust let the child finalize its results first
+            self._note_phase(name, results, int(ExitCode.INTERRUPTED), started)
+            raise
+        rec = self._note_phase(name, results, code, started)
+        summary_path = results / "summary.json"
+        log = results / "locust.log"
+        if code in _ERRORS_BY_CODE:
+            raise _ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {_tail(log)}", file=log)
+        if code == int(ExitCode.INTERRUPTED):
+            raise UnavailableError(
+                f"the {name} phase did not end within {self.spec.phase_timeout_s:g} s and was stopped",
+                file=log,
+                hint="a larger --phase-timeout, or a shorter schedule",
+            )
+        if not summary_path.exists():
+            raise UnavailableError(f"the {name} phase wrote no summary (exit {code}): {_tail(log)}", file=log)
+        mark, extra = "[green]✓[/]", ""
+        if code:  # 1: requests failed, or the ladder stopped on a failed stage; the gate judges errors
+            mark, extra = "[yellow]![/]", f" (exit {code}: see {log})"
+        self.ui.say(
+            f"{mark} {name}: {rec.requests} requests, {rec.errors} errors{extra}"
+            + (", client-bound" if rec.client_bound else "")
+            + f" → {results}"
+        )
+
+    def _note_phase(self, name: str, results: Path, code: int, started: float) -> PhaseRecord:
+        """Record a finished (or interrupted) phase in ``run.json``, with its summary's counts."""
+        rec = PhaseRecord(dir=str(results), exit_code=code, seconds=round(time.monotonic() - started, 3))
+        if (results / "summary.json").exists():
+            s = read_summary(results)
+            rec = rec.model_copy(
+                update={"requests": s.requests, "errors": s.errors, "interrupted": s.interrupted,
+                        "client_bound": s.client_bound}
+            )  # fmt: skip
+        self.record.phases[name] = rec
+        self.save()
+        return rec
+
+    def _judge(self) -> None:
+        from harness.gates import gate_runs
+        from harness.gates.compare import compare
+        from harness.gates.runs import load_result_set
+
+        cold, warm = self.out / "cold", self.out / "warm"
+        cmp = compare(
+            load_result_set(cold, "cold"), load_result_set(warm, "warm"), confidence=self.spec.confidence
+        )
+        write_json(self.out / COMPARISON_FILE, cmp.model_dump(mode="json"))
+        self.record.comparison = str(self.out / COMPARISON_FILE)
+        self.comparison = cmp
+        if self.spec.gate is not None:
+            junit, verdict = self.out / JUNIT_FILE, self.out / VERDICT_FILE
+            self.gate_report = gate_runs(
+                {"cold": cold, "warm": warm}, self.spec.gate, junit=junit, json_path=verdict
+            )
+            self.record.gate = GateRecord(
+                verdict=self.gate_report.verdict, exit_code=self.gate_report.exit_code,
+                headline=self.gate_report.headline(), junit=str(junit), verdict_json=str(verdict),
+            )  # fmt: skip
+        code, message = exit_code_of(self.record.warm_check, self.gate_report)
+        self.record.exit_code, self.record.message = int(code), message
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())

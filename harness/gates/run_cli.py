@@ -1,0 +1,184 @@
+"""``harness run``: a paired cold / warm run in one command (:mod:`harness.gates.paired`).
+
+Exit codes: 0 pass; 1 a gate proved a regression; 6 the warm phase could not be called warm, or a
+gate could not judge; 2 bad command line; 3 bad input file; 4 bad option or ``--serve-args``, or
+``--out`` holds an earlier run; 5 the target could not be started or reached; 130 interrupted
+(the running phase finalized, the server stopped, ``run.json`` written).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+
+stderr = Console(stderr=True)
+
+_LOAD = "Load (both phases)"
+_WARM = "Warm-up and warm check"
+
+
+def run(  # noqa: PLR0917 - typer maps parameters to options
+    corpus: Annotated[
+        Path, typer.Option("--corpus", help="corpus.jsonl or its directory.", rich_help_panel=_LOAD)
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for every result.")] = Path("runs/run"),
+    serve_args: Annotated[
+        str | None,
+        typer.Option(
+            "--serve-args",
+            help='Start `harness serve` with these arguments (default "--preset tiny --cache").',
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Use this running OpenAI-compatible server instead of starting one."),
+    ] = None,
+    schedule: Annotated[
+        Path | None, typer.Option("--schedule", help="Arrival schedule JSONL.", rich_help_panel=_LOAD)
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", help="Constant arrivals/s (no schedule).", rich_help_panel=_LOAD)
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Seconds of schedule to send.", rich_help_panel=_LOAD)
+    ] = None,
+    max_requests: Annotated[
+        int | None, typer.Option("--max-requests", help="Send at most this many.", rich_help_panel=_LOAD)
+    ] = None,
+    arrival: Annotated[
+        str | None,
+        typer.Option("--arrival", help="constant or poisson (with --rate).", rich_help_panel=_LOAD),
+    ] = None,
+    speedup: Annotated[
+        float | None, typer.Option("--speedup", help="Divide schedule times by this.", rich_help_panel=_LOAD)
+    ] = None,
+    max_tokens_cap: Annotated[
+        int | None, typer.Option("--max-tokens-cap", help="Cap every max_tokens.", rich_help_panel=_LOAD)
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", help="Users per Locust process.", rich_help_panel=_LOAD)
+    ] = None,
+    processes: Annotated[
+        int | None, typer.Option("--processes", help="Locust worker processes.", rich_help_panel=_LOAD)
+    ] = None,
+    api: Annotated[
+        str | None, typer.Option("--api", help="auto, chat or completions.", rich_help_panel=_LOAD)
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="`model` sent with every request.", rich_help_panel=_LOAD)
+    ] = None,
+    token_counting: Annotated[
+        str | None,
+        typer.Option("--token-counting", help="auto, usage, logprobs, tokenizer …", rich_help_panel=_LOAD),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="tokenizer.json for counting.", rich_help_panel=_LOAD)
+    ] = None,
+    start_delay: Annotated[
+        float | None,
+        typer.Option("--start-delay", help="Seconds before the first arrival.", rich_help_panel=_LOAD),
+    ] = None,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Warmup ladder plan (YAML).", rich_help_panel=_WARM)
+    ] = None,
+    preload: Annotated[
+        Path | None,
+        typer.Option(
+            "--preload", help="JSONL for POST /cache/preload before the ladder.", rich_help_panel=_WARM
+        ),
+    ] = None,
+    probes: Annotated[
+        int, typer.Option("--probes", min=1, help="Probe requests of the warm check.", rich_help_panel=_WARM)
+    ] = 20,
+    min_warm_rate: Annotated[
+        float,
+        typer.Option(
+            "--min-warm-rate", help="Warm rate needed to call the target warm.", rich_help_panel=_WARM
+        ),
+    ] = 0.92,
+    gate: Annotated[
+        Path | None,
+        typer.Option("--gate", help="Baseline YAML: judge both phases (cold, warm); JUnit + JSON in OUT."),
+    ] = None,
+    confidence: Annotated[
+        float,
+        typer.Option("--confidence", min=0.5, max=0.999, help="Confidence of the comparison's intervals."),
+    ] = 0.95,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier run's results in OUT.")] = False,
+    phase_timeout: Annotated[
+        float, typer.Option("--phase-timeout", min=1.0, help="Seconds a load phase may take at most.")
+    ] = 3600.0,
+) -> None:
+    """Paired cold/warm run: flush every cache level, replay, warm up (preload, ladder), check
+    the target is warm, replay again; compare, and gate with --gate.
+
+    Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
+    """
+    from harness.gates.compare import comparison_table
+    from harness.gates.output import gate_table
+    from harness.gates.paired import DEFAULT_SERVE_ARGS, PairedRunner, PairedSpec, parse_serve_args
+    from harness.load.runner import LoadSpec
+
+    if arrival is not None and arrival not in ("constant", "poisson"):
+        raise ConfigError(f"{arrival!r} is not constant or poisson", field="--arrival")
+    if url is not None and serve_args is not None:
+        raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
+    load = LoadSpec(
+        host="",
+        results_dir=out,
+        corpus=corpus,
+        schedule=schedule,
+        rate=rate,
+        duration=duration,
+        max_requests=max_requests,
+        speedup=speedup,
+        max_tokens_cap=max_tokens_cap,
+        concurrency=concurrency,
+        processes=processes,
+        api=api,
+        model=model,
+        token_counting=token_counting,
+        tokenizer=tokenizer,
+        start_delay=start_delay,
+        extra_args=("--arrival", arrival) if arrival else (),
+    )
+    spec = PairedSpec(
+        out=out,
+        load=load,
+        serve_args=parse_serve_args(serve_args) if serve_args is not None else DEFAULT_SERVE_ARGS,
+        url=url,
+        plan=plan,
+        preload=preload,
+        gate=gate,
+        probes=probes,
+        min_warm_rate=min_warm_rate,
+        confidence=confidence,
+        force=force,
+        phase_timeout_s=phase_timeout,
+    )
+    runner = PairedRunner(spec, stderr)
+    record = runner.run()
+    console = Console(width=max(Console().width, 150))
+    if runner.comparison is not None:
+        console.print(comparison_table(runner.comparison))
+    if runner.gate_report is not None:
+        console.print(gate_table(runner.gate_report))
+    stderr.print(f"results in {out} (run.json, comparison.json, warm-check.json)", highlight=False)
+    verdict = f" --verdict {out / 'gate.json'}" if runner.gate_report is not None else ""
+    stderr.print(
+        f"report: harness report cold={out / 'cold'} warm={out / 'warm'}{verdict} -o {out / 'report.html'}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    code = record.exit_code or 0
+    message = record.message or ""
+    if code == int(ExitCode.CHECK_FAILED):
+        raise CheckFailed(message, file=out / "run.json")
+    if code == int(ExitCode.UNJUDGEABLE):
+        raise CannotJudge(message, file=out / "run.json")
+    stderr.print(f"[green]✓[/] {message}", highlight=False)

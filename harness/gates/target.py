@@ -1,0 +1,211 @@
+"""The target of a paired run: a ``harness serve`` we start, or any OpenAI-compatible server at a URL.
+
+What ``harness run`` needs from a target beyond the load itself is its cache levels: flushing them
+before the cold phase, and asking whether they are warm before the warm phase. Those are admin
+endpoints only some servers have, so every one is optional: an endpoint that answers 404 is *not
+exposed* by this target (a server without ``--cache``, vLLM outside its dev mode, TGI, llama.cpp),
+and the run says which levels it skipped rather than failing.
+
+* :data:`FLUSH_LEVELS` (a :class:`~harness.common.registry.Registry`): the response cache with its
+  Bloom guard (``POST /cache/flush?tier=all``) and the engine's KV prefix cache
+  (``POST /reset_prefix_cache``, vLLM's endpoint);
+* :meth:`Target.probe`: send prepared requests of the run (the load stage's bytes,
+  :func:`harness.load.arrivals.prepare_requests`) and read what each reports about caching, parsed
+  by the load stage's own stream parser (:func:`harness.load.stream.parse_lines`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from harness.common import headers as H
+from harness.common.errors import UnavailableError
+from harness.common.openai import RESET_PREFIX_CACHE_PATH
+from harness.common.registry import Registry
+from harness.load.arrivals import RequestSpec
+from harness.load.stream import parse_lines
+from harness.server.launch import ServerProcess
+
+ADMIN_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 300.0
+PROBE_STAGE = "warm-check"
+"""``X-Traffic-Stage`` of probe requests, so server metrics keep them apart from the phases."""
+
+
+class NotExposed(Exception):
+    """The target answered 404: it does not have this endpoint."""
+
+
+@dataclass
+class Target:
+    """Where the load goes, and the admin calls a paired run makes to it."""
+
+    url: str
+    model: str | None = None
+    server: ServerProcess | None = None
+    """The ``harness serve`` child this run started (``None`` for ``--url``)."""
+
+    def admin(
+        self, method: str, path: str, *, content: bytes | None = None, timeout_s: float = ADMIN_TIMEOUT_S
+    ) -> Any:
+        """Call an admin endpoint; its JSON (``{}`` for an empty body). Raises :class:`NotExposed`
+        on 404 and :class:`UnavailableError` when the target cannot be reached or fails."""
+        full = self.url.rstrip("/") + path
+        headers = {"Content-Type": "application/x-ndjson"} if content is not None else None
+        try:
+            resp = httpx.request(method, full, content=content, headers=headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"cannot reach {full}: {exc}") from None
+        if resp.status_code == 404:
+            raise NotExposed(f"{method} {path} answered 404")
+        if resp.status_code >= 400:
+            raise UnavailableError(f"{method} {full} answered {resp.status_code}: {resp.text[:300]}")
+        try:
+            return resp.json() if resp.content else {}
+        except ValueError:
+            return {"raw": resp.text[:300]}
+
+    def probe(
+        self, requests: Sequence[RequestSpec], *, no_cache: bool = False, concurrency: int = 4
+    ) -> list[ProbeResult]:
+        """Send each request (streamed, as the load stage would) and report its cache signals.
+
+        ``no_cache`` adds ``Cache-Control: no-cache``: a response cache in front of the engine then
+        passes the request through (``BYPASS``), so ``cached_tokens`` shows the engine's own prefix
+        cache rather than a response-cache hit (which reports every prompt token as cached).
+        """
+        return asyncio.run(self._probe(requests, no_cache=no_cache, concurrency=concurrency))
+
+    async def _probe(
+        self, requests: Sequence[RequestSpec], *, no_cache: bool, concurrency: int
+    ) -> list[ProbeResult]:
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=self.url, timeout=PROBE_TIMEOUT_S) as client:
+
+            async def one(spec: RequestSpec) -> ProbeResult:
+                async with sem:
+                    return await _probe_one(client, spec, no_cache=no_cache)
+
+            return list(await asyncio.gather(*(one(s) for s in requests)))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe request reported about caching."""
+
+    id: str
+    status: int
+    cache: str | None
+    """The ``x-cache`` header (``None``: the target sends none)."""
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens`` (``None``: not reported)."""
+    prompt_tokens: int | None
+    ttft_ms: float | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and 200 <= self.status < 300
+
+
+async def _probe_one(client: httpx.AsyncClient, spec: RequestSpec, *, no_cache: bool) -> ProbeResult:
+    hdrs = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream",
+        H.STAGE: PROBE_STAGE,
+        H.TENANT: spec.tenant,
+    }
+    if no_cache:
+        hdrs["Cache-Control"] = "no-cache"
+    lines: list[tuple[float, bytes]] = []
+    clock = time.perf_counter
+    sent = clock()
+    try:
+        async with client.stream("POST", spec.path, content=spec.body, headers=hdrs) as resp:
+            cache = resp.headers.get(H.CACHE_STATUS)
+            if resp.status_code != 200:
+                body = await resp.aread()
+                return ProbeResult(spec.id, resp.status_code, cache, None, None, None,
+                                   f"HTTP {resp.status_code}: {body[:200]!r}")  # fmt: skip
+            async for line in resp.aiter_lines():
+                lines.append((clock(), line.encode()))
+    except httpx.HTTPError as exc:
+        return ProbeResult(spec.id, 0, None, None, None, None, f"{type(exc).__name__}: {exc}")
+    parsed = parse_lines(lines)
+    usage = parsed.usage or {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    first = next((c.t for c in parsed.chunks if c.text), None)
+    return ProbeResult(
+        id=spec.id,
+        status=200,
+        cache=cache,
+        cached_tokens=cached if isinstance(cached, int) else None,
+        prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        ttft_ms=(first - sent) * 1000.0 if first is not None else None,
+        error=f"in-stream error: {parsed.error}" if parsed.error else None,
+    )
+
+
+# ------------------------------------------------------------------------------------- flushing
+
+FlushStatus = Literal["flushed", "not exposed"]
+
+
+@dataclass(frozen=True)
+class FlushOutcome:
+    """One cache level before the cold phase: flushed (with the target's answer) or not exposed."""
+
+    level: str
+    status: FlushStatus
+    detail: str
+    answer: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FlushLevel:
+    """A cache level a paired run empties before its cold phase."""
+
+    what: str
+    """What the level is, for messages."""
+    call: Callable[[Target], Any]
+
+
+FLUSH_LEVELS: Registry[FlushLevel] = Registry("cache level")
+"""The levels emptied before the cold phase, in order."""
+
+FLUSH_LEVELS.register("response")(
+    FlushLevel(
+        "response cache (L1, L2, L3) and its Bloom guard",
+        lambda t: t.admin("POST", "/cache/flush?tier=all"),
+    )
+)
+FLUSH_LEVELS.register("kv")(
+    FlushLevel("engine KV prefix cache", lambda t: t.admin("POST", RESET_PREFIX_CACHE_PATH))
+)
+
+
+def flush_all(target: Target) -> list[FlushOutcome]:
+    """Empty every cache level the target exposes; a level that answers 404 is reported, not fatal.
+
+    Write-backs of requests that already finished are waited for first (``POST /cache/drain``), so
+    none lands in a tier after it was flushed.
+    """
+    with contextlib.suppress(NotExposed):
+        target.admin("POST", "/cache/drain?timeout_s=60")
+    out: list[FlushOutcome] = []
+    for name, level in FLUSH_LEVELS.items():
+        try:
+            answer = level.call(target)
+        except NotExposed as exc:
+            out.append(FlushOutcome(name, "not exposed", f"{level.what}: not exposed by the target ({exc})"))
+            continue
+        out.append(FlushOutcome(name, "flushed", level.what, answer if isinstance(answer, dict) else None))
+    return out

@@ -1,0 +1,276 @@
+"""Is the target warm? Each cache level checked in the seed's order, embedding → KV → response.
+
+Before a paired run measures its warm phase it asks every level it can see, and calls the target
+warm only when none of them is cold and the **warm rate** reaches the seed's 92 %:
+
+``embedding``
+    the semantic (L3) index: ``GET /cache/stats`` says it is enabled, holds entries, and loaded
+    consistently (no tenant dropped for a checksum or schema mismatch). Write-backs still in
+    flight are waited for first (``POST /cache/drain``).
+``kv``
+    the engine's prefix cache: probe requests sent with ``Cache-Control: no-cache`` (past any
+    response cache, and storing nothing there) report ``cached_tokens > 0``.
+``response``
+    the response cache: the same probe requests, sent normally, come back with ``x-cache: HIT-*``.
+
+The probes are a seeded sample of the requests the warm phase will send, sent with the load stage's
+own bytes. The warm rate is the gates' ``warm_rate`` metric over the sampled requests (a request is
+warm when the response cache answered its probe or the engine's prefix cache held it when the KV
+probe came; among requests where the target reports either), computed by the same code
+(:data:`harness.gates.metrics.METRICS`), with its exact binomial interval. Each signal is the one
+taken before a probe of that prompt could change it (see :func:`_warm_frame`). A level the target does
+not expose (404, no ``x-cache`` header, no ``cached_tokens``) is *skipped* and named. A probe that
+misses the response cache stores its answer like any request: the check warms what it finds cold,
+but its verdict is taken before.
+
+Level status: ``warm`` (its hit share reaches the minimum warm rate), ``partial`` (some hits, fewer
+than that: reported, not refused — a KV pool smaller than the corpus evicts, and the response cache
+in front still serves), ``cold`` (none: refused), ``skipped``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.common.registry import Registry
+from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
+from harness.gates.runs import RunFrame
+from harness.gates.target import NotExposed, ProbeResult, Target
+from harness.load.arrivals import RequestSpec
+
+SEED_WARM_RATE = 0.92
+"""The seed's baseline: at least 92 % of requests served warm."""
+
+LevelStatus = Literal["warm", "partial", "cold", "skipped"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Rate(_Strict):
+    """A share with its exact interval (``value`` is ``None`` when nothing could be counted)."""
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @classmethod
+    def of(cls, m: Measurement) -> Rate:
+        def fin(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return cls(value=fin(m.value), lo=fin(m.lo), hi=fin(m.hi), n=m.n)
+
+    def text(self) -> str:
+        if self.value is None:
+            return "—"
+        return f"{format_value(self.value, 'ratio')} of {self.n} [{self.lo:.0%}, {self.hi:.0%}]"
+
+
+class LevelCheck(_Strict):
+    """One level's answer."""
+
+    level: str
+    status: LevelStatus
+    detail: str
+    rate: Rate | None = None
+
+
+class ProbeRow(_Strict):
+    """One probe request as recorded in ``warm-check.json``."""
+
+    id: str
+    kind: Literal["kv", "response"]
+    status: int
+    cache: str | None
+    cached_tokens: int | None
+    prompt_tokens: int | None
+    ttft_ms: float | None
+    error: str | None
+
+
+class WarmCheck(_Strict):
+    """``warm-check.json``: the levels, the warm rate and the verdict."""
+
+    warm: bool
+    """Whether the target may be called warm: no level cold and the warm rate at least the minimum."""
+    reason: str
+    """One sentence: why it is warm or why not."""
+    min_warm_rate: float
+    warm_rate: Rate
+    levels: list[LevelCheck]
+    probes: list[ProbeRow] = Field(default_factory=list)
+
+
+@dataclass
+class CheckContext:
+    """What the level checks share: the target, the probe sample, the probes' answers so far."""
+
+    target: Target
+    sample: Sequence[RequestSpec]
+    min_warm_rate: float
+    confidence: float = 0.95
+    concurrency: int = 4
+    kv_probes: list[ProbeResult] = field(default_factory=list)
+    response_probes: list[ProbeResult] = field(default_factory=list)
+
+
+LevelFn = Callable[[CheckContext], LevelCheck]
+WARM_LEVELS: Registry[LevelFn] = Registry("warm-check level")
+"""The levels in the order they are checked (the seed's: embedding → KV → response)."""
+
+
+def _frame(probes: Sequence[ProbeResult]) -> RunFrame:
+    ok = [p for p in probes if p.ok]
+    cached = np.array([np.nan if p.cached_tokens is None else p.cached_tokens for p in ok], dtype=np.float64)
+    return RunFrame.from_columns(
+        len(ok), floats={"cached_tokens": cached}, text={"cache": [p.cache for p in ok]}
+    )
+
+
+def _warm_frame(ctx: CheckContext) -> RunFrame:
+    """One row per sampled request, with the signal each level gave *before* a probe could change it.
+
+    The response probes' own ``cached_tokens`` cannot be used: the KV probes just ran the same
+    prompts through the engine. Their ``x-cache`` can (the KV probes bypassed the response cache and
+    stored nothing), and so can the KV probes' ``cached_tokens`` (the first time each prompt was
+    probed). A request is warm when either level already held it — the gates' ``warm_rate``."""
+    n = len(ctx.sample)
+    kv = ctx.kv_probes if len(ctx.kv_probes) == n else [None] * n
+    resp = ctx.response_probes if len(ctx.response_probes) == n else [None] * n
+    cached: list[float] = []
+    cache: list[str | None] = []
+    for k, r in zip(kv, resp, strict=True):
+        cached.append(
+            float(k.cached_tokens) if k is not None and k.ok and k.cached_tokens is not None else np.nan
+        )
+        cache.append(r.cache if r is not None and r.ok else None)
+    return RunFrame.from_columns(n, floats={"cached_tokens": np.array(cached)}, text={"cache": cache})
+
+
+def _rate(metric: str, probes: Sequence[ProbeResult], confidence: float) -> Rate:
+    return Rate.of(METRICS.get(metric).compute(_frame(probes), MetricContext(confidence=confidence)))
+
+
+def _grade(level: str, probes: Sequence[ProbeResult], rate: Rate, what: str, minimum: float) -> LevelCheck:
+    failed = [p for p in probes if not p.ok]
+    if probes and len(failed) == len(probes):
+        return LevelCheck(level=level, status="cold", detail=f"every probe failed; first: {failed[0].error}")
+    errors = f"; {len(failed)} probe(s) failed, first: {failed[0].error}" if failed else ""
+    if rate.value is None or rate.n == 0:
+        return LevelCheck(level=level, status="skipped", detail=f"the target reports no {what}{errors}")
+    status: LevelStatus = "warm" if rate.value >= minimum else "partial" if rate.value > 0 else "cold"
+    return LevelCheck(level=level, status=status, detail=f"{what}: {rate.text()}{errors}", rate=rate)
+
+
+@WARM_LEVELS.register("embedding")
+def _embedding(ctx: CheckContext) -> LevelCheck:
+    try:
+        ctx.target.admin("POST", "/cache/drain?timeout_s=60")
+        stats = ctx.target.admin("GET", "/cache/stats")
+    except NotExposed:
+        return LevelCheck(level="embedding", status="skipped", detail="no /cache/stats: no response cache")
+    l3: dict[str, Any] = ((stats or {}).get("tiers") or {}).get("l3") or {}
+    if not l3.get("enabled", False):
+        return LevelCheck(level="embedding", status="skipped", detail="the semantic cache (L3) is disabled")
+    entries = int(l3.get("entries") or 0)
+    consistency: dict[str, str] = l3.get("consistency") or {}
+    dropped = {t: s for t, s in consistency.items() if s.startswith("dropped")}
+    rebuilt = sorted(t for t, s in consistency.items() if s == "rebuilt")
+    note = f"; rebuilt from its vectors on load: {', '.join(rebuilt)}" if rebuilt else ""
+    if dropped:
+        why = "; ".join(f"{t}: {s}" for t, s in dropped.items())
+        return LevelCheck(level="embedding", status="cold", detail=f"semantic index inconsistent ({why})")
+    if entries == 0:
+        return LevelCheck(
+            level="embedding",
+            status="cold",
+            detail="semantic index empty (prompts longer than HARNESS__CACHE__L3_MAX_CHARS skip L3; "
+            "set HARNESS__CACHE__L3_ENABLED=false where that is every prompt)",
+        )
+    tenants = len(l3.get("tenants") or {})
+    return LevelCheck(
+        level="embedding",
+        status="warm",
+        detail=f"semantic index loaded: {entries} entries in {tenants} tenant index(es), consistent{note}",
+    )
+
+
+@WARM_LEVELS.register("kv")
+def _kv(ctx: CheckContext) -> LevelCheck:
+    ctx.kv_probes = ctx.target.probe(ctx.sample, no_cache=True, concurrency=ctx.concurrency)
+    rate = _rate("hit_rate_prefix", ctx.kv_probes, ctx.confidence)
+    what = "prefix-cache hits (cached_tokens > 0, response cache bypassed)"
+    return _grade("kv", ctx.kv_probes, rate, what, ctx.min_warm_rate)
+
+
+@WARM_LEVELS.register("response")
+def _response(ctx: CheckContext) -> LevelCheck:
+    ctx.response_probes = ctx.target.probe(ctx.sample, concurrency=ctx.concurrency)
+    told = {p.cache for p in ctx.response_probes if p.ok and p.cache is not None}
+    if told == {"BYPASS"}:  # our server without --cache says BYPASS to everything
+        return LevelCheck(
+            level="response",
+            status="skipped",
+            detail="every probe bypassed the response cache (none in front)",
+        )
+    rate = _rate("hit_rate_any", ctx.response_probes, ctx.confidence)
+    what = "response-cache hits (x-cache: HIT-*)"
+    return _grade("response", ctx.response_probes, rate, what, ctx.min_warm_rate)
+
+
+def check_warm(
+    target: Target,
+    sample: Sequence[RequestSpec],
+    *,
+    min_warm_rate: float = SEED_WARM_RATE,
+    confidence: float = 0.95,
+    concurrency: int = 4,
+) -> WarmCheck:
+    """Check every level in :data:`WARM_LEVELS` order and decide whether the target is warm."""
+    ctx = CheckContext(target, sample, min_warm_rate, confidence, concurrency)
+    levels = [fn(ctx) for _, fn in WARM_LEVELS.items()]
+    warm_rate = Rate.of(
+        METRICS.get("warm_rate").compute(_warm_frame(ctx), MetricContext(confidence=confidence))
+    )
+    cold = [lv for lv in levels if lv.status == "cold"]
+    if cold:
+        reason = "cold: " + "; ".join(f"{lv.level}: {lv.detail}" for lv in cold)
+    elif warm_rate.value is None:
+        reason = "cannot tell: the probes report neither x-cache nor cached_tokens, so no level is observable"
+    elif warm_rate.value < min_warm_rate:
+        reason = (
+            f"not warm: warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes is below "
+            f"the minimum {format_value(min_warm_rate, 'ratio')}"
+        )
+    else:
+        skipped = [lv.level for lv in levels if lv.status == "skipped"]
+        reason = f"warm: warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes" + (
+            f" (not observable here: {', '.join(skipped)})" if skipped else ""
+        )
+    warm = not cold and warm_rate.value is not None and warm_rate.value >= min_warm_rate
+    rows = [_row(p, "kv") for p in ctx.kv_probes] + [_row(p, "response") for p in ctx.response_probes]
+    return WarmCheck(
+        warm=warm, reason=reason, min_warm_rate=min_warm_rate, warm_rate=warm_rate, levels=levels, probes=rows
+    )
+
+
+def _row(p: ProbeResult, kind: Literal["kv", "response"]) -> ProbeRow:
+    return ProbeRow(
+        id=p.id,
+        kind=kind,
+        status=p.status,
+        cache=p.cache,
+        cached_tokens=p.cached_tokens,
+        prompt_tokens=p.prompt_tokens,
+        ttft_ms=p.ttft_ms,
+        error=p.error,
+    )

@@ -1,0 +1,380 @@
+"""``harness run``: the paired cold / warm run, its warm check, comparison and exit codes.
+
+The slow tests run the real thing: ``harness serve --preset tiny`` subprocesses (with and without
+the response cache), headless Locust children, the real probes. They wait on the processes and
+their files (the ready file, ``records.jsonl`` growing), never on the clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import orjson
+import pytest
+
+from harness.common.errors import ExitCode
+from harness.corpus.model import CorpusRecord
+from harness.gates.compare import compare
+from harness.gates.paired import (
+    PairedSpec,
+    check_serve_args,
+    exit_code_of,
+    planned_requests,
+    prepare,
+)
+from harness.gates.runs import load_result_set
+from harness.gates.target import Target, flush_all
+from harness.gates.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
+from harness.load.arrivals import prepare_requests
+from harness.load.runner import LoadSpec
+from tests.gates.factory import ROOT, make_run
+from tests.server.conftest import harness_server
+
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+         "lima", "mike", "november", "oscar", "papa")  # fmt: skip
+
+
+def write_corpus(path: Path, n: int, *, long: bool = True, chat: bool = True) -> Path:
+    """``n`` distinct, greedy (cacheable) requests. ``long`` prompts span several 16-token KV blocks
+    and differ from their first token, so one never hits another's prefix; short ones fit in one
+    block, which no prefix cache can hit."""
+    rows = []
+    for i in range(n):
+        text = f"{i} " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(48)) if long else f"q{i}"
+        rec: dict[str, object] = {
+            "id": f"r{i}", "tenant": "default", "scenario": f"s{i % 2}", "max_tokens": 6,
+            "expected_output_tokens": 6, "lang": "en", "domain": "test", "intent": "test",
+            "sampling": {"temperature": 0.0},
+            "provenance": {"seed": 0, "candidate": i, "template": "t", "template_sha256": "0" * 64},
+        }  # fmt: skip
+        if chat:
+            rec["messages"] = [{"role": "user", "content": text}]
+        else:
+            rec["prompt"] = text
+        rows.append(CorpusRecord.model_validate(rec).model_dump(mode="json", exclude_none=True))
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+SMALL_PLAN = """\
+name: test
+policy: {on_failure: stop, min_requests: 4}
+stages:
+  - {name: s1-2qps, qps: 2, duration_s: 2, max_failure_rate: 0.5}
+  - {name: s2-4qps, qps: 4, duration_s: 2, max_failure_rate: 0.5}
+"""
+PASSING_BASELINE = """\
+schema_version: 1
+name: test-pass
+gates:
+  - {metric: error_rate, threshold: 0.0, abs_tolerance: 0.5, min_samples: 10}
+  - {metric: hit_rate_any, threshold: 0.9, abs_tolerance: 0.5, min_samples: 10, phase: warm}
+"""
+
+
+def harness_run(*args: str, timeout: float = 400.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "harness.cli", "run", *args]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
+
+
+# ------------------------------------------------------------------------- real runs (slow)
+
+
+@pytest.fixture(scope="module")
+def cached_server(tmp_path_factory):
+    with harness_server(tmp_path_factory.mktemp("paired-serve"), "--cache") as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached_server):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 10)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL_PLAN)
+    baseline = tmp_path / "pass.yaml"
+    baseline.write_text(PASSING_BASELINE)
+    preload = tmp_path / "preload.jsonl"
+    preload.write_text(
+        "".join(
+            json.dumps({"prompt": f"preloaded {i}", "max_tokens": 4, "completion": "ok"}) + "\n"
+            for i in range(3)
+        )
+    )
+    out = tmp_path / "out"
+    proc = harness_run(
+        "--url", cached_server.url, "--corpus", str(corpus), "--rate", "4", "--duration", "5",
+        "--max-tokens-cap", "6", "--start-delay", "0.5", "--plan", str(plan), "--preload", str(preload),
+        "--probes", "6", "--gate", str(baseline), "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = read(out / "run.json")
+    assert run["exit_code"] == 0 and not run["interrupted"]
+    assert [f["status"] for f in run["flush"]] == ["flushed", "flushed"] and run["skipped_levels"] == []
+    assert run["preload"]["stored"] == 3
+    assert set(run["phases"]) == {"cold", "ladder", "warm"}
+    check = read(out / "warm-check.json")
+    assert check["warm"] is True
+    assert [(lv["level"], lv["status"]) for lv in check["levels"]] == [
+        ("embedding", "warm"), ("kv", "warm"), ("response", "warm"),
+    ]  # fmt: skip
+    assert len(check["probes"]) == 12  # 6 past the response cache (kv), 6 through it
+    assert all(
+        p["cache"] == "BYPASS" and p["cached_tokens"] > 0 for p in check["probes"] if p["kind"] == "kv"
+    )
+    # Cold: every request's first sight is generated; warm: every request is a response-cache hit.
+    cold, warm = records(out / "cold"), records(out / "warm")
+    assert len(cold) == len(warm) == 20
+    first_seen: dict[str, str] = {}
+    for r in sorted(cold, key=lambda r: r["sent_s"]):
+        first_seen.setdefault(r["id"], r["cache"])
+    assert set(first_seen.values()) == {"MISS"}
+    assert all(r["cache"].startswith("HIT") for r in warm)
+    assert {r["stage"] for r in cold} == {"cold"} and {r["stage"] for r in warm} == {"warm"}
+    assert [s["name"] for s in read(out / "ladder" / "summary.json")["stages"]] == ["s1-2qps", "s2-4qps"]
+    rows = {r["metric"]: r for r in read(out / "comparison.json")["rows"]}
+    assert rows["hit_rate_any"]["warm"]["value"] == 1.0 > rows["hit_rate_any"]["cold"]["value"]
+    assert rows["hit_rate_any"]["difference"]["value"] > 0
+    assert rows["prefill_kv_bytes_p95"]["warm"]["value"] == 0 < rows["prefill_kv_bytes_p95"]["cold"]["value"]
+    verdict = read(out / "gate.json")
+    assert verdict["verdict"] == "pass" and {g["label"] for g in verdict["gates"]} == {"cold", "warm"}
+    cases = ET.parse(out / "gate.junit.xml").getroot().iter("testcase")
+    assert {c.get("classname") for c in cases} == {"gate.cold", "gate.warm"}
+
+
+@pytest.mark.slow
+def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cached_server):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 6)
+    reqs = prepare_requests(
+        CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
+    )
+    target = Target(cached_server.url)
+    flushed = flush_all(target)
+    assert [f.status for f in flushed] == ["flushed", "flushed"]
+    cold = check_warm(target, reqs)
+    assert not cold.warm
+    assert [(lv.level, lv.status) for lv in cold.levels] == [
+        ("embedding", "cold"), ("kv", "cold"), ("response", "cold"),
+    ]  # fmt: skip
+    assert cold.warm_rate.value == 0 and "cold" in cold.reason
+    assert exit_code_of(cold, None)[0] == ExitCode.UNJUDGEABLE
+    # The response probes just generated and stored every answer: now each level is warm.
+    warm = check_warm(target, reqs)
+    assert warm.warm, warm.reason
+    assert [lv.status for lv in warm.levels] == ["warm", "warm", "warm"]
+    assert warm.warm_rate.value == 1.0 and warm.warm_rate.n == len(reqs)
+
+
+@pytest.mark.slow
+def test_paired_run_against_a_url_without_cache_says_not_warm_and_writes_everything(tmp_path):
+    # Short prompts fit in one KV block, which no prefix cache can hit, and without --cache there is
+    # no response cache: nothing can be warm, and the run says so with exit 6.
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 4, long=False, chat=False)
+    out = tmp_path / "out"
+    with harness_server(tmp_path / "plain") as plain:
+        proc = harness_run(
+            "--url", plain.url, "--corpus", str(corpus), "--rate", "4", "--duration", "2",
+            "--max-tokens-cap", "4", "--start-delay", "0.5", "--out", str(out),
+        )  # fmt: skip
+    assert proc.returncode == int(ExitCode.UNJUDGEABLE), proc.stdout + proc.stderr
+    assert "cannot be called warm" in proc.stderr
+    run = read(out / "run.json")
+    assert run["exit_code"] == 6 and run["target"]["started"] is False
+    assert run["skipped_levels"] == ["response"]  # /cache/flush answered 404; the KV reset worked
+    check = read(out / "warm-check.json")
+    assert not check["warm"]
+    assert {lv["level"]: lv["status"] for lv in check["levels"]} == {
+        "embedding": "skipped", "kv": "cold", "response": "skipped",
+    }  # fmt: skip
+    for phase in ("cold", "warm"):
+        assert read(out / phase / "summary.json")["requests"] == 8
+    assert (out / "comparison.json").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_server_and_leaves_finalized_results(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--serve-args", "--preset tiny --cache",
+           "--corpus", str(corpus), "--rate", "2", "--duration", "600", "--max-tokens-cap", "4",
+           "--start-delay", "0.5", "--out", "out"]  # fmt: skip
+    log = tmp_path / "run.log"
+    with log.open("wb") as fh:  # a relative --out, as users type it (the server runs elsewhere)
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        records_file = out / "cold" / "records.jsonl"
+        # Wait (on the process, with a generous deadline) until the cold phase has recorded requests.
+        for _ in range(3000):
+            if records_file.is_file() and records_file.stat().st_size > 0:
+                break
+            assert proc.poll() is None, log.read_text()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.1)
+        else:
+            pytest.fail("the cold phase never recorded a request")
+        server_pid = read(out / "server" / "ready.json")["pid"]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == int(ExitCode.INTERRUPTED), log.read_text()
+    run = read(out / "run.json")
+    assert run["interrupted"] is True and run["exit_code"] == 130
+    assert run["phases"]["cold"]["exit_code"] == 130 and run["phases"]["cold"]["interrupted"] is True
+    summary = read(out / "cold" / "summary.json")
+    assert summary["interrupted"] is True and summary["requests"] == len(records(out / "cold")) > 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(server_pid, 0)  # the server was stopped (and reaped) before harness run exited
+
+
+# ------------------------------------------------------------------------- fail fast (fast)
+
+
+def run_main(*args: str) -> int:
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", *args])
+    return int(exc.value.code or 0)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 3)
+    return tmp_path, corpus
+
+
+R = ["--rate", "2", "--duration", "2"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "files", "code", "message"),
+    [
+        (["--rate", "2"], {}, 4, "--rate needs --duration"),
+        ([*R, "--plan", "{plan}"], {"plan": "stages:\n  - {name: a, qps: 0}\n"}, 3, "stages.0"),
+        ([*R, "--preload", "{preload}"], {"preload": '{"prompt": "x"}\n{"promt": "y"}\n'}, 3, ":2"),
+        ([*R, "--gate", "{gate}"], {"gate": "schema_version: 1\ngates: [{metric: nope}]\n"}, 4, "gate"),
+        ([*R, "--serve-args", "--preset tiny --bogus"], {}, 4, "--bogus"),
+        ([*R, "--serve-args", "--preset tiny", "--url", "http://127.0.0.1:9"], {}, 4, "not both"),
+        ([*R, "--api", "soap"], {}, 4, "--api"),
+        (["--schedule", "{schedule}"], {"schedule": "not json\n"}, 3, "schedule"),
+    ],
+)
+def test_bad_input_fails_before_any_server_starts(  # noqa: PLR0917 - parametrized
+    inputs, capsys, extra, files, code, message
+):
+    tmp_path, corpus = inputs
+    paths = {}
+    for name, text in files.items():
+        paths[name] = tmp_path / f"{name}.txt"
+        paths[name].write_text(text)
+    args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in extra]
+    out = tmp_path / "out"
+    assert run_main("--corpus", str(corpus), "--out", str(out), *args) == code
+    assert message in capsys.readouterr().err
+    assert not (out / "server").exists() and not (out / "run.json").exists()
+
+
+def test_missing_corpus_and_an_earlier_run_are_refused(inputs, capsys):
+    tmp_path, corpus = inputs
+    out = tmp_path / "out"
+    assert (
+        run_main(
+            "--corpus", str(tmp_path / "nope.jsonl"), "--rate", "2", "--duration", "2", "--out", str(out)
+        )
+        == 3
+    )
+    (out / "cold").mkdir(parents=True)
+    assert run_main("--corpus", str(corpus), "--rate", "2", "--duration", "2", "--out", str(out)) == 4
+    assert "--force" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- pieces
+
+
+def test_serve_args_are_parsed_by_harness_serve_and_paths_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiers.json").write_text("{}")
+    args = check_serve_args(["--preset", "tiny", "--tiers", "tiers.json", "--model=m"])
+    assert args == ["--preset", "tiny", "--tiers", str(tmp_path / "tiers.json"), f"--model={tmp_path / 'm'}"]
+
+
+def test_planned_requests_follow_the_load_stages_rules(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 3)
+    recs = [CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()]
+    reqs = prepare_requests(recs)
+    spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, rate=2, duration=4)
+    assert planned_requests(spec, recs, reqs) == [0, 1, 2, 0, 1, 2, 0, 1]
+    sched = tmp_path / "s.jsonl"
+    sched.write_text("".join(json.dumps({"offset_s": t, "scenario": "s1"}) + "\n" for t in (0, 1, 2)))
+    spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, schedule=sched)
+    assert planned_requests(spec, recs, reqs) == [1, 1, 1]  # every entry asks for scenario s1: record r1
+
+
+def test_prepare_counts_the_schedule_and_the_ladder(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 3)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL_PLAN)
+    spec = PairedSpec(out=tmp_path / "out", load=LoadSpec(host="", results_dir=tmp_path, corpus=corpus,
+                      rate=3, duration=2), plan=plan)  # fmt: skip
+    prep = prepare(spec)
+    assert len(prep.planned) == 6 and prep.ladder_requests == 12
+    assert prep.serve_args == ["--preset", "tiny", "--cache"] and set(prep.refs) == {"corpus", "plan"}
+
+
+def _check(warm: bool) -> WarmCheck:
+    rate = Rate(value=1.0 if warm else 0.5, lo=0.0, hi=1.0, n=10)
+    level = LevelCheck(level="response", status="warm" if warm else "partial", detail="")
+    return WarmCheck(warm=warm, reason="r", min_warm_rate=0.92, warm_rate=rate, levels=[level])
+
+
+def test_exit_code_regression_outranks_not_warm_outranks_pass(tmp_path):
+    from harness.gates import gate_runs
+
+    cold, warm = make_run(tmp_path / "cold", 300, seed=1), make_run(tmp_path / "warm", 300, seed=2)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 1.0}\n")
+    loose = tmp_path / "loose.yaml"
+    loose.write_text("schema_version: 1\ngates:\n  - {metric: ttft_p95, threshold: 100000.0}\n")
+    failing = gate_runs({"cold": cold, "warm": warm}, strict)
+    passing = gate_runs({"cold": cold, "warm": warm}, loose)
+    assert exit_code_of(_check(False), failing)[0] == ExitCode.CHECK_FAILED
+    assert exit_code_of(_check(False), passing)[0] == ExitCode.UNJUDGEABLE
+    assert exit_code_of(_check(True), passing)[0] == ExitCode.OK
+    assert exit_code_of(_check(True), None)[0] == ExitCode.OK
+
+
+def test_comparison_difference_intervals_cover_and_say_which_way(tmp_path):
+    cold = load_result_set(make_run(tmp_path / "cold", 2000, seed=3, ttft_ms=200.0, hit_l1=0.1), "cold")
+    warm = load_result_set(make_run(tmp_path / "warm", 2000, seed=4, ttft_ms=50.0, hit_l1=0.8), "warm")
+    same = load_result_set(make_run(tmp_path / "same", 2000, seed=5, ttft_ms=200.0, hit_l1=0.1), "warm")
+    rows = {r.metric: r for r in compare(cold, warm).rows}
+    ttft = rows["ttft_p95"]
+    assert ttft.verdict == "better" and ttft.difference.value is not None
+    assert ttft.difference.lo <= ttft.difference.value <= ttft.difference.hi < 0
+    assert math.isclose(ttft.difference.value, ttft.warm.value - ttft.cold.value)
+    assert rows["hit_rate_any"].verdict == "better" and rows["hit_rate_any"].difference.lo > 0
+    # The difference's interval is wider than either phase's: each side is taken at √0.95.
+    assert ttft.difference.hi - ttft.difference.lo > (ttft.cold.hi - ttft.cold.lo)
+    # Two runs of one distribution: no clear change on the latencies.
+    unchanged = {r.metric: r for r in compare(cold, same).rows}
+    assert unchanged["ttft_p95"].verdict == "no clear change"
+    assert unchanged["ttft_p95"].difference.lo < 0 < unchanged["ttft_p95"].difference.hi
