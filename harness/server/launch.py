@@ -70,6 +70,8 @@ def start_server(
     Its stdout and stderr go to ``log_dir/server.log``. Raises :class:`UnavailableError` (naming the
     log) when the child exits or is not ready within ``timeout_s``; the child is killed then.
     """
+    # Absolute: the child runs in log_dir, where a relative ready-file path would point elsewhere.
+    log_dir = log_dir.resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     ready_file = log_dir / "ready.json"
     ready_file.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ defaults are latency limits a healthy Redis can miss on a busy CI machine, turni
 def harness_server(
     log_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
 ) -> Iterator[ServerProcess]:
-    full_env = {"HARNESS__RUN_DIR": str(log_dir / "run"), **PATIENT_CACHE_ENV, **(env or {})}
+    full_env = {"HARNESS__RUN_DIR": str((log_dir / "run").resolve()), **PATIENT_CACHE_ENV, **(env or {})}
     with running_server(
         ["--preset", "tiny", *args], log_dir=log_dir, env=full_env, timeout_s=timeout
     ) as server:

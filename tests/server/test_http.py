@@ -449,3 +449,11 @@ def test_ready_file_is_written_once_serving(tmp_path):
         assert info.pid == srv.proc.pid and info.cache is False and info.model == srv.model
         assert httpx.get(info.url + "/health", timeout=5).status_code == 200
     assert srv.proc.returncode == 0
+
+
+def test_launch_with_a_relative_log_dir(tmp_path, monkeypatch):
+    """The child runs inside log_dir: a relative path must still find its ready file."""
+    monkeypatch.chdir(tmp_path)
+    with harness_server(Path("relative-logs")) as srv:
+        assert srv.log_dir.is_absolute() and (tmp_path / "relative-logs" / "ready.json").is_file()
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
