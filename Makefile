@@ -38,6 +38,8 @@ bench: setup
 	$(PY) bench/cache.py
 	$(PY) bench/corpus.py
 	$(PY) bench/analysis.py
+	$(PY) bench/load.py
+	$(PY) bench/gates.py false-alarm
 
 clean:
 	rm -rf .harness .pytest_cache .mypy_cache .ruff_cache

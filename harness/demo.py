@@ -5,7 +5,8 @@ a user would type it (nothing here measures, parses SSE or reads a server log: t
 
 1. ``harness traces coldpaths`` and ``harness traces scenarios`` on the bundled GenAI Jaeger trace:
    cold first hops grouped into scenario classes;
-2. ``harness corpus build`` from the bundled template and few-shot log, weighted by those scenarios
+2. ``harness corpus build``: real user requests (the bundled CLINC150 and CrossWOZ samples) in the
+   bundled template, weighted by those scenarios
    (:func:`corpus_build_args`, the one place that spells the corpus recipe);
 3. ``harness run``: ``harness serve --preset tiny --cache`` on a free port, every cache level
    flushed, the cold replay, the warmup ladder of ``fixtures/plans/tiny.yaml``, the warm check, the
@@ -45,12 +46,12 @@ BASELINE = ROOT / "fixtures" / "baselines" / "tiny-cpu.yaml"
 
 
 def corpus_build_args(run_dir: Path, n: int) -> list[str]:
-    """``harness corpus build …`` for the demo and the CI job (docs/ci.md spells the same recipe):
-    the bundled four-section template and few-shot log, weighted by the trace's scenarios."""
+    """``harness corpus build …`` for the demo and the CI job (docs/ci.md spells the same recipe): the
+    bundled four-section template around real user requests (the default request logs: the CLINC150
+    and CrossWOZ samples in fixtures/corpus/), weighted by the trace's scenarios."""
     return [
         "corpus", "build",
         "--template", str(ROOT / "templates" / "prompts" / "four_section.j2"),
-        "--fewshot", str(ROOT / "fixtures" / "corpus" / "fewshot_log.jsonl"),
         "--scenarios", str(run_dir / "scenarios.json"),
         "--n", str(n), "--seed", "0", "--out", str(run_dir / "corpus"),
         # The trace's slowest hop carried 8k prompt tokens; the tiny preset's context is 2048.

@@ -83,7 +83,8 @@ def test_corpus_recipe_is_spelled_once(repo_root: Path) -> None:
     """docs/ci.md builds the CI corpus with the demo's recipe (calibrated baseline: same workload)."""
     args = corpus_build_args(Path("runs"), 60)
     doc = (repo_root / "docs" / "ci.md").read_text()
-    for flag in ("--template", "--fewshot", "--scenarios", "--max-input-tokens"):
+    assert "--fewshot" not in args  # the default request logs: real users' requests
+    for flag in ("--template", "--scenarios", "--max-input-tokens"):
         value = Path(args[args.index(flag) + 1])
         shown = value.relative_to(repo_root) if value.is_absolute() else value
         assert f"{flag} {shown}" in doc, flag

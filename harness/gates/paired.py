@@ -32,7 +32,6 @@ results file for the progress bar.
 from __future__ import annotations
 
 import dataclasses
-import math
 import shlex
 import shutil
 import signal
@@ -71,7 +70,8 @@ from harness.gates.compare import Comparison
 from harness.gates.judge import GateReport
 from harness.gates.target import FlushOutcome, NotExposed, Target, flush_all
 from harness.gates.warmcheck import SEED_WARM_RATE, WarmCheck, check_warm
-from harness.load.arrivals import RequestSpec, from_corpus_offsets, from_schedule, prepare_requests
+from harness.load.arrivals import RequestSpec
+from harness.load.inputs import Inputs
 from harness.load.results import RECORDS_FILE, InputRef, read_summary
 from harness.load.runner import LoadSpec, run_locust
 
@@ -208,32 +208,8 @@ def check_preload(path: Path) -> int:
     return n
 
 
-def planned_requests(spec: LoadSpec, records: Sequence[Any], requests: Sequence[RequestSpec]) -> list[int]:
-    """The request index of every arrival a replay of ``spec`` sends, in order (the load stage's
-    rules: a schedule's matching, the corpus's own offsets, or record ``g mod n`` at a rate)."""
-    from harness.traces.model import ScheduleEntry
-
-    opts = spec.options()
-    if opts.schedule is not None:
-        entries = [e for _, e in iter_jsonl(opts.schedule, ScheduleEntry, expected="a schedule entry")]
-        arrivals = from_schedule(
-            entries, requests, speedup=opts.speedup, duration_s=opts.duration, max_requests=opts.max_requests
-        )
-        return [a.request for a in arrivals]
-    if opts.rate is not None:
-        n = math.ceil(opts.rate * opts.duration) if opts.duration is not None else math.inf
-        if opts.max_requests is not None:
-            n = min(n, opts.max_requests)
-        return [g % len(requests) for g in range(int(n))]
-    offsets = from_corpus_offsets(
-        records, requests, speedup=opts.speedup, duration_s=opts.duration, max_requests=opts.max_requests
-    )
-    return [a.request for a in offsets or []]
-
-
 def prepare(spec: PairedSpec) -> Prepared:
     """Check every input and option before a server starts or a request is sent."""
-    from harness.corpus.model import read_corpus
     from harness.gates.baseline import read_baseline
     from harness.load.plan import read_plan
 
@@ -242,41 +218,19 @@ def prepare(spec: PairedSpec) -> Prepared:
     if not 0 < spec.min_warm_rate <= 1:
         raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
     _check_out(spec.out, force=spec.force)
-    try:
-        opts = spec.load.options()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        name = str(err["loc"][0]) if err.get("loc") else "?"
-        raise ConfigError(err["msg"], field=f"--{name.replace('_', '-')}") from None
-    if opts.corpus is None:
-        raise ConfigError("no corpus given", field="--corpus")
-    if opts.schedule is not None and opts.rate is not None:
-        raise ConfigError("give --schedule or --rate, not both", field="--rate")
-    if opts.rate is not None and opts.duration is None and opts.max_requests is None:
-        raise ConfigError("--rate needs --duration (or --max-requests)", field="--duration")
-    if opts.token_counting == "tokenizer" and opts.tokenizer is None:
-        raise ConfigError("--token-counting tokenizer needs --tokenizer tokenizer.json", field="--tokenizer")
-    refs: dict[str, InputRef] = {}
-    records = list(read_corpus(opts.corpus))
-    if not records:
-        raise InputError("the corpus has no records", file=opts.corpus)
-    corpus_file = opts.corpus / "corpus.jsonl" if opts.corpus.is_dir() else opts.corpus
-    refs["corpus"] = InputRef.of(corpus_file)
-    if opts.schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in records):
-        raise ConfigError(
-            "nothing says when to send: give --schedule or --rate and --duration, or a corpus with "
-            "arrival offsets",
-            field="--schedule",
-        )
-    requests = prepare_requests(
-        records, api=opts.api, model=opts.model, max_tokens_cap=opts.max_tokens_cap,
-        token_counting=opts.token_counting,
-    )  # fmt: skip
-    planned = planned_requests(spec.load, records, requests)
+    opts = spec.load.options()
+    # The load stage's own checks and arrival rules: what is planned here is what the replay sends.
+    inputs = Inputs.load(opts, ladder=False)
+    planned = inputs.planned() or []
     if not planned:
         raise ConfigError(
             "the schedule sends no request (check --duration / --max-requests)", field="--duration"
         )
+    refs: dict[str, InputRef] = {}
+    assert opts.corpus is not None  # Inputs.load refuses a run without one
+    corpus_file = opts.corpus / "corpus.jsonl" if opts.corpus.is_dir() else opts.corpus
+    refs["corpus"] = InputRef.of(corpus_file)
+    requests = inputs.requests
     if opts.schedule is not None:
         refs["schedule"] = InputRef.of(opts.schedule)
     ladder_requests = None

@@ -114,8 +114,9 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         float, typer.Option("--phase-timeout", min=1.0, help="Seconds a load phase may take at most.")
     ] = 3600.0,
 ) -> None:
-    """Paired cold/warm run: flush every cache level, replay, warm up (preload, ladder), check
-    the target is warm, replay again; compare, and gate with --gate.
+    """Paired cold/warm run: replay cold, warm up, check warm, replay warm; compare and gate.
+
+    Every cache level is flushed first; the warm-up is --preload then the --plan ladder.
 
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """

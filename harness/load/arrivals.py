@@ -22,7 +22,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import orjson
@@ -253,6 +253,20 @@ class Segment:
     end_s: float
     rate: float
     stage: str | None = None
+
+
+class ArrivalSource(Protocol):
+    """Where a pacer takes arrivals from, in intended-time order."""
+
+    def peek(self) -> float | None:
+        """The next arrival's intended time (``inf`` while paused, ``None`` when there are no more)."""
+        ...
+
+    def pop(self) -> Arrival: ...
+
+    def finish(self) -> None:
+        """Produce no more arrivals."""
+        ...
 
 
 class RateArrivals:

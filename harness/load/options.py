@@ -64,7 +64,7 @@ class LoadOptions(BaseModel):
     """OTLP/HTTP traces endpoint (``http://host:4318/v1/traces``): one client span per request."""
     warmup_id: str | None = None
     """``X-Warmup-ID`` for every request of the run (default: a new random id)."""
-    pacer_spin_ms: float = Field(default=1.0, ge=0)
+    pacer_lead_ms: float = Field(default=3.0, ge=0)
     request_timeout: float = Field(default=600.0, gt=0)
     seed: int = 0
     """Seed of the Poisson process and of which arrivals bypass the cache."""
@@ -121,7 +121,9 @@ _HELP: dict[str, str] = {
     "bypass_fraction": "share of requests sent with Cache-Control: no-cache (0-1, per arrival from --seed)",
     "otlp_endpoint": "OTLP/HTTP endpoint for one client span per request",
     "warmup_id": "X-Warmup-ID of this run (default: random)",
-    "pacer_spin_ms": "the pacer busy-waits (yielding) this long before each arrival for sub-ms precision",
+    "pacer_lead_ms": (
+        "arrivals reach a user this long ahead; it prepares the request, then yields until it is due"
+    ),
     "request_timeout": "seconds a request may take (network timeout)",
     "seed": "seed of the poisson arrival process and of the bypassed arrivals",
 }

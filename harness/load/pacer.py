@@ -8,46 +8,51 @@ are only the concurrency pool that takes from the queue (k6's constant-arrival-r
 every user is busy an arrival waits in the queue; the user that finally takes it measures
 ``sent − intended`` as lateness, and the ``*_from_intended_ms`` latencies include the wait.
 
-Precision: gevent's libev loop rounds timer waits up to whole milliseconds (epoll's resolution), so
-a plain ``sleep`` releases 0–1 ms late. The pacer sleeps until ``spin_s`` before the intended time
-and then yields in a loop (``gevent.sleep(0)``: other greenlets keep running) until it is due. The
-yield loop's idle time is counted (:attr:`Pacer.idle_spin_s`) so that the client's CPU figure can
-leave it out: a busy-wait is not load.
+Precision: gevent's libev loop rounds timer waits up to whole milliseconds (epoll's resolution), and
+a long wait overshoots in proportion to its length (measured here: about 3 %, so a 250 ms wait wakes
+5–9 ms late; 10 ms waits < 1 ms). Preparing a request (headers, trace context) takes a few hundred
+microseconds too, milliseconds after an idle spell. So the pacer naps in steps of at most
+:data:`MAX_NAP_S` and hands each arrival over ``lead_s`` (after idleness :data:`IDLE_LEAD_S`)
+*before* its intended time; the user that takes it prepares
+the request, then :meth:`Pacer.wait_until` the intended time, yielding in a loop
+(``gevent.sleep(0)``: other greenlets keep running), and sends. The yield loop's idle time is counted
+(:attr:`Pacer.idle_spin_s`) so that the client's CPU figure can leave it out: a busy-wait is not load.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Protocol
 
 import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
-from harness.load.arrivals import Arrival
+from harness.load.arrivals import Arrival, ArrivalSource
 
 QUEUE_LIMIT = 4096
 """Arrivals released but not yet taken, at most. Beyond it the pacer waits for users; every arrival
 keeps its intended time, so lateness stays truthful, but an overloaded client holds bounded memory."""
 _YIELD_EVERY = 32
 """While releasing a backlog of overdue arrivals, let the users run after this many."""
+MAX_NAP_S = 0.01
+"""Longest single timer wait: short enough that its overshoot stays well under ``lead_s`` (see
+above), long enough that an idle pacer wakes only 100 times a second."""
+IDLE_AFTER_S = 0.1
+IDLE_LEAD_S = 0.02
+"""An arrival that follows ``IDLE_AFTER_S`` without a release is handed over ``IDLE_LEAD_S`` ahead:
+measured on a 2-core VM, the same code ran 5–20× slower in the first milliseconds after 250 ms of
+idleness, and the run's first request was 7–15 ms late with the ordinary lead."""
 _IDLE_YIELD_S = 50e-6
 """A ``sleep(0)`` that returns faster than this ran no other greenlet: count it as idle spinning."""
-
-
-class ArrivalSource(Protocol):
-    def peek(self) -> float | None: ...
-    def pop(self) -> Arrival: ...
-    def finish(self) -> None: ...
 
 
 class Pacer:
     """Releases ``source``'s arrivals at ``epoch + intended_s`` (``perf_counter`` seconds)."""
 
-    def __init__(self, source: ArrivalSource, *, spin_s: float = 0.001) -> None:
+    def __init__(self, source: ArrivalSource, *, lead_s: float = 0.003) -> None:
         self.source = source
-        self.spin_s = max(0.0, spin_s)
+        self.lead_s = max(0.0, lead_s)
         self.epoch = math.nan
         self.queue: Queue[Arrival | None] = Queue(QUEUE_LIMIT)
         self._wake = Event()
@@ -92,6 +97,7 @@ class Pacer:
     def _run(self) -> None:
         clock = time.perf_counter
         backlog = 0
+        last_release = -math.inf
         try:
             while True:
                 t = self.source.peek()
@@ -101,22 +107,17 @@ class Pacer:
                     self._wake.wait()
                     self._wake.clear()
                     continue
-                target = self.epoch + t
-                delay = target - clock()
-                if delay > self.spin_s:
-                    if self._wake.wait(delay - self.spin_s):
+                now = clock()
+                delay = self.epoch + t - now
+                # After an idle spell everything runs slower for a while (the first request of a run,
+                # every request of a slow schedule), so such an arrival is handed over earlier.
+                lead = self.lead_s if now - last_release < IDLE_AFTER_S else max(self.lead_s, IDLE_LEAD_S)
+                if delay > lead:
+                    if self._wake.wait(min(delay - lead, MAX_NAP_S)):
                         self._wake.clear()
                     continue  # re-read: the source may have changed while we slept
-                while clock() < target:
-                    t0 = clock()
-                    gevent.sleep(0)
-                    dt = clock() - t0
-                    if dt < _IDLE_YIELD_S:
-                        self.idle_spin_s += dt
-                if self._wake.is_set():
-                    self._wake.clear()
-                    continue
                 self.queue.put(self.source.pop())  # blocks only while QUEUE_LIMIT arrivals wait
+                last_release = clock()
                 self.released += 1
                 if delay < 0:
                     backlog += 1
@@ -127,8 +128,20 @@ class Pacer:
         finally:
             self._end()
 
+    def wait_until(self, intended_s: float) -> None:
+        """Yield until ``intended_s`` (seconds since the epoch): the last stretch before a send."""
+        clock = time.perf_counter
+        target = self.epoch + intended_s
+        while clock() < target:
+            t0 = clock()
+            gevent.sleep(0)
+            dt = clock() - t0
+            if dt < _IDLE_YIELD_S:
+                self.idle_spin_s += dt
+
     def take(self) -> Arrival | None:
-        """Block until an arrival is due; ``None`` when the run has no more (the mark is passed on)."""
+        """Block until an arrival is (nearly: ``lead_s``) due; ``None`` when the run has no more (the
+        mark is passed on). The caller prepares the request and sends it after :meth:`wait_until`."""
         a: Arrival | None = self.queue.get()
         if a is None:
             self.queue.put(None)  # every waiting user must see the end

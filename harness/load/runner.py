@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from harness.common.errors import ConfigError
 from harness.load.options import LoadOptions
 
@@ -82,7 +84,13 @@ class LoadSpec:
             for name in LoadOptions.model_fields
             if hasattr(self, name) and getattr(self, name) is not None
         }
-        return LoadOptions.model_validate(raw)
+        try:
+            return LoadOptions.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err.get("loc") else None
+            msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+            raise ConfigError(msg, field=f"--{name.replace('_', '-')}" if name else None) from None
 
     def command(self) -> list[str]:
         """The ``locust`` command line for this spec."""

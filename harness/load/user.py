@@ -2,8 +2,10 @@
 
 Users are the concurrency pool of the open loop (:mod:`harness.load.pacer`): ``wait_time`` is zero
 and each task blocks on the pacer's queue, so *when* a request goes out is the schedule's decision,
-not the user's. Each user is a ``FastHttpUser`` with its own connection pool and sends one request
-at a time, so no request ever waits for a pooled connection inside a timer.
+not the user's. The pacer hands an arrival over a little ahead of time; the user builds its headers
+and trace context, waits for the intended time, and only then stamps ``sent`` and writes it. Each
+user is a ``FastHttpUser`` with its own connection pool and sends one request at a time, so no
+request ever waits for a pooled connection inside a timer.
 
 Measuring a stream: the request goes through the user's own pooled ``geventhttpclient`` client and
 the response body is read line by line from the socket as bytes arrive (``readline(b"\\n")`` on the
@@ -129,7 +131,8 @@ class ReplayUser(FastHttpUser):
                 "url.path": spec.path,
             },
             source_trace_id=trace_id,
-            start_ns=time.time_ns(),
+            # The request leaves at its intended time (below), up to the pacer's lead after now.
+            start_ns=time.time_ns() + max(0, int((run.epoch + a.intended_s - time.perf_counter()) * 1e9)),
         )
         row: dict[str, Any] = {
             "id": spec.id,
@@ -145,6 +148,8 @@ class ReplayUser(FastHttpUser):
             "itl_ms": [],
         }
         clock = time.perf_counter
+        if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
+            run.pacer.wait_until(a.intended_s)
         req = _Request(spec.path, span, time.time(), clock())
         row["sent_s"] = req.sent - run.epoch
         row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)

@@ -5,12 +5,14 @@ The child gets ``--port 0`` (the OS picks a free port, so parallel runs never ra
 startup completed, so no log line is parsed and no ``/health`` loop is needed. While waiting it checks
 that the child is still alive, so a server that fails to start is reported at once with the end of its
 log, not after a timeout. :meth:`ServerProcess.stop` sends SIGTERM (graceful: in-flight requests
-finish, the cache persists) and kills only if that takes too long; it is safe to call twice.
+finish, the cache persists) and kills only if that takes too long; it is safe to call twice. The
+child runs at a lower CPU priority (:data:`NICE`) than the load generator beside it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +26,11 @@ from harness.common.errors import UnavailableError
 from harness.server.cli import ReadyInfo, read_ready_file
 
 POLL_S = 0.05
+NICE = 10
+"""CPU priority of a server started here. It shares the machine with the load generator that
+measures it (``harness run``, the demo, the tests), and a target whose torch threads take every core
+would starve the generator: requests would leave late and the run would measure the client
+(``client_bound``). At a lower priority the target still gets every cycle the generator leaves."""
 
 
 @dataclass
@@ -64,11 +71,13 @@ def start_server(
     log_dir: Path,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 180.0,
+    nice: int = NICE,
 ) -> ServerProcess:
     """Start ``harness serve ARGS --port 0`` and return once it serves requests.
 
     Its stdout and stderr go to ``log_dir/server.log``. Raises :class:`UnavailableError` (naming the
-    log) when the child exits or is not ready within ``timeout_s``; the child is killed then.
+    log) when the child exits or is not ready within ``timeout_s``; the child is killed then. The
+    child runs at CPU priority ``nice`` (see :data:`NICE`; 0 to keep this process's).
     """
     # Absolute: the child runs in log_dir, where a relative ready-file path would point elsewhere.
     log_dir = log_dir.resolve()
@@ -76,7 +85,9 @@ def start_server(
     ready_file = log_dir / "ready.json"
     ready_file.unlink(missing_ok=True)
     log_path = log_dir / "server.log"
-    cmd = [
+    # nice(1) execs the interpreter: same pid, and every thread torch starts inherits the priority.
+    cmd = ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
+    cmd += [
         sys.executable,
         "-m",
         "harness.cli",
@@ -115,9 +126,10 @@ def running_server(
     log_dir: Path,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 180.0,
+    nice: int = NICE,
 ) -> Iterator[ServerProcess]:
     """:func:`start_server` as a context manager that stops the server on every exit path."""
-    server = start_server(args, log_dir=log_dir, env=env, timeout_s=timeout_s)
+    server = start_server(args, log_dir=log_dir, env=env, timeout_s=timeout_s, nice=nice)
     try:
         yield server
     finally:

@@ -27,13 +27,13 @@ from harness.gates.paired import (
     PairedSpec,
     check_serve_args,
     exit_code_of,
-    planned_requests,
     prepare,
 )
 from harness.gates.runs import load_result_set
 from harness.gates.target import Target, flush_all
 from harness.gates.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
 from harness.load.arrivals import prepare_requests
+from harness.load.inputs import Inputs
 from harness.load.runner import LoadSpec
 from tests.gates.factory import ROOT, make_run
 from tests.server.conftest import harness_server
@@ -113,7 +113,8 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
     preload = tmp_path / "preload.jsonl"
     preload.write_text(
         "".join(
-            json.dumps({"prompt": f"preloaded {i}", "max_tokens": 4, "completion": "ok"}) + "\n"
+            json.dumps({"prompt": f"preloaded {i}", "max_tokens": 4, "temperature": 0, "completion": "ok"})
+            + "\n"
             for i in range(3)
         )
     )
@@ -123,9 +124,13 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
         "--max-tokens-cap", "6", "--start-delay", "0.5", "--plan", str(plan), "--preload", str(preload),
         "--probes", "6", "--gate", str(baseline), "--out", str(out),
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # On a busy machine the load generator itself can fall behind (p99 lateness > 5 ms): such a phase is
+    # client-bound, and a client-bound run is never passed, only "cannot be judged" (exit 6).
+    client_bound = any(read(out / ph / "summary.json")["client_bound"] for ph in ("cold", "warm"))
+    want = 6 if client_bound else 0
+    assert proc.returncode == want, proc.stdout + proc.stderr
     run = read(out / "run.json")
-    assert run["exit_code"] == 0 and not run["interrupted"]
+    assert run["exit_code"] == want and not run["interrupted"]
     assert [f["status"] for f in run["flush"]] == ["flushed", "flushed"] and run["skipped_levels"] == []
     assert run["preload"]["stored"] == 3
     assert set(run["phases"]) == {"cold", "ladder", "warm"}
@@ -153,7 +158,8 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
     assert rows["hit_rate_any"]["difference"]["value"] > 0
     assert rows["prefill_kv_bytes_p95"]["warm"]["value"] == 0 < rows["prefill_kv_bytes_p95"]["cold"]["value"]
     verdict = read(out / "gate.json")
-    assert verdict["verdict"] == "pass" and {g["label"] for g in verdict["gates"]} == {"cold", "warm"}
+    assert verdict["verdict"] == ("unjudgeable" if client_bound else "pass")
+    assert {g["label"] for g in verdict["gates"]} == {"cold", "warm"}
     cases = ET.parse(out / "gate.junit.xml").getroot().iter("testcase")
     assert {c.get("classname") for c in cases} == {"gate.cold", "gate.warm"}
 
@@ -317,16 +323,17 @@ def test_serve_args_are_parsed_by_harness_serve_and_paths_made_absolute(tmp_path
     assert args == ["--preset", "tiny", "--tiers", str(tmp_path / "tiers.json"), f"--model={tmp_path / 'm'}"]
 
 
-def test_planned_requests_follow_the_load_stages_rules(tmp_path):
+def test_planned_requests_are_the_load_stages_own(tmp_path):
+    """What harness run plans (its warm probes) is what the replay sends: the load stage's Inputs."""
     corpus = write_corpus(tmp_path / "c.jsonl", 3)
-    recs = [CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()]
-    reqs = prepare_requests(recs)
     spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, rate=2, duration=4)
-    assert planned_requests(spec, recs, reqs) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert Inputs.load(spec.options(), ladder=False).planned() == [0, 1, 2, 0, 1, 2, 0, 1]
     sched = tmp_path / "s.jsonl"
     sched.write_text("".join(json.dumps({"offset_s": t, "scenario": "s1"}) + "\n" for t in (0, 1, 2)))
     spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, schedule=sched)
-    assert planned_requests(spec, recs, reqs) == [1, 1, 1]  # every entry asks for scenario s1: record r1
+    assert Inputs.load(spec.options(), ladder=False).planned() == [1, 1, 1]  # scenario s1: record r1
+    prep = prepare(PairedSpec(out=tmp_path / "out", load=spec))
+    assert prep.planned == [1, 1, 1]
 
 
 def test_prepare_counts_the_schedule_and_the_ladder(tmp_path):

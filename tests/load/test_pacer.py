@@ -20,7 +20,7 @@ def consume(p: Pacer, out: list[Arrival], hold_s: float = 0.0) -> None:
 
 def test_every_arrival_is_released_in_order_and_every_user_sees_the_end() -> None:
     arrivals = [Arrival(i, i * 0.002, i % 3) for i in range(50)]
-    p = Pacer(ListArrivals(arrivals), spin_s=0.0005)
+    p = Pacer(ListArrivals(arrivals), lead_s=0.0005)
     got: list[Arrival] = []
     users = [gevent.spawn(consume, p, got) for _ in range(4)]
     p.start(time.perf_counter() + 0.01)
@@ -33,13 +33,31 @@ def test_a_busy_pool_keeps_intended_times_and_the_backlog_drains() -> None:
     # One user that holds each request 5 ms against arrivals every 1 ms: arrivals wait, never vanish.
     src = RateArrivals(5)
     src.set_segments([Segment(0.0, 0.05, 1000.0)])
-    p = Pacer(src, spin_s=0.0)
+    p = Pacer(src, lead_s=0.0)
     got: list[Arrival] = []
     user = gevent.spawn(consume, p, got, 0.005)
     p.start(time.perf_counter())
     assert gevent.joinall([user], timeout=60)
     assert len(got) == 50 and [a.intended_s for a in got] == sorted(a.intended_s for a in got)
     assert got[-1].intended_s < 0.05  # the schedule, not the pool, set the times
+
+
+def test_wait_until_never_lets_a_request_leave_early() -> None:
+    """Arrivals are handed over up to the lead ahead of time; the send waits for the intended time."""
+    arrivals = [Arrival(i, 0.05 + i * 0.02, 0) for i in range(5)]
+    p = Pacer(ListArrivals(arrivals), lead_s=0.005)
+    sent: list[float] = []
+
+    def user() -> None:
+        while (a := p.take()) is not None:
+            p.wait_until(a.intended_s)
+            sent.append(p.now_s() - a.intended_s)
+            p.done()
+
+    u = gevent.spawn(user)
+    p.start(time.perf_counter())
+    assert gevent.joinall([u], timeout=60) and len(sent) == 5
+    assert all(s >= 0 for s in sent)
 
 
 def test_stop_drops_what_was_not_taken_and_releases_waiting_users() -> None:

@@ -1,0 +1,166 @@
+"""The validated inputs of a load run, read once, and the arrivals they make (no gevent here).
+
+:meth:`Inputs.load` reads the corpus, schedule and plan a run's options name and checks them the
+way the run will use them, so a mistake is a :class:`~harness.common.errors.HarnessError` before any
+request is sent. :meth:`Inputs.source` gives one worker's arrival source (its share of a schedule, or
+of a rate); :meth:`Inputs.planned` the whole run's sequence of requests. The Locust plugin
+(:mod:`harness.load.plugin`) and callers outside Locust (``harness run``) share this module, so they
+apply the same rules; it imports nothing that patches gevent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.common.errors import ConfigError, InputError
+from harness.common.io import iter_jsonl
+from harness.corpus.model import CorpusRecord, read_corpus
+from harness.load.arrivals import (
+    ArrivalSource,
+    ListArrivals,
+    RateArrivals,
+    RequestSpec,
+    Segment,
+    from_corpus_offsets,
+    from_schedule,
+    prepare_requests,
+    share,
+)
+from harness.load.options import LoadOptions
+from harness.load.plan import Ladder, plan_preload, read_plan
+from harness.traces.model import ScheduleEntry
+
+
+def _read_schedule(path: Path) -> list[ScheduleEntry]:
+    return [e for _, e in iter_jsonl(path, ScheduleEntry, expected="a schedule entry")]
+
+
+@dataclass
+class Inputs:
+    """The validated input files of a run (read once per test start)."""
+
+    opts: LoadOptions
+    records: list[CorpusRecord]
+    requests: list[RequestSpec]
+    schedule: list[ScheduleEntry] | None
+    ladder: Ladder | None
+    preload: Path | None = None
+    """The JSONL to post to ``/cache/preload`` first: ``--preload``, else the plan's ``preload``."""
+
+    @classmethod
+    def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
+        """Read and check the inputs; ``posts_preload``: this process posts the preload (not a
+        worker), so the file must exist here."""
+        if opts.corpus is None:
+            raise ConfigError("no corpus given", field="--corpus", hint="--corpus runs/corpus/corpus.jsonl")
+        records = list(read_corpus(opts.corpus))
+        if not records:
+            raise InputError("the corpus has no records", file=opts.corpus)
+        requests = prepare_requests(
+            records,
+            api=opts.api,
+            model=opts.model,
+            max_tokens_cap=opts.max_tokens_cap,
+            token_counting=opts.token_counting,
+        )
+        if opts.schedule is not None and opts.rate is not None:
+            raise ConfigError("give --schedule or --rate, not both", field="--rate")
+        schedule = _read_schedule(opts.schedule) if opts.schedule is not None else None
+        plan = None
+        if ladder:
+            if opts.plan is None:
+                raise ConfigError(
+                    "the warmup ladder needs a plan", field="--plan", hint="fixtures/plans/tiny.yaml"
+                )
+            plan = Ladder(read_plan(opts.plan))
+        elif schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in records):
+            raise ConfigError(
+                "nothing says when to send: give --schedule or --rate, or a corpus with arrival offsets",
+                field="--schedule",
+            )
+        if (
+            not ladder
+            and opts.rate is not None
+            and schedule is None
+            and opts.duration is None
+            and not opts.max_requests
+        ):
+            raise ConfigError("--rate needs --duration (or --max-requests)", field="--duration")
+        if opts.token_counting == "tokenizer" and opts.tokenizer is None:
+            raise ConfigError(
+                "--token-counting tokenizer needs --tokenizer tokenizer.json", field="--tokenizer"
+            )
+        preload_file = opts.preload
+        if preload_file is None and plan is not None and opts.plan is not None:
+            preload_file = plan_preload(plan.plan, opts.plan)
+            if posts_preload and preload_file is not None and not preload_file.is_file():
+                raise InputError(
+                    f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
+                )
+        return cls(opts, records, requests, schedule, plan, preload_file)
+
+    def source(self, slot: int, n: int) -> tuple[ArrivalSource, int | None]:
+        """This worker's arrival source and how many arrivals it holds (``None``: open-ended rate)."""
+        o = self.opts
+        if self.ladder is not None:
+            return RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed), None
+        if self.schedule is not None:
+            arrivals = from_schedule(
+                self.schedule,
+                self.requests,
+                speedup=o.speedup,
+                duration_s=o.duration,
+                max_requests=o.max_requests,
+            )
+        elif o.rate is not None:
+            src = RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed)
+            end = o.duration if o.duration is not None else math.inf
+            src.set_segments([Segment(0.0, end, o.rate, None)], final=True)
+            if o.max_requests is not None:
+                return _Capped(src, o.max_requests, slot, n), None
+            return src, None
+        else:
+            offsets = from_corpus_offsets(
+                self.records,
+                self.requests,
+                speedup=o.speedup,
+                duration_s=o.duration,
+                max_requests=o.max_requests,
+            )
+            assert offsets is not None  # checked in load()
+            arrivals = offsets
+        mine = share(arrivals, self.requests, slot, n)
+        return ListArrivals(mine), len(mine)
+
+    def planned(self) -> list[int] | None:
+        """The request index of every arrival a one-process run sends, in order (``None`` for the
+        ladder, whose arrivals depend on how its stages go). Drains the very source the run uses, so
+        a caller planning ahead (``harness run``'s warm probes) follows the same rules."""
+        if self.ladder is not None:
+            return None
+        src, _ = self.source(0, 1)
+        out: list[int] = []
+        while src.peek() is not None:
+            out.append(src.pop().request)
+        return out
+
+
+class _Capped:
+    """A rate source cut after ``limit`` arrivals in total (this worker's part of them)."""
+
+    def __init__(self, inner: RateArrivals, limit: int, slot: int, n: int) -> None:
+        self.inner = inner
+        self.left = limit // n + (1 if slot < limit % n else 0)
+
+    def peek(self) -> float | None:
+        return self.inner.peek() if self.left > 0 else None
+
+    def pop(self) -> Any:
+        self.left -= 1
+        return self.inner.pop()
+
+    def finish(self) -> None:
+        self.inner.finish()
