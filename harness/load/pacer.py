@@ -63,6 +63,7 @@ class Pacer:
         self.taken = 0
         self.in_flight = 0
         self.idle_spin_s = 0.0
+        self._idle_until = -math.inf
         self.dropped = 0
         """Arrivals released but never taken because the run was stopped (a ``--run-time`` cap)."""
 
@@ -135,9 +136,14 @@ class Pacer:
         while clock() < target:
             t0 = clock()
             gevent.sleep(0)
-            dt = clock() - t0
-            if dt < _IDLE_YIELD_S:
-                self.idle_spin_s += dt
+            t1 = clock()
+            if t1 - t0 < _IDLE_YIELD_S:
+                # Several users may be waiting at once, each yielding to the others: count the union
+                # of idle intervals, not each user's share of the same microseconds.
+                start = max(t0, self._idle_until)
+                if t1 > start:
+                    self.idle_spin_s += t1 - start
+                    self._idle_until = t1
 
     def take(self) -> Arrival | None:
         """Block until an arrival is (nearly: ``lead_s``) due; ``None`` when the run has no more (the
