@@ -43,13 +43,13 @@ RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
 
 LATENCY_FIELDS: tuple[str, ...] = (
-    "lateness_ms",
     "ttft_ms",
     "ttft_from_intended_ms",
     "itl_ms",
     "tpot_ms",
     "e2e_ms",
     "e2e_from_intended_ms",
+    "lateness_ms",
 )
 """Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request)."""
 BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
@@ -354,17 +354,6 @@ def write_summary(run_dir: str | Path, summary: RunSummary) -> Path:
     return path
 
 
-SUMMARY_TABLE_FIELDS: tuple[str, ...] = (
-    "ttft_ms",
-    "ttft_from_intended_ms",
-    "itl_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "e2e_from_intended_ms",
-    "lateness_ms",
-)
-
-
 def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
     """Rows ``[metric, n, p50, p90, p95, p99, max, mean]`` of the latency metrics, formatted."""
 
@@ -372,7 +361,7 @@ def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
         return "–" if v is None else f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
 
     rows: list[list[str]] = []
-    for name in SUMMARY_TABLE_FIELDS:
+    for name in LATENCY_FIELDS:
         d = metrics.get(name)
         if d is None:
             continue
