@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,23 @@ def realdata() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def sigint_heard() -> Iterator[None]:
+    """Children started during the test get SIGINT at its default, as from a terminal.
+
+    A suite started in the background (``nohup make test &``, ``cmd &`` in a CI script) runs with
+    SIGINT ignored, and a child inherits that: the SIGINT a Ctrl-C test sends would be dropped and the
+    test would wait for a run that never stops. A signal this process *catches* is reset to its
+    default in an exec'd child, so a handler is installed here for the test's duration.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

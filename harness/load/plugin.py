@@ -7,7 +7,8 @@ listeners on Locust's global ``events``:
     adds the load options (:func:`harness.load.options.add_arguments`).
 ``init``
     validates the options and input files early (a bad corpus fails before any load, with the
-    documented exit code), registers the custom messages, mounts the web UI tab.
+    documented exit code), registers the custom messages, mounts the web UI tab, and makes SIGTERM
+    stop the run the way Ctrl-C does (see :func:`_sigterm_as_ctrl_c`).
 ``test_start``
     builds the :class:`LoadRun` of this process. The master (or the single local process) fixes the
     run's epoch, ``start_delay`` seconds ahead on the wall clock, and puts it on ``parsed_options``,
@@ -29,7 +30,9 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections import Counter, deque
@@ -557,6 +560,8 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         except HarnessError as exc:
             sys.stderr.write(f"harness: error: {exc}\n")
             sys.exit(int(exc.exit_code))
+    if role != "worker" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     if env.runner is not None and role == "master":
         env.runner.register_message(MSG_RECORDS, _on_records)
     if env.runner is not None and role == "worker":
@@ -565,6 +570,17 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         from harness.load.web import mount
 
         mount(env)
+
+
+def _sigterm_as_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the run stops, finalized, exit 130.
+
+    Headless, Locust installs its own SIGTERM handler only after a ``LoadTestShape`` run has
+    returned; until then SIGTERM (a CI job's timeout, ``kill``, a launcher whose child inherited
+    SIGINT ignored) would end the process where it stood, with no ``summary.json``. Locust's later
+    handler, where it installs one, replaces this one and also shuts down gracefully.
+    """
+    raise KeyboardInterrupt
 
 
 def _on_records(environment: Environment, msg: Any, **_kw: Any) -> None:

@@ -13,7 +13,10 @@ reads back::
     )
     summary = read_summary("runs/cold")
 
-Ctrl-C in the caller is passed on as SIGINT, so the child still finalizes its results.
+Ctrl-C in the caller is passed on as SIGINT, so the child still finalizes its results. A caller
+started with SIGINT ignored (``nohup``, ``cmd &`` in a script) passes that on to the child, which
+would then never hear it: such a child is stopped with SIGTERM, which Locust always handles the same
+way (a graceful shutdown, results finalized as interrupted, exit 130).
 """
 
 from __future__ import annotations
@@ -155,14 +158,17 @@ def run_locust(
     log_path = Path(log_file) if log_file is not None else results / "locust.log"
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [child_env.get("PYTHONPATH")])])
+    # SIGINT where the child hears it: a terminal's Ctrl-C reaches the child too, and a second SIGINT
+    # is what Locust expects then; SIGTERM where the child inherits SIGINT ignored.
+    stop = signal.SIGTERM if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else signal.SIGINT
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
         try:
             return proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
         except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
             proc.wait(60)
             raise
         try:

@@ -5,14 +5,13 @@ The child gets ``--port 0`` (the OS picks a free port, so parallel runs never ra
 startup completed, so no log line is parsed and no ``/health`` loop is needed. While waiting it checks
 that the child is still alive, so a server that fails to start is reported at once with the end of its
 log, not after a timeout. :meth:`ServerProcess.stop` sends SIGTERM (graceful: in-flight requests
-finish, the cache persists) and kills only if that takes too long; it is safe to call twice. The
-child runs at a lower CPU priority (:data:`NICE`) than the load generator beside it.
+finish, the cache persists) and kills only if that takes too long; it is safe to call twice. Once
+ready, the child runs at a lower CPU priority (:data:`NICE`) than the load generator beside it.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from harness.common.errors import UnavailableError
 from harness.server.cli import ReadyInfo, read_ready_file
 
@@ -30,7 +31,10 @@ NICE = 10
 """CPU priority of a server started here. It shares the machine with the load generator that
 measures it (``harness run``, the demo, the tests), and a target whose torch threads take every core
 would starve the generator: requests would leave late and the run would measure the client
-(``client_bound``). At a lower priority the target still gets every cycle the generator leaves."""
+(``client_bound``). At a lower priority the target still gets every cycle the generator leaves.
+The server starts at the parent's priority and is lowered only once ready: startup (importing
+torch, building the model, starting Redis) measures nothing, and at nice 10 beside another busy
+process it would get a tenth of a core and take minutes."""
 
 
 @dataclass
@@ -40,6 +44,8 @@ class ServerProcess:
     info: ReadyInfo
     proc: subprocess.Popen[bytes]
     log_dir: Path
+    nice: int = 0
+    """The niceness it was given once ready (0: left at the parent's)."""
 
     @property
     def url(self) -> str:
@@ -53,9 +59,16 @@ class ServerProcess:
         text = (self.log_dir / "server.log").read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit code."""
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit code.
+
+        Shutdown measures nothing and persists the cache, so the server first gets the parent's
+        priority back where this user may restore it: a SIGKILL after a slow, starved shutdown
+        would lose what it was writing.
+        """
         if self.proc.poll() is None:
+            if self.nice:
+                renice_tree(self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
@@ -85,9 +98,7 @@ def start_server(
     ready_file = log_dir / "ready.json"
     ready_file.unlink(missing_ok=True)
     log_path = log_dir / "server.log"
-    # nice(1) execs the interpreter: same pid, and every thread torch starts inherits the priority.
-    cmd = ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
-    cmd += [
+    cmd = [
         sys.executable,
         "-m",
         "harness.cli",
@@ -116,7 +127,45 @@ def start_server(
             proc.kill()
             proc.wait(10)
         raise
-    return ServerProcess(info=info, proc=proc, log_dir=log_dir)
+    if nice:
+        renice_tree(proc.pid, nice)
+    return ServerProcess(info=info, proc=proc, log_dir=log_dir, nice=nice)
+
+
+def renice_tree(pid: int, nice: int) -> None:
+    """Set the niceness of process ``pid``, every thread of it and every descendant (Redis) to ``nice``.
+
+    On Linux niceness belongs to each thread: ``setpriority`` on the pid would change only the main
+    thread and leave torch's worker threads where they were, so each thread id is set. Threads started
+    later inherit the value of the thread that starts them. A pass that finds a thread it has not seen
+    (one started meanwhile) is repeated. Processes that are gone, and changes this user may not make
+    (raising priority needs privileges on most systems), are skipped: this is best effort.
+    """
+    seen: set[int] = set()
+    for _ in range(5):
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        fresh = False
+        for p in procs:
+            try:
+                if sys.platform != "linux":  # elsewhere niceness is per process
+                    if p.pid not in seen:
+                        seen.add(p.pid)
+                        fresh = True
+                        p.nice(nice)
+                    continue
+                for t in p.threads():
+                    if t.id not in seen:
+                        seen.add(t.id)
+                        fresh = True
+                        os.setpriority(os.PRIO_PROCESS, t.id, nice)
+            except (psutil.Error, OSError):
+                continue  # exited meanwhile, or not ours to change
+        if not fresh:
+            return
 
 
 @contextmanager

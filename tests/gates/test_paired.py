@@ -214,6 +214,7 @@ def test_paired_run_against_a_url_without_cache_says_not_warm_and_writes_everyth
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("sigint_heard")
 def test_ctrl_c_stops_the_server_and_leaves_finalized_results(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
     out = tmp_path / "out"

@@ -107,7 +107,9 @@ def test_a_stall_shows_from_intended_but_not_from_send(tmp_path: Path, corpus: P
     assert s.metrics["ttft_from_intended_ms"].p90 > 10 * s.metrics["ttft_ms"].p50  # type: ignore[operator]
 
 
-def test_sigint_mid_run_leaves_finalized_results(tmp_path: Path, corpus: Path) -> None:
+@pytest.mark.usefixtures("sigint_heard")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_mid_run_leaves_finalized_results(tmp_path: Path, corpus: Path, sig: signal.Signals) -> None:
     results = tmp_path / "r"
     with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.05, tokens=20)) as srv:
         spec = LoadSpec(
@@ -123,7 +125,7 @@ def test_sigint_mid_run_leaves_finalized_results(tmp_path: Path, corpus: Path) -
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
                 assert time.monotonic() < deadline, "no records appeared"
                 time.sleep(0.1)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             _, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
@@ -133,6 +135,25 @@ def test_sigint_mid_run_leaves_finalized_results(tmp_path: Path, corpus: Path) -
     recs = list(read_records(results))
     assert s.interrupted and s.requests == len(recs) >= 5
     assert any(r.error is not None and r.error.startswith("interrupted") for r in recs)  # in flight at Ctrl-C
+
+
+def test_a_launcher_started_with_sigint_ignored_still_stops_its_run(tmp_path: Path, corpus: Path) -> None:
+    """run_locust stops a run that outlives its timeout; a child that inherited SIGINT ignored (the
+    caller is a CI script's background job) must still stop, finalize and say interrupted."""
+    results = tmp_path / "r"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.05, tokens=20)) as srv:
+            spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, duration=600, results_dir=results,
+                            start_delay=0.5)  # fmt: skip
+            started = time.monotonic()
+            code = run_locust(spec, timeout_s=3)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130, (results / "locust.log").read_text()[-2000:]
+    assert time.monotonic() - started < 30  # stopped on SIGINT, not killed after the grace period
+    s = read_summary(results)
+    assert s.interrupted and s.requests == len(list(read_records(results)))
 
 
 def test_headers_preload_and_trace_context_arrive(tmp_path: Path, corpus: Path) -> None:

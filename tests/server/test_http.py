@@ -457,3 +457,27 @@ def test_launch_with_a_relative_log_dir(tmp_path, monkeypatch):
     with harness_server(Path("relative-logs")) as srv:
         assert srv.log_dir.is_absolute() and (tmp_path / "relative-logs" / "ready.json").is_file()
         assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+
+
+def test_a_launched_server_yields_the_cpu_once_ready(tmp_path):
+    """Every thread of the server and of its Redis child runs at NICE after startup, none before."""
+    import os
+
+    import psutil
+
+    from harness.server.launch import NICE
+
+    with harness_server(tmp_path / "nice", "--cache") as srv:
+        root = psutil.Process(srv.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+        assert any("redis" in p.name() for p in procs), [p.name() for p in procs]
+        tids = [t.id for p in procs for t in p.threads()]
+        assert len(tids) > 2  # torch and the event loop run threads of their own
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {NICE}
+        # A thread the server starts later (a request's worker) inherits the priority.
+        assert httpx.post(srv.url + "/cache/drain", timeout=30).status_code == 200
+        body = {"model": srv.model, "prompt": "hi", "max_tokens": 2}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200
+        later = {os.getpriority(os.PRIO_PROCESS, t.id) for p in procs for t in p.threads()}
+        assert later == {NICE}
