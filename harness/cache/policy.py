@@ -20,13 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.cache.api import CachedCompletion, Tier
 from harness.cache.settings import CacheSettings
-from harness.common.errors import ConfigError, InputError
-from harness.common.io import check_input_file, validation_input_error
+from harness.common.errors import ConfigError
+from harness.common.io import read_json
 from harness.common.registry import Registry
 
 
@@ -173,17 +172,7 @@ class TierFile(_Strict):
 
 def load_tier_file(path: str | Path) -> TierFile:
     """Read and validate a :class:`TierFile`; errors are :class:`InputError` naming file and field."""
-    p = check_input_file(path)
-    try:
-        doc = orjson.loads(p.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise InputError(
-            f"invalid JSON ({exc.msg}), expected a tier policy file", file=p, line=exc.lineno
-        ) from None
-    try:
-        return TierFile.model_validate(doc)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=p, expected="a tier policy file") from None
+    return read_json(path, TierFile, expected="a tier policy file")
 
 
 def with_tier_file(settings: CacheSettings) -> CacheSettings:

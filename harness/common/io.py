@@ -6,7 +6,8 @@ new one. Inputs are checked before parsing so that a directory, an empty file or
 a clear :class:`InputError` instead of a parser traceback. JSONL inputs (one JSON object per line,
 optionally a pydantic model) are read with :func:`iter_jsonl`, or line by line with
 :func:`parse_jsonl_line` for bodies already in memory, so every stage reports a bad line the same
-way: file, line and the field's dotted path (``messages.0.role``). YAML documents people write
+way: file, line and the field's dotted path (``messages.0.role``). Whole JSON documents (tier
+policies, scenario sets) are read with :func:`read_json` the same way. YAML documents people write
 (ladder plans, baselines, deployment values) are read with :func:`read_yaml`, which names the line
 of the field at fault too.
 """
@@ -161,6 +162,24 @@ def parse_jsonl_line(
         return model.model_validate(obj)
     except ValidationError as exc:
         raise validation_input_error(exc, file=file, line=lineno, expected=expected) from None
+
+
+def read_json(path: str | Path, model: type[M], *, expected: str) -> M:
+    """A JSON document from ``path``, validated as ``model``.
+
+    Every problem is one :class:`InputError` naming the file and, for a syntax error, its line, or,
+    for a validation error, the field's dotted path; ``expected`` says what the file should be
+    (``"a tier policy file"``).
+    """
+    p = check_input_file(path)
+    try:
+        obj = orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise InputError(_expecting(f"invalid JSON ({exc.msg})", expected), file=p, line=exc.lineno) from None
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=p, expected=expected) from None
 
 
 def validation_input_error(

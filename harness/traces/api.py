@@ -8,11 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
-from pydantic import ValidationError
-
 from harness.common.errors import InputError
-from harness.common.io import check_input_file, iter_jsonl, validation_input_error
+from harness.common.io import check_input_file, iter_jsonl, read_json
 from harness.common.registry import Registry
 from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
 from harness.traces._base import (
@@ -121,17 +118,8 @@ def read_traces(
 
 def load_scenarios(path: str | Path) -> ScenarioSet:
     """Read and validate a ``scenarios.json`` (:class:`ScenarioSet`); errors name file and field."""
-    p = check_input_file(path)
-    try:
-        doc = orjson.loads(p.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise InputError(
-            f"invalid JSON ({exc.msg}), expected a scenarios document", file=p, line=exc.lineno
-        ) from None
-    try:
-        scenarios = ScenarioSet.model_validate(doc)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=p, expected="a scenarios document") from None
+    p = Path(path)
+    scenarios = read_json(p, ScenarioSet, expected="a scenarios document")
     if scenarios.classes:
         total = sum(c.weight for c in scenarios.classes)
         if abs(total - 1.0) > 1e-3:

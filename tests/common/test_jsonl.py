@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.common.errors import InputError
-from harness.common.io import iter_jsonl, parse_jsonl_line, validation_input_error
+from harness.common.io import iter_jsonl, parse_jsonl_line, read_json, validation_input_error
 
 
 class Msg(BaseModel):
@@ -144,3 +144,23 @@ def test_validation_input_error_for_whole_documents() -> None:
     err = validation_input_error(info.value, file="doc.json", expected="a request")
     assert (err.file, err.line, err.field) == ("doc.json", None, "id")
     assert err.message.endswith(", expected a request")
+
+
+def test_read_json_a_whole_document(tmp_path: Path) -> None:
+    """A JSON document file: valid, a syntax error on line 3, a bad field, not there at all."""
+    good = tmp_path / "good.json"
+    good.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}', encoding="utf-8")
+    assert read_json(good, Req, expected="a request").messages[0].content == "hi"
+    broken = tmp_path / "broken.json"
+    broken.write_text('{\n  "id": "a",\n  "messages": [,]\n}\n', encoding="utf-8")
+    with pytest.raises(InputError) as exc:
+        read_json(broken, Req, expected="a request")
+    assert exc.value.file == str(broken) and exc.value.line == 3
+    assert "invalid JSON" in str(exc.value) and "expected a request" in str(exc.value)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"id": "a", "messages": [{"role": "robot", "content": "hi"}]}', encoding="utf-8")
+    with pytest.raises(InputError) as exc:
+        read_json(bad, Req, expected="a request")
+    assert exc.value.field == "messages.0.role" and exc.value.file == str(bad)
+    with pytest.raises(InputError):
+        read_json(tmp_path / "missing.json", Req, expected="a request")
