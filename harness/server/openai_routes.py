@@ -54,7 +54,6 @@ from harness.server.protocol import (
     TokenLog,
     check_context,
     formatter,
-    prepare,
     replay_progress,
     split_tokens,
     tokenize_prepared,
@@ -147,15 +146,8 @@ class Handler:
                     code="model_not_found",
                     reason="unknown_model",
                 )
-            prep = prepare(
-                req,
-                tokenizer=st.engine.tokenizer,
-                model_name=st.model_name,
-                max_model_len=st.engine.max_model_len,
-                default_max_tokens=st.settings.default_max_tokens,
-                # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
-                tokenize=st.cache is None or ctx.no_cache,
-            )
+            # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
+            prep = st.prepare(req, tokenize=st.cache is None or ctx.no_cache)
             self.fmt = formatter(
                 self.endpoint,
                 new_id(),

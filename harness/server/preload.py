@@ -25,7 +25,7 @@ from harness.common.errors import InputError
 from harness.common.io import parse_jsonl_line
 from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
-from harness.server.protocol import Prepared, prepare
+from harness.server.protocol import Prepared
 from harness.server.state import Outcome, ServerState, cached_completion
 
 _MAX_ERRORS = 20
@@ -65,13 +65,7 @@ def _parse(st: ServerState, raw: bytes, default_tenant: str) -> list[_Line]:
                 raise bad_request(
                     f"model '{req.model}' is not served here ('{st.model_name}')", param="model"
                 )
-            prep = prepare(
-                req,
-                tokenizer=st.engine.tokenizer,
-                model_name=st.model_name,
-                max_model_len=st.engine.max_model_len,
-                default_max_tokens=st.settings.default_max_tokens,
-            )
+            prep = st.prepare(req)
         except ValidationError as exc:
             err = from_validation_error(exc)
             raise APIError(400, f"line {number}: {err.message}", param=err.param, code=err.code) from None

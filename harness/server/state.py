@@ -21,9 +21,10 @@ from starlette.requests import Request
 
 from harness.cache.api import CachedCompletion, ResponseCache
 from harness.common import headers as H
+from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
 from harness.server.metrics import EngineCollector, ServerMetrics
-from harness.server.protocol import Prepared, TokenLog
+from harness.server.protocol import Prepared, TokenLog, prepare
 from harness.server.settings import ServerSettings
 
 log = logging.getLogger("harness.server")
@@ -145,6 +146,17 @@ class ServerState:
             )
             self._hit_metrics[endpoint] = m
         return m
+
+    def prepare(self, req: CompletionRequest | ChatCompletionRequest, *, tokenize: bool = True) -> Prepared:
+        """:func:`~harness.server.protocol.prepare` with this server's tokenizer, model and limits."""
+        return prepare(
+            req,
+            tokenizer=self.engine.tokenizer,
+            model_name=self.model_name,
+            max_model_len=self.engine.max_model_len,
+            default_max_tokens=self.settings.default_max_tokens,
+            tokenize=tokenize,
+        )
 
     def context(self, request: Request, endpoint: str) -> RequestContext:
         hdr = request.headers
