@@ -11,6 +11,7 @@ ready, the child runs at a lower CPU priority (:data:`NICE`) than the load gener
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,8 +74,7 @@ class ServerProcess:
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                kill_tree(self.proc)
         return int(self.proc.returncode)
 
 
@@ -124,12 +124,28 @@ def start_server(
             time.sleep(POLL_S)
     except BaseException:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+            kill_tree(proc)
         raise
     if nice:
         renice_tree(proc.pid, nice)
     return ServerProcess(info=info, proc=proc, log_dir=log_dir, nice=nice)
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` and every descendant of it, then reap it.
+
+    A server killed mid-startup or mid-shutdown cannot stop its embedded Redis itself, which would
+    live on as an orphan holding its socket and memory.
+    """
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    proc.kill()
+    for d in descendants:
+        with contextlib.suppress(psutil.Error):
+            d.kill()
+    proc.wait(10)
 
 
 def renice_tree(pid: int, nice: int) -> None:

@@ -481,3 +481,16 @@ def test_a_launched_server_yields_the_cpu_once_ready(tmp_path):
         assert r.status_code == 200
         later = {os.getpriority(os.PRIO_PROCESS, t.id) for p in procs for t in p.threads()}
         assert later == {NICE}
+
+
+def test_a_server_killed_after_its_grace_takes_its_redis_along(tmp_path):
+    """stop() that runs out of grace kills the server and its embedded Redis, leaving no orphan."""
+    import psutil
+
+    with harness_server(tmp_path / "kill", "--cache") as srv:
+        kids = psutil.Process(srv.proc.pid).children(recursive=True)
+        redis = [k for k in kids if "redis" in k.name()]
+        assert redis, [k.name() for k in kids]
+        assert srv.stop(timeout_s=0) == -9  # no grace at all: SIGTERM, then SIGKILL at once
+        _, alive = psutil.wait_procs(redis, timeout=30)
+        assert alive == []
