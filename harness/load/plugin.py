@@ -180,6 +180,9 @@ class LoadRun:
         self.n_slots = 1
         self.scheduled: int | None = None
         self.workers: dict[int, WorkerState] = {}
+        self.started = False
+        """:meth:`start` returned: the epoch is fixed, the pacer and the ladder run. Until then (a
+        preload can take seconds) the shape must not judge stages or end the test."""
         self.completed = False
         """Every arrival was sent and answered (or the ladder ended): not interrupted."""
         self.finalized = False
@@ -258,6 +261,7 @@ class LoadRun:
         self._cpu0 = self._cpu_s()
         self._wall0 = time.perf_counter()
         self._ticker = gevent.spawn(self._tick_loop)
+        self.started = True
         log.info(
             "harness load: %s run %s, epoch in %.2f s, results %s",
             self.role,
@@ -372,8 +376,8 @@ class LoadRun:
 
     def ladder_tick(self) -> None:
         """Local / master: advance the ladder; push changed segments to the pacer or the workers."""
-        if self.ladder is None or self.ladder.done:
-            return
+        if not self.started or self.ladder is None or self.ladder.done:
+            return  # before the epoch, "now" means nothing and no stage has begun
         now = self.now_s()
         changed = self.ladder.tick(now, self.live.window)
         if changed is None and not self.ladder.done:
@@ -397,6 +401,8 @@ class LoadRun:
 
     def finished(self) -> bool:
         """Local / master: is the whole run done (the shape then ends the test)?"""
+        if not self.started:
+            return False
         if self.ladder is not None and not self.ladder.done:
             return False
         if self.role == "master":

@@ -40,6 +40,7 @@ class ReplayShape(LoadTestShape):
         super().__init__()  # type: ignore[no-untyped-call]
         self._capped_at: float | None = None
         self._started = False
+        self._first: tuple[int, float] = (0, MIN_SPAWN_RATE)
 
     def tick(self) -> tuple[int, float] | None:
         run = plugin.current()
@@ -49,7 +50,12 @@ class ReplayShape(LoadTestShape):
             # The first tick starts the test (test_start builds the run): size the pool already.
             self._started = True
             users, delay = self._initial_users()
-            return users, spawn_rate(users, delay)
+            self._first = (users, spawn_rate(users, delay))
+            return self._first
+        if not run.started:
+            # Locust fires test_start in its spawning greenlet and ticks on meanwhile: while the run
+            # is still setting up (posting a preload can take seconds) keep the pool, judge nothing.
+            return self._first
         if run.finalized:
             return None
         self._cap(run)

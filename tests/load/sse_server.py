@@ -43,6 +43,8 @@ class Behaviour:
     stall_request: int | None = None
     stall_s: float = 0.0
     fail_above_rps: float | None = None
+    preload_s: float = 0.0
+    """How long ``POST /cache/preload`` takes to answer (a target generating the entries)."""
 
 
 @dataclass
@@ -84,6 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length)
         srv = self.server
         if self.path == "/cache/preload":
+            time.sleep(srv.behaviour.preload_s)
             lines = [x for x in raw.splitlines() if x.strip()]
             with srv.lock:
                 srv.preloads.append(raw)

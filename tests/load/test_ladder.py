@@ -70,3 +70,28 @@ def test_the_plans_preload_file_is_posted_first(tmp_path: Path, corpus: Path) ->
                     results_dir=tmp_path / "r2", start_delay=0.5)  # fmt: skip
     assert run_locust(spec, timeout_s=180) == 3  # named in the plan, missing: bad input, before any load
     assert "preload" in (tmp_path / "r2" / "locust.log").read_text()
+
+
+def test_a_slow_preload_delays_the_ladder_and_it_still_runs_to_its_end(tmp_path: Path, corpus: Path) -> None:
+    """Locust ticks the shape every second while test_start still posts the preload (here 2.5 s):
+    those ticks must neither judge stages nor end the ladder (which then never finished)."""
+    preload = tmp_path / "preload.jsonl"
+    preload.write_text('{"prompt": "a", "max_tokens": 2}\n')
+    plan = tmp_path / "ladder.yaml"
+    plan.write_text(
+        "preload: preload.jsonl\nstages:\n"
+        "  - {name: one, qps: 4, duration_s: 1, max_failure_rate: 0.5}\n"
+        "  - {name: two, qps: 4, duration_s: 1, max_failure_rate: 0.5}\n"
+    )
+    with SSEServer(Behaviour(tokens=2, preload_s=2.5)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan,
+                        results_dir=tmp_path / "r", start_delay=0.5)  # fmt: skip
+        # Without the guard the run waits for a ladder that ended before it began: a short timeout.
+        assert run_locust(spec, timeout_s=60) == 0, (tmp_path / "r" / "locust.log").read_text()[-2000:]
+    s = read_summary(tmp_path / "r")
+    assert not s.interrupted and s.preload is not None and s.preload["stored"] == 1
+    assert s.stages is not None and [(o.name, o.verdict) for o in s.stages] == [
+        ("one", "passed"),
+        ("two", "passed"),
+    ]
+    assert s.requests == 8
