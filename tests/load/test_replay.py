@@ -146,12 +146,11 @@ def test_a_launcher_started_with_sigint_ignored_still_stops_its_run(tmp_path: Pa
         with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.05, tokens=20)) as srv:
             spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, duration=600, results_dir=results,
                             start_delay=0.5)  # fmt: skip
-            started = time.monotonic()
             code = run_locust(spec, timeout_s=3)
     finally:
         signal.signal(signal.SIGINT, previous)
+    # 130, not -9: the child stopped on the signal, it was not killed after the grace period.
     assert code == 130, (results / "locust.log").read_text()[-2000:]
-    assert time.monotonic() - started < 30  # stopped on SIGINT, not killed after the grace period
     s = read_summary(results)
     assert s.interrupted and s.requests == len(list(read_records(results)))
 
