@@ -230,6 +230,11 @@ def run_server(
 
         server = Server(config)
         print(f"serving {ready.model} at {ready.url}", flush=True)
+        if engine_settings.inject_decode_slowdown > 1.0:
+            console.print(
+                f"[bold yellow]fault injection:[/] every decode step {engine_settings.inject_decode_slowdown:g}× "
+                "as long (--inject-decode-slowdown): a regression on purpose"
+            )
         # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
@@ -268,6 +273,16 @@ def serve(
     cache: Annotated[
         bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
     ] = None,
+    inject_decode_slowdown: Annotated[
+        float | None,
+        typer.Option(
+            "--inject-decode-slowdown",
+            min=1.0,
+            max=100.0,
+            help="Fault injection: every decode step takes FACTOR times as long (1.5 = a 1.5x slower "
+            "decode), to prove a gate catches a regression. Off (1.0) by default; never in production.",
+        ),
+    ] = None,
     ready_file: Annotated[
         Path | None,
         typer.Option("--ready-file", help="Write url/model/pid as JSON here once requests are served."),
@@ -289,6 +304,7 @@ def serve(
         "max_waiting": max_waiting,
         "block_size": block_size,
         "max_model_len": max_model_len,
+        "inject_decode_slowdown": inject_decode_slowdown,
     }
     server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
     cache_overrides: dict[str, Any] = {}

@@ -375,3 +375,34 @@ def test_request_metrics_are_consistent() -> None:
     assert 0 < m.prefill_ms <= m.ttft_ms <= m.e2e_ms
     assert m.tpot_ms == pytest.approx((m.e2e_ms - m.ttft_ms) / 4)
     assert m.device == "cpu" and m.preemptions == 0
+
+
+def test_injected_decode_slowdown_waits_on_decode_steps_only_and_changes_no_token(
+    core: EngineCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--inject-decode-slowdown``: the same tokens, a wait after every step that decodes, none after
+    a step that only prefills (the waits are recorded, not slept, so the test does not time anything)."""
+    slow, _ = create_core(tiny_settings(num_kv_blocks=128, block_size=4, inject_decode_slowdown=2.0))
+    waits: list[float] = []
+    monkeypatch.setattr("harness.engine.core.time.sleep", waits.append)
+    prompt = prompts(core)[0]
+    expected = tokens(run_all_with(core, prompt)["r"])
+    slow.add_request("r", prompt, GREEDY)
+    per_step: list[int] = []
+    events: list[TokenEvent] = []
+    while slow.has_work():
+        before = len(waits)
+        decoding = any(r.prefill_done for r in slow.running)
+        events += slow.step()
+        per_step.append(len(waits) - before)
+        if not decoding:
+            assert per_step[-1] == 0, "a prefill-only step was slowed"
+    assert tokens(events) == expected
+    assert sum(per_step) == GREEDY.max_tokens - 1  # every decode step after the first token
+    assert all(w > 0 for w in waits) and slow.injected_s == pytest.approx(sum(waits))
+    assert core.injected_s == 0.0
+
+
+def run_all_with(c: EngineCore, prompt: Sequence[int]) -> dict[str, list[TokenEvent]]:
+    c.add_request("r", prompt, GREEDY)
+    return run_all(c)
