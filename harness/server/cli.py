@@ -230,10 +230,11 @@ def run_server(
 
         server = Server(config)
         print(f"serving {ready.model} at {ready.url}", flush=True)
-        if engine_settings.inject_decode_slowdown > 1.0:
+        factor = engine_settings.inject_decode_slowdown
+        if factor > 1.0:
             console.print(
-                f"[bold yellow]fault injection:[/] every decode step {engine_settings.inject_decode_slowdown:g}× "
-                "as long (--inject-decode-slowdown): a regression on purpose"
+                f"[bold yellow]fault injection:[/] every decode step {factor:g}× as long "
+                "(--inject-decode-slowdown): a regression on purpose"
             )
         # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
