@@ -392,7 +392,7 @@ def _down_levels(n: int, q: float, confidence: float, risk: float) -> tuple[floa
 def rerun_min_samples(q: float, confidence: float, risk: float = RERUN_RISK) -> int:
     """The fewest samples from which :func:`rerun_margin` can bound a ``q``-th percentile gate (so
     ``harness baseline update`` writes one): computed, the smallest ``n`` whose rerun bound lies
-    below the largest sample (P95 at 95 %: 233, P99: 1,222 at the default risk)."""
+    below the largest sample (P95 at 95 %: 230, P99: 1,164 at the default risk)."""
     n = min_samples_for_bound(q, confidence)
     while _up_levels(n, q, confidence, risk) is None:
         n += 1

@@ -44,7 +44,8 @@ class BaselineFingerprint(_Strict):
     target: dict[str, Any] | None = None
     """The target's identity (``summary.json``: ``target.identity``)."""
     recipes: dict[str, Recipe] = Field(default_factory=dict)
-    """Each result set's recipe, by label (``cold``, ``warm``, ``reference`` …)."""
+    """Each result set's recipe, by label (``cold``, ``warm``, ``reference`` …); a set with another
+    label is compared with the recipe when all of them are one."""
     notes: list[str] = Field(default_factory=list)
     """Where the runs disagreed (different machines, targets or recipes among them)."""
 
@@ -227,6 +228,10 @@ def compare(fp: BaselineFingerprint | None, rs: ResultSet) -> EnvironmentMatch:
 
     recipe: Match = "unknown"
     base_recipe = fp.recipes.get(rs.label)
+    distinct = {r.model_dump_json(): r for r in fp.recipes.values()}
+    if base_recipe is None and len(distinct) == 1:
+        # A set labelled otherwise (a rerun's directory name) against a baseline of one recipe.
+        base_recipe = next(iter(distinct.values()))
     if base_recipe is not None:
         run_recipe = s.recipe if s is not None else None
         if run_recipe is None:
