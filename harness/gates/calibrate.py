@@ -235,7 +235,10 @@ def calibrate(
         if metric.measured_option:
             gate = gate.model_copy(update={"require_measured": all(c.measured for c in cands)})
         if metric.direction == "at_least" and gate.limit <= 0:
-            skipped.append(f"{first.where}: {format_value(threshold, metric.unit)} leaves nothing to gate")
+            skipped.append(
+                f"{first.where}: {format_value(threshold, metric.unit)} leaves nothing to gate "
+                "(the limit would be ≤ 0)"
+            )
             continue
         vals = " / ".join(format_value(c.m.value, metric.unit) for c in cands)
         source = which if gate.tolerance > headroom * abs(threshold) else "headroom"
