@@ -117,7 +117,10 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
-    runs: Annotated[int, typer.Option("--runs", min=1, help="How many times to run the recipe.")] = 3,
+    runs: Annotated[
+        int,
+        typer.Option("--runs", min=3, help="How many times to run the recipe (≥ 3: a spread needs them)."),
+    ] = 3,
     headroom: Annotated[
         str, typer.Option("--headroom", help="Smallest relative tolerance of every gate (10% or 0.1).")
     ] = "10%",

@@ -13,7 +13,14 @@ import yaml
 from harness.common.errors import CannotJudge, ConfigError, ExitCode
 from harness.common.fingerprint import Environment, Hardware, Software
 from harness.gates.baseline import baseline_from_results, read_baseline
-from harness.gates.calibrate import RunFailed, calibrate, check_run_args, load_phases, run_recipe
+from harness.gates.calibrate import (
+    RunFailed,
+    calibrate,
+    check_run_args,
+    load_phases,
+    range_factor,
+    run_recipe,
+)
 from harness.gates.judge import judge
 from harness.gates.runs import ResultSet, load_result_sets
 from harness.load.results import Recipe
@@ -53,7 +60,7 @@ def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
     assert tpot.threshold == pytest.approx(max(m.measured or 0 for m in measured), rel=1e-4)
     spread = max(m.measured or 0 for m in measured) - min(m.measured or 0 for m in measured)
     half = max((m.hi or 0) - (m.measured or 0) for m in measured)
-    assert tpot.tolerance >= half + spread - 1e-3
+    assert tpot.tolerance >= half + range_factor(3) * spread - 1e-3
     # …and never tighter than `baseline update` from any one run
     for sets in runs:
         single, _, _ = baseline_from_results(sets, headroom=0.1)
@@ -78,7 +85,21 @@ def test_a_run_that_cannot_be_measured_from_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         CannotJudge, match="calibration run 2 cannot be measured from: the run was interrupted"
     ):
-        calibrate([good, bad], headroom=0.1)
+        calibrate([good, bad, good], headroom=0.1)
+    with pytest.raises(ConfigError, match="at least 3"):
+        calibrate([good, good], headroom=0.1)
+
+
+def test_range_factor_is_the_normal_prediction_quantile() -> None:
+    import numpy as np
+
+    assert range_factor(3) == pytest.approx(3.73, rel=0.05) and range_factor(5) == pytest.approx(
+        1.19, rel=0.05
+    )
+    # Checked against fresh draws: one more run beyond max + k·range about 1 % of the time.
+    x = np.random.default_rng(7).standard_normal((200_000, 4))
+    top, low = x[:, :3].max(axis=1), x[:, :3].min(axis=1)
+    assert (x[:, 3] > top + range_factor(3) * (top - low)).mean() == pytest.approx(0.01, abs=0.002)
 
 
 def test_calibrate_refuses_its_own_options() -> None:
@@ -142,7 +163,7 @@ def test_calibrate_cli_end_to_end_with_a_stand_in_run(
     monkeypatch.setenv("FAKE_RUN_EXIT", "3")
     x = tmp_path / "x.yaml"
     r = harness_cli(
-        "baseline", "calibrate", "--runs", "2", "--out", str(x), "--run-command", FAKE, "--", "--corpus", "c"
+        "baseline", "calibrate", "--runs", "3", "--out", str(x), "--run-command", FAKE, "--", "--corpus", "c"
     )
-    assert r.returncode == 3 and "calibration run 1 of 2 exited 3" in r.stderr
+    assert r.returncode == 3 and "calibration run 1 of 3 exited 3" in r.stderr
     assert not x.exists()
