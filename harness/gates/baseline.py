@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -43,16 +46,20 @@ from harness import __version__
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import atomic_write, read_yaml
 from harness.common.stats import percentile
+from harness.gates.fingerprints import BaselineFingerprint, fingerprint_from_results
 from harness.gates.metrics import (
     METRICS,
+    REFERENCE_LABEL,
     Direction,
     Measurement,
     Metric,
     MetricContext,
     format_value,
+    min_samples_for_bound,
     rate_interval,
+    relative_confidence,
 )
-from harness.gates.runs import ResultSet, RunFrame
+from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -191,6 +198,8 @@ class Baseline(_Strict):
     """Confidence of the intervals the gates decide on (two-sided)."""
     gates: list[Gate] = Field(min_length=1)
     provenance: Provenance | None = None
+    fingerprint: BaselineFingerprint | None = None
+    """Where it was calibrated (machine, target, recipes): on another, latency gates cannot be judged."""
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Baseline:
@@ -241,11 +250,15 @@ def _round(value: float, digits: int = 5) -> float | int:
     return int(rounded) if rounded.is_integer() else rounded
 
 
-def dump_baseline(baseline: Baseline, comments: dict[int, str] | None = None) -> str:
-    """The baseline as YAML, one gate per line in flow style, each with an optional comment."""
+def dump_baseline(
+    baseline: Baseline, comments: dict[int, str] | None = None, header: list[str] | None = None
+) -> str:
+    """The baseline as YAML, one gate per line in flow style, each with an optional comment;
+    ``header`` lines go first, as comments (how the file was made)."""
     comments = comments or {}
-    head = baseline.model_dump(mode="json", exclude_none=True, exclude={"gates", "provenance"})
+    head = baseline.model_dump(mode="json", exclude_none=True, exclude={"gates", "provenance", "fingerprint"})
     out = [
+        *(f"# {line}".rstrip() for line in header or ()),
         "# Baseline for `harness gate` (docs/gates.md). One gate per line: the limit is",
         "# threshold ± max(rel_tolerance·|threshold|, abs_tolerance); units are the metric's",
         "# (`harness baseline metrics`).",
@@ -262,12 +275,20 @@ def dump_baseline(baseline: Baseline, comments: dict[int, str] | None = None) ->
     if baseline.provenance is not None:
         prov = {"provenance": baseline.provenance.model_dump(mode="json", exclude_none=True)}
         out.append(yaml.safe_dump(prov, sort_keys=False, allow_unicode=True).rstrip())
+    if baseline.fingerprint is not None:
+        fp = {"fingerprint": baseline.fingerprint.model_dump(mode="json", exclude_none=True)}
+        out.append(yaml.safe_dump(fp, sort_keys=False, allow_unicode=True, width=1 << 16).rstrip())
     return "\n".join(out) + "\n"
 
 
-def write_baseline(path: str | Path, baseline: Baseline, comments: dict[int, str] | None = None) -> None:
+def write_baseline(
+    path: str | Path,
+    baseline: Baseline,
+    comments: dict[int, str] | None = None,
+    header: list[str] | None = None,
+) -> None:
     """Write ``baseline`` atomically; it reads back equal (checked: a file we cannot read is a bug)."""
-    text = dump_baseline(baseline, comments)
+    text = dump_baseline(baseline, comments, header)
     reread = Baseline.model_validate(yaml.safe_load(text))
     if len(reread.gates) != len(baseline.gates):  # pragma: no cover - guards dump_baseline itself
         raise AssertionError("baseline did not survive a YAML round trip")
@@ -295,6 +316,8 @@ UPDATE_METRICS: tuple[str, ...] = (
 """What ``harness baseline update`` writes for every result set (those with data), plus
 ``cold_start_p99`` for a set labelled ``cold`` and ``warm_rate`` for one labelled ``warm``."""
 PER_SCENARIO_METRICS: tuple[str, ...] = ("ttft_p95", "tpot_p95", "e2e_p95")
+RELATIVE_METRICS: tuple[str, ...] = ("ttft_p95_rel", "tpot_p95_rel", "e2e_p95_rel")
+"""Written for every result set but the reference when a set labelled ``reference`` is given."""
 
 RERUN_RISK = 0.002
 """The chance, per gate, that ``harness baseline update`` accepts of an identical rerun not passing
@@ -328,7 +351,73 @@ def _provenance(rs: ResultSet) -> ResultProvenance:
     )
 
 
-def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: float = RERUN_RISK) -> float:
+def _up_levels(n: int, q: float, confidence: float, risk: float) -> tuple[float, float] | None:
+    """Quantile levels ``(low, high)``: this run's nearest-rank value at its lower ``risk/2`` level and a
+    rerun's upper interval end at its upper ``risk/2`` level; ``None`` when the latter lies at or
+    beyond the largest of ``n`` samples (the run cannot say how far a rerun's bound may reach)."""
+    from scipy.stats import beta, binom
+
+    alpha = 1.0 - confidence
+    p = q / 100.0
+    u = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # 1-based rank of a rerun's upper bound
+    k = max(1, math.ceil(p * n - 1e-9))  # 1-based rank of the nearest-rank value
+    if u > n:
+        return None
+    level_hi = float(beta.ppf(1 - risk / 2, u, n + 1 - u))
+    level_lo = float(beta.ppf(risk / 2, k, n + 1 - k))
+    if math.ceil(level_hi * n - 1e-9) >= n:  # the sample's maximum: no evidence how far beyond
+        return None
+    return level_lo, level_hi
+
+
+def _down_levels(n: int, q: float, confidence: float, risk: float) -> tuple[float, float] | None:
+    """The mirror of :func:`_up_levels`: a rerun's lower interval end at its lower ``risk/2`` level and
+    this run's value at its upper one; ``None`` when the former reaches the smallest sample."""
+    from scipy.stats import beta, binom
+
+    alpha = 1.0 - confidence
+    p = q / 100.0
+    low = int(binom.ppf(alpha / 2, n, p))  # 1-based rank of a rerun's lower bound
+    k = max(1, math.ceil(p * n - 1e-9))
+    if low < 1:
+        return None
+    level_lo = float(beta.ppf(risk / 2, low, n + 1 - low))
+    level_hi = float(beta.ppf(1 - risk / 2, k, n + 1 - k))
+    if math.ceil(level_lo * n - 1e-9) <= 1:
+        return None
+    return level_lo, level_hi
+
+
+@lru_cache(maxsize=256)
+def rerun_min_samples(q: float, confidence: float, risk: float = RERUN_RISK) -> int:
+    """The fewest samples from which :func:`rerun_margin` can bound a ``q``-th percentile gate (so
+    ``harness baseline update`` writes one): computed, the smallest ``n`` whose rerun bound lies
+    below the largest sample (P95 at 95 %: 230, P99: 1,164 at the default risk)."""
+    n = min_samples_for_bound(q, confidence)
+    while _up_levels(n, q, confidence, risk) is None:
+        n += 1
+    return n
+
+
+def _percentile_margin(values: FloatArray, q: float, confidence: float, risk: float, *, up: bool) -> float:
+    n = int(values.size)
+    if n == 0:
+        return math.nan
+    levels = (_up_levels if up else _down_levels)(n, q, confidence, risk)
+    if levels is None:
+        return math.inf
+    level_lo, level_hi = levels
+    return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
+
+
+def rerun_margin(
+    metric: Metric,
+    frame: RunFrame,
+    *,
+    confidence: float,
+    risk: float = RERUN_RISK,
+    reference: RunFrame | None = None,
+) -> float:
     """The tolerance a gate written from this run needs so that an identical rerun passes it.
 
     A rerun passes an ``at_most`` gate when its interval's upper end is within ``threshold +
@@ -345,28 +434,32 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
     - rates: the truth may be as far off as this run's exact interval at ``1 − risk`` allows, and the
       rerun's count off that truth by its binomial ``risk/2`` quantile; the margin is the distance from
       this run's rate to the rerun's Clopper–Pearson bound at that count;
+    - ratios (``*_rel``, with ``reference``): the phase's percentile margin upward and the reference's
+      downward (the mirror rule), each at ``√confidence`` and ``risk / 2``; the margin is how far the
+      ratio moves when both move that far;
     - maxima: 0 (a maximum has no interval; the relative headroom covers it).
 
     So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
     """
-    from scipy.stats import beta, binom
+    from scipy.stats import binom
 
-    alpha = 1.0 - confidence
     if metric.kind == "percentile" and metric.samples is not None and metric.q is not None:
         values, _ = metric.samples(frame)
-        n = int(values.size)
-        if n == 0:
+        return _percentile_margin(values, metric.q, confidence, risk, up=True)
+    if metric.kind == "relative" and metric.samples is not None and metric.q is not None:
+        if reference is None:
             return math.nan
-        p = metric.q / 100.0
-        u = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # 1-based rank of a rerun's upper bound
-        k = max(1, math.ceil(p * n - 1e-9))  # 1-based rank of the nearest-rank value
-        if u > n:
+        values, _ = metric.samples(frame)
+        ref, _ = metric.samples(reference)
+        if values.size == 0 or ref.size == 0:
+            return math.nan
+        c = relative_confidence(confidence)
+        up = _percentile_margin(values, metric.q, c, risk / 2, up=True)
+        down = _percentile_margin(ref, metric.q, c, risk / 2, up=False)
+        p_phase, p_ref = percentile(values, metric.q), percentile(ref, metric.q)
+        if not (math.isfinite(up) and math.isfinite(down)) or p_ref - down <= 0:
             return math.inf
-        level_hi = float(beta.ppf(1 - risk / 2, u, n + 1 - u))
-        level_lo = float(beta.ppf(risk / 2, k, n + 1 - k))
-        if math.ceil(level_hi * n - 1e-9) >= n:  # the sample's maximum: no evidence how far beyond
-            return math.inf
-        return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
+        return (p_phase + up) / (p_ref - down) - p_phase / p_ref
     if metric.kind == "rate" and metric.counts is not None:
         k_obs, n = metric.counts(frame)
         if n == 0:
@@ -381,6 +474,28 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
         k_rerun = int(binom.ppf(1 - risk / 2, n, truth_hi))
         return rate_interval(k_rerun, n, confidence)[1] - rate
     return 0.0
+
+
+def needs_text(metric: Metric, confidence: float) -> str:
+    """How many samples a gate on ``metric`` written from one run needs (``P99 needs ≥ 1222 samples``);
+    empty for metrics with no such bound."""
+    if metric.q is None or metric.kind not in ("percentile", "relative"):
+        return ""
+    if metric.kind == "relative":
+        c = relative_confidence(confidence)
+        return (
+            f"P{metric.q:g} ratio needs ≥ {rerun_min_samples(metric.q, c, RERUN_RISK / 2)} samples in the "
+            f"phase and ≥ {_rerun_min_samples_down(metric.q, c, RERUN_RISK / 2)} in the reference"
+        )
+    return f"P{metric.q:g} needs ≥ {rerun_min_samples(metric.q, confidence)} samples"
+
+
+@lru_cache(maxsize=64)
+def _rerun_min_samples_down(q: float, confidence: float, risk: float) -> int:
+    n = min_samples_for_bound(q, confidence)
+    while _down_levels(n, q, confidence, risk) is None:
+        n += 1
+    return n
 
 
 def _gate_from(
@@ -399,12 +514,14 @@ def _gate_from(
     if m.problems:
         return None, "; ".join(m.problems)
     floor = metric.default_min_samples(confidence)
+    needs = needs_text(metric, confidence)
     if m.n < floor:
-        return None, f"{m.n} samples, fewer than the {floor} it needs to be judged at all"
+        more = f"; a gate from one run: {needs}" if needs else ""
+        return None, f"{m.n} samples, fewer than the {floor} it needs to be judged at all{more}"
     if math.isinf(margin) or (metric.direction == "at_most" and math.isinf(m.hi)):
         return None, (
             f"P{metric.q:g} of {m.n} samples is too noisy to gate on (a rerun's interval may reach past "
-            "the largest sample); record more requests"
+            f"the largest sample): {needs}, this run has {m.n}; record more requests"
         )
     noise = max(0.0, margin) if math.isfinite(margin) else 0.0
     abs_tol = max(metric.abs_tolerance_floor, noise)
@@ -427,6 +544,69 @@ def _gate_from(
         why = "reruns' noise" if noise >= metric.abs_tolerance_floor else "the metric's floor"
         note += f"; tolerance widened to {format_value(abs_tol, metric.unit)} by {why}"
     return gate, note
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One metric of one result set that a baseline may gate: measured, with its rerun margin."""
+
+    label: str
+    metric: Metric
+    scenario: str | None
+    phase: str | None
+    """The gate's ``phase`` (``None``: the metric's own, or the only result set)."""
+    m: Measurement
+    margin: float
+    measured: bool
+    """For the prefill peak: measured (CUDA), not estimated."""
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        return (self.label, self.metric.name, self.scenario)
+
+    @property
+    def where(self) -> str:
+        return f"{self.label}: {self.metric.name}" + (f"[scenario={self.scenario}]" if self.scenario else "")
+
+
+def candidates(
+    result_sets: Sequence[ResultSet], *, confidence: float, per_scenario: bool = False
+) -> Iterator[Candidate]:
+    """Every metric ``harness baseline update`` considers, per result set, measured.
+
+    :data:`UPDATE_METRICS` for every set, ``cold_start_p99`` for ``cold``, ``warm_rate`` for ``warm``,
+    the ``*_rel`` ratios (:data:`RELATIVE_METRICS`) for every set but the reference when one labelled
+    ``reference`` is given, and with ``per_scenario`` TTFT/TPOT/E2E P95 per scenario."""
+    several = len(result_sets) > 1
+    reference = next((rs for rs in result_sets if rs.label == REFERENCE_LABEL), None)
+    for rs in result_sets:
+        names = list(UPDATE_METRICS)
+        if rs.label == "cold":
+            names.append("cold_start_p99")
+        if rs.label == "warm":
+            names.append("warm_rate")
+        if reference is not None and rs is not reference:
+            names += RELATIVE_METRICS
+        todo: list[Key] = [(n, None) for n in names]
+        if per_scenario:
+            todo += [(n, sc) for sc in rs.frame.values("scenario") for n in PER_SCENARIO_METRICS]
+        for metric_name, scenario in todo:
+            metric = METRICS.get(metric_name)
+            frame = rs.frame.select(scenario=scenario)
+            ref = reference.frame.select(scenario=scenario) if reference is not None else None
+            ref = ref if metric.kind == "relative" else None
+            m = metric.compute(
+                frame, MetricContext(confidence=confidence, require_measured=True, reference=ref)
+            )
+            if metric.measured_option and any("estimated" in p for p in m.problems):
+                # An estimated peak can still be a baseline (CPU targets estimate); gates say so.
+                m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=False))
+                measured = False
+            else:
+                measured = True
+            phase = rs.label if several or rs.label == metric.default_phase else None
+            margin = rerun_margin(metric, frame, confidence=confidence, reference=ref)
+            yield Candidate(rs.label, metric, scenario, phase, m, margin, measured)
 
 
 def baseline_from_results(
@@ -457,41 +637,20 @@ def baseline_from_results(
     gates: list[Gate] = []
     comments: dict[int, str] = {}
     skipped: list[str] = []
-    several = len(result_sets) > 1
-    for rs in result_sets:
-        names = list(UPDATE_METRICS)
-        if rs.label == "cold":
-            names.append("cold_start_p99")
-        if rs.label == "warm":
-            names.append("warm_rate")
-        todo: list[Key] = [(n, None) for n in names]
-        if per_scenario:
-            todo += [(n, sc) for sc in rs.frame.values("scenario") for n in PER_SCENARIO_METRICS]
-        for metric_name, scenario in todo:
-            metric = METRICS.get(metric_name)
-            frame = rs.frame.select(scenario=scenario)
-            m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=True))
-            if metric.measured_option and any("estimated" in p for p in m.problems):
-                # An estimated peak can still be a baseline (CPU targets estimate); gates say so.
-                m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=False))
-                measured = False
-            else:
-                measured = True
-            phase = rs.label if several or rs.label == metric.default_phase else None
-            margin = rerun_margin(metric, frame, confidence=confidence)
-            gate, note = _gate_from(
-                metric, m, margin, headroom=headroom, confidence=confidence, phase=phase, scenario=scenario
-            )
-            where = f"{rs.label}: {metric_name}" + (f"[scenario={scenario}]" if scenario else "")
-            if gate is None:
-                skipped.append(f"{where}: {note}")
-                continue
-            if metric.measured_option:
-                gate = gate.model_copy(update={"require_measured": measured})
-                if not measured:
-                    note += "; peaks were estimated, so require_measured: false"
-            comments[len(gates)] = note
-            gates.append(gate)
+    for c in candidates(result_sets, confidence=confidence, per_scenario=per_scenario):
+        gate, note = _gate_from(
+            c.metric, c.m, c.margin, headroom=headroom, confidence=confidence, phase=c.phase,
+            scenario=c.scenario,
+        )  # fmt: skip
+        if gate is None:
+            skipped.append(f"{c.where}: {note}")
+            continue
+        if c.metric.measured_option:
+            gate = gate.model_copy(update={"require_measured": c.measured})
+            if not c.measured:
+                note += "; peaks were estimated, so require_measured: false"
+        comments[len(gates)] = note
+        gates.append(gate)
     if not gates:
         raise InputError(
             "no metric of these runs has enough data for a gate", file=result_sets[0].path,
@@ -509,5 +668,6 @@ def baseline_from_results(
         confidence=confidence,
         gates=gates,
         provenance=provenance,
+        fingerprint=fingerprint_from_results([result_sets]),
     )
     return baseline, comments, skipped

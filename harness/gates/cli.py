@@ -9,13 +9,16 @@ regression (:class:`~harness.common.errors.CheckFailed`) and 6 when a run cannot
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from harness.common.errors import CannotJudge, CheckFailed
+
+if TYPE_CHECKING:
+    from harness.gates.baseline import Baseline
 
 app = typer.Typer(help="Baselines for `harness gate`: write one from a run, check one, list metrics.",
                   no_args_is_help=True)  # fmt: skip
@@ -74,11 +77,12 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
         bool, typer.Option("--per-scenario", help="Also gate TTFT/TPOT/E2E P95 of every scenario.")
     ] = False,
 ) -> None:
-    """Write a baseline from runs: measured values as thresholds, HEADROOM as tolerance."""
-    from rich.table import Table
+    """Write a baseline from runs: measured values as thresholds, HEADROOM as tolerance.
 
+    Skipped metrics say why (a P99 needs ≥ 1164 samples for a stable gate …). The file records the
+    runs' machine, target and recipe (fingerprint): elsewhere its latency gates cannot be judged.
+    """
     from harness.gates.baseline import baseline_from_results, parse_headroom, write_baseline
-    from harness.gates.metrics import format_value
     from harness.gates.runs import load_result_sets
 
     sets = load_result_sets(results)
@@ -90,6 +94,104 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
         per_scenario=per_scenario,
     )
     write_baseline(out, spec, comments)
+    _print_gates(spec, comments)
+    for line in skipped:
+        stderr.print(f"skipped {line}", highlight=False, soft_wrap=True)
+    for note in spec.fingerprint.notes if spec.fingerprint else ():
+        stderr.print(f"[yellow]warning:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {out}", highlight=False)
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False},
+    epilog="Example: harness baseline calibrate --runs 3 --out fixtures/baselines/tiny-cpu.yaml -- "
+    '--serve-args "--preset tiny --cache" --corpus runs/corpus --rate 4 --duration 100 '
+    "--max-tokens-cap 16 --plan fixtures/plans/tiny.yaml",
+)
+def calibrate(  # noqa: PLR0917 - typer maps parameters to options
+    run_args: Annotated[
+        list[str],
+        typer.Argument(
+            help="The recipe: `harness run` arguments, after `--` (no --out, --force or --gate).",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
+    runs: Annotated[
+        int,
+        typer.Option("--runs", min=3, help="How many times to run the recipe (≥ 3: a spread needs them)."),
+    ] = 3,
+    headroom: Annotated[
+        str, typer.Option("--headroom", help="Smallest relative tolerance of every gate (10% or 0.1).")
+    ] = "10%",
+    name: Annotated[
+        str | None, typer.Option("--name", help="Baseline name (default: the file's stem).")
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", help="Where the runs go (default: OUT.runs/, cal-1 … cal-N).")
+    ] = None,
+    confidence: Annotated[
+        float, typer.Option("--confidence", min=0.51, max=0.999, help="Interval confidence of the gates.")
+    ] = 0.95,
+    per_scenario: Annotated[
+        bool, typer.Option("--per-scenario", help="Also gate TTFT/TPOT/E2E P95 of every scenario.")
+    ] = False,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            "--reuse", help="Do not run: calibrate from the runs already in WORKDIR (cal-1 … cal-N)."
+        ),
+    ] = False,
+    run_command: Annotated[
+        str | None, typer.Option("--run-command", hidden=True, help="Replaces `harness run` (tests).")
+    ] = None,
+) -> None:
+    """Run a recipe N times on this machine; write the baseline they all pass, tolerances from their spread.
+
+    Each run is `harness run <RECIPE> --out WORKDIR/cal-K --force` (exit 0 or 6: measured; any other
+    code stops calibration with it). The file records the machine, target and recipe (fingerprint):
+    on another, `harness gate` cannot judge its latency gates instead of failing them. Exit 0: written
+    and every run passes it; 6: a run could not be measured from, or does not pass what was written.
+    """
+    import shlex
+
+    from harness.gates.baseline import parse_headroom, write_baseline
+    from harness.gates.calibrate import DEFAULT_RUN_COMMAND, load_phases, run_recipe
+    from harness.gates.calibrate import calibrate as make
+
+    fraction = parse_headroom(headroom)
+    work = workdir or out.with_name(out.name + ".runs")
+    command = shlex.split(run_command) if run_command else list(DEFAULT_RUN_COMMAND)
+    if reuse:
+        dirs = [work / f"cal-{k}" for k in range(1, runs + 1)]
+    else:
+        dirs = run_recipe(run_args, runs=runs, workdir=work, command=command, say=lambda t: stderr.print(
+            escape(t), highlight=False, soft_wrap=True))  # fmt: skip
+    recipe = "harness run " + shlex.join(run_args)
+    cal = make(
+        [load_phases(d) for d in dirs], headroom=fraction, name=name or out.stem, confidence=confidence,
+        per_scenario=per_scenario, run_names=[d.name for d in dirs], command=recipe,
+    )  # fmt: skip
+    write_baseline(out, cal.baseline, cal.comments, cal.header)
+    _print_gates(cal.baseline, cal.comments)
+    for line in cal.skipped:
+        stderr.print(f"skipped {escape(line)}", highlight=False, soft_wrap=True)
+    for line in cal.warnings:
+        stderr.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {out} from {len(dirs)} runs in {work}", highlight=False)
+    if cal.not_passed:
+        raise CannotJudge(
+            f"{len(cal.not_passed)} gate(s) of the written baseline do not pass on a calibration run; first: "
+            + cal.not_passed[0],
+            file=out,
+        )
+
+
+def _print_gates(spec: Baseline, comments: dict[int, str]) -> None:
+    from rich.table import Table
+
+    from harness.gates.metrics import format_value
+
     t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
     for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
         t.add_column(col)
@@ -100,9 +202,6 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
             f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
         )  # fmt: skip
     Console(width=max(Console().width, 150)).print(t)
-    for line in skipped:
-        stderr.print(f"skipped {line}", highlight=False, soft_wrap=True)
-    stderr.print(f"wrote {out}", highlight=False)
 
 
 @app.command()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +32,8 @@ from pydantic import BaseModel, ConfigDict
 from harness.common.errors import ExitCode
 from harness.common.io import write_json
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
-from harness.gates.metrics import Direction, Measurement, format_interval, format_value
+from harness.gates.fingerprints import EnvironmentMatch, compare
+from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
 from harness.gates.runs import ResultSet
 
 GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
@@ -97,6 +99,9 @@ class ResultRef(_Strict):
     problems: list[str]
     started_at: str | None = None
     target: str | None = None
+    environment_match: EnvironmentMatch | None = None
+    """This set compared with the baseline's fingerprint (machine, target, recipe): whether gates on
+    absolute latencies were judged on it, and why not."""
 
 
 class BaselineRef(_Strict):
@@ -185,8 +190,38 @@ def _message(gate: Gate, m: Measurement, verdict: Verdict, why: str, confidence:
     return f"{verdict}: {numbers}; {why}"
 
 
-def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResult:
-    """Judge one gate on one result set (``None``: no result set of the gate's phase was given)."""
+def _reference_problem(rs: ResultSet, reference: ResultSet | None) -> str | None:
+    """Why a ``*_rel`` gate cannot use ``reference`` for ``rs``: its run cannot be judged, or another
+    machine measured it (a ratio of two machines' latencies says nothing about the code)."""
+    if reference is None:
+        return None
+    if reference.problems:
+        return f"the {REFERENCE_LABEL!r} set cannot be judged: {'; '.join(reference.problems)}"
+    env = rs.summary.environment if rs.summary else None
+    ref_env = reference.summary.environment if reference.summary else None
+    if env is not None and ref_env is not None:
+        diff = ref_env.hardware.differences(env.hardware)
+        if diff:
+            return (
+                f"the {REFERENCE_LABEL!r} set was measured on {ref_env.describe()}, this one on "
+                f"{env.describe()}: a ratio needs both on one machine"
+            )
+    return None
+
+
+def judge_gate(
+    gate: Gate,
+    rs: ResultSet | None,
+    confidence: float,
+    *,
+    reference: ResultSet | None = None,
+    match: EnvironmentMatch | None = None,
+) -> GateResult:
+    """Judge one gate on one result set (``None``: no result set of the gate's phase was given).
+
+    ``reference``: the set labelled ``reference`` (the ``*_rel`` metrics divide by it); ``match``: the
+    set compared with the baseline's fingerprint: when it does not match, a speed-dependent gate
+    cannot be judged (its numbers are still shown)."""
     unit = gate.spec.unit
     min_n = gate.effective_min_samples(confidence)
     base = {
@@ -212,7 +247,12 @@ def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResul
             **base,
         )  # fmt: skip
     frame = rs.frame.select(scenario=gate.scenario, stage=gate.stage)
-    m = gate.spec.compute(frame, gate.context(confidence))
+    ctx = gate.context(confidence)
+    relative = gate.spec.kind == "relative"
+    if relative and reference is not None:
+        # The same scenario of the reference; its stage label is its own (``replay``), not the phase's.
+        ctx = replace(ctx, reference=reference.frame.select(scenario=gate.scenario))
+    m = gate.spec.compute(frame, ctx)
     verdict, why = decide(m, gate.limit, gate.effective_direction, min_n)
     if m.n == 0 and not m.problems and (gate.scenario or gate.stage):
         sel = ", ".join(f"{k}={v!r}" for k, v in (("scenario", gate.scenario), ("stage", gate.stage)) if v)
@@ -221,6 +261,14 @@ def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResul
         # Fail closed: the numbers of an untrustworthy run are shown, never passed.
         verdict = "unjudgeable"
         why = "; ".join([*rs.problems, why] if why and not why.startswith("interval") else rs.problems)
+    elif gate.spec.speed_dependent and match is not None and not match.judged:
+        # Another machine, target or recipe: an absolute latency says nothing about the code here.
+        # Never a failure, whatever the numbers.
+        verdict = "unjudgeable"
+        why = match.reason or "measured elsewhere than the baseline"
+    elif relative and (ref_why := _reference_problem(rs, reference)) is not None:
+        verdict = "unjudgeable"
+        why = ref_why
     value = _finite(m.value)
     delta = value - gate.threshold if value is not None else None
     delta_pct = delta / abs(gate.threshold) * 100 if delta is not None and gate.threshold != 0 else None
@@ -240,10 +288,11 @@ def judge_gate(gate: Gate, rs: ResultSet | None, confidence: float) -> GateResul
 
 
 def targets(gate: Gate, result_sets: Sequence[ResultSet]) -> list[ResultSet | None]:
-    """The result sets a gate applies to: its phase's, or every one when it has no phase."""
+    """The result sets a gate applies to: its phase's, or every one but the ``reference`` when it has
+    no phase (the reference is what the ``*_rel`` metrics divide by, not a run to gate)."""
     phase = gate.effective_phase
     if phase is None:
-        return list(result_sets)
+        return [rs for rs in result_sets if rs.label != REFERENCE_LABEL]
     match = [rs for rs in result_sets if rs.label == phase]
     return list(match) if match else [None]
 
@@ -251,10 +300,18 @@ def targets(gate: Gate, result_sets: Sequence[ResultSet]) -> list[ResultSet | No
 def judge(
     baseline: Baseline, result_sets: Sequence[ResultSet], *, baseline_path: str | Path | None = None
 ) -> GateReport:
-    """Judge every gate of ``baseline`` on the result sets it applies to."""
+    """Judge every gate of ``baseline`` on the result sets it applies to, each set compared with the
+    baseline's fingerprint first (:func:`harness.gates.fingerprints.compare`)."""
+    matches = {rs.label: compare(baseline.fingerprint, rs) for rs in result_sets}
+    reference = next((rs for rs in result_sets if rs.label == REFERENCE_LABEL), None)
     results = [
-        judge_gate(g, rs, baseline.confidence) for g in baseline.gates for rs in targets(g, result_sets)
-    ]
+        judge_gate(
+            g, rs, baseline.confidence, reference=reference,
+            match=matches.get(rs.label) if rs is not None else None,
+        )
+        for g in baseline.gates
+        for rs in targets(g, result_sets)
+    ]  # fmt: skip
     verdicts = {r.verdict for r in results}
     overall: Overall = "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass"} else "pass"
     return GateReport(
@@ -274,6 +331,7 @@ def judge(
                 problems=list(rs.problems),
                 started_at=rs.summary.started_at if rs.summary else None,
                 target=rs.summary.target.url if rs.summary else None,
+                environment_match=matches[rs.label],
             )
             for rs in result_sets
         ],

@@ -35,7 +35,11 @@ from harness.gates.runs import FloatArray, RunFrame
 Direction = Literal["at_most", "at_least"]
 """``at_most``: the measured value must not exceed the limit (latency, bytes, error rate);
 ``at_least``: it must not fall below it (hit rate, warm rate)."""
-Unit = Literal["ms", "bytes", "bytes/token", "ratio"]
+Unit = Literal["ms", "bytes", "bytes/token", "ratio", "x"]
+"""``ratio``: a share 0–1 (rates); ``x``: a dimensionless factor, any size (the ``*_rel`` metrics)."""
+
+REFERENCE_LABEL = "reference"
+"""The result set the ``*_rel`` metrics divide by (``harness gate … reference=DIR``)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class MetricContext:
 
     confidence: float = 0.95
     require_measured: bool = True
+    reference: RunFrame | None = None
+    """The records of the result set labelled ``reference`` (the ``*_rel`` metrics); ``None``: none given."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Metric:
     """The natural direction: which side of the threshold is good."""
     description: str
     compute: Callable[[RunFrame, MetricContext], Measurement]
-    kind: Literal["percentile", "rate", "max"]
+    kind: Literal["percentile", "rate", "max", "relative"]
     q: float | None = None
     """The percentile, for percentile metrics."""
     default_phase: str | None = None
@@ -85,11 +91,16 @@ class Metric:
     """Percentile metrics: the samples ranked (``harness baseline update`` sizes its margins on them)."""
     counts: Counts | None = None
     """Rate metrics: ``(k, n)``."""
+    speed_dependent: bool = False
+    """Whether the value depends on how fast the machine is (absolute latencies: a baseline from
+    other hardware cannot judge it); rates, bytes and the ``*_rel`` ratios travel between machines."""
 
     def default_min_samples(self, confidence: float) -> int:
         """The fewest samples with which this metric can ever pass at ``confidence``."""
         if self.kind == "percentile" and self.q is not None:
             return min_samples_for_bound(self.q, confidence)
+        if self.kind == "relative" and self.q is not None:
+            return min_samples_for_bound(self.q, relative_confidence(confidence))
         if self.kind == "rate":
             return 30
         return 1
@@ -133,6 +144,12 @@ def rate_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, floa
     lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
     hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
     return (lo, hi)
+
+
+def relative_confidence(confidence: float) -> float:
+    """The confidence of each of the two percentile intervals a ratio is built from: ``√c``, so that
+    both hold at once with probability ≥ ``c`` (the two runs are independent)."""
+    return math.sqrt(confidence)
 
 
 def _nonfinite_problem(column: str, bad: int, n: int) -> tuple[str, ...]:
@@ -181,6 +198,50 @@ def percentile_metric(samples: Samples, q: float) -> Callable[[RunFrame, MetricC
             return Measurement(math.nan, math.nan, math.nan, 0, problems)
         lo, hi = percentile_interval(values, q, ctx.confidence)
         return Measurement(percentile(values, q), lo, hi, int(values.size), problems)
+
+    return compute
+
+
+def relative_metric(samples: Samples, q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """The phase's ``q``-th percentile divided by the reference set's, with a distribution-free interval.
+
+    Each percentile gets its order-statistic interval at ``√c`` (:func:`relative_confidence`); the
+    runs are independent, so both cover their true percentiles at once with probability ≥ ``c``, and
+    then ``[lo_phase / hi_ref, hi_phase / lo_ref]`` covers the true ratio. Conservative, like the
+    comparison of ``harness run`` (docs/ci.md).
+    """
+
+    def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
+        values, problems = samples(frame)
+        if ctx.reference is None:
+            return Measurement(
+                math.nan, math.nan, math.nan, int(values.size),
+                (*problems, f"no result set labelled {REFERENCE_LABEL!r} (pass {REFERENCE_LABEL}=DIR: an "
+                 "unloaded run or the lowest-rate probe of a capacity search, on the same machine)"),
+            )  # fmt: skip
+        ref, ref_problems = samples(ctx.reference)
+        problems = (*problems, *(f"reference: {p}" for p in ref_problems))
+        if values.size == 0 or ref.size == 0:
+            why = ("the reference set has no samples of this metric",) if ref.size == 0 else ()
+            return Measurement(math.nan, math.nan, math.nan, int(values.size), (*problems, *why))
+        c = relative_confidence(ctx.confidence)
+        lo_p, hi_p = percentile_interval(values, q, c)
+        lo_r, hi_r = percentile_interval(ref, q, c)
+        ref_value = percentile(ref, q)
+        if not ref_value > 0:
+            return Measurement(
+                math.nan, math.nan, math.nan, int(values.size),
+                (*problems, f"the reference's P{q:g} is {ref_value:g}: nothing to divide by"),
+            )  # fmt: skip
+        need = min_samples_for_bound(q, c)
+        if ref.size < need:
+            problems = (
+                *problems,
+                f"the reference has {ref.size} samples; a ratio of P{q:g}s needs ≥ {need} in it",
+            )
+        lo = max(0.0, lo_p) / hi_r if math.isfinite(hi_r) and hi_r > 0 else 0.0
+        hi = hi_p / lo_r if lo_r > 0 and math.isfinite(lo_r) else math.inf
+        return Measurement(percentile(values, q) / ref_value, lo, hi, int(values.size), problems)
 
     return compute
 
@@ -267,6 +328,7 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
                 q=_q,
                 # Sub-millisecond client lateness is jitter; 10 % of 0.3 ms would gate on noise.
                 abs_tolerance_floor=1.0 if _short == "lateness" else 0.0,
+                speed_dependent=True,
             )
         )
 
@@ -359,8 +421,27 @@ _register(
         kind="percentile",
         q=99,
         default_phase="cold",
+        speed_dependent=True,
     )
 )
+for _short, _column, _what in (
+    ("ttft", "ttft_ms", "time to first token"),
+    ("tpot", "tpot_ms", "time per output token (decode latency)"),
+    ("e2e", "e2e_ms", "end-to-end latency"),
+):
+    _register(
+        Metric(
+            name=f"{_short}_p95_rel",
+            unit="x",
+            direction="at_most",
+            description=f"P95 {_what} over the same P95 of the result set labelled 'reference' "
+            "(an unloaded run on the same machine): a latency gate that travels between machines",
+            compute=relative_metric(field_samples(_column), 95),
+            samples=field_samples(_column),
+            kind="relative",
+            q=95,
+        )
+    )
 _register(
     Metric(
         name="warm_rate",
@@ -391,6 +472,8 @@ def format_value(value: float | None, unit: str) -> str:
         return _bytes(value)
     if unit == "bytes/token":
         return f"{value:,.0f} B/token"
+    if unit == "x":
+        return f"{value:.3f}×"
     return f"{_num(value)} {unit}"
 
 

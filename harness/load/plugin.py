@@ -49,6 +49,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
+from harness.common.fingerprint import current_environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.stats import Distribution
 from harness.load.arrivals import (
@@ -65,12 +66,14 @@ from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
     InputRef,
+    Recipe,
     RecordWriter,
     RunSummary,
     TargetInfo,
     WorkerShare,
     read_records,
     summarize,
+    target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
@@ -195,6 +198,7 @@ class LoadRun:
         self._wall0 = 0.0
         self.cpu_pct: float | None = None
         self._ticker: gevent.Greenlet[[], None] | None = None
+        self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -210,6 +214,8 @@ class LoadRun:
             self.n_slots = len(indexes)
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
         else:
+            # Asked once, beside the run (never in its way): what the target says it is.
+            self._identity = gevent.spawn(fetch_identity, self.env.host or "")
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload)
             self.epoch_unix = time.time() + self.opts.start_delay
@@ -450,6 +456,10 @@ class LoadRun:
         elif self.ladder is None and records:
             span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
             target_rate = (len(records) - 1) / span if span > 0 else None
+        identity = None
+        if self._identity is not None:
+            self._identity.join(timeout=IDENTITY_TIMEOUT_S)
+            identity = self._identity.value if self._identity.successful() else None
         workers = [
             WorkerShare(
                 worker=w.index,
@@ -459,32 +469,83 @@ class LoadRun:
             )
             for w in self.workers.values()
         ]
+        api: Literal["chat", "completions"] = (
+            ("chat" if o.api == "chat" else "completions")
+            if o.api != "auto"
+            else _api_of(self.inputs.requests)
+        )
+        corpus = InputRef.of(_corpus_file(o.corpus)) if o.corpus else None
+        schedule = InputRef.of(o.schedule) if o.schedule else None
         summary = summarize(
             records,
             started_at=datetime.fromtimestamp(self.epoch_unix, UTC).isoformat(),
             duration_s=duration,
-            target=TargetInfo(
-                url=self.env.host or "", model=o.model, api="chat" if o.api == "chat" else "completions"
-            )
-            if o.api != "auto"
-            else TargetInfo(url=self.env.host or "", model=o.model, api=_api_of(self.inputs.requests)),
+            target=TargetInfo(url=self.env.host or "", model=o.model, api=api, identity=identity),
             target_rate=target_rate,
             client_cpu_pct=cpu,
             interrupted=interrupted,
-            corpus=InputRef.of(_corpus_file(o.corpus)) if o.corpus else None,
-            schedule=InputRef.of(o.schedule) if o.schedule else None,
+            corpus=corpus,
+            schedule=schedule,
             stages=self.ladder.outcomes() if self.ladder is not None else None,
             workers=workers,
             warnings=self.warnings,
             warmup_id=self.warmup_id,
             plan=InputRef.of(o.plan) if o.plan and self.ladder is not None else None,
             preload=self.preload_result,
+            environment=current_environment(),
+            recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
+
+
+IDENTITY_TIMEOUT_S = 5.0
+"""How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
+
+
+def fetch_identity(host: str) -> dict[str, Any] | None:
+    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
+    it does not answer (never raises: an identity is context, the run does not depend on it)."""
+    from geventhttpclient import HTTPClient
+    from geventhttpclient.url import URL
+
+    try:
+        client = HTTPClient.from_url(
+            URL(host), network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
+        )
+        try:
+            resp = client.get("/v1/models")
+            body = resp.read()
+        finally:
+            client.close()
+        if resp.status_code != 200:
+            return None
+        import orjson
+
+        return target_identity(orjson.loads(body))
+    except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
+        return None
+
+
+def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
+    """The load a run offered, from its options (``summary.json``: ``recipe``)."""
+    return Recipe(
+        corpus_sha256=corpus.sha256 if corpus else None,
+        schedule_sha256=schedule.sha256 if schedule else None,
+        rate=o.rate,
+        arrival=o.arrival if o.rate is not None else None,
+        duration=o.duration,
+        max_requests=o.max_requests,
+        max_tokens_cap=o.max_tokens_cap,
+        api=api,
+        speedup=o.speedup,
+        concurrency=o.concurrency,
+        seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
+        bypass_fraction=o.bypass_fraction,
+    )
 
 
 def _corpus_file(p: Path) -> Path:

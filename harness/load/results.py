@@ -28,12 +28,13 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.common.errors import InputError
+from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
 from harness.common.stats import Distribution, percentile
@@ -137,6 +138,69 @@ class TargetInfo(_Strict):
     url: str
     model: str | None = None
     api: Literal["chat", "completions"] = "chat"
+    identity: dict[str, Any] | None = None
+    """What the target says it is (:func:`target_identity` of its ``GET /v1/models`` answer); ``None``:
+    it did not answer. ``harness gate`` compares it with the baseline's (docs/gates.md)."""
+
+
+IDENTITY_MAX_MODELS = 8
+IDENTITY_MAX_TEXT = 200
+_VOLATILE_MODEL_KEYS = frozenset({"created", "object", "permission"})
+"""Keys of a ``/v1/models`` entry that change with every server start (vLLM's ``permission`` holds
+ids and timestamps): they identify nothing and would make two starts of one target differ."""
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return value[:IDENTITY_MAX_TEXT]
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    if depth >= 3:
+        return str(value)[:IDENTITY_MAX_TEXT]
+    if isinstance(value, dict):
+        return {str(k)[:64]: _bounded(v, depth + 1) for k, v in list(value.items())[:32]}
+    if isinstance(value, list | tuple):
+        return [_bounded(v, depth + 1) for v in list(value)[:32]]
+    return str(value)[:IDENTITY_MAX_TEXT]
+
+
+def target_identity(models_answer: Any) -> dict[str, Any] | None:
+    """The stable part of a ``GET /v1/models`` answer: ``{"models": [entry, …]}``, each entry as the
+    server returned it (``id``, ``owned_by``, ``max_model_len``, our server's ``harness`` block …)
+    without the per-start keys, bounded in size (8 models, short strings). ``None`` for an answer
+    that is not an OpenAI model list."""
+    data = models_answer.get("data") if isinstance(models_answer, dict) else None
+    if not isinstance(data, list):
+        return None
+    models = [
+        {k: _bounded(v) for k, v in entry.items() if k not in _VOLATILE_MODEL_KEYS}
+        for entry in data[:IDENTITY_MAX_MODELS]
+        if isinstance(entry, dict)
+    ]
+    return {"models": models}
+
+
+class Recipe(_Strict):
+    """What load a run offered, from its options: equal recipes make comparable latencies.
+
+    ``rate_of_capacity`` is for runs whose rate was given relative to a measured capacity: when two
+    recipes both have it, it is compared instead of the absolute ``rate`` (which then depends on the
+    machine)."""
+
+    corpus_sha256: str | None = None
+    schedule_sha256: str | None = None
+    rate: float | None = None
+    """``--rate`` (arrivals/s), ``None`` with a schedule."""
+    rate_of_capacity: float | None = None
+    arrival: str | None = None
+    duration: float | None = None
+    max_requests: int | None = None
+    max_tokens_cap: int | None = None
+    api: str | None = None
+    speedup: float | None = None
+    concurrency: int | None = None
+    seed: int | None = None
+    bypass_fraction: float | None = None
 
 
 class StageOutcome(_Strict):
@@ -202,6 +266,10 @@ class RunSummary(_Strict):
     """The warmup ladder plan, for ladder runs."""
     preload: dict[str, int] | None = None
     """The server's answer to ``POST /cache/preload`` (``lines``, ``stored``, ``generated``, ``failed``)."""
+    environment: Environment | None = None
+    """The machine and software that measured the run (:mod:`harness.common.fingerprint`)."""
+    recipe: Recipe | None = None
+    """The load offered (corpus, schedule or rate, max tokens …), from the run's options."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -256,6 +324,8 @@ def summarize(
     warmup_id: str | None = None,
     plan: InputRef | None = None,
     preload: dict[str, int] | None = None,
+    environment: Environment | None = None,
+    recipe: Recipe | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` and warns when it was."""
     warnings = list(warnings or [])
@@ -309,6 +379,8 @@ def summarize(
         warmup_id=warmup_id,
         plan=plan,
         preload=preload,
+        environment=environment,
+        recipe=recipe,
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -44,12 +45,15 @@ def create_app(
     cache: ResponseCache | None = None,
     registry: CollectorRegistry | None = None,
     manage_lifecycle: bool = True,
+    identity: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The ASGI app. With ``manage_lifecycle`` the app starts the engine on startup and shuts the
-    engine down and closes the cache on shutdown."""
+    engine down and closes the cache on shutdown. ``identity`` (preset, weights hash …, see
+    :func:`harness.server.cli.model_identity`) goes into ``GET /v1/models``' ``harness`` block."""
     settings = settings or ServerSettings()
     registry = registry if registry is not None else CollectorRegistry()
     st = ServerState(engine, settings, cache, registry)
+    st.identity = dict(identity or {})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

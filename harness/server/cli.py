@@ -97,6 +97,23 @@ def model_revision(settings: EngineSettings) -> str:
     return "dir:" + ";".join(parts)
 
 
+def model_identity(settings: EngineSettings) -> dict[str, Any]:
+    """What ``GET /v1/models`` says about the weights (its ``harness`` block, with the device and
+    whether the response cache is on): the preset or checkpoint, and ``weights``, a short hash of
+    :func:`model_revision` (preset + seed for random-init presets, whose weights that fixes; the
+    safetensors files' names, sizes and mtimes for checkpoints: cheap, and it changes when a file is
+    replaced)."""
+    import hashlib
+
+    return {
+        "preset": settings.preset if settings.model_dir is None else None,
+        "checkpoint": Path(settings.model_dir).name if settings.model_dir is not None else None,
+        "seed": settings.seed,
+        "dtype": settings.dtype,
+        "weights": hashlib.sha256(model_revision(settings).encode()).hexdigest()[:16],
+    }
+
+
 def check_model_dir(path: Path) -> None:
     """The files a checkpoint directory needs, checked in milliseconds before torch is imported or
     a weight is read: the directory, ``config.json``, ``tokenizer.json`` and safetensors weights.
@@ -203,7 +220,13 @@ def run_server(
 
         from harness.server.app import create_app
 
-        app = create_app(engine, settings=settings, cache=cache, registry=registry)
+        app = create_app(
+            engine,
+            settings=settings,
+            cache=cache,
+            registry=registry,
+            identity=model_identity(engine_settings),
+        )
         config = uvicorn.Config(
             app,
             log_level="warning",

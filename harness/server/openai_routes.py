@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from harness import __version__
 from harness.cache.api import CachedCompletion, CacheTicket
 from harness.common import headers as H
 from harness.common.errors import HarnessError
@@ -84,6 +85,13 @@ def add_openai_routes(app: FastAPI, st: ServerState) -> None:
             "created": st.created,
             "owned_by": "harness",
             "max_model_len": st.engine.max_model_len,
+            # What a baseline compares to know it measures the same target (docs/gates.md).
+            "harness": {
+                **st.identity,
+                "device": st.device,
+                "response_cache": st.cache is not None,
+                "version": __version__,
+            },
         }
         return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
 

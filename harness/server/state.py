@@ -123,6 +123,8 @@ class ServerState:
         self.cache_closed = False
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
         self._device: str | None = None
+        self.identity: dict[str, Any] = {}
+        """What ``GET /v1/models`` tells about the weights (preset, weights hash …; set by the app)."""
         self._request_counters: dict[tuple[str, int, str | None], Any] = {}
         self._hit_metrics: dict[str, tuple[Any, Any, Any, Any]] = {}
 

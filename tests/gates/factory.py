@@ -108,6 +108,7 @@ def write_run(
     *,
     summary: bool = True,
     stages: list[StageOutcome] | None = None,
+    target: TargetInfo | None = None,
     **summary_kw: Any,
 ) -> Path:
     """Write ``records.jsonl`` and (unless ``summary=False``) ``summary.json`` like the load stage."""
@@ -119,7 +120,7 @@ def write_run(
             records,
             started_at="2026-12-01T00:00:00+00:00",
             duration_s=duration,
-            target=TargetInfo(url="http://127.0.0.1:8000", model="tiny"),
+            target=target or TargetInfo(url="http://127.0.0.1:8000", model="tiny"),
             stages=stages,
             **summary_kw,
         )
@@ -128,7 +129,8 @@ def write_run(
 
 
 def make_run(run_dir: Path, n: int = 600, seed: int = 0, **kw: Any) -> Path:
-    summary_kw = {k: kw.pop(k) for k in ("interrupted", "client_cpu_pct", "workers") if k in kw}
+    keys = ("interrupted", "client_cpu_pct", "workers", "environment", "recipe", "target")
+    summary_kw = {k: kw.pop(k) for k in keys if k in kw}
     return write_run(run_dir, make_records(n, seed, **kw), **summary_kw)
 
 

@@ -42,6 +42,18 @@ def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
             assert r.peak_measured is False  # the CPU estimate
             assert r.mean_entropy is not None and r.mean_entropy > 0  # usage.harness.mean_entropy
     assert read_summary(tmp_path / "r").metrics["prefill_kv_bytes"].n == 6
+    # Where it was measured, what it measured, with what load (the gates' fingerprint).
+    s = read_summary(tmp_path / "r")
+    assert s.environment is not None and s.environment.hardware.cpu_count
+    assert s.environment.software.torch is not None
+    assert s.target.identity is not None
+    (card,) = s.target.identity["models"]
+    assert card["id"] == "tiny" and "created" not in card
+    assert card["harness"]["preset"] == "tiny" and card["harness"]["device"] == "cpu"
+    assert card["harness"]["response_cache"] is False and len(card["harness"]["weights"]) == 16
+    assert s.recipe is not None and s.recipe.rate == 2 and s.recipe.max_tokens_cap == 8
+    assert s.recipe.corpus_sha256 == s.corpus.sha256 if s.corpus else False
+    assert read_summary(tmp_path / "c").recipe.api == "completions"  # type: ignore[union-attr]
 
 
 def wait_for_writebacks(url: str, n: int, deadline_s: float = 120.0) -> None:

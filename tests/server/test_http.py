@@ -108,6 +108,10 @@ def test_models(server):
     models = ModelList.model_validate(r.json())
     assert [m.id for m in models.data] == ["tiny"]
     assert models.data[0].max_model_len and models.data[0].max_model_len > 0
+    # What a baseline compares to know the target (docs/gates.md): the preset and a weights hash.
+    ours = r.json()["data"][0]["harness"]
+    assert ours["preset"] == "tiny" and ours["seed"] == 0 and ours["device"] == "cpu"
+    assert ours["response_cache"] is False and len(ours["weights"]) == 16
 
 
 def test_openai_python_style_stream_matches_non_stream(server, tok):

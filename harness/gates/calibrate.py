@@ -1,0 +1,338 @@
+"""``harness baseline calibrate``: run a recipe N times on this machine and write the baseline it passes.
+
+:func:`run_recipe` runs ``harness run <args> --out WORKDIR/cal-K --force`` K = 1 … N times, exactly as
+a user would type it (output streamed). Exit 0 and 6 are measured runs (6: the warm check or a
+gate could not decide, the results are still written); any other code aborts calibration with
+that code. :func:`calibrate` then loads each run's measured result sets (``cold``, ``warm``, and
+``reference`` when there is one; the ``ladder`` is a warm-up, not a phase) and writes one gate per
+metric and phase that every run supports, by this rule (docs/gates.md, *Calibration*):
+
+- ``threshold`` = the worst run's value (the largest for ``at_most``, the smallest for ``at_least``);
+- ``tolerance`` = the largest of
+  1. ``headroom · |threshold|`` (the drift a person allows),
+  2. the metric's floor (1 ms of lateness, 1 point of error rate),
+  3. the largest single-run rerun margin (:func:`~harness.gates.baseline.rerun_margin`): never tighter
+     than ``harness baseline update`` from any one of the runs,
+  4. the largest run's own interval half-width toward the limit **plus** ``k(N) ×`` the run-to-run
+     range (``max v − min v``): a rerun's interval end is its value plus about that half-width, and
+     its value lies beyond the worst of N runs by more than ``k(N)`` ranges with probability
+     :data:`CALIBRATION_RISK` (1 %) when run values scatter normally (:func:`range_factor`: 3.7 for
+     three runs, 1.2 for five); this term carries the machine's run-to-run drift, which no single
+     run's interval can see;
+- ``min_samples`` = half the smallest run's count (at least what the metric needs).
+
+Every calibration run is then judged against the written baseline; one that does not pass is named
+with the gate and why. The file's header says how it was made, and its ``fingerprint`` where.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+
+from harness import __version__
+from harness.common.errors import CannotJudge, ConfigError, ExitCode, HarnessError, InputError
+from harness.gates.baseline import (
+    BASELINE_SCHEMA_VERSION,
+    Baseline,
+    Candidate,
+    Gate,
+    Provenance,
+    _gate_from,
+    _provenance,
+    _round,
+    candidates,
+)
+from harness.gates.fingerprints import fingerprint_from_results
+from harness.gates.judge import GateResult, judge
+from harness.gates.metrics import format_value
+from harness.gates.runs import ResultSet, load_result_set
+from harness.load.results import RECORDS_FILE
+
+DEFAULT_RUN_COMMAND: tuple[str, ...] = (sys.executable, "-m", "harness.cli", "run")
+"""How calibration starts ``harness run`` (this interpreter, so this installation)."""
+NOT_PHASES = frozenset({"ladder", "server"})
+"""Subdirectories of a ``harness run`` output that are not measured phases."""
+OWN_OPTIONS = ("--out", "-o", "--force", "--gate")
+"""Options calibration sets itself (``--out``, ``--force``) or that make no sense for it (``--gate``)."""
+
+
+CALIBRATION_RISK = 0.01
+"""The chance the rule accepts that an unchanged rerun's *value* lands beyond the drift allowance."""
+MIN_RUNS = 3
+"""Two runs' range says too little about the spread: a third lands beyond max + 27 ranges 1 % of the time."""
+
+
+@lru_cache(maxsize=32)
+def range_factor(n: int, risk: float = CALIBRATION_RISK) -> float:
+    """``k`` such that one more draw exceeds the largest of ``n`` by more than ``k`` times their range
+    with probability ``risk``, for normally scattered run values. The ratio is location- and
+    scale-free, so one seeded simulation (400 000 draws, deterministic) gives it for every metric:
+    3.7 for n = 3, 1.2 for n = 5, 0.47 for n = 10 at 1 %."""
+    import numpy as np
+
+    if n < 2:
+        return math.inf
+    x = np.random.default_rng(12345).standard_normal((400_000, n + 1))
+    top = x[:, :n].max(axis=1)
+    spread = top - x[:, :n].min(axis=1)
+    return float(np.quantile((x[:, n] - top) / spread, 1.0 - risk))
+
+
+class RunFailed(HarnessError):
+    """A calibration run ended with a code other than 0 or 6: calibration stops with that code."""
+
+    def __init__(self, message: str, code: int, *, file: Path | None = None) -> None:
+        super().__init__(message, file=file)
+        known = {int(c) for c in ExitCode}
+        self.exit_code = ExitCode(code) if code in known else ExitCode.UNAVAILABLE
+
+
+def check_run_args(args: Sequence[str]) -> None:
+    """Refuse the options calibration sets itself (:data:`OWN_OPTIONS`)."""
+    for a in args:
+        name = a.split("=", 1)[0]
+        if name in OWN_OPTIONS:
+            raise ConfigError(
+                f"{name} is set by calibrate itself (each run goes to WORKDIR/cal-K with --force; no gate)",
+                field=name,
+                hint="give only the recipe after --: "
+                "harness baseline calibrate --runs 3 --out FILE -- --corpus …",
+            )
+
+
+def run_recipe(
+    args: Sequence[str],
+    *,
+    runs: int,
+    workdir: Path,
+    command: Sequence[str] = DEFAULT_RUN_COMMAND,
+    say: Callable[[str], None] = print,
+) -> list[Path]:
+    """Run ``command args --out workdir/cal-K --force`` for K = 1 … ``runs``; the output directories.
+
+    Exit 0 or 6: measured. Any other exit code raises :class:`RunFailed` with that code."""
+    check_run_args(args)
+    workdir.mkdir(parents=True, exist_ok=True)
+    outs: list[Path] = []
+    for k in range(1, runs + 1):
+        out = workdir / f"cal-{k}"
+        cmd = [*command, *args, "--out", str(out), "--force"]
+        say(f"calibration run {k}/{runs}: $ {shlex.join(cmd)}")
+        rc = subprocess.run(cmd, check=False).returncode  # output streams to ours
+        if rc not in (int(ExitCode.OK), int(ExitCode.UNJUDGEABLE)):
+            raise RunFailed(
+                f"calibration run {k} of {runs} exited {rc}; nothing was written", code=rc, file=out
+            )
+        outs.append(out)
+    return outs
+
+
+def load_phases(run_dir: Path) -> list[ResultSet]:
+    """The measured result sets of one ``harness run`` output: each subdirectory holding records,
+    but the ladder (labelled by its name: ``cold``, ``warm``, ``reference``)."""
+    if not run_dir.is_dir():
+        raise InputError("no such run directory", file=run_dir)
+    dirs = sorted(
+        p
+        for p in run_dir.iterdir()
+        if p.is_dir() and p.name not in NOT_PHASES and (p / RECORDS_FILE).exists()
+    )
+    if not dirs:
+        raise InputError("no measured phase (cold/, warm/ with records.jsonl) in this run", file=run_dir)
+    return [load_result_set(p, p.name) for p in dirs]
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate` made: the baseline, a comment per gate, what it skipped and why,
+    the header lines, and what the check of the calibration runs found."""
+
+    baseline: Baseline
+    comments: dict[int, str]
+    skipped: list[str]
+    header: list[str]
+    not_passed: list[str] = field(default_factory=list)
+    """``cal-2: tpot_p95@warm: <reason>`` for every gate a calibration run does not pass."""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, float, float, str]:
+    """``(threshold, abs_tolerance, spread, which term set it)`` by the rule in the module docstring."""
+    metric = cands[0].metric
+    values = [c.m.value for c in cands]
+    at_most = metric.direction == "at_most"
+    threshold = max(values) if at_most else min(values)
+    spread = max(values) - min(values)
+    if metric.kind == "max":
+        half = 0.0
+    elif at_most:
+        half = max(c.m.hi - c.m.value for c in cands)
+    else:
+        half = max(c.m.value - c.m.lo for c in cands)
+    margins = [c.margin for c in cands if math.isfinite(c.margin)]
+    k = range_factor(len(cands)) if spread > 0 else 0.0
+    terms = {
+        "headroom": headroom * abs(threshold),
+        "the metric's floor": metric.abs_tolerance_floor,
+        "one run's rerun margin": max(margins, default=0.0),
+        f"interval half-width + {k:.2g} × run-to-run range": half + k * spread,
+    }
+    which = max(terms, key=lambda t: terms[t])
+    abs_tol = max(0.0, *(v for k, v in terms.items() if k != "headroom"))
+    if metric.unit == "ratio":
+        abs_tol = min(abs_tol, 1.0)
+    return threshold, abs_tol, spread, which
+
+
+def calibrate(
+    runs: Sequence[Sequence[ResultSet]],
+    *,
+    headroom: float,
+    name: str = "baseline",
+    confidence: float = 0.95,
+    per_scenario: bool = False,
+    run_names: Sequence[str] | None = None,
+    command: str | None = None,
+) -> Calibration:
+    """The baseline that every one of ``runs`` (each: its result sets by label) passes, with tolerances
+    from their run-to-run spread (module docstring); checked against the runs themselves."""
+    if len(runs) < MIN_RUNS:
+        raise ConfigError(
+            f"{len(runs)} calibration run(s): at least {MIN_RUNS} are needed to measure a run-to-run spread",
+            field="--runs",
+        )
+    names = list(run_names or [f"run {i + 1}" for i in range(len(runs))])
+    for rn, sets in zip(names, runs, strict=True):
+        for rs in sets:
+            if rs.problems:
+                raise CannotJudge(
+                    f"calibration {rn} cannot be measured from: {'; '.join(rs.problems)}",
+                    file=rs.path,
+                    hint="a baseline from a client-bound or interrupted run would be wrong; "
+                    "run on a quieter machine, or lower the rate",
+                )
+    per_run = [
+        {c.key: c for c in candidates(sets, confidence=confidence, per_scenario=per_scenario)}
+        for sets in runs
+    ]
+    order = list(dict.fromkeys(k for cands in per_run for k in cands))
+    gates: list[Gate] = []
+    comments: dict[int, str] = {}
+    skipped: list[str] = []
+    warnings: list[str] = []
+    for key in order:
+        present = [(rn, cands[key]) for rn, cands in zip(names, per_run, strict=True) if key in cands]
+        first = present[0][1]
+        if len(present) < len(runs):
+            skipped.append(f"{first.where}: only in {', '.join(rn for rn, _ in present)}")
+            continue
+        why_not = None
+        singles: list[Gate] = []
+        for rn, c in present:
+            gate, note = _gate_from(
+                c.metric, c.m, c.margin, headroom=headroom, confidence=confidence, phase=c.phase,
+                scenario=c.scenario,
+            )  # fmt: skip
+            if gate is None:
+                why_not = f"{rn}: {note}"
+                break
+            singles.append(gate)
+        if why_not is not None:
+            skipped.append(f"{first.where}: {why_not}")
+            continue
+        cands = [c for _, c in present]
+        metric = first.metric
+        threshold, abs_tol, spread, which = _tolerance(cands, headroom=headroom)
+        gate = singles[0].model_copy(
+            update={
+                "threshold": _round(threshold),
+                "abs_tolerance": _round_up(abs_tol),
+                "min_samples": max(
+                    singles[0].spec.default_min_samples(confidence), min(c.m.n for c in cands) // 2
+                ),
+            }
+        )
+        if metric.measured_option:
+            gate = gate.model_copy(update={"require_measured": all(c.measured for c in cands)})
+        if metric.direction == "at_least" and gate.limit <= 0:
+            skipped.append(
+                f"{first.where}: {format_value(threshold, metric.unit)} leaves nothing to gate "
+                "(the limit would be ≤ 0)"
+            )
+            continue
+        vals = " / ".join(format_value(c.m.value, metric.unit) for c in cands)
+        source = which if gate.tolerance > headroom * abs(threshold) else "headroom"
+        rel_spread = f" ({spread / abs(threshold):.0%})" if threshold else ""
+        note = (
+            f"{vals} over {len(cands)} runs (n ≥ {min(c.m.n for c in cands)}); spread "
+            f"{format_value(spread, metric.unit)}{rel_spread}; "
+            f"tolerance {format_value(gate.tolerance, metric.unit)} from {source}"
+        )
+        if metric.direction == "at_most" and metric.unit in ("ms", "x") and gate.limit >= 2 * threshold:
+            warnings.append(
+                f"{first.where}: the limit {format_value(gate.limit, metric.unit)} is ≥ twice the threshold: "
+                "this machine's run-to-run spread is too wide for the gate to catch a 2× slowdown"
+            )
+            note += "; cannot catch a 2× slowdown"
+        comments[len(gates)] = note
+        gates.append(gate)
+    if not gates:
+        raise InputError(
+            "no metric of these runs has enough data for a gate", file=runs[0][0].path,
+            hint="; ".join(skipped[:3]),
+        )  # fmt: skip
+    fingerprint = fingerprint_from_results(runs, names=names)
+    warnings += fingerprint.notes
+    baseline = Baseline(
+        schema_version=BASELINE_SCHEMA_VERSION,
+        name=name,
+        confidence=confidence,
+        gates=gates,
+        provenance=Provenance(
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            harness_version=__version__,
+            headroom=headroom,
+            results=[_provenance(rs) for sets in runs for rs in sets],
+        ),
+        fingerprint=fingerprint,
+    )
+    not_passed: list[str] = []
+    for rn, sets in zip(names, runs, strict=True):
+        report = judge(baseline, sets)
+        not_passed += [f"{rn}: {_gate_where(g)}: {g.reason}" for g in report.gates if g.verdict != "pass"]
+    machine = fingerprint.environment.describe() if fingerprint.environment else "an unknown machine"
+    header = [
+        f"Calibrated by `harness baseline calibrate` on {machine}, "
+        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}, harness {__version__}.",
+        *([f"Recipe: {command}"] if command else []),
+        f"{len(runs)} runs: " + ", ".join(str(sets[0].path.parent) for sets in runs) + ".",
+        "Rule (docs/gates.md#calibration): threshold = the worst run; tolerance = max(headroom "
+        f"{headroom:.0%}, floor, one run's rerun margin, largest interval half-width + "
+        f"{range_factor(len(runs)):.2g} × run-to-run range).",
+        "Each gate's comment gives the runs' values and spread. Latency gates judge only runs on",
+        "this machine, target and recipe (fingerprint at the end); recalibrate rather than edit.",
+        *(f"Skipped {s}" for s in skipped),
+        "",
+    ]
+    return Calibration(baseline, comments, skipped, header, not_passed, warnings)
+
+
+def _round_up(value: float, digits: int = 3) -> float | int:
+    """``value`` rounded *up* to ``digits`` significant digits: a written tolerance never falls below
+    what the rule asked for."""
+    if value <= 0 or not math.isfinite(value):
+        return _round(value, digits)
+    scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return _round(math.ceil(value / scale - 1e-9) * scale, digits + 2)
+
+
+def _gate_where(g: GateResult) -> str:
+    return f"{g.id}@{g.label}" if g.label else g.id

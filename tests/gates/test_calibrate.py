@@ -1,0 +1,169 @@
+"""``harness baseline calibrate``: the baseline rule on synthetic runs (every run passes it, a rerun
+passes, a 2× slower decode fails), and the driving of ``harness run`` with a stand-in command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.common.errors import CannotJudge, ConfigError, ExitCode
+from harness.common.fingerprint import Environment, Hardware, Software
+from harness.gates.baseline import baseline_from_results, read_baseline
+from harness.gates.calibrate import (
+    RunFailed,
+    calibrate,
+    check_run_args,
+    load_phases,
+    range_factor,
+    run_recipe,
+)
+from harness.gates.judge import judge
+from harness.gates.runs import ResultSet, load_result_sets
+from harness.load.results import Recipe
+from tests.gates.factory import ROOT, harness_cli, make_run
+
+ENV = Environment(
+    hardware=Hardware(cpu_model="AMD EPYC 7B13", cpu_count=2), software=Software(harness="0.1.0")
+)
+RECIPE = Recipe(rate=4.0, max_tokens_cap=16)
+FAKE = f"{sys.executable} -m tests.gates.fake_harness_run"
+
+
+def _paired(path: Path, seed: int, drift: float = 1.0, decode: float = 1.0, **kw: object) -> list[ResultSet]:
+    common = {"environment": ENV, "recipe": RECIPE, **kw}
+    drift_tpot = drift * decode
+    cold = make_run(
+        path / "cold", 1000, seed, ttft_ms=50 * drift, tpot_ms=4 * drift_tpot, prefix_hit=0.0, **common
+    )
+    warm = make_run(
+        path / "warm", 1000, seed + 1, ttft_ms=20 * drift, tpot_ms=4 * drift_tpot, hit_l1=0.8, **common
+    )
+    return load_result_sets([f"cold={cold}", f"warm={warm}"])
+
+
+def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
+    drifts = (1.0, 1.06, 0.97)
+    runs = [_paired(tmp_path / f"cal-{k}", 10 * k, d) for k, d in enumerate(drifts, start=1)]
+    cal = calibrate(
+        runs, headroom=0.1, name="t", run_names=["cal-1", "cal-2", "cal-3"], command="harness run …"
+    )
+    assert cal.not_passed == []  # every calibration run passes what was written
+    gates = {(g.metric, g.effective_phase): g for g in cal.baseline.gates}
+    tpot = gates[("tpot_p95", "cold")]
+    values = [judge(cal.baseline, sets).gates for sets in runs]
+    measured = [next(g for g in gs if g.id == "tpot_p95" and g.label == "cold") for gs in values]
+    # threshold: the worst run; the limit covers each run's interval end plus the runs' range
+    assert tpot.threshold == pytest.approx(max(m.measured or 0 for m in measured), rel=1e-4)
+    spread = max(m.measured or 0 for m in measured) - min(m.measured or 0 for m in measured)
+    half = max((m.hi or 0) - (m.measured or 0) for m in measured)
+    assert tpot.tolerance >= half + range_factor(3) * spread - 1e-3
+    # …and never tighter than `baseline update` from any one run
+    for sets in runs:
+        single, _, _ = baseline_from_results(sets, headroom=0.1)
+        one = next(g for g in single.gates if g.metric == "tpot_p95" and g.phase == "cold")
+        assert tpot.tolerance >= one.abs_tolerance - 1e-3
+    # An unchanged rerun (within the drift seen) passes; a 2× slower decode fails.
+    assert judge(cal.baseline, _paired(tmp_path / "rerun", 99, 1.03)).verdict == "pass"
+    slow = judge(cal.baseline, _paired(tmp_path / "slow", 77, 1.0, decode=2.0))
+    assert {g.verdict for g in slow.gates if g.metric == "tpot_p95"} == {"fail"} and slow.verdict == "fail"
+    # Header, fingerprint, comments with the spread
+    assert cal.baseline.fingerprint is not None and cal.baseline.fingerprint.environment == ENV
+    assert cal.header[0].startswith(
+        "Calibrated by `harness baseline calibrate` on AMD EPYC 7B13 ×2 CPUs, no GPU"
+    )
+    assert any("over 3 runs" in c and "spread" in c for c in cal.comments.values())
+    assert any(s.startswith("cold: ttft_p99") and "needs ≥" in s for s in cal.skipped)
+
+
+def test_a_run_that_cannot_be_measured_from_is_refused(tmp_path: Path) -> None:
+    good = _paired(tmp_path / "a", 1)
+    bad = _paired(tmp_path / "b", 2, interrupted=True)
+    with pytest.raises(
+        CannotJudge, match="calibration run 2 cannot be measured from: the run was interrupted"
+    ):
+        calibrate([good, bad, good], headroom=0.1)
+    with pytest.raises(ConfigError, match="at least 3"):
+        calibrate([good, good], headroom=0.1)
+
+
+def test_range_factor_is_the_normal_prediction_quantile() -> None:
+    import numpy as np
+
+    assert range_factor(3) == pytest.approx(3.73, rel=0.05) and range_factor(5) == pytest.approx(
+        1.19, rel=0.05
+    )
+    # Checked against fresh draws: one more run beyond max + k·range about 1 % of the time.
+    x = np.random.default_rng(7).standard_normal((200_000, 4))
+    top, low = x[:, :3].max(axis=1), x[:, :3].min(axis=1)
+    assert (x[:, 3] > top + range_factor(3) * (top - low)).mean() == pytest.approx(0.01, abs=0.002)
+
+
+def test_calibrate_refuses_its_own_options() -> None:
+    for args in (["--out", "x"], ["--gate=b.yaml"], ["--force"]):
+        with pytest.raises(ConfigError):
+            check_run_args(["--corpus", "c", *args])
+
+
+def test_run_recipe_streams_and_stops_on_a_failed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cmd = FAKE.split()
+    outs = run_recipe(["--corpus", "c"], runs=2, workdir=tmp_path / "w", command=cmd, say=lambda _t: None)
+    assert [o.name for o in outs] == ["cal-1", "cal-2"]
+    assert json.loads((outs[0] / "argv.json").read_text()) == [
+        "--corpus",
+        "c",
+        "--out",
+        str(outs[0]),
+        "--force",
+    ]
+    assert [rs.label for rs in load_phases(outs[0])] == ["cold", "warm"]  # not the ladder
+    monkeypatch.setenv("FAKE_RUN_EXIT", "6")  # measured, a gate or the warm check undecided
+    assert len(run_recipe([], runs=1, workdir=tmp_path / "six", command=cmd, say=lambda _t: None)) == 1
+    monkeypatch.setenv("FAKE_RUN_EXIT", "5")
+    with pytest.raises(RunFailed, match="calibration run 1 of 2 exited 5") as exc:
+        run_recipe([], runs=2, workdir=tmp_path / "five", command=cmd, say=lambda _t: None)
+    assert exc.value.exit_code == ExitCode.UNAVAILABLE
+    assert not (tmp_path / "five" / "cal-2").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_cli_end_to_end_with_a_stand_in_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "base.yaml"
+    r = harness_cli(
+        "baseline", "calibrate", "--runs", "3", "--out", str(out), "--run-command", FAKE, "--",
+        "--corpus", "runs/corpus", "--rate", "4",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("# Calibrated by `harness baseline calibrate` on AMD EPYC 7B13 ×2 CPUs, no GPU")
+    assert "# Recipe: harness run --corpus runs/corpus --rate 4" in text
+    raw = yaml.safe_load(text)
+    assert raw["fingerprint"]["environment"]["hardware"]["cpu_model"] == "AMD EPYC 7B13"
+    assert set(raw["fingerprint"]["recipes"]) == {"cold", "warm"}
+    base = read_baseline(out)
+    assert {g.effective_phase for g in base.gates} == {"cold", "warm"}
+    assert (tmp_path / "base.yaml.runs" / "cal-3" / "warm" / "records.jsonl").exists()
+    # Every calibration run passes the file; the gate on one of them says so.
+    g = harness_cli(
+        "gate",
+        "--baseline",
+        str(out),
+        *(f"{p}={tmp_path}/base.yaml.runs/cal-2/{p}" for p in ("cold", "warm")),
+    )
+    assert g.returncode == 0, g.stdout + g.stderr
+    # A run that breaks stops calibration with its code.
+    monkeypatch.setenv("FAKE_RUN_EXIT", "3")
+    x = tmp_path / "x.yaml"
+    r = harness_cli(
+        "baseline", "calibrate", "--runs", "3", "--out", str(x), "--run-command", FAKE, "--", "--corpus", "c"
+    )
+    assert r.returncode == 3 and "calibration run 1 of 3 exited 3" in r.stderr
+    assert not x.exists()

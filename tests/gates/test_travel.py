@@ -1,0 +1,274 @@
+"""Gates that know where they were calibrated: a baseline from another machine, target or recipe makes
+its absolute-latency gates unjudgeable (never failed) while rates and bytes are still judged; the
+``*_rel`` metrics divide by a ``reference`` set and travel; ``update`` says what a skipped gate needs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.common.fingerprint import Environment, Hardware, Software
+from harness.common.stats import percentile, percentile_interval
+from harness.gates.baseline import (
+    Baseline,
+    Gate,
+    baseline_from_results,
+    read_baseline,
+    rerun_margin,
+    rerun_min_samples,
+    write_baseline,
+)
+from harness.gates.judge import GateReport, judge, read_report_json, write_report_json
+from harness.gates.metrics import METRICS, MetricContext, relative_confidence
+from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
+from harness.load.results import Recipe, TargetInfo, target_identity
+from tests.gates.factory import make_run
+
+SOFTWARE = Software(python="3.11.7", torch="2.13.0+cpu", harness="0.1.0")
+HERE = Environment(hardware=Hardware(cpu_model="AMD EPYC 7B13", cpu_count=2), software=SOFTWARE)
+THERE = Environment(
+    hardware=Hardware(cpu_model="Intel Xeon Platinum 8480+", cpu_count=16, gpus=["NVIDIA H200"]),
+    software=SOFTWARE,
+)
+RECIPE = Recipe(corpus_sha256="c" * 64, rate=4.0, arrival="constant", duration=100.0, max_tokens_cap=16)
+MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "tiny", "object": "model", "created": 1, "owned_by": "harness", "max_model_len": 2048,
+            "harness": {"preset": "tiny", "weights": "abc", "device": "cpu", "response_cache": True,
+                        "version": "0.1.0"},
+        }
+    ],
+}  # fmt: skip
+
+
+def _target(**harness: Any) -> TargetInfo:
+    models: dict[str, Any] = {
+        "data": [{**MODELS["data"][0], "harness": {**MODELS["data"][0]["harness"], **harness}}]
+    }
+    return TargetInfo(url="http://127.0.0.1:8000", model="tiny", identity=target_identity(models))
+
+
+def _run(path: Path, n: int = 600, seed: int = 0, *, env: Environment | None = HERE, **kw: Any) -> Path:
+    kw.setdefault("recipe", RECIPE)
+    kw.setdefault("target", _target())
+    return make_run(path, n, seed, environment=env, **kw)
+
+
+def _update(tmp_path: Path, *dirs: str) -> Baseline:
+    base, _, _ = baseline_from_results(load_result_sets(list(dirs)), headroom=0.1)
+    out = tmp_path / "baseline.yaml"
+    write_baseline(out, base)
+    return read_baseline(out)  # what a CI job reads back
+
+
+def _verdicts(report: GateReport) -> dict[str, str]:
+    return {f"{g.id}@{g.label}": g.verdict for g in report.gates}
+
+
+def test_identity_keeps_what_identifies_and_drops_what_changes_per_start() -> None:
+    ident = target_identity(MODELS)
+    assert ident == {
+        "models": [{k: v for k, v in MODELS["data"][0].items() if k not in ("object", "created")}]
+    }
+    assert target_identity({"detail": "not found"}) is None
+    big = {"data": [{"id": "x" * 10_000, "permission": [{"created": 5}]}] * 50}
+    bounded = target_identity(big)
+    assert bounded is not None and len(bounded["models"]) == 8 and len(bounded["models"][0]["id"]) == 200
+    assert "permission" not in bounded["models"][0]
+
+
+def test_the_baseline_records_its_fingerprint(tmp_path: Path) -> None:
+    base = _update(tmp_path, f"cold={_run(tmp_path / 'c')}", f"warm={_run(tmp_path / 'w', seed=1)}")
+    fp = base.fingerprint
+    assert fp is not None and fp.environment == HERE and fp.notes == []
+    assert fp.recipes == {"cold": RECIPE, "warm": RECIPE}
+    assert fp.target is not None and fp.target["models"][0]["harness"]["weights"] == "abc"
+
+
+def test_runs_that_disagree_are_named(tmp_path: Path) -> None:
+    base = _update(
+        tmp_path, f"cold={_run(tmp_path / 'c')}", f"warm={_run(tmp_path / 'w', seed=1, env=THERE)}"
+    )
+    assert base.fingerprint is not None
+    assert len(base.fingerprint.notes) == 1 and "disagree on the machine" in base.fingerprint.notes[0]
+
+
+def test_another_machine_makes_latency_gates_unjudgeable_not_failed(tmp_path: Path) -> None:
+    base = _update(tmp_path, _run(tmp_path / "cal"))
+    # The same system on a machine three times slower: measured there, every latency is far beyond
+    # the limits; on a different fingerprint that is no regression, and rates are still judged.
+    slow = load_result_set(_run(tmp_path / "there", seed=5, env=THERE, ttft_ms=150, tpot_ms=12))
+    r = judge(base, [slow])
+    latency = [g for g in r.gates if METRICS.get(g.metric).speed_dependent]
+    rest = [g for g in r.gates if not METRICS.get(g.metric).speed_dependent]
+    assert latency and rest
+    assert {g.verdict for g in latency} == {"unjudgeable"}
+    assert all(g.measured is not None and g.measured > g.limit for g in latency if g.metric != "lateness_p99")
+    why = latency[0].why
+    assert why.startswith("calibrated on AMD EPYC 7B13 ×2 CPUs, no GPU, measured on Intel Xeon Platinum")
+    assert "absolute latencies do not travel between machines" in why
+    assert "harness baseline calibrate" in why
+    assert {g.verdict for g in rest} == {"pass"}
+    assert r.verdict == "unjudgeable" and r.exit_code == 6
+    match = r.results[0].environment_match
+    assert match is not None and not match.judged and match.hardware == "different"
+    assert "CPU model: AMD EPYC 7B13 vs Intel Xeon Platinum 8480+" in match.differences
+    # Rates still fail there: a target that errs is a regression on any machine.
+    erring = load_result_set(_run(tmp_path / "err", seed=6, env=THERE, error_rate=0.2))
+    r = judge(base, [erring])
+    assert _verdicts(r)["error_rate@err"] == "fail" and r.verdict == "fail"
+
+
+def test_same_machine_judges_latency(tmp_path: Path) -> None:
+    base = _update(tmp_path, _run(tmp_path / "cal"))
+    same = judge(base, [load_result_set(_run(tmp_path / "rerun", seed=3))])
+    assert same.results[0].environment_match is not None and same.results[0].environment_match.judged
+    assert same.verdict == "pass"
+    slow = judge(base, [load_result_set(_run(tmp_path / "slow", seed=4, tpot_ms=8))])
+    assert _verdicts(slow)["tpot_p95@slow"] == "fail" and slow.verdict == "fail"
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"target": _target(weights="def")}, "target models[tiny].harness.weights: abc vs def"),
+        ({"target": _target(preset="small")}, "target models[tiny].harness.preset: tiny vs small"),
+        ({"recipe": RECIPE.model_copy(update={"rate": 8.0})}, "recipe.rate: 4.0 vs 8.0"),
+        ({"recipe": RECIPE.model_copy(update={"max_tokens_cap": 32})}, "recipe.max_tokens_cap: 16 vs 32"),
+        ({"env": None}, "machine: the run's summary.json does not record where it was measured"),
+    ],
+)
+def test_another_target_or_recipe_is_named(tmp_path: Path, kw: dict[str, Any], field: str) -> None:
+    base = _update(tmp_path, _run(tmp_path / "cal"))
+    r = judge(base, [load_result_set(_run(tmp_path / "other", seed=3, **kw))])
+    match = r.results[0].environment_match
+    assert match is not None and not match.judged and field in match.differences
+    latency = [g for g in r.gates if METRICS.get(g.metric).speed_dependent]
+    assert {g.verdict for g in latency} == {"unjudgeable"}
+    assert all(g.verdict == "pass" for g in r.gates if not METRICS.get(g.metric).speed_dependent)
+    # The harness version is not the target: an upgrade is what the gate must judge.
+    r = judge(base, [load_result_set(_run(tmp_path / "upgraded", seed=3, target=_target(version="9.9")))])
+    assert r.results[0].environment_match is not None and r.results[0].environment_match.judged
+
+
+def test_a_rate_of_capacity_is_compared_instead_of_the_rate(tmp_path: Path) -> None:
+    half = RECIPE.model_copy(update={"rate_of_capacity": 0.5})
+    base = _update(tmp_path, _run(tmp_path / "cal", recipe=half))
+    other_rate = half.model_copy(update={"rate": 7.5})
+    r = judge(base, [load_result_set(_run(tmp_path / "x", seed=3, recipe=other_rate))])
+    assert r.results[0].environment_match is not None and r.results[0].environment_match.judged
+
+
+def test_a_baseline_without_fingerprint_is_judged_as_before_with_a_note(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    old = read_baseline(repo_root / "fixtures" / "baselines" / "tiny-cpu.yaml")
+    assert old.fingerprint is None
+    r = judge(old, load_result_sets([f"cold={_run(tmp_path / 'c', env=THERE)}"]))
+    match = r.results[0].environment_match
+    assert match is not None and match.judged and match.hardware == "unknown"
+    assert match.note is not None and "no fingerprint" in match.note
+    assert not any("calibrated on" in g.why for g in r.gates)
+    out = tmp_path / "gate.json"
+    write_report_json(out, r)
+    assert read_report_json(out).results[0].environment_match == match
+
+
+# ------------------------------------------------------------------------------- travelling gates
+
+
+def test_rel_metric_value_and_interval(tmp_path: Path) -> None:
+    phase = load_result_set(_run(tmp_path / "warm", 1500, 1, ttft_ms=100), "warm")
+    ref = load_result_set(_run(tmp_path / "reference", 600, 2, ttft_ms=50), "reference")
+    m = METRICS.get("ttft_p95_rel").compute(phase.frame, MetricContext(reference=ref.frame))
+    p, r = phase.frame.col("ttft_ms"), ref.frame.col("ttft_ms")
+    assert m.value == pytest.approx(percentile(p, 95) / percentile(r, 95))
+    c = relative_confidence(0.95)
+    (lo_p, hi_p), (lo_r, hi_r) = percentile_interval(p, 95, c), percentile_interval(r, 95, c)
+    assert (m.lo, m.hi) == pytest.approx((lo_p / hi_r, hi_p / lo_r))
+    assert m.lo < 2.0 < m.hi and m.n == 1500 and not m.problems
+    assert METRICS.get("ttft_p95_rel").unit == "x" and not METRICS.get("ttft_p95_rel").speed_dependent
+
+
+def test_rel_gates_travel_and_catch_a_code_regression(tmp_path: Path) -> None:
+    base = _update(
+        tmp_path,
+        f"warm={_run(tmp_path / 'w', 1500, 1)}",
+        f"reference={_run(tmp_path / 'r', 1500, 2)}",
+    )
+    rel = [g for g in base.gates if g.metric.endswith("_rel")]
+    assert {g.metric for g in rel} == {"ttft_p95_rel", "tpot_p95_rel", "e2e_p95_rel"}
+    assert all(g.phase == "warm" and 0.8 < g.threshold < 1.25 for g in rel)
+    # Another machine, everything 3× slower, phase and reference alike: absolute gates cannot be
+    # judged, the ratios pass.
+    slow = {"env": THERE, "ttft_ms": 150.0, "tpot_ms": 12.0}
+    sets = load_result_sets(
+        [
+            f"warm={_run(tmp_path / 'w2', 1500, 3, **slow)}",
+            f"reference={_run(tmp_path / 'r2', 1500, 4, **slow)}",
+        ]
+    )
+    r = judge(base, sets)
+    v = _verdicts(r)
+    assert {v[f"{m}@warm"] for m in ("ttft_p95_rel", "tpot_p95_rel", "e2e_p95_rel")} == {"pass"}
+    assert v["tpot_p95@warm"] == "unjudgeable" and r.verdict == "unjudgeable"
+    # There, decode got 2× slower in the code (the reference too is slower by the machine only).
+    regressed = {**slow, "tpot_ms": 24.0}
+    sets = load_result_sets(
+        [
+            f"warm={_run(tmp_path / 'w3', 1500, 5, **regressed)}",
+            f"reference={_run(tmp_path / 'r3', 1500, 6, **slow)}",
+        ]
+    )
+    r = judge(base, sets)
+    assert _verdicts(r)["tpot_p95_rel@warm"] == "fail" and r.verdict == "fail"
+
+
+def test_rel_gates_need_a_reference_on_the_same_machine(tmp_path: Path) -> None:
+    gate = Gate(metric="ttft_p95_rel", threshold=1.0, rel_tolerance=0.2)
+    base = Baseline(schema_version=1, gates=[gate])
+    warm = _run(tmp_path / "warm", 1500, 1)
+    r = judge(base, load_result_sets([f"warm={warm}"]))
+    assert r.gates[0].verdict == "unjudgeable" and "no result set labelled 'reference'" in r.gates[0].why
+    elsewhere = _run(tmp_path / "ref", 600, 2, env=THERE)
+    r = judge(base, load_result_sets([f"warm={warm}", f"reference={elsewhere}"]))
+    # A gate without a phase is not applied to the reference itself.
+    assert [g.label for g in r.gates] == ["warm"]
+    assert r.gates[0].verdict == "unjudgeable" and "a ratio needs both on one machine" in r.gates[0].why
+    # A ratio threshold is not a 0–1 rate.
+    assert Gate(metric="tpot_p95_rel", threshold=3.0).limit == 3.0
+
+
+# ------------------------------------------------------------------------------- what a gate needs
+
+
+def _frame(n: int) -> RunFrame:
+    import numpy as np
+
+    rng = np.random.default_rng(n)
+    return RunFrame.from_columns(n, floats={"ttft_ms": rng.lognormal(3.0, 0.5, n)})
+
+
+@pytest.mark.parametrize("q", [95, 99])
+def test_rerun_min_samples_is_the_smallest_n_with_a_margin(q: int) -> None:
+    n = rerun_min_samples(q, 0.95)
+    metric = METRICS.get(f"ttft_p{q}")
+    assert math.isfinite(rerun_margin(metric, _frame(n), confidence=0.95))
+    assert math.isinf(rerun_margin(metric, _frame(n - 1), confidence=0.95))
+
+
+def test_update_says_how_many_requests_a_skipped_gate_needs(tmp_path: Path) -> None:
+    rs: ResultSet = load_result_set(_run(tmp_path / "small", 600))
+    _, _, skipped = baseline_from_results([rs], headroom=0.1)
+    p99 = next(s for s in skipped if s.startswith("small: ttft_p99"))
+    assert f"P99 needs ≥ {rerun_min_samples(99, 0.95)} samples, this run has 600" in p99
+    tiny: ResultSet = load_result_set(_run(tmp_path / "tiny", 100))
+    _, _, skipped = baseline_from_results([tiny], headroom=0.1)
+    p99 = next(s for s in skipped if s.startswith("tiny: ttft_p99"))
+    assert "100 samples, fewer than the 368 it needs to be judged at all" in p99
+    assert f"P99 needs ≥ {rerun_min_samples(99, 0.95)} samples" in p99
