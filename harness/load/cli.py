@@ -62,6 +62,8 @@ def load_summary(run_dir: Path) -> RunSummary:
             warmup_id=old.warmup_id,
             plan=old.plan,
             preload=old.preload,
+            stop_reason=old.stop_reason,
+            precision=old.precision,
         )
         return fresh
     span = max((r.sent_s for r in records), default=0.0) - min((r.sent_s for r in records), default=0.0)
@@ -84,6 +86,8 @@ def print_summary(s: RunSummary, title: str) -> None:
         + (", INTERRUPTED" if s.interrupted else "")
         + (", CLIENT-BOUND" if s.client_bound else "")
     )
+    if s.stop_reason:
+        console.print(f"stopped: {s.stop_reason}", highlight=False)
     for st in s.stages:
         back = f" → {st.rolled_back_to}" if st.rolled_back_to else ""
         console.print(
