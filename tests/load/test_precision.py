@@ -193,3 +193,15 @@ def test_load_spec_passes_the_options_on() -> None:
     for flag, value in (("--until-precision", "0.05"), ("--max-duration", "60.0"),
                         ("--precision-on", "tpot_ms:95"), ("--precision-min-samples", "200")):  # fmt: skip
         assert cmd[cmd.index(flag) + 1] == value
+
+
+@pytest.mark.parametrize("q", [5, 50, 95, 99])
+@pytest.mark.parametrize("n", [1, 10, 500, 20_000])
+def test_the_tracker_ranks_exactly_as_the_one_interval(q: float, n: int) -> None:
+    xs = np.random.default_rng(n).normal(100.0, 10.0, n)
+    tracker = PrecisionTracker([PrecisionTarget("e2e_ms", q)], 0.1)
+    tracker.add_many(_row(e2e_ms=float(x)) for x in xs)
+    state = tracker.states()[f"e2e_ms:{q:g}"]
+    lo, hi = percentile_interval(xs, q)
+    assert state.value == percentile(xs, q)
+    assert state.lo == (lo if math.isfinite(lo) else None) and state.hi == (hi if math.isfinite(hi) else None)
