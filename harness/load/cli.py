@@ -157,6 +157,16 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
         float | None,
         typer.Option("--bypass-fraction", help="Share of requests sent with Cache-Control: no-cache."),
     ] = None,
+    until_precision: Annotated[
+        str | None,
+        typer.Option("--until-precision", help="Stop once the watched percentiles are this precise (10%)."),
+    ] = None,
+    max_duration: Annotated[
+        float | None, typer.Option("--max-duration", help="Seconds of sending at most.")
+    ] = None,
+    precision_on: Annotated[
+        str | None, typer.Option("--precision-on", help="Percentiles to watch (ttft_ms:95,tpot_ms:95).")
+    ] = None,
 ) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
     from harness.load.runner import LoadSpec
@@ -176,6 +186,9 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
             max_tokens_cap=max_tokens_cap,
             preload=preload,
             bypass_fraction=bypass_fraction,
+            until_precision=until_precision,
+            max_duration=max_duration,
+            precision_on=precision_on,
         )
     )
 
