@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +206,28 @@ def test_the_tracker_ranks_exactly_as_the_one_interval(q: float, n: int) -> None
     lo, hi = percentile_interval(xs, q)
     assert state.value == percentile(xs, q)
     assert state.lo == (lo if math.isfinite(lo) else None) and state.hi == (hi if math.isfinite(hi) else None)
+
+
+def test_summarize_keeps_and_prints_the_stop_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+    from harness.load.results import RecordWriter, TargetInfo, read_summary, summarize, write_summary
+
+    rows = [{"id": f"r{i}", "stage": "replay", "intended_s": i * 0.1, "sent_s": i * 0.1, "lateness_ms": 0.1,
+             "ttft_ms": float(i + 1), "status": 200} for i in range(100)]  # fmt: skip
+    w = RecordWriter(tmp_path / "records.jsonl")
+    w.write_many(rows)
+    w.close()
+    tracker = PrecisionTracker(parse_precision_on("ttft_ms:50"), 0.25)
+    tracker.add_many(rows)
+    reason = f"precision reached: {describe(tracker.states())} after 9.9 s"
+    write_summary(tmp_path, summarize([], started_at="x", duration_s=9.0, target=TargetInfo(url="http://t"),
+                                      stop_reason=reason, precision=tracker.states()))  # fmt: skip
+    with pytest.raises(SystemExit) as ex:
+        main(["load", "summarize", str(tmp_path), "--write"])
+    assert ex.value.code == 0
+    assert f"stopped: {reason}" in capsys.readouterr().out.replace("\n", " ")
+    s = read_summary(tmp_path)
+    assert s.stop_reason == reason and s.precision is not None and s.precision["ttft_ms:50"].met
+    assert reason == "precision reached: ttft_ms P50 ±22.0 % (n=100) after 9.9 s"
