@@ -137,6 +137,19 @@ class Inputs:
         uncut = self._arrivals(o.duration)
         return any(a.intended_s >= o.max_duration for a in uncut)
 
+    def arrivals_end_s(self) -> float:
+        """No arrival of the run is intended later than this (``inf``: open-ended, or not known ahead)."""
+        o = self.opts
+        window = self.send_window()
+        if self.ladder is not None:
+            return math.inf
+        if self.schedule is None and o.rate is not None:
+            ends = [window if window is not None else math.inf]
+            if o.max_requests is not None and o.arrival == "constant":
+                ends.append((o.max_requests - 1) / o.rate)
+            return min(ends)
+        return max((a.intended_s for a in self._arrivals(window)), default=0.0)
+
     def _arrivals(self, duration_s: float | None) -> list[Arrival]:
         """The whole run's arrivals from a schedule or the corpus offsets (not a rate)."""
         o = self.opts

@@ -206,7 +206,10 @@ class LoadRun:
         """Why sending stopped early (precision reached), set when it did."""
         self.capped = False
         """``--run-time`` stopped the sending (set by the shape)."""
+        self._arrivals_end_s = math.inf
+        """No arrival is intended later (a precision met after it did not stop the sending)."""
         if self.opts.until_precision is not None and role != "worker":
+            self._arrivals_end_s = inputs.arrivals_end_s()
             self.precision = PrecisionTracker(
                 parse_precision_on(self.opts.precision_on),
                 self.opts.until_precision,
@@ -379,6 +382,12 @@ class LoadRun:
         """
         if self.precision is None or self.stop_reason is not None or self.finalized:
             return self.stop_reason is not None
+        if (
+            self.capped
+            or self.now_s() > self._arrivals_end_s
+            or (self.pacer and self.pacer.finished.is_set())
+        ):
+            return False  # sending already ended (schedule, --max-duration, --run-time): not our doing
         if not self.precision.met():
             return False
         self.stop_reason = (
@@ -549,7 +558,10 @@ class LoadRun:
             confidence=self.precision.confidence,
             min_samples=self.precision.min_samples,
         )
-        final.add_many(r.model_dump() for r in records)
+        names = {t.field for t in final.targets}
+        final.add_many(
+            {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
+        )
         return final.states()
 
     def _final_stop_reason(

@@ -231,3 +231,17 @@ def test_summarize_keeps_and_prints_the_stop_reason(
     s = read_summary(tmp_path)
     assert s.stop_reason == reason and s.precision is not None and s.precision["ttft_ms:50"].met
     assert reason == "precision reached: ttft_ms P50 ±22.0 % (n=100) after 9.9 s"
+
+
+def test_arrivals_end_is_known_ahead(corpus: Path, tmp_path: Path) -> None:
+    from tests.load.helpers import make_schedule
+
+    def end(**o: object) -> float:
+        return Inputs.load(LoadOptions.model_validate({"corpus": corpus, **o}), ladder=False).arrivals_end_s()
+
+    assert end(rate=10, max_duration=3) == 3.0
+    assert end(rate=10, duration=5, max_duration=3) == 3.0
+    assert end(rate=10, max_requests=5) == pytest.approx(0.4)
+    assert end(rate=10, max_requests=5, arrival="poisson") == math.inf
+    sched = make_schedule(tmp_path / "s.jsonl", [0.0, 1.0, 7.5])
+    assert end(schedule=sched) == 7.5 and end(schedule=sched, max_duration=5) == 1.0
