@@ -23,6 +23,10 @@ Records flow: a local run writes them itself; workers batch them and send them t
 second (custom message ``harness_records``), with their progress; the master writes the single
 ``records.jsonl``. A worker the master loses (missed heartbeats) is reported and its share marked
 missing in ``summary.json``; the rest of the run goes on.
+
+``--until-precision``: the local process or the master (which holds every record) checks the watched
+percentiles once a second (:mod:`harness.load.precision`); when they are precise enough it stops its
+pacer, or tells the workers to (custom message ``harness_stop``), and ``summary.json`` says why.
 """
 
 from __future__ import annotations
@@ -575,7 +579,7 @@ class LoadRun:
         short = ""
         if precision is not None and not all(s.met for s in precision.values()):
             short = f" before precision: {describe(precision)}"
-        if interrupted and self.capped:
+        if self.capped:
             return f"--run-time reached{short}"
         if interrupted:
             return f"interrupted{short}"
