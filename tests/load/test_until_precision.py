@@ -72,3 +72,16 @@ def test_a_schedule_that_ends_first_says_so(tmp_path: Path, corpus: Path) -> Non
         "schedule ended before precision: ttft_ms P95 not judgeable yet: 40 of ≥ 72 samples, "
         "tpot_ms P95 not judgeable yet: 40 of ≥ 72 samples"
     )
+
+
+def test_a_run_time_cap_is_the_stop_reason(tmp_path: Path, corpus: Path) -> None:
+    with SSEServer(Behaviour(first_token_s=0.01, gap_s=0.002, tokens=3)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, max_duration=60, until_precision=0.1,
+                        precision_on="ttft_ms:99.9", results_dir=tmp_path / "r", start_delay=1.0,
+                        concurrency=8, run_time="3s")  # fmt: skip
+        run_locust(spec, timeout_s=TIMEOUT_S)
+    s = read_summary(tmp_path / "r")
+    assert s.stop_reason is not None and s.stop_reason.startswith(
+        "--run-time reached before precision: ttft_ms P99.9 not judgeable yet: "
+    ), s.stop_reason
+    assert s.requests < 60 * 20
