@@ -12,13 +12,15 @@ scenario classes, benchmarks) goes through :func:`percentile` or :class:`Distrib
 
 :func:`percentile_interval` gives a distribution-free confidence interval for a percentile from order
 statistics (the number of samples below the true quantile is binomial), which is what the gates
-decide on, so that one unlucky run does not flip a verdict.
+decide on, so that one unlucky run does not flip a verdict; :func:`min_samples_for_interval` says how
+many samples that interval needs before it exists, and :func:`relative_half_width` how tight it is.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -65,19 +67,83 @@ def percentile_interval(
     upper end is ``inf``: a gate then cannot prove the percentile is low, and says so. NaN bounds mean
     no samples at all.
     """
-    from scipy.stats import binom
-
     arr = _sorted(values)
     n = arr.size
     if n == 0:
         return (math.nan, math.nan)
+    lo_i, _, hi_i = interval_ranks(n, q, confidence)
+    lo = float(arr[lo_i]) if lo_i >= 0 else -math.inf
+    hi = float(arr[hi_i]) if hi_i < n else math.inf
+    return (lo, hi)
+
+
+def interval_ranks(n: int, q: float, confidence: float = 0.95) -> tuple[int, int, int]:
+    """0-based ranks ``(lo, value, hi)``, among ``n ≥ 1`` sorted samples, of the ``q``-th percentile's
+    :func:`percentile_interval` ends and of the percentile itself.
+
+    ``lo`` is ``-1`` when the sample is too small for a lower bound, ``hi`` is ``n`` or more when it is
+    too small for an upper one. A caller that keeps its samples unsorted (the load stage's live
+    precision check) selects just these three order statistics (``np.partition``) instead of sorting.
+    """
+    from scipy.stats import binom
+
+    if n < 1:
+        raise ValueError("interval_ranks needs at least one sample")
     p = q / 100.0
     alpha = 1.0 - confidence
     lo_k = int(binom.ppf(alpha / 2, n, p))  # samples strictly below the lower bound
     hi_k = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # 1-based rank of the upper bound
-    lo = float(arr[lo_k - 1]) if lo_k >= 1 else -math.inf
-    hi = float(arr[hi_k - 1]) if hi_k <= n else math.inf
-    return (lo, hi)
+    return (lo_k - 1, _rank(q, n), hi_k - 1)
+
+
+@lru_cache(maxsize=256)
+def min_samples_for_interval(q: float, confidence: float = 0.95) -> int:
+    """The smallest ``n`` at which the ``q``-th percentile's :func:`percentile_interval` has both ends
+    within the sample (finite), i.e. the fewest samples with which that percentile can be judged at all.
+
+    At 95 % confidence: P50 needs 6, P90 36, P95 72, P99 368, P99.9 3688 (for high percentiles the
+    upper end is the binding one, so this equals the gates' ``min_samples_for_bound``). Both rank
+    conditions are monotone in ``n`` (a binomial quantile grows by at most 1 per added trial), so a
+    bisection finds it.
+    Raises :class:`ValueError` for ``q`` outside ``(0, 100)`` (no interval ever closes there).
+    """
+    if not 0.0 < q < 100.0:
+        raise ValueError(f"percentile {q} has no two-sided interval (needs 0 < q < 100)")
+
+    def closed(n: int) -> bool:
+        lo_i, _, hi_i = interval_ranks(n, q, confidence)
+        return lo_i >= 0 and hi_i < n
+
+    hi = 1
+    while not closed(hi):
+        hi *= 2
+        if hi > 1 << 40:  # pragma: no cover - only for q within 1e-12 of 0 or 100
+            raise ValueError(f"percentile {q} needs more than 2^40 samples for an interval")
+    lo = hi // 2  # not closed (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if closed(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def relative_half_width(value: float, lo: float, hi: float) -> float:
+    """How precisely an interval ``[lo, hi]`` pins ``value``: ``max(hi − value, value − lo) / |value|``.
+
+    The one definition behind ``--until-precision`` (docs/load.md): 0.1 means the true percentile is
+    known to within ±10 % of the measured one. ``inf`` when an end is unbounded (too few samples) or
+    the value is 0 with a non-degenerate interval; NaN when there is no value.
+    """
+    if math.isnan(value) or math.isnan(lo) or math.isnan(hi):
+        return math.nan
+    half = max(hi - value, value - lo)
+    if math.isinf(half):
+        return math.inf
+    if value == 0.0:
+        return 0.0 if half == 0.0 else math.inf
+    return half / abs(value)
 
 
 class Distribution(BaseModel):

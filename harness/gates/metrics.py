@@ -24,13 +24,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
 from harness.gates.runs import FloatArray, RunFrame
+
+if TYPE_CHECKING:
+    from harness.gates.baseline import Baseline
 
 Direction = Literal["at_most", "at_least"]
 """``at_most``: the measured value must not exceed the limit (latency, bytes, error rate);
@@ -94,6 +97,9 @@ class Metric:
     speed_dependent: bool = False
     """Whether the value depends on how fast the machine is (absolute latencies: a baseline from
     other hardware cannot judge it); rates, bytes and the ``*_rel`` ratios travel between machines."""
+    column: str | None = None
+    """Percentile metrics of one record field: that field (``tpot_p95`` → ``tpot_ms``); ``None`` for
+    derived samples. ``--until-precision`` watches it (:func:`precision_targets`)."""
 
     def default_min_samples(self, confidence: float) -> int:
         """The fewest samples with which this metric can ever pass at ``confidence``."""
@@ -326,6 +332,7 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
                 samples=field_samples(_column),
                 kind="percentile",
                 q=_q,
+                column=_column,
                 # Sub-millisecond client lateness is jitter; 10 % of 0.3 ms would gate on noise.
                 abs_tolerance_floor=1.0 if _short == "lateness" else 0.0,
                 speed_dependent=True,
@@ -355,6 +362,7 @@ _register(
         samples=field_samples("prefill_kv_bytes"),
         kind="percentile",
         q=95,
+        column="prefill_kv_bytes",
     )
 )
 _register(
@@ -422,6 +430,7 @@ _register(
         q=99,
         default_phase="cold",
         speed_dependent=True,
+        column="ttft_from_intended_ms",
     )
 )
 for _short, _column, _what in (
@@ -455,6 +464,49 @@ _register(
         default_phase="warm",
     )
 )
+
+
+# ------------------------------------------------------------------------------- runs until precision
+
+
+def precision_targets(baseline: Baseline, phase: str | None = None) -> list[tuple[str, float]]:
+    """The ``(record field, q)`` of every percentile gate of ``baseline`` that applies to ``phase``
+    (``None``: every gate), for ``--until-precision`` to watch (``--precision-on``).
+
+    Gates on derived samples (``prefill_kv_bytes_per_token_p95``) or on non-latency fields are left
+    out: the load stage watches latency fields only. A gate's ``scenario`` / ``stage`` selector is
+    not honoured: the run watches the percentile over all its records, so a gate on a small scenario
+    may still need more samples than the run sent (its ``min_samples`` then says so).
+    """
+    from harness.load.results import LATENCY_FIELDS
+
+    out: list[tuple[str, float]] = []
+    for gate in baseline.gates:
+        spec = gate.spec
+        if spec.kind != "percentile" or spec.q is None or spec.column not in LATENCY_FIELDS:
+            continue
+        if phase is not None and gate.effective_phase not in (None, phase):
+            continue
+        target = (spec.column, float(spec.q))
+        if target not in out:
+            out.append(target)
+    return out
+
+
+def precision_min_samples(baseline: Baseline, phase: str | None = None) -> int | None:
+    """The largest explicit ``min_samples`` among the gates :func:`precision_targets` watches for
+    ``phase``: a run that stopped below it would be precise enough yet unjudgeable."""
+    from harness.load.results import LATENCY_FIELDS
+
+    found = [
+        gate.min_samples
+        for gate in baseline.gates
+        if gate.min_samples is not None
+        and gate.spec.kind == "percentile"
+        and gate.spec.column in LATENCY_FIELDS
+        and (phase is None or gate.effective_phase in (None, phase))
+    ]
+    return max(found) if found else None
 
 
 # --------------------------------------------------------------------------------------- formatting

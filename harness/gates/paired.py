@@ -14,7 +14,9 @@ gates:
    → ``OUT/ladder``;
 6. **warm check** (:mod:`harness.gates.warmcheck`): embedding → KV → response, the warm rate of
    probe requests, the verdict → ``OUT/warm-check.json``;
-7. **warm**: the same schedule again → ``OUT/warm``; the server is stopped;
+7. **warm**: the same schedule again → ``OUT/warm``; the server is stopped (with
+   ``--until-precision`` each phase stops on its own once its watched percentiles are precise
+   enough, so the two phases may send different numbers of the same planned requests);
 8. **compare** (:mod:`harness.gates.compare`) → ``OUT/comparison.json``, and with ``--gate FILE``
    judge both phases (labels ``cold`` and ``warm``, :func:`harness.gates.gate_runs`) →
    ``OUT/gate.junit.xml``, ``OUT/gate.json``.
@@ -42,7 +44,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -74,6 +76,9 @@ from harness.load.arrivals import RequestSpec
 from harness.load.inputs import Inputs
 from harness.load.results import RECORDS_FILE, InputRef, read_summary
 from harness.load.runner import LoadSpec, run_locust
+
+if TYPE_CHECKING:
+    from harness.gates.baseline import Baseline
 
 PHASES = ("cold", "ladder", "warm")
 """Result directories under ``OUT``, in the order they are written."""
@@ -134,6 +139,9 @@ class Prepared:
     ladder_requests: int | None
     serve_args: list[str] | None
     refs: dict[str, InputRef] = field(default_factory=dict)
+    phase_load: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-phase load options on top of the spec's (``cold``/``warm``: what ``--until-precision``
+    watches in that phase, from the baseline's gates)."""
 
 
 def parse_serve_args(text: str) -> list[str]:
@@ -241,11 +249,38 @@ def prepare(spec: PairedSpec) -> Prepared:
     if spec.preload is not None:
         check_preload(spec.preload)
         refs["preload"] = InputRef.of(spec.preload)
+    baseline = None
     if spec.gate is not None:
-        read_baseline(spec.gate)
+        baseline = read_baseline(spec.gate)
         refs["baseline"] = InputRef.of(spec.gate)
     serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
-    return Prepared(requests, planned, ladder_requests, serve_args, refs)
+    phase_load = _precision_per_phase(spec, baseline)
+    return Prepared(requests, planned, ladder_requests, serve_args, refs, phase_load)
+
+
+def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[str, dict[str, Any]]:
+    """With ``--until-precision`` and ``--gate`` but no ``--precision-on``: each phase watches the
+    percentiles its gates judge, at the baseline's confidence and ``min_samples``, so it stops as
+    soon as those gates can judge it. A phase with no percentile gate watches the load default."""
+    from harness.gates.metrics import precision_min_samples, precision_targets
+    from harness.load.precision import format_precision_on
+
+    load = spec.load
+    if load.until_precision is None or baseline is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for phase in ("cold", "warm"):
+        opts: dict[str, Any] = {}
+        targets = precision_targets(baseline, phase)
+        if load.precision_on is None and targets:
+            opts["precision_on"] = format_precision_on(targets)
+        if load.precision_confidence is None:
+            opts["precision_confidence"] = baseline.confidence
+        floor = precision_min_samples(baseline, phase)
+        if load.precision_min_samples is None and floor is not None:
+            opts["precision_min_samples"] = floor
+        out[phase] = opts
+    return out
 
 
 def _check_out(out: Path, *, force: bool) -> None:
@@ -298,6 +333,8 @@ class PhaseRecord(_Strict):
     errors: int | None = None
     interrupted: bool | None = None
     client_bound: bool | None = None
+    stop_reason: str | None = None
+    """Why the phase stopped sending (``--until-precision`` / ``--max-duration`` runs)."""
 
 
 class FlushRecord(_Strict):
@@ -550,13 +587,15 @@ class PairedRunner:
         self.save()
 
         replay = self._template(target.url)
-        self._phase("cold", dataclasses.replace(replay, stage="cold"), len(prep.planned))
+        cold = dataclasses.replace(replay, stage="cold", **prep.phase_load.get("cold", {}))
+        self._phase("cold", cold, len(prep.planned))
         if spec.preload is not None:
             self._preload(target, spec.preload)
         if spec.plan is not None:
             ladder = dataclasses.replace(
                 replay, locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None,
-                duration=None, max_requests=None, speedup=None,
+                duration=None, max_requests=None, speedup=None, until_precision=None, max_duration=None,
+                precision_on=None, precision_confidence=None, precision_min_samples=None,
             )  # fmt: skip
             self._phase("ladder", ladder, prep.ladder_requests)
         sample = self._probe_sample(prep)
@@ -575,7 +614,8 @@ class PairedRunner:
         else:
             self.ui.say(f"[bold red]✗ not calling this run warm[/]: {escape(check.reason)} (measured anyway)")
         self.save()
-        self._phase("warm", dataclasses.replace(replay, stage="warm"), len(prep.planned))
+        warm = dataclasses.replace(replay, stage="warm", **prep.phase_load.get("warm", {}))
+        self._phase("warm", warm, len(prep.planned))
 
     def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
         """A seeded sample of the distinct requests the warm phase will send."""
@@ -630,6 +670,8 @@ class PairedRunner:
             + (", client-bound" if rec.client_bound else "")
             + f" → {results}"
         )
+        if rec.stop_reason:
+            self.ui.say(f"  [dim]{escape(rec.stop_reason)}[/]")
 
     def _note_phase(self, name: str, results: Path, code: int, started: float) -> PhaseRecord:
         """Record a finished (or interrupted) phase in ``run.json``, with its summary's counts."""
@@ -638,7 +680,7 @@ class PairedRunner:
             s = read_summary(results)
             rec = rec.model_copy(
                 update={"requests": s.requests, "errors": s.errors, "interrupted": s.interrupted,
-                        "client_bound": s.client_bound}
+                        "client_bound": s.client_bound, "stop_reason": s.stop_reason}
             )  # fmt: skip
         self.record.phases[name] = rec
         self.save()

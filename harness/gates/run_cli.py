@@ -83,6 +83,32 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         float | None,
         typer.Option("--start-delay", help="Seconds before the first arrival.", rich_help_panel=_LOAD),
     ] = None,
+    until_precision: Annotated[
+        str | None,
+        typer.Option(
+            "--until-precision",
+            help="Each phase sends until its watched percentiles are known to within this relative "
+            "half-width (10% or 0.1); with --gate they are the baseline's percentile gates.",
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
+    max_duration: Annotated[
+        float | None,
+        typer.Option(
+            "--max-duration",
+            help="Seconds each phase sends at most (bounds --until-precision).",
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
+    precision_on: Annotated[
+        str | None,
+        typer.Option(
+            "--precision-on",
+            help="Percentiles --until-precision watches, FIELD:Q,… (default: the baseline's, else "
+            "ttft_ms:95,tpot_ms:95).",
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
     plan: Annotated[
         Path | None, typer.Option("--plan", help="Warmup ladder plan (YAML).", rich_help_panel=_WARM)
     ] = None,
@@ -146,6 +172,9 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         token_counting=token_counting,
         tokenizer=tokenizer,
         start_delay=start_delay,
+        until_precision=until_precision,
+        max_duration=max_duration,
+        precision_on=precision_on,
         extra_args=("--arrival", arrival) if arrival else (),
     )
     spec = PairedSpec(

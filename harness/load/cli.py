@@ -62,6 +62,8 @@ def load_summary(run_dir: Path) -> RunSummary:
             warmup_id=old.warmup_id,
             plan=old.plan,
             preload=old.preload,
+            stop_reason=old.stop_reason,
+            precision=old.precision,
         )
         return fresh
     span = max((r.sent_s for r in records), default=0.0) - min((r.sent_s for r in records), default=0.0)
@@ -84,6 +86,8 @@ def print_summary(s: RunSummary, title: str) -> None:
         + (", INTERRUPTED" if s.interrupted else "")
         + (", CLIENT-BOUND" if s.client_bound else "")
     )
+    if s.stop_reason:
+        console.print(f"stopped: {s.stop_reason}", highlight=False)
     for st in s.stages:
         back = f" → {st.rolled_back_to}" if st.rolled_back_to else ""
         console.print(
@@ -153,6 +157,16 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
         float | None,
         typer.Option("--bypass-fraction", help="Share of requests sent with Cache-Control: no-cache."),
     ] = None,
+    until_precision: Annotated[
+        str | None,
+        typer.Option("--until-precision", help="Stop once the watched percentiles are this precise (10%)."),
+    ] = None,
+    max_duration: Annotated[
+        float | None, typer.Option("--max-duration", help="Seconds of sending at most.")
+    ] = None,
+    precision_on: Annotated[
+        str | None, typer.Option("--precision-on", help="Percentiles to watch (ttft_ms:95,tpot_ms:95).")
+    ] = None,
 ) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
     from harness.load.runner import LoadSpec
@@ -172,6 +186,9 @@ def replay_cmd(  # noqa: PLR0917  (typer options)
             max_tokens_cap=max_tokens_cap,
             preload=preload,
             bypass_fraction=bypass_fraction,
+            until_precision=until_precision,
+            max_duration=max_duration,
+            precision_on=precision_on,
         )
     )
 

@@ -19,6 +19,7 @@ from harness.common.errors import ConfigError, InputError
 from harness.common.io import iter_jsonl
 from harness.corpus.model import CorpusRecord, read_corpus
 from harness.load.arrivals import (
+    Arrival,
     ArrivalSource,
     ListArrivals,
     RateArrivals,
@@ -68,6 +69,11 @@ class Inputs:
         )
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")
+        if ladder and (opts.until_precision is not None or opts.max_duration is not None):
+            # The ladder's plan decides its stages and their lengths; a run-wide stop would cut a
+            # stage short and make its verdict mean nothing.
+            flag = "--until-precision" if opts.until_precision is not None else "--max-duration"
+            raise ConfigError("does not apply to the warmup ladder (its plan sets the stages)", field=flag)
         schedule = _read_schedule(opts.schedule) if opts.schedule is not None else None
         plan = None
         if ladder:
@@ -87,8 +93,16 @@ class Inputs:
             and schedule is None
             and opts.duration is None
             and not opts.max_requests
+            and opts.max_duration is None
         ):
-            raise ConfigError("--rate needs --duration (or --max-requests)", field="--duration")
+            if opts.until_precision is not None:
+                raise ConfigError(
+                    "--until-precision with --rate needs --max-duration (or --duration) to bound the run",
+                    field="--max-duration",
+                )
+            raise ConfigError(
+                "--rate needs --duration (or --max-requests, or --max-duration)", field="--duration"
+            )
         if opts.token_counting == "tokenizer" and opts.tokenizer is None:
             raise ConfigError(
                 "--token-counting tokenizer needs --tokenizer tokenizer.json", field="--tokenizer"
@@ -102,36 +116,75 @@ class Inputs:
                 )
         return cls(opts, records, requests, schedule, plan, preload_file)
 
+    def send_window(self) -> float | None:
+        """Seconds of schedule to send: ``--duration`` cut by ``--max-duration`` (``None``: all)."""
+        o = self.opts
+        ends = [d for d in (o.duration, o.max_duration) if d is not None]
+        return min(ends) if ends else None
+
+    def ends_by_max_duration(self) -> bool:
+        """Whether ``--max-duration`` (not the schedule, ``--duration`` or ``--max-requests``) is what
+        ends the arrivals: the run's stop reason says so."""
+        o = self.opts
+        if o.max_duration is None or self.ladder is not None:
+            return False
+        if o.duration is not None and o.duration <= o.max_duration:
+            return False
+        if self.schedule is None and o.rate is not None:
+            if o.max_requests is not None and o.arrival == "constant":
+                return o.max_requests / o.rate > o.max_duration
+            return True
+        uncut = self._arrivals(o.duration)
+        return any(a.intended_s >= o.max_duration for a in uncut)
+
+    def arrivals_end_s(self) -> float:
+        """No arrival of the run is intended later than this (``inf``: open-ended, or not known ahead)."""
+        o = self.opts
+        window = self.send_window()
+        if self.ladder is not None:
+            return math.inf
+        if self.schedule is None and o.rate is not None:
+            ends = [window if window is not None else math.inf]
+            if o.max_requests is not None and o.arrival == "constant":
+                ends.append((o.max_requests - 1) / o.rate)
+            return min(ends)
+        return max((a.intended_s for a in self._arrivals(window)), default=0.0)
+
+    def _arrivals(self, duration_s: float | None) -> list[Arrival]:
+        """The whole run's arrivals from a schedule or the corpus offsets (not a rate)."""
+        o = self.opts
+        if self.schedule is not None:
+            return from_schedule(
+                self.schedule,
+                self.requests,
+                speedup=o.speedup,
+                duration_s=duration_s,
+                max_requests=o.max_requests,
+            )
+        offsets = from_corpus_offsets(
+            self.records,
+            self.requests,
+            speedup=o.speedup,
+            duration_s=duration_s,
+            max_requests=o.max_requests,
+        )
+        assert offsets is not None  # checked in load()
+        return offsets
+
     def source(self, slot: int, n: int) -> tuple[ArrivalSource, int | None]:
         """This worker's arrival source and how many arrivals it holds (``None``: open-ended rate)."""
         o = self.opts
         if self.ladder is not None:
             return RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed), None
-        if self.schedule is not None:
-            arrivals = from_schedule(
-                self.schedule,
-                self.requests,
-                speedup=o.speedup,
-                duration_s=o.duration,
-                max_requests=o.max_requests,
-            )
-        elif o.rate is not None:
+        window = self.send_window()
+        if self.schedule is None and o.rate is not None:
             src = RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed)
-            end = o.duration if o.duration is not None else math.inf
+            end = window if window is not None else math.inf
             src.set_segments([Segment(0.0, end, o.rate, None)], final=True)
             if o.max_requests is not None:
                 return _Capped(src, o.max_requests, slot, n), None
             return src, None
-        else:
-            offsets = from_corpus_offsets(
-                self.records,
-                self.requests,
-                speedup=o.speedup,
-                duration_s=o.duration,
-                max_requests=o.max_requests,
-            )
-            assert offsets is not None  # checked in load()
-            arrivals = offsets
+        arrivals = self._arrivals(window)
         mine = share(arrivals, self.requests, slot, n)
         return ListArrivals(mine), len(mine)
 

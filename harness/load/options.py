@@ -11,15 +11,36 @@ launcher (:mod:`harness.load.runner`), so both spell every option the same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from harness.common.errors import ConfigError
 from harness.load.arrivals import ApiChoice, ArrivalProcess
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
 
 DEFAULT_STAGE = "replay"
+DEFAULT_PRECISION_ON = "ttft_ms:95,tpot_ms:95"
+
+
+def _relative(value: Any) -> Any:
+    """``"10%"`` → 0.1 (the command line, a config file and the web UI give text); numbers pass."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a relative width like 10% or 0.1") from None
+    return value
+
+
+def _in_unit(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"a relative half-width must be in (0, 1]: 10% or 0.1, not {value:g}")
+    return value
+
+
+RelativeWidth = Annotated[float, BeforeValidator(_relative), Field(allow_inf_nan=False)]
 
 
 class LoadOptions(BaseModel):
@@ -68,6 +89,31 @@ class LoadOptions(BaseModel):
     request_timeout: float = Field(default=600.0, gt=0)
     seed: int = 0
     """Seed of the Poisson process and of which arrivals bypass the cache."""
+    until_precision: RelativeWidth | None = None
+    """Stop sending once every ``precision_on`` percentile's interval has a relative half-width
+    (:func:`harness.common.stats.relative_half_width`) of at most this (``10%`` or ``0.1``)."""
+    max_duration: float | None = Field(default=None, gt=0)
+    """Seconds of sending at most (no arrival intended later); bounds a ``--rate`` run without
+    ``--duration``."""
+    precision_on: str = DEFAULT_PRECISION_ON
+    """The percentiles ``until_precision`` watches: ``FIELD:Q`` items, comma-separated."""
+    precision_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence of the watched intervals (a gate's baseline ``confidence``)."""
+    precision_min_samples: int | None = Field(default=None, ge=1)
+    """Also wait for this many samples of each watched field (a gate's ``min_samples``)."""
+
+    @field_validator("until_precision")
+    @classmethod
+    def _until_precision_in_unit(cls, v: float | None) -> float | None:
+        return None if v is None else _in_unit(v)
+
+    @field_validator("precision_on")
+    @classmethod
+    def _precision_on_known(cls, v: str) -> str:
+        from harness.load.precision import parse_precision_on
+
+        parse_precision_on(v)  # raises ValueError naming the bad item
+        return v
 
     @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
@@ -83,9 +129,8 @@ class LoadOptions(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err.get("loc") else "?"
-            raise ConfigError(
-                f"{err['msg']} (got {raw.get(name)!r})", field=f"--{name.replace('_', '-')}"
-            ) from None
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"{msg} (got {raw.get(name)!r})", field=f"--{name.replace('_', '-')}") from None
 
     def to_args(self) -> list[str]:
         """Command-line arguments that reproduce these options (defaults omitted)."""
@@ -126,7 +171,17 @@ _HELP: dict[str, str] = {
     ),
     "request_timeout": "seconds a request may take (network timeout)",
     "seed": "seed of the poisson arrival process and of the bypassed arrivals",
+    "until_precision": (
+        "stop sending once every --precision-on percentile is known to within this relative "
+        "half-width (10%% or 0.1)"
+    ),
+    "max_duration": "seconds of sending at most (bounds --rate without --duration, and --until-precision)",
+    "precision_on": "percentiles --until-precision watches, FIELD:Q,… (default ttft_ms:95,tpot_ms:95)",
+    "precision_confidence": "confidence of the watched percentile intervals (default 0.95)",
+    "precision_min_samples": "--until-precision also waits for this many samples of each watched field",
 }
+_TEXT: frozenset[str] = frozenset({"until_precision"})
+"""Options given as text whatever their type (``10%``): the model parses them."""
 
 
 def add_arguments(parser: Any) -> None:
@@ -140,7 +195,9 @@ def add_arguments(parser: Any) -> None:
         default = info.default
         kwargs: dict[str, Any] = {"help": _HELP[name], "default": default}
         ann = info.annotation
-        if ann in (float, float | None):
+        if name in _TEXT:
+            pass
+        elif ann in (float, float | None):
             kwargs["type"] = float
         elif ann in (int, int | None):
             kwargs["type"] = int

@@ -23,6 +23,10 @@ Records flow: a local run writes them itself; workers batch them and send them t
 second (custom message ``harness_records``), with their progress; the master writes the single
 ``records.jsonl``. A worker the master loses (missed heartbeats) is reported and its share marked
 missing in ``summary.json``; the rest of the run goes on.
+
+``--until-precision``: the local process or the master (which holds every record) checks the watched
+percentiles once a second (:mod:`harness.load.precision`); when they are precise enough it stops its
+pacer, or tells the workers to (custom message ``harness_stop``), and ``summary.json`` says why.
 """
 
 from __future__ import annotations
@@ -62,12 +66,15 @@ from harness.load.arrivals import (
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
+from harness.load.precision import PrecisionTracker, describe, parse_precision_on
 from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
     InputRef,
+    PrecisionState,
     Recipe,
     RecordWriter,
+    RequestRecord,
     RunSummary,
     TargetInfo,
     WorkerShare,
@@ -83,6 +90,8 @@ log = logging.getLogger("harness.load")
 
 MSG_RECORDS = "harness_records"
 MSG_SEGMENTS = "harness_segments"
+MSG_STOP = "harness_stop"
+"""Master → workers: release no more arrivals (``--until-precision`` was met); in-flight ones drain."""
 BATCH_INTERVAL_S = 1.0
 LIVE_WINDOW = 5000
 """Records the live view (web UI) keeps: the most recent ones."""
@@ -199,6 +208,22 @@ class LoadRun:
         self.cpu_pct: float | None = None
         self._ticker: gevent.Greenlet[[], None] | None = None
         self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
+        self.precision: PrecisionTracker | None = None
+        """``--until-precision``: the watched percentiles (local / master: it holds every record)."""
+        self.stop_reason: str | None = None
+        """Why sending stopped early (precision reached), set when it did."""
+        self.capped = False
+        """``--run-time`` stopped the sending (set by the shape)."""
+        self._arrivals_end_s = math.inf
+        """No arrival is intended later (a precision met after it did not stop the sending)."""
+        if self.opts.until_precision is not None and role != "worker":
+            self._arrivals_end_s = inputs.arrivals_end_s()
+            self.precision = PrecisionTracker(
+                parse_precision_on(self.opts.precision_on),
+                self.opts.until_precision,
+                confidence=self.opts.precision_confidence,
+                min_samples=self.opts.precision_min_samples,
+            )
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -302,6 +327,8 @@ class LoadRun:
             assert self.writer is not None
             self.writer.write(row)
         self.live.add(row)
+        if self.precision is not None:
+            self.precision.add(row)
 
     def receive(self, data: dict[str, Any]) -> None:
         """Master: a worker's batch of records and its progress."""
@@ -311,6 +338,8 @@ class LoadRun:
             self.writer.write_many(rows)
         for row in rows:
             self.live.add(row)
+        if self.precision is not None:
+            self.precision.add_many(rows)
         if ws is not None:
             ws.recorded += len(rows)
             ws.sent = int(data.get("sent", ws.sent))
@@ -352,6 +381,39 @@ class LoadRun:
                 self.done_sent = True
         if self.role == "master":
             self._check_workers()
+        if self.precision is not None and self.started:
+            self.check_precision()
+
+    def check_precision(self) -> bool:
+        """Local / master: once every watched percentile is known well enough, stop sending.
+
+        Stopping releases no more arrivals (the pacer's queue of released-but-untaken ones is dropped,
+        as at a ``--run-time`` cap); requests in flight drain as usual and the run then completes.
+        """
+        if self.precision is None or self.stop_reason is not None or self.finalized:
+            return self.stop_reason is not None
+        if (
+            self.capped
+            or self.now_s() > self._arrivals_end_s
+            or (self.pacer and self.pacer.finished.is_set())
+        ):
+            return False  # sending already ended (schedule, --max-duration, --run-time): not our doing
+        if not self.precision.met():
+            return False
+        self.stop_reason = (
+            f"precision reached: {describe(self.precision.states())} after {max(0.0, self.now_s()):.1f} s"
+        )
+        log.info("harness load: %s", self.stop_reason)
+        if self.role == "master":
+            self.env.runner.send_message(MSG_STOP, {"reason": self.stop_reason})  # type: ignore[union-attr]
+        else:
+            self.stop_sending()
+        return True
+
+    def stop_sending(self) -> None:
+        """Release no more arrivals (a worker told by the master, or a local run whose precision is met)."""
+        if self.pacer is not None and not self.pacer.finished.is_set():
+            self.pacer.stop()
 
     def _share_finished(self) -> bool:
         """This process sent and got back everything it was given (or the drain timeout passed)."""
@@ -476,6 +538,7 @@ class LoadRun:
         )
         corpus = InputRef.of(_corpus_file(o.corpus)) if o.corpus else None
         schedule = InputRef.of(o.schedule) if o.schedule else None
+        precision = self._final_precision(records)
         summary = summarize(
             records,
             started_at=datetime.fromtimestamp(self.epoch_unix, UTC).isoformat(),
@@ -494,12 +557,50 @@ class LoadRun:
             preload=self.preload_result,
             environment=current_environment(),
             recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
+            stop_reason=self._final_stop_reason(interrupted, precision),
+            precision=precision,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
+
+    def _final_precision(self, records: list[RequestRecord]) -> dict[str, PrecisionState] | None:
+        """The watched percentiles over every record of the run (requests that completed after the
+        decision too), from the records file, so it agrees with the summary's metrics."""
+        if self.precision is None:
+            return None
+        final = PrecisionTracker(
+            self.precision.targets,
+            self.precision.rel_target,
+            confidence=self.precision.confidence,
+            min_samples=self.precision.min_samples,
+        )
+        names = {t.field for t in final.targets}
+        final.add_many(
+            {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
+        )
+        return final.states()
+
+    def _final_stop_reason(
+        self, interrupted: bool, precision: dict[str, PrecisionState] | None
+    ) -> str | None:
+        o = self.opts
+        if o.until_precision is None and o.max_duration is None:
+            return None
+        if self.stop_reason is not None:
+            return self.stop_reason
+        short = ""
+        if precision is not None and not all(s.met for s in precision.values()):
+            short = f" before precision: {describe(precision)}"
+        if self.capped:
+            return f"--run-time reached{short}"
+        if interrupted:
+            return f"interrupted{short}"
+        if self.inputs.ends_by_max_duration():
+            return f"max duration {o.max_duration:g} s reached{short}"
+        return f"schedule ended{short}"
 
 
 IDENTITY_TIMEOUT_S = 5.0
@@ -633,6 +734,7 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         env.runner.register_message(MSG_RECORDS, _on_records)
     if env.runner is not None and role == "worker":
         env.runner.register_message(MSG_SEGMENTS, _on_segments)
+        env.runner.register_message(MSG_STOP, _on_stop)
     if env.web_ui is not None:
         from harness.load.web import mount
 
@@ -661,6 +763,13 @@ def _on_segments(environment: Environment, msg: Any, **_kw: Any) -> None:
     if run is not None:
         segs = [Segment(a, b, r, s) for a, b, r, s in msg.data["segments"]]
         run.apply_segments(segs, final=bool(msg.data["final"]))
+
+
+def _on_stop(environment: Environment, msg: Any, **_kw: Any) -> None:
+    run = STATE.run
+    if run is not None:
+        run.stop_reason = str(msg.data.get("reason") or "stopped by the master")
+        run.stop_sending()
 
 
 def _on_test_start(environment: Environment, **_kw: Any) -> None:

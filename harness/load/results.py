@@ -230,6 +230,33 @@ class WorkerShare(_Strict):
     """The worker was lost; its share's unsent requests are not in the records."""
 
 
+class PrecisionState(_Strict):
+    """How precisely one watched percentile is known (``--until-precision``, docs/load.md).
+
+    The interval is :func:`harness.common.stats.percentile_interval` over the run's OK records;
+    ``rel_half_width`` is :func:`harness.common.stats.relative_half_width` of it.
+    """
+
+    field: str
+    """The record field (``ttft_ms`` …)."""
+    q: float
+    """The percentile (95 for P95)."""
+    n: int
+    """OK samples of the field."""
+    min_n: int
+    """Samples needed before it can be judged at all: the interval's both ends within the sample
+    (:func:`harness.common.stats.min_samples_for_interval`), or ``--precision-min-samples`` if larger."""
+    value: float | None = None
+    lo: float | None = None
+    """The interval's lower end; ``None`` while the sample is too small for it."""
+    hi: float | None = None
+    rel_half_width: float | None = None
+    """``max(hi − value, value − lo) / value``; ``None`` while an end is unbounded."""
+    target: float
+    """The ``--until-precision`` it must reach (0.1 = ±10 %)."""
+    met: bool
+
+
 class RunSummary(_Strict):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
@@ -270,6 +297,12 @@ class RunSummary(_Strict):
     """The machine and software that measured the run (:mod:`harness.common.fingerprint`)."""
     recipe: Recipe | None = None
     """The load offered (corpus, schedule or rate, max tokens …), from the run's options."""
+    stop_reason: str | None = None
+    """Why sending stopped, for runs with ``--until-precision`` or ``--max-duration`` (``precision
+    reached: …``, ``max duration 300 s reached before precision: …``, ``schedule ended before
+    precision: …``); ``None`` for other runs."""
+    precision: dict[str, PrecisionState] | None = None
+    """Each watched percentile (``"ttft_ms:95"`` …) over every OK record of the run, as it ended."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -326,6 +359,8 @@ def summarize(
     preload: dict[str, int] | None = None,
     environment: Environment | None = None,
     recipe: Recipe | None = None,
+    stop_reason: str | None = None,
+    precision: dict[str, PrecisionState] | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` and warns when it was."""
     warnings = list(warnings or [])
@@ -381,6 +416,8 @@ def summarize(
         preload=preload,
         environment=environment,
         recipe=recipe,
+        stop_reason=stop_reason,
+        precision=precision,
     )
 
 

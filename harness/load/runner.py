@@ -76,6 +76,12 @@ class LoadSpec:
     bypass_fraction: float | None = None
     seed: int | None = None
     processes: int | None = None
+    until_precision: float | str | None = None
+    """Stop sending once every ``precision_on`` percentile is this precise (``0.1`` or ``"10%"``)."""
+    max_duration: float | None = None
+    precision_on: str | None = None
+    precision_confidence: float | None = None
+    precision_min_samples: int | None = None
     run_time: str | None = None
     """Locust's ``--run-time`` (``"90s"``, ``"5m"``): a cap; the rest of the schedule is not sent."""
     extra_args: Sequence[str] = field(default_factory=tuple)

@@ -87,6 +87,7 @@ class ReplayShape(LoadTestShape):
         elapsed: float = self.get_run_time()  # type: ignore[no-untyped-call]
         if limit and self._capped_at is None and elapsed >= float(limit):
             self._capped_at = time.perf_counter()
+            run.capped = True
             run.warnings.append(f"--run-time {limit} s reached: the rest of the schedule was not sent")
             if run.ladder is not None:
                 run.ladder.interrupt(run.now_s())

@@ -61,6 +61,12 @@ def live_rows() -> list[dict[str, str]]:
         rows.append({"metric": key, "value": str(state.get(key, ""))})
     for tier, share in state["hit_rate"].items():
         rows.append({"metric": f"hit rate {tier}", "value": f"{share:.1%}"})
+    for key, p in (state.get("precision") or {}).items():
+        width = p["rel_half_width"]
+        now = f"±{width:.1%}" if width is not None else f"{p['n']} of ≥ {p['min_n']} samples"
+        rows.append({"metric": f"precision {key}", "value": f"{now} (target ±{p['target']:.1%})"})
+    if state.get("stop_reason"):
+        rows.append({"metric": "stopped", "value": str(state["stop_reason"])})
     return rows
 
 
@@ -96,6 +102,10 @@ def status() -> dict[str, Any]:
         "workers_lost": sum(w.lost for w in run.workers.values()),
         "hit_rate": run.live.hit_rate(),
         "metrics": {k: v.model_dump() for k, v in run.live.distributions().items()},
+        "precision": {k: v.model_dump() for k, v in run.precision.states().items()}
+        if run.precision is not None
+        else None,
+        "stop_reason": run.stop_reason,
     }
 
 

@@ -66,3 +66,43 @@ def test_web_ui_tab_shows_live_percentiles_and_sigterm_finalizes(tmp_path: Path,
     assert proc.returncode == 130, err.decode()[-2000:]
     s = read_summary(results)
     assert s.interrupted and s.requests >= 10
+
+
+def test_web_ui_tab_shows_precision_progress_and_the_stop_reason(tmp_path: Path, corpus: Path) -> None:
+    port = free_port()
+    results = tmp_path / "r"
+    with SSEServer(Behaviour(first_token_s=0.02, gap_s=0.005, tokens=4)) as srv:
+        cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "replay.py"), "--autostart",
+               "--web-host", "127.0.0.1", "--web-port", str(port), "--host", srv.url, "--corpus", str(corpus),
+               "--rate", "10", "--max-duration", "300", "--until-precision", "50%",
+               "--precision-on", "ttft_ms:50", "--results-dir", str(results),
+               "--start-delay", "0.5"]  # fmt: skip
+        proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            status: dict[str, Any] = {}
+            while not status.get("stop_reason"):
+                assert proc.poll() is None and time.monotonic() < deadline
+                with contextlib.suppress(OSError):  # not listening yet
+                    status = get(base + "/harness/load")
+                time.sleep(0.2)
+            assert status["stop_reason"].startswith("precision reached: ttft_ms P50 ±")
+            assert status["precision"]["ttft_ms:50"]["met"] is True
+            stats = get(base + "/stats/requests")
+            tab = next(x for x in stats["extended_stats"] if x["key"] == "harness-load")
+            rows = {r["metric"]: r for r in tab["data"]}
+            assert rows["precision ttft_ms:50"]["value"].endswith("(target ±50.0%)")
+            assert rows["stopped"]["value"] == status["stop_reason"]
+            while not (results / "summary.json").exists():  # the test ends once in-flight requests drain
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    s = read_summary(results)
+    assert s.stop_reason == status["stop_reason"] and not s.interrupted
+    assert s.requests < 300 * 10
