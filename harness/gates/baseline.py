@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import (
     BaseModel,
@@ -49,6 +50,7 @@ from harness.gates.metrics import (
     Measurement,
     Metric,
     MetricContext,
+    client_lateness,
     format_value,
     rate_interval,
 )
@@ -328,6 +330,17 @@ def _provenance(rs: ResultSet) -> ResultProvenance:
     )
 
 
+def _rerun_jitter(frame: RunFrame, p: float, risk: float) -> float:
+    """How far a rerun's client jitter at quantile ``p`` (0–1) may reach, at ``risk / 2``."""
+    from scipy.stats import binom
+
+    own = np.sort(client_lateness(frame))
+    if own.size == 0:
+        return 0.0
+    rank = min(int(own.size), int(binom.ppf(1 - risk / 2, own.size, p)) + 1)
+    return float(own[rank - 1])
+
+
 def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: float = RERUN_RISK) -> float:
     """The tolerance a gate written from this run needs so that an identical rerun passes it.
 
@@ -346,6 +359,12 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
       rerun's count off that truth by its binomial ``risk/2`` quantile; the margin is the distance from
       this run's rate to the rerun's Clopper–Pearson bound at that count;
     - maxima: 0 (a maximum has no interval; the relative headroom covers it).
+
+    A client-timed percentile's interval is also widened by the client's own lateness at the same
+    quantile (:func:`~harness.gates.metrics.client_jitter`). A rerun's jitter is bounded the same way
+    (plug-in: the order statistic of this run's own lateness that a rerun's quantile exceeds with
+    probability ``risk / 2``, at most its largest) and added to the margin, so a baseline made on a
+    jittery client says how coarse it is.
 
     So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
     """
@@ -366,7 +385,8 @@ def rerun_margin(metric: Metric, frame: RunFrame, *, confidence: float, risk: fl
         level_lo = float(beta.ppf(risk / 2, k, n + 1 - k))
         if math.ceil(level_hi * n - 1e-9) >= n:  # the sample's maximum: no evidence how far beyond
             return math.inf
-        return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
+        jitter = _rerun_jitter(frame, p, risk) if metric.client_timed else 0.0
+        return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo) + jitter
     if metric.kind == "rate" and metric.counts is not None:
         k_obs, n = metric.counts(frame)
         if n == 0:
@@ -425,6 +445,8 @@ def _gate_from(
     note = f"{format_value(m.value, metric.unit)} from n={m.n}"
     if abs_tol > headroom * abs(m.value):
         why = "reruns' noise" if noise >= metric.abs_tolerance_floor else "the metric's floor"
+        if m.jitter > 0 and noise >= metric.abs_tolerance_floor:
+            why += f" and the client's jitter (own P{metric.q:g} lateness {format_value(m.jitter, 'ms')})"
         note += f"; tolerance widened to {format_value(abs_tol, metric.unit)} by {why}"
     return gate, note
 
