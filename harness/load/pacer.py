@@ -66,7 +66,7 @@ class Handover:
     """``perf_counter`` when the pacer released it, less any time the pacer was held by a full queue
     after the arrival was due (that hold is the users', not the pacer's, lateness)."""
     put: float
-    """``perf_counter`` when it went on the queue."""
+    """``perf_counter`` when the pacer began to put it on the queue (a full queue then blocks it)."""
     busy: bool
     """No user was waiting for an arrival: every user was busy (target backpressure)."""
 
