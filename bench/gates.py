@@ -65,6 +65,11 @@ SIGMA = 0.5
 TPOT_MEDIAN = 4.0
 TTFT_MEDIAN = 60.0
 Z95 = 1.6448536269514722
+SYNTH: dict[str, float] = {"client_lateness_ms": 0.02}
+"""``client_lateness_ms``: mean of the synthetic runs' exponential send lateness, all of it the
+client's own (no queue wait): a quiet client (docs/benchmarks.md, open loop on 2 cores: p50
+0.001–0.08 ms). Client-timed latency intervals are widened by its quantile (docs/gates.md);
+``--client-lateness-ms`` measures a noisier client."""
 
 
 # ------------------------------------------------------------------------------------ synthetic
@@ -79,7 +84,12 @@ def synthetic(rng: np.random.Generator, n: int, shift: float = 1.0) -> ResultSet
     cache = np.where(rng.random(n) < 0.6, "HIT-L1", "MISS").tolist()
     frame = RunFrame.from_columns(
         n,
-        floats={"tpot_ms": tpot, "ttft_ms": ttft, "e2e_ms": e2e, "lateness_ms": rng.exponential(0.3, n)},
+        floats={
+            "tpot_ms": tpot,
+            "ttft_ms": ttft,
+            "e2e_ms": e2e,
+            "lateness_ms": rng.exponential(SYNTH["client_lateness_ms"], n),
+        },
         text={"cache": cache},
         ok=ok,
     )
@@ -187,6 +197,7 @@ def split_half(dirs: dict[str, Path]) -> tuple[str, int, list[str]]:
 
 
 def false_alarm(args: argparse.Namespace) -> None:
+    SYNTH["client_lateness_ms"] = args.client_lateness_ms
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     reps = args.reps
@@ -264,7 +275,9 @@ def false_alarm(args: argparse.Namespace) -> None:
         f"`python bench/gates.py false-alarm` on {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()} ({took:.0f} s). The decision rule of docs/gates.md (95 % intervals) "
         f"through `harness.gates.judge`; synthetic runs draw TTFT and TPOT from lognormals (σ = {SIGMA}), "
-        "0.5 % errors, 60 % cache hits; every rerun comes from the unchanged system unless a shift is given.",
+        "0.5 % errors, 60 % cache hits, the client's own send lateness exponential with mean "
+        f"{SYNTH['client_lateness_ms']:g} ms; every rerun comes from the unchanged system unless a "
+        "shift is given.",
         "",
         *table(("runs", "baseline", "TPOT tolerance", "reruns", "fail (false alarm)", "cannot judge"), rows),
         "",
@@ -459,6 +472,12 @@ def main() -> None:
     fa.add_argument("--reps", type=int, default=1000)
     fa.add_argument("--baselines", type=int, default=20)
     fa.add_argument("--seed", type=int, default=2026)
+    fa.add_argument(
+        "--client-lateness-ms",
+        type=float,
+        default=SYNTH["client_lateness_ms"],
+        help="mean of the synthetic runs' exponential client lateness (widens their latency intervals)",
+    )
     add_publish_flag(fa)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {"record": record, "false-alarm": false_alarm}

@@ -27,8 +27,9 @@ bounded queue, and the target always has exactly ``concurrency`` requests in fli
 whose completion rate *is* the target's capacity at that concurrency. The stage's send window is cut
 at ``duration_s`` with Locust's ``--run-time`` (the arrivals still queued are dropped, the requests in
 flight finish), so the backlog never drains into the next stage. Lateness (``sent − intended``) grows
-through the whole stage and the run's summary flags it ``client_bound``: both are **expected here**
-— they measure the backlog, not a slow client — and the sweep ignores them. What it does check: a
+through the whole stage, recorded as queue wait (``queue_wait_ms``: no user was free), and the run's
+summary warns ``saturated:``: both are **expected here** — they measure the backlog, not a slow
+client — and the sweep ignores them. What it does check: a
 stage counts as saturated only when the target sent fewer than 90 % of the offered arrivals in the
 window (otherwise the target kept up and the number is the offered rate, not the capacity: such a
 stage runs again at ``RATE_RAISE`` times the rate, at most ``rate_raises`` times), and the client's
@@ -226,7 +227,7 @@ def measure_stage(
 
 
 def stage_warnings(stage: SweepStage) -> list[str]:
-    """What makes a stage's number doubtful (lateness and ``client_bound`` from lateness are expected)."""
+    """What makes a stage's number doubtful (lateness and the ``saturated:`` warning are expected)."""
     out: list[str] = []
     if not stage.saturated:
         out.append(

@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import (
     BaseModel,
@@ -54,6 +55,7 @@ from harness.gates.metrics import (
     Measurement,
     Metric,
     MetricContext,
+    client_lateness,
     format_value,
     min_samples_for_bound,
     rate_interval,
@@ -410,6 +412,17 @@ def _percentile_margin(values: FloatArray, q: float, confidence: float, risk: fl
     return percentile(values, 100 * level_hi) - percentile(values, 100 * level_lo)
 
 
+def _rerun_jitter(frame: RunFrame, p: float, risk: float) -> float:
+    """How far a rerun's client jitter at quantile ``p`` (0–1) may reach, at ``risk / 2``."""
+    from scipy.stats import binom
+
+    own = np.sort(client_lateness(frame))
+    if own.size == 0:
+        return 0.0
+    rank = min(int(own.size), int(binom.ppf(1 - risk / 2, own.size, p)) + 1)
+    return float(own[rank - 1])
+
+
 def rerun_margin(
     metric: Metric,
     frame: RunFrame,
@@ -439,13 +452,21 @@ def rerun_margin(
       ratio moves when both move that far;
     - maxima: 0 (a maximum has no interval; the relative headroom covers it).
 
+    A client-timed percentile's interval is also widened by the client's own lateness at the same
+    quantile (:func:`~harness.gates.metrics.client_jitter`). A rerun's jitter is bounded the same way
+    (plug-in: the order statistic of this run's own lateness that a rerun's quantile exceeds with
+    probability ``risk / 2``, at most its largest) and added to the margin, so a baseline made on a
+    jittery client says how coarse it is.
+
     So a rerun of an unchanged system fails to pass with probability about ``risk`` per gate.
     """
     from scipy.stats import binom
 
     if metric.kind == "percentile" and metric.samples is not None and metric.q is not None:
         values, _ = metric.samples(frame)
-        return _percentile_margin(values, metric.q, confidence, risk, up=True)
+        margin = _percentile_margin(values, metric.q, confidence, risk, up=True)
+        jitter = _rerun_jitter(frame, metric.q / 100.0, risk) if metric.client_timed else 0.0
+        return margin + jitter
     if metric.kind == "relative" and metric.samples is not None and metric.q is not None:
         if reference is None:
             return math.nan
@@ -542,6 +563,8 @@ def _gate_from(
     note = f"{format_value(m.value, metric.unit)} from n={m.n}"
     if abs_tol > headroom * abs(m.value):
         why = "reruns' noise" if noise >= metric.abs_tolerance_floor else "the metric's floor"
+        if m.jitter > 0 and noise >= metric.abs_tolerance_floor:
+            why += f" and the client's jitter (own P{metric.q:g} lateness {format_value(m.jitter, 'ms')})"
         note += f"; tolerance widened to {format_value(abs_tol, metric.unit)} by {why}"
     return gate, note
 

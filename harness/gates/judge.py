@@ -13,6 +13,12 @@
 most ``(1 − c) / 2`` = 2.5 % per gate at the default 95 %, whatever the distribution, so a verdict
 does not flip on noise; the point estimate alone would fail such a run half the time.
 
+**Client jitter.** The interval of a latency the client timed is widened by the client's own
+lateness at the same quantile (:func:`harness.gates.metrics.client_jitter`), and the reason says so:
+jitter that is small against the margin changes nothing, jitter comparable to it makes the gate
+inconclusive, and a regression beyond the widened interval still fails. A target that saturated
+(requests waited for a free user) is judged like any other: the wait is its doing.
+
 **Conservative judgement.** An inconclusive gate is not a pass: it counts as *cannot be judged*
 (exit 6) like too few samples, NaN samples, a client-bound or interrupted run, a missing metric or
 an estimated prefill peak where a measured one is required. A proven regression (exit 1) outranks
@@ -81,6 +87,9 @@ class GateResult(_Strict):
     """One sentence with the numbers and the cause (the JUnit failure message)."""
     why: str
     """The cause alone (``interval entirely above the limit``, ``the run was client-bound …``)."""
+    jitter: float = 0.0
+    """The client's own lateness (ms) at the metric's quantile by which ``lo``/``hi`` were widened
+    (0: not widened)."""
 
     @property
     def case_name(self) -> str:
@@ -187,6 +196,9 @@ def _message(gate: Gate, m: Measurement, verdict: Verdict, why: str, confidence:
         f"(baseline {format_value(gate.threshold, unit)} {pm} {tol_text}); "
         f"{confidence:.0%} interval {format_interval(m.lo, m.hi, unit)}, n = {m.n}"
     )
+    if m.jitter > 0:
+        q = f"p{gate.spec.q:g} " if gate.spec.q is not None else ""
+        numbers += f" (interval widened by the client's own {q}lateness {format_value(m.jitter, 'ms')})"
     return f"{verdict}: {numbers}; {why}"
 
 
@@ -283,6 +295,7 @@ def judge_gate(
         verdict=verdict,
         reason=_message(gate, m, verdict, why, confidence),
         why=why,
+        jitter=m.jitter if math.isfinite(m.jitter) else 0.0,
         **base,
     )
 

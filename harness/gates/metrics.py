@@ -16,6 +16,17 @@ Three kinds of statistic, each with its own interval:
   interval, so its interval is the point.
 
 Samples that were NaN or infinite in the file make the metric unjudgeable (never dropped quietly).
+
+**Client jitter.** A latency the client measures is late by however late the client itself woke (its
+CPU, its scheduler): the send is late by the record's own lateness, and reading a token can be late
+the same way. So a percentile metric of client-timed samples (:attr:`Metric.client_timed`: TTFT,
+TPOT, E2E, their ``*_from_intended`` forms, the cold start; not the lateness itself, not bytes, not
+rates) widens its interval by the client's own lateness (``lateness_ms − queue_wait_ms``, the queue
+wait being the target's backpressure) at the same quantile over the same records
+(:func:`client_jitter`): ``lo − jitter``, ``hi + jitter``, ``lo`` not below 0. A run on a jittery
+client is then judged with the uncertainty it really has, instead of being refused outright or
+passed on numbers it cannot vouch for; a regression larger than the jitter still fails. Records
+without ``queue_wait_ms`` (files from before it) count all their lateness as the client's.
 """
 
 from __future__ import annotations
@@ -59,6 +70,9 @@ class Measurement:
     hi: float
     n: int
     problems: tuple[str, ...] = ()
+    jitter: float = 0.0
+    """The client's own lateness (ms) at the metric's quantile, by which ``lo``/``hi`` were widened
+    (0: not widened; see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,10 @@ class Metric:
     column: str | None = None
     """Percentile metrics of one record field: that field (``tpot_p95`` → ``tpot_ms``); ``None`` for
     derived samples. ``--until-precision`` watches it (:func:`precision_targets`)."""
+    client_timed: bool = False
+    """Percentile metrics of latencies the client timed: the interval is widened by the client's own
+    lateness at the same quantile (:func:`client_jitter`). Set with the same flag on
+    :func:`percentile_metric`."""
 
     def default_min_samples(self, confidence: float) -> int:
         """The fewest samples with which this metric can ever pass at ``confidence``."""
@@ -195,15 +213,38 @@ def _kv_per_token_samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]
     return kv[keep] / tokens[keep], problems
 
 
-def percentile_metric(samples: Samples, q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
-    """The nearest-rank ``q``-th percentile of ``samples`` with its order-statistic interval."""
+def client_lateness(frame: RunFrame) -> FloatArray:
+    """Each record's own client lateness, ms: ``lateness_ms − queue_wait_ms`` (≥ 0), all of the
+    lateness where no queue wait was recorded (or a broken one: the conservative reading)."""
+    late = frame.col("lateness_ms")
+    wait = frame.col("queue_wait_ms")
+    own: FloatArray = np.maximum(0.0, late - np.where(np.isfinite(wait), wait, 0.0))
+    return own[~np.isnan(late)]
+
+
+def client_jitter(frame: RunFrame, q: float) -> float:
+    """The client's own lateness at quantile ``q`` over ``frame`` (0 when no record has one)."""
+    own = client_lateness(frame)
+    if own.size == 0:
+        return 0.0
+    return percentile(own, q)
+
+
+def percentile_metric(
+    samples: Samples, q: float, *, client_timed: bool = False
+) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """The nearest-rank ``q``-th percentile of ``samples`` with its order-statistic interval, widened
+    by :func:`client_jitter` when the samples are ``client_timed``."""
 
     def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
         values, problems = samples(frame)
         if values.size == 0:
             return Measurement(math.nan, math.nan, math.nan, 0, problems)
         lo, hi = percentile_interval(values, q, ctx.confidence)
-        return Measurement(percentile(values, q), lo, hi, int(values.size), problems)
+        jitter = client_jitter(frame, q) if client_timed else 0.0
+        if jitter > 0:
+            lo, hi = min(lo, max(0.0, lo - jitter)), hi + jitter
+        return Measurement(percentile(values, q), lo, hi, int(values.size), problems, jitter)
 
     return compute
 
@@ -328,7 +369,7 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
                 unit="ms",
                 direction="at_most",
                 description=f"P{_q} {_what} ({_column})",
-                compute=percentile_metric(field_samples(_column), _q),
+                compute=percentile_metric(field_samples(_column), _q, client_timed=_short != "lateness"),
                 samples=field_samples(_column),
                 kind="percentile",
                 q=_q,
@@ -336,6 +377,7 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
                 # Sub-millisecond client lateness is jitter; 10 % of 0.3 ms would gate on noise.
                 abs_tolerance_floor=1.0 if _short == "lateness" else 0.0,
                 speed_dependent=True,
+                client_timed=_short != "lateness",  # the lateness is the jitter itself
             )
         )
 
@@ -424,13 +466,14 @@ _register(
         unit="ms",
         direction="at_most",
         description="P99 cold-start latency: ttft_from_intended_ms of the cold phase (seed: ≤ 850 ms)",
-        compute=percentile_metric(field_samples("ttft_from_intended_ms"), 99),
+        compute=percentile_metric(field_samples("ttft_from_intended_ms"), 99, client_timed=True),
         samples=field_samples("ttft_from_intended_ms"),
         kind="percentile",
         q=99,
         default_phase="cold",
         speed_dependent=True,
         column="ttft_from_intended_ms",
+        client_timed=True,
     )
 )
 for _short, _column, _what in (

@@ -44,6 +44,7 @@ FLOAT_COLUMNS: tuple[str, ...] = (
     "intended_s",
     "sent_s",
     "lateness_ms",
+    "queue_wait_ms",
     "ttft_ms",
     "ttft_from_intended_ms",
     "tpot_ms",

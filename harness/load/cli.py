@@ -39,6 +39,10 @@ app = typer.Typer(
 console = Console()
 
 
+RECOMPUTED_WARNINGS = ("client-bound", "client jitter", "saturated", "ITL/TPOT approximate")
+"""Warnings :func:`summarize` writes from the records: dropped from the old summary, then recomputed."""
+
+
 def load_summary(run_dir: Path) -> RunSummary:
     """The run's summary with every metric recomputed from its records (metadata from summary.json)."""
     if not run_dir.is_dir():
@@ -58,7 +62,7 @@ def load_summary(run_dir: Path) -> RunSummary:
             schedule=old.schedule,
             stages=old.stages,
             workers=old.workers,
-            warnings=[w for w in old.warnings if not w.startswith(("client-bound", "ITL/TPOT approximate"))],
+            warnings=[w for w in old.warnings if not w.startswith(RECOMPUTED_WARNINGS)],
             warmup_id=old.warmup_id,
             plan=old.plan,
             preload=old.preload,

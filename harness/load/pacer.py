@@ -17,12 +17,22 @@ microseconds too, milliseconds after an idle spell. So the pacer naps in steps o
 the request, then :meth:`Pacer.wait_until` the intended time, yielding in a loop
 (``gevent.sleep(0)``: other greenlets keep running), and sends. The yield loop's idle time is counted
 (:attr:`Pacer.idle_spin_s`) so that the client's CPU figure can leave it out: a busy-wait is not load.
+
+Why a request was late: each arrival goes on the queue wrapped in a :class:`Handover` stamped with
+its release time and whether a user was waiting for it (blocked in :meth:`Pacer.take_handover`).
+When none was, every user was busy with an earlier request: the time from release (or from the
+intended time, if later) until a user took it is **queue wait**, the target's backpressure, and the
+``*_from_intended`` latencies rightly include it. When a user was waiting, any delay is the client's
+own (the pacer or the user woke late: CPU, scheduling). While the queue is full the pacer itself is
+held by busy users; the arrivals it could not release meanwhile count that hold as queue wait too,
+not as the pacer's lateness. :meth:`Pacer.take_handover` returns the queue wait with the arrival.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import gevent
 from gevent.event import Event
@@ -47,6 +57,39 @@ _IDLE_YIELD_S = 50e-6
 """A ``sleep(0)`` that returns faster than this ran no other greenlet: count it as idle spinning."""
 
 
+@dataclass(slots=True)
+class Handover:
+    """An arrival on the queue, stamped by the pacer as it released it."""
+
+    arrival: Arrival
+    released: float
+    """``perf_counter`` when the pacer released it, less any time the pacer was held by a full queue
+    after the arrival was due (that hold is the users', not the pacer's, lateness)."""
+    put: float
+    """``perf_counter`` when the pacer began to put it on the queue (a full queue then blocks it)."""
+    busy: bool
+    """No user was waiting for an arrival: every user was busy (target backpressure)."""
+
+
+@dataclass(slots=True)
+class Taken:
+    """What a user takes: the arrival, and how long it waited for a free user."""
+
+    arrival: Arrival
+    queue_wait_s: float
+    """The part of the arrival's lateness spent waiting for a free user (0 when a user was free)."""
+
+
+def queue_wait_s(h: Handover, taken: float, epoch: float) -> float:
+    """Seconds of ``h``'s lateness spent waiting for a free user, if it was taken at ``taken``.
+
+    Busy at release: ``taken − max(released, intended)``, where ``released`` already left out a hold
+    by a full queue. A user was free: only that hold (``put − max(released, intended)``), normally 0.
+    """
+    start = max(h.released, epoch + h.arrival.intended_s)
+    return max(0.0, (taken if h.busy else h.put) - start)
+
+
 class Pacer:
     """Releases ``source``'s arrivals at ``epoch + intended_s`` (``perf_counter`` seconds)."""
 
@@ -54,7 +97,7 @@ class Pacer:
         self.source = source
         self.lead_s = max(0.0, lead_s)
         self.epoch = math.nan
-        self.queue: Queue[Arrival | None] = Queue(QUEUE_LIMIT)
+        self.queue: Queue[Handover | None] = Queue(QUEUE_LIMIT)
         self._wake = Event()
         self._greenlet: gevent.Greenlet[[], None] | None = None
         self.finished = Event()
@@ -64,6 +107,8 @@ class Pacer:
         self.in_flight = 0
         self.idle_spin_s = 0.0
         self._idle_until = -math.inf
+        self._waiting = 0
+        """Users blocked in :meth:`take_handover` (gevent's compiled queue does not expose its getters)."""
         self.dropped = 0
         """Arrivals released but never taken because the run was stopped (a ``--run-time`` cap)."""
 
@@ -99,6 +144,7 @@ class Pacer:
         clock = time.perf_counter
         backlog = 0
         last_release = -math.inf
+        held_until = -math.inf  # when the last put that found the queue full returned
         try:
             while True:
                 t = self.source.peek()
@@ -117,8 +163,22 @@ class Pacer:
                     if self._wake.wait(min(delay - lead, MAX_NAP_S)):
                         self._wake.clear()
                     continue  # re-read: the source may have changed while we slept
-                self.queue.put(self.source.pop())  # blocks only while QUEUE_LIMIT arrivals wait
+                due = self.epoch + t
+                # Stamped before the put: a put that blocks (QUEUE_LIMIT arrivals wait, no user free)
+                # is backpressure and counts as queue wait. A user blocked in take() stays counted
+                # in ``_waiting`` until the hub hands it an item already queued, so one is free for
+                # this arrival only if more users wait than items are queued.
+                full = self.queue.full()
+                h = Handover(
+                    self.source.pop(),
+                    now - max(0.0, min(now, held_until) - due),
+                    now,
+                    self._waiting <= self.queue.qsize(),
+                )
+                self.queue.put(h)  # blocks only while QUEUE_LIMIT arrivals wait
                 last_release = clock()
+                if full:
+                    held_until = last_release
                 self.released += 1
                 if delay < 0:
                     backlog += 1
@@ -148,13 +208,22 @@ class Pacer:
     def take(self) -> Arrival | None:
         """Block until an arrival is (nearly: ``lead_s``) due; ``None`` when the run has no more (the
         mark is passed on). The caller prepares the request and sends it after :meth:`wait_until`."""
-        a: Arrival | None = self.queue.get()
-        if a is None:
+        t = self.take_handover()
+        return t.arrival if t is not None else None
+
+    def take_handover(self) -> Taken | None:
+        """:meth:`take`, with the time the arrival waited for a free user (see the module docstring)."""
+        self._waiting += 1
+        try:
+            h: Handover | None = self.queue.get()
+        finally:
+            self._waiting -= 1
+        if h is None:
             self.queue.put(None)  # every waiting user must see the end
             return None
         self.taken += 1
         self.in_flight += 1
-        return a
+        return Taken(h.arrival, queue_wait_s(h, time.perf_counter(), self.epoch))
 
     def done(self) -> None:
         """A user finished the request it took."""

@@ -15,7 +15,12 @@ the process that sent the request:
 - ``itl_ms``: one inter-token gap per generated token after the first: a chunk carrying ``k``
   tokens contributes its gap once and ``k − 1`` zero gaps, so ``len(itl_ms) == completion_tokens − 1``;
 - ``tpot_ms``: (last token − first token) / (completion_tokens − 1);
-- ``e2e_ms`` / ``e2e_from_intended_ms``: to the end of the stream, from send or from intent.
+- ``e2e_ms`` / ``e2e_from_intended_ms``: to the end of the stream, from send or from intent;
+- ``lateness_ms`` = ``sent − intended``, split in two: ``queue_wait_ms``, the part spent waiting for a
+  free user because every user was busy (the target did not keep up: backpressure, which the
+  ``*_from_intended`` latencies rightly include), and the rest, the client's own lateness
+  (:attr:`RequestRecord.client_lateness_ms`: the pacer or the user woke late, the client's CPU or
+  scheduling), which makes every client-measured latency uncertain by that much.
 
 Every percentile here is the project's one definition, :mod:`harness.common.stats`.
 """
@@ -51,14 +56,18 @@ LATENCY_FIELDS: tuple[str, ...] = (
     "e2e_ms",
     "e2e_from_intended_ms",
     "lateness_ms",
+    "client_lateness_ms",
 )
-"""Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request)."""
+"""Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request;
+``client_lateness_ms`` is the record's property of that name)."""
 BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
 METRIC_FIELDS: tuple[str, ...] = LATENCY_FIELDS + BYTES_FIELDS
 
 CLIENT_BOUND_LATENESS_MS = 5.0
-"""p99 lateness above this means the client, not the target, set the pace."""
+"""p99 of the client's own lateness above this adds a ``client jitter:`` warning. It no longer marks
+the run client-bound: the gates widen each latency interval by the client's own lateness instead."""
 CLIENT_BOUND_CPU_PCT = 90.0
+"""Client CPU above this marks the run ``client_bound`` (its measurements are suspect)."""
 
 
 class _Strict(BaseModel):
@@ -82,6 +91,9 @@ class RequestRecord(_Strict):
     sent_s: float
     lateness_ms: float = Field(ge=0.0)
     """``sent_s − intended_s``, in ms: how late the client was in sending."""
+    queue_wait_ms: float | None = Field(default=None, ge=0.0)
+    """The part of ``lateness_ms`` spent waiting for a free user because every user was busy (target
+    backpressure); 0 when a user was free. ``None``: not recorded (files from before it existed)."""
     ttft_ms: float | None = None
     ttft_from_intended_ms: float | None = None
     itl_ms: list[float] = Field(default_factory=list)
@@ -117,6 +129,12 @@ class RequestRecord(_Strict):
     @property
     def ok(self) -> bool:
         return self.error is None and 200 <= self.status < 300
+
+    @property
+    def client_lateness_ms(self) -> float:
+        """The client's own lateness: ``lateness_ms − queue_wait_ms`` (≥ 0). Without a recorded queue
+        wait all of it counts as the client's (conservative)."""
+        return client_lateness(self.lateness_ms, self.queue_wait_ms)
 
 
 class InputRef(_Strict):
@@ -308,6 +326,11 @@ class RunSummary(_Strict):
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
 
 
+def client_lateness(lateness_ms: float, queue_wait_ms: float | None) -> float:
+    """The client's own part of a lateness (see :attr:`RequestRecord.client_lateness_ms`)."""
+    return max(0.0, lateness_ms - (queue_wait_ms or 0.0))
+
+
 def hit_rates(records: Iterable[RequestRecord]) -> dict[str, float]:
     """Share of requests per ``x-cache`` status, ``any`` hit, and ``prefix`` (``cached_tokens > 0``)."""
     cache: Counter[str] = Counter()
@@ -362,7 +385,8 @@ def summarize(
     stop_reason: str | None = None,
     precision: dict[str, PrecisionState] | None = None,
 ) -> RunSummary:
-    """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` and warns when it was."""
+    """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` (the client's CPU was
+    saturated) and warns about client jitter and a saturated target."""
     warnings = list(warnings or [])
     metrics = {name: Distribution.of(metric_values(records, name)) for name in METRIC_FIELDS}
     if records:
@@ -372,13 +396,22 @@ def summarize(
         achieved = (len(records) - 1) / window if window > 0 else math.nan
     else:
         achieved = 0.0
-    lateness_p99 = percentile(metric_values(records, "lateness_ms"), 99)
+    # Only the client's own state makes a run client-bound: a starved CPU. Its own lateness (jitter)
+    # widens the gates' latency intervals instead; waiting for a busy user is the target's doing.
+    own_p99 = metrics["client_lateness_ms"].p99
     client_bound = False
-    if lateness_p99 > CLIENT_BOUND_LATENESS_MS:
-        client_bound = True
+    if own_p99 is not None and own_p99 > CLIENT_BOUND_LATENESS_MS:
         warnings.append(
-            f"client-bound: p99 lateness {lateness_p99:.1f} ms > {CLIENT_BOUND_LATENESS_MS:g} ms "
-            "(requests left later than scheduled: too few users, or the client's CPU is saturated)"
+            f"client jitter: p99 of the client's own lateness {own_p99:.1f} ms > "
+            f"{CLIENT_BOUND_LATENESS_MS:g} ms (the pacer or a user woke late: the client's CPU or "
+            "scheduling); the latency gates' intervals are widened by it"
+        )
+    waited = [r.queue_wait_ms for r in records if r.queue_wait_ms]
+    if waited:
+        warnings.append(
+            f"saturated: {len(waited)} of {len(records)} requests waited for a free user (p99 wait "
+            f"{percentile(waited, 99):.1f} ms): the target did not keep up; the *_from_intended "
+            "latencies include the wait"
         )
     if client_cpu_pct is not None and client_cpu_pct > CLIENT_BOUND_CPU_PCT:
         client_bound = True

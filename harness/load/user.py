@@ -3,9 +3,11 @@
 Users are the concurrency pool of the open loop (:mod:`harness.load.pacer`): ``wait_time`` is zero
 and each task blocks on the pacer's queue, so *when* a request goes out is the schedule's decision,
 not the user's. The pacer hands an arrival over a little ahead of time; the user builds its headers
-and trace context, waits for the intended time, and only then stamps ``sent`` and writes it. Each
-user is a ``FastHttpUser`` with its own connection pool and sends one request at a time, so no
-request ever waits for a pooled connection inside a timer.
+and trace context, waits for the intended time, and only then stamps ``sent`` and writes it. The
+record's ``queue_wait_ms`` is the part of its lateness the arrival spent waiting for a free user
+(every user busy: the target's backpressure), as the pacer stamped it. Each user is a
+``FastHttpUser`` with its own connection pool and sends one request at a time, so no request ever
+waits for a pooled connection inside a timer.
 
 Measuring a stream: the request goes through the user's own pooled ``geventhttpclient`` client and
 the response body is read line by line from the socket as bytes arrive (``readline(b"\\n")`` on the
@@ -91,17 +93,20 @@ class ReplayUser(FastHttpUser):
         if run is None or pacer is None:
             gevent.sleep(0.1)  # the master process, or before test_start
             return
-        arrival = pacer.take()
-        if arrival is None:
+        taken = pacer.take_handover()
+        if taken is None:
             gevent.sleep(1.0)  # the share is done; the shape ends the test
             return
         try:
-            self.send(run, arrival)
+            self.send(run, taken.arrival, queue_wait_s=taken.queue_wait_s)
         finally:
             pacer.done()
 
-    def send(self, run: plugin.LoadRun, a: Arrival) -> None:
-        """Send one arrival's request, read its stream line by line as it arrives, record it."""
+    def send(self, run: plugin.LoadRun, a: Arrival, *, queue_wait_s: float | None = None) -> None:
+        """Send one arrival's request, read its stream line by line as it arrives, record it.
+
+        ``queue_wait_s``: how long the arrival waited for a free user (:meth:`Pacer.take_handover`);
+        ``None`` when there is no pacer to say."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         hdrs = {
@@ -153,6 +158,8 @@ class ReplayUser(FastHttpUser):
         req = _Request(spec.path, span, time.time(), clock())
         row["sent_s"] = req.sent - run.epoch
         row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)
+        if queue_wait_s is not None:  # never more than the lateness it is part of
+            row["queue_wait_ms"] = min(row["lateness_ms"], queue_wait_s * 1000.0)
         lines = req.lines
         resp: Any = None
         try:

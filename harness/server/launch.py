@@ -31,11 +31,12 @@ POLL_S = 0.05
 NICE = 10
 """CPU priority of a server started here. It shares the machine with the load generator that
 measures it (``harness run``, the demo, the tests), and a target whose torch threads take every core
-would starve the generator: requests would leave late and the run would measure the client
-(``client_bound``). At a lower priority the target still gets every cycle the generator leaves.
-The server starts at the parent's priority and is lowered only once ready: startup (importing
-torch, building the model, starting Redis) measures nothing, and at nice 10 beside another busy
-process it would get a tenth of a core and take minutes."""
+would starve the generator: requests would leave late and the run would measure the client (client
+jitter widening every latency gate, or ``client_bound`` at a saturated CPU). At a lower priority
+the target still gets every cycle the generator leaves. The server starts at the parent's priority
+and is lowered only once ready: startup (importing torch, building the model, starting Redis)
+measures nothing, and at nice 10 beside another busy process it would get a tenth of a core and
+take minutes."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "warm": make_run(d / "warm", 800, 2),
         "warm2": make_run(d / "warm2", 800, 3),
         "slow": make_run(d / "slow", 800, 2, tpot_ms=6.0),
-        "late": make_run(d / "late", 800, 2, lateness_ms=30.0),
+        "starved": make_run(d / "starved", 800, 2, client_cpu_pct=97.0),
     }
 
 
@@ -74,7 +74,7 @@ def test_gate_fail_exits_1(runs: dict[str, Path], base: Path) -> None:
 
 
 def test_gate_cannot_judge_exits_6(runs: dict[str, Path], base: Path) -> None:
-    res = harness_cli("gate", "--baseline", str(base), f"cold={runs['cold']}", f"warm={runs['late']}")
+    res = harness_cli("gate", "--baseline", str(base), f"cold={runs['cold']}", f"warm={runs['starved']}")
     assert res.returncode == ExitCode.UNJUDGEABLE == 6, res.stdout + res.stderr
     assert "client-bound" in res.stderr and "Traceback" not in res.stderr
     # A paired baseline on one run: its cold gates have no run to judge.

@@ -16,7 +16,7 @@ from harness.gates.baseline import Baseline, Gate
 from harness.gates.judge import GateReport, decide, judge, read_report_json, write_report_json
 from harness.gates.metrics import METRICS, Measurement, MetricContext, rate_interval
 from harness.gates.output import junit_xml, write_junit
-from harness.gates.runs import load_result_set, load_result_sets
+from harness.gates.runs import RunFrame, load_result_set, load_result_sets
 from harness.load.results import WorkerShare, hit_rates, read_records, read_summary
 from tests.gates.factory import make_records, make_run, write_run
 
@@ -158,7 +158,6 @@ def test_too_few_samples(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"lateness_ms": 30.0}, "client-bound"),
         ({"client_cpu_pct": 97.0}, "client-bound"),
         ({"interrupted": True}, "interrupted"),
         ({"workers": [WorkerShare(worker=1, scheduled=500, recorded=120, missing=True)]}, "lost"),
@@ -175,8 +174,126 @@ def test_untrustworthy_runs_cannot_be_judged(tmp_path: Path, kwargs: dict[str, o
 
 
 def test_a_slow_and_client_bound_run_is_still_not_a_pass(tmp_path: Path) -> None:
-    rs = load_result_set(make_run(tmp_path / "r", 1000, 1, lateness_ms=30.0))
+    rs = load_result_set(make_run(tmp_path / "r", 1000, 1, ttft_ms=80.0, client_cpu_pct=97.0))
     assert judge(baseline(TTFT), [rs]).verdict == "unjudgeable"
+
+
+# ------------------------------------------------------- client jitter widens, saturation is judged
+
+
+def _frame(ttft: np.ndarray, lateness: float, queue_wait: float | None = None) -> RunFrame:
+    n = ttft.size
+    floats = {"ttft_ms": ttft, "lateness_ms": np.full(n, lateness)}
+    if queue_wait is not None:
+        floats["queue_wait_ms"] = np.full(n, queue_wait)
+    return RunFrame.from_columns(n, floats=floats)
+
+
+SLOW_TTFT = np.random.default_rng(11).lognormal(np.log(300.0), 0.3, 2000)
+"""A P95 of hundreds of ms (≈ 490 ms)."""
+
+
+def _p95_gate(limit: float) -> Gate:
+    return Gate(metric="ttft_p95", threshold=limit)
+
+
+def test_client_jitter_widens_a_latency_interval_by_its_own_lateness_at_the_same_quantile() -> None:
+    ctx = MetricContext()
+    quiet = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 0.0), ctx)
+    # Every request 6.1 ms late by the client's own doing (a user was free: queue wait 0).
+    own = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 6.1, 0.0), ctx)
+    assert own.value == quiet.value and own.jitter == pytest.approx(6.1)
+    assert own.lo == pytest.approx(quiet.lo - 6.1) and own.hi == pytest.approx(quiet.hi + 6.1)
+    # Records without queue_wait_ms (older files) count all their lateness as the client's.
+    assert METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 6.1), ctx).jitter == pytest.approx(6.1)
+    # Lateness that was queue wait (every user busy: the target's backpressure) widens nothing.
+    saturated = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 900.0, 899.0), ctx)
+    assert saturated.jitter == pytest.approx(1.0) and saturated.hi == pytest.approx(quiet.hi + 1.0)
+    # Never below 0.
+    tiny = METRICS.get("ttft_p95").compute(_frame(np.full(500, 2.0), 6.1, 0.0), ctx)
+    assert tiny.lo == 0.0 and tiny.hi == pytest.approx(8.1)
+
+
+def test_only_client_timed_latencies_are_widened() -> None:
+    n = 2000
+    rng = np.random.default_rng(3)
+    cols = {c: rng.lognormal(3.0, 0.3, n) for c in ("ttft_ms", "ttft_from_intended_ms", "tpot_ms", "e2e_ms",
+                                                  "e2e_from_intended_ms", "prefill_kv_bytes")}  # fmt: skip
+    cols["prompt_tokens"] = np.full(n, 100.0)
+    late = {"lateness_ms": np.full(n, 6.0), "queue_wait_ms": np.zeros(n)}
+    ctx = MetricContext()
+    for _, m in METRICS.items():
+        if m.kind != "percentile":
+            continue
+        widened = m.compute(RunFrame.from_columns(n, floats={**cols, **late}), ctx)
+        assert widened.jitter == (6.0 if m.client_timed else 0.0), m.name
+    assert {m.name for _, m in METRICS.items() if m.client_timed} >= {
+        "ttft_p95", "tpot_p95", "e2e_p99", "ttft_from_intended_p95", "e2e_from_intended_p99", "cold_start_p99"
+    }  # fmt: skip
+    assert (
+        not METRICS.get("lateness_p99").client_timed and not METRICS.get("prefill_kv_bytes_p95").client_timed
+    )
+
+
+def test_six_ms_of_jitter_does_not_flip_a_p95_of_hundreds_of_ms() -> None:
+    ctx = MetricContext()
+    quiet = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 0.0), ctx)
+    limit = quiet.value * 1.1  # a 10 % tolerance: ≈ 50 ms of margin
+    jittery = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 6.0, 0.0), ctx)
+    assert decide(quiet, limit, "at_most", 100)[0] == "pass"
+    assert decide(jittery, limit, "at_most", 100)[0] == "pass"
+
+
+def test_a_regression_beyond_the_widened_interval_still_fails() -> None:
+    ctx = MetricContext()
+    limit = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 0.0), ctx).value * 1.1
+    slower = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT * 1.3, 6.0, 0.0), ctx)
+    assert slower.lo > limit and decide(slower, limit, "at_most", 100)[0] == "fail"
+
+
+def test_jitter_comparable_to_the_margin_is_inconclusive() -> None:
+    ctx = MetricContext()
+    quiet = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 0.0), ctx)
+    limit = quiet.hi + 3.0  # passes with 3 ms to spare; 6 ms of the client's own lateness eats it
+    jittery = METRICS.get("ttft_p95").compute(_frame(SLOW_TTFT, 6.0, 0.0), ctx)
+    assert decide(quiet, limit, "at_most", 100)[0] == "pass"
+    assert decide(jittery, limit, "at_most", 100)[0] == "inconclusive"
+
+
+def test_the_reason_says_the_interval_was_widened(tmp_path: Path) -> None:
+    recs = [
+        r.model_copy(update={"lateness_ms": 6.1, "queue_wait_ms": 0.0, "sent_s": r.intended_s + 0.0061})
+        for r in make_records(2000, 1)
+    ]
+    rs = load_result_set(write_run(tmp_path / "jittery", recs))
+    assert not rs.problems and rs.summary is not None and not rs.summary.client_bound
+    assert any(w.startswith("client jitter:") for w in rs.summary.warnings)
+    g = judge(baseline(Gate(metric="ttft_p95", threshold=200.0)), [rs]).gates[0]
+    assert g.verdict == "pass" and g.jitter == pytest.approx(6.1)
+    assert "interval widened by the client's own p95 lateness 6.10 ms" in g.reason
+
+
+def test_a_saturated_target_is_judged_and_a_proven_regression_fails(tmp_path: Path) -> None:
+    """Every request waited ~2 s for a free user (the target did not keep up), 0.2 ms of the client's
+    own lateness: the run is judged like any other; its from-intended latencies carry the wait."""
+    recs = [
+        r.model_copy(
+            update={
+                "lateness_ms": 2000.2,
+                "queue_wait_ms": 2000.0,
+                "ttft_from_intended_ms": (r.ttft_ms or 0.0) + 2000.2,
+            }
+        )
+        for r in make_records(2000, 1)
+    ]
+    rs = load_result_set(write_run(tmp_path / "saturated", recs))
+    assert rs.summary is not None and not rs.summary.client_bound and not rs.problems
+    assert any(w.startswith("saturated: 2000 of 2000 requests") for w in rs.summary.warnings)
+    r = judge(baseline(TTFT, Gate(metric="ttft_from_intended_p95", threshold=300.0, rel_tolerance=0.1)), [rs])
+    by = {g.id: g for g in r.gates}
+    assert by["ttft_p95"].verdict == "pass" and by["ttft_p95"].jitter == pytest.approx(0.2)
+    assert by["ttft_from_intended_p95"].verdict == "fail"
+    assert r.verdict == "fail" and r.exit_code == ExitCode.CHECK_FAILED == 1
 
 
 def test_missing_summary_means_unfinished(tmp_path: Path) -> None:

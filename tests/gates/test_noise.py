@@ -128,7 +128,8 @@ def recorded(repo_root: Path) -> list[ResultSet]:
 
 def test_recorded_run_is_refused_as_client_bound(recorded: list[ResultSet]) -> None:
     """The real recording was made on a shared 2-core machine (load ≈ 7): its p99 send lateness is far
-    over 5 ms, so the load stage's rule marks it client-bound and every gate refuses to judge it."""
+    over 5 ms, so the load stage's rule of the time (before queue waits were recorded) wrote
+    ``client_bound: true`` into its summary, and every gate still refuses to judge it."""
     assert all(any("client-bound" in p for p in rs.problems) for rs in recorded)
     gates = Baseline(schema_version=1, gates=[Gate(metric="tpot_p95", threshold=1000.0)])
     assert judge(gates, recorded).verdict == "unjudgeable"

@@ -124,8 +124,9 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
         "--max-tokens-cap", "6", "--start-delay", "0.5", "--plan", str(plan), "--preload", str(preload),
         "--probes", "6", "--gate", str(baseline), "--out", str(out),
     )  # fmt: skip
-    # On a busy machine the load generator itself can fall behind (p99 lateness > 5 ms): such a phase is
-    # client-bound, and a client-bound run is never passed, only "cannot be judged" (exit 6).
+    # On a busy machine the load generator itself can be starved (client CPU > 90 %): such a phase is
+    # client-bound, and a client-bound run is never passed, only "cannot be judged" (exit 6). Lateness
+    # alone no longer makes it so (it widens latency gates; these two are rates).
     client_bound = any(read(out / ph / "summary.json")["client_bound"] for ph in ("cold", "warm"))
     want = 6 if client_bound else 0
     assert proc.returncode == want, proc.stdout + proc.stderr

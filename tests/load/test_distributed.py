@@ -30,6 +30,8 @@ def test_master_and_two_workers_each_send_half_into_one_results_dir(tmp_path: Pa
     recs = list(read_records(tmp_path / "r"))
     assert len(recs) == 60 == len(served)
     assert Counter(r.worker for r in recs) == {0: 30, 1: 30}
+    # The workers' records reach the master whole: the queue wait the pacer stamped included.
+    assert all(r.queue_wait_ms is not None and 0.0 <= r.queue_wait_ms <= r.lateness_ms for r in recs)
     # One epoch for both: the interleaved arrivals of the two workers form the one 20/s schedule.
     intended = sorted(r.intended_s for r in recs)
     assert intended == pytest.approx([i / 20 for i in range(60)], abs=1e-9)

@@ -103,8 +103,35 @@ def test_a_stall_shows_from_intended_but_not_from_send(tmp_path: Path, corpus: P
         assert r.ttft_from_intended_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0  # from intent: it shows
         assert r.lateness_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0
     s = read_summary(tmp_path / "r")
-    assert s.client_bound and any("lateness" in w for w in s.warnings)
+    # The wait was for the one busy user: the target's stall, not the client's doing.
+    assert not s.client_bound and any(w.startswith("saturated:") for w in s.warnings)
     assert s.metrics["ttft_from_intended_ms"].p90 > 10 * s.metrics["ttft_ms"].p50  # type: ignore[operator]
+
+
+def test_a_target_that_cannot_keep_up_is_saturated_not_client_bound(tmp_path: Path, corpus: Path) -> None:
+    """One user against a target that takes over 100 ms a request, offered 20/s: arrivals queue for
+    the busy user. That wait is the target's doing: each record carries it as queue_wait_ms, it is
+    nearly all of the lateness, and the run is saturated, not client-bound."""
+    with SSEServer(Behaviour(first_token_s=0.1, gap_s=0.001, tokens=3)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=2, results_dir=tmp_path / "r",
+                        start_delay=0.5, concurrency=1)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+    recs = list(read_records(tmp_path / "r"))
+    assert len(recs) == 40 and all(r.ok for r in recs)
+    for r in recs:
+        assert r.queue_wait_ms is not None and 0.0 <= r.queue_wait_ms <= r.lateness_ms
+    # Request k (from 0) cannot start before k earlier ones took 100 ms each: from the second on, every
+    # arrival found the user busy.
+    assert sum(1 for r in recs if r.queue_wait_ms) >= 35
+    assert sum(r.queue_wait_ms or 0.0 for r in recs) >= 0.9 * sum(r.lateness_ms for r in recs)
+    s = read_summary(tmp_path / "r")
+    assert not s.client_bound, s.warnings
+    assert any(
+        w.startswith("saturated:") and "of 40 requests waited for a free user" in w for w in s.warnings
+    )
+    own, late = s.metrics["client_lateness_ms"], s.metrics["lateness_ms"]
+    assert own.n == late.n == 40 and own.p50 is not None and late.p50 is not None
+    assert own.p50 < late.p50 / 10  # the median request is seconds late, the client only fractions of that
 
 
 @pytest.mark.usefixtures("sigint_heard")

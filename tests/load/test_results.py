@@ -52,12 +52,40 @@ def test_summary_metrics_come_from_the_records() -> None:
     assert not s.client_bound
 
 
-def test_late_or_busy_client_is_marked_client_bound() -> None:
-    recs = [record(i, lateness_ms=40.0) for i in range(10)]
-    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="http://x"))
-    assert s.client_bound and "lateness" in s.warnings[0]
+def test_only_a_starved_client_cpu_marks_a_run_client_bound() -> None:
     s = summarize([record(0)], started_at="x", duration_s=1.0, target=TargetInfo(url="u"), client_cpu_pct=97)
-    assert s.client_bound and "CPU" in s.warnings[0]
+    assert s.client_bound and s.warnings == ["client-bound: client CPU 97 % > 90 %"]
+    s = summarize([record(0)], started_at="x", duration_s=1.0, target=TargetInfo(url="u"), client_cpu_pct=60)
+    assert not s.client_bound and not s.warnings
+
+
+def test_lateness_spent_waiting_for_a_free_user_is_saturation_not_a_bound_client() -> None:
+    """40 ms late, 39.5 of them waiting for a busy user: the target did not keep up."""
+    recs = [record(i, lateness_ms=40.0, queue_wait_ms=39.5) for i in range(8)] + [
+        record(8, queue_wait_ms=0.0)
+    ]
+    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="u"), client_cpu_pct=4)
+    assert not s.client_bound
+    assert s.warnings == [
+        "saturated: 8 of 9 requests waited for a free user (p99 wait 39.5 ms): the target did not keep "
+        "up; the *_from_intended latencies include the wait"
+    ]
+    assert s.metrics["lateness_ms"].p99 == 40.0  # the lateness is kept as it was
+    assert s.metrics["client_lateness_ms"].p99 == 0.5 and s.metrics["client_lateness_ms"].n == 9
+    assert [r.client_lateness_ms for r in recs[-2:]] == [0.5, 0.5]
+
+
+def test_the_clients_own_lateness_warns_of_jitter_without_marking_the_run() -> None:
+    recs = [record(i, lateness_ms=40.0, queue_wait_ms=0.0) for i in range(10)]
+    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="u"))
+    assert not s.client_bound and len(s.warnings) == 1
+    assert s.warnings[0].startswith("client jitter: p99 of the client's own lateness 40.0 ms > 5 ms")
+    assert "widened" in s.warnings[0]
+    # Records from before queue_wait_ms existed: all of their lateness counts as the client's own.
+    old = [record(i, lateness_ms=7.0) for i in range(10)]
+    assert old[0].queue_wait_ms is None and old[0].client_lateness_ms == 7.0
+    s = summarize(old, started_at="x", duration_s=1.0, target=TargetInfo(url="u"))
+    assert not s.client_bound and s.warnings[0].startswith("client jitter:")
 
 
 def test_round_trip_and_bad_lines_name_file_line_field(tmp_path: Path) -> None:
