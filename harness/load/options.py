@@ -68,6 +68,9 @@ class LoadOptions(BaseModel):
     request_timeout: float = Field(default=600.0, gt=0)
     seed: int = 0
     """Seed of the Poisson process and of which arrivals bypass the cache."""
+    capacity: float | None = Field(default=None, gt=0)
+    """The target's capacity in requests/s (``harness capacity``): resolves ladder stages given as a
+    share of it (``qps: 50%``)."""
 
     @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
@@ -126,6 +129,7 @@ _HELP: dict[str, str] = {
     ),
     "request_timeout": "seconds a request may take (network timeout)",
     "seed": "seed of the poisson arrival process and of the bypassed arrivals",
+    "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%",
 }
 
 

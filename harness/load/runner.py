@@ -75,6 +75,8 @@ class LoadSpec:
     drain_timeout: float | None = None
     bypass_fraction: float | None = None
     seed: int | None = None
+    capacity: float | None = None
+    """The target's capacity (requests/s): resolves ladder stages given as a share of it."""
     processes: int | None = None
     run_time: str | None = None
     """Locust's ``--run-time`` (``"90s"``, ``"5m"``): a cap; the rest of the schedule is not sent."""
