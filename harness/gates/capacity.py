@@ -590,6 +590,7 @@ def search(
 
     def run(rate: float) -> ProbeResult:
         nonlocal limits
+        rate = float(f"{rate:.4g}")  # a rate a person can type again (and a probe directory's name)
         samples = measure(rate)
         if not probes:
             limits = resolve_limits(terms, samples)
@@ -852,10 +853,11 @@ def check_spec(spec: CapacitySpec) -> list[SloTerm]:
 class CapacityRunner:
     """Runs a :class:`CapacitySpec` against a target: calibrates, probes, searches, writes the answer."""
 
-    def __init__(self, spec: CapacitySpec, console: Console | None = None) -> None:
+    def __init__(self, spec: CapacitySpec, console: Console | None = None, *, ui: _Ui | None = None) -> None:
         self.spec = spec
         self.out = spec.out.resolve()
-        self.ui = _Ui(console or Console(stderr=True))
+        # ``harness run`` passes its own progress display (rich allows one live display at a time).
+        self.ui = ui or _Ui(console or Console(stderr=True))
         self.terms = check_spec(spec)
         self.started_at = datetime.now(UTC).isoformat()
         self.result: CapacityResult | None = None
