@@ -41,6 +41,7 @@ TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("gate", "harness.gates.cli", "gate"),
     ("report", "harness.reports.cli", "report"),
     ("run", "harness.gates.run_cli", "run"),
+    ("capacity", "harness.gates.capacity_cli", "capacity"),
 )
 
 stderr = Console(stderr=True)

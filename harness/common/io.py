@@ -228,6 +228,7 @@ def read_yaml(
     expected: str,
     error: type[HarnessError] = InputError,
     hint: Callable[[ErrorDetails], str | None] | None = None,
+    context: dict[str, Any] | None = None,
 ) -> dict[str, Any]: ...
 
 
@@ -239,6 +240,7 @@ def read_yaml(
     expected: str,
     error: type[HarnessError] = InputError,
     hint: Callable[[ErrorDetails], str | None] | None = None,
+    context: dict[str, Any] | None = None,
 ) -> M: ...
 
 
@@ -249,13 +251,15 @@ def read_yaml(
     expected: str,
     error: type[HarnessError] = InputError,
     hint: Callable[[ErrorDetails], str | None] | None = None,
+    context: dict[str, Any] | None = None,
 ) -> M | dict[str, Any]:
     """A YAML mapping from ``path``, validated as ``model`` when one is given.
 
     Every problem is one ``error`` (:class:`InputError` unless the file is configuration) naming the
     file, the line and, for a validation error, the field's dotted path and the line it is on
     (``stages.1.target_qps``). ``expected`` says what the file should be (``"a ladder plan"``);
-    ``hint`` may add a suggestion for a validation error.
+    ``hint`` may add a suggestion for a validation error; ``context`` is pydantic's validation
+    context (a ladder plan's ``capacity``, which resolves ``qps: 50%``).
     """
     import yaml
 
@@ -274,7 +278,7 @@ def read_yaml(
     if model is None:
         return data
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))

@@ -21,6 +21,13 @@ gates:
    judge both phases (labels ``cold`` and ``warm``, :func:`harness.gates.gate_runs`) →
    ``OUT/gate.junit.xml``, ``OUT/gate.json``.
 
+**Load relative to capacity.** ``--rate 50%`` (:attr:`PairedSpec.rate_share`) and ladder plans whose
+stages give ``qps: 50%`` need the target's capacity: ``--capacity N``, or else it is measured first,
+against the same target, by :class:`harness.gates.capacity.CapacityRunner` (results under
+``OUT/capacity/``), before the caches are flushed. The capacity and the absolute rate it gave are in
+``run.json`` (``capacity``); a target that meets the capacity SLO at no rate cannot be loaded to a share
+of it (exit 6).
+
 ``OUT/run.json`` (:class:`PairedRun`) is rewritten atomically after every step, so an interrupted
 or failed run still says how far it got. Exit codes (:func:`exit_code_of`): 0 pass; 1 a gate proved
 a regression; 6 the warm phase could not be called warm or a gate could not judge; 3/4/5 bad input,
@@ -44,7 +51,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -88,7 +95,18 @@ COMPARISON_FILE = "comparison.json"
 JUNIT_FILE = "gate.junit.xml"
 VERDICT_FILE = "gate.json"
 SERVER_DIR = "server"
-OUTPUTS = (*PHASES, SERVER_DIR, RUN_FILE, WARM_CHECK_FILE, COMPARISON_FILE, JUNIT_FILE, VERDICT_FILE)
+CAPACITY_DIR = "capacity"
+"""Where ``--rate N%`` (or a plan in shares of capacity) measures the capacity first."""
+OUTPUTS = (
+    *PHASES,
+    SERVER_DIR,
+    RUN_FILE,
+    WARM_CHECK_FILE,
+    COMPARISON_FILE,
+    JUNIT_FILE,
+    VERDICT_FILE,
+    CAPACITY_DIR,
+)
 """Everything ``harness run`` writes under ``OUT`` (``--force`` removes exactly these)."""
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
 
@@ -127,6 +145,24 @@ class PairedSpec:
     server_timeout_s: float = 300.0
     seed: int = 0
     """Seed of the probe sample."""
+    rate_share: float | None = None
+    """``--rate 50%``: the constant rate is this share of the target's capacity (``load.rate`` unset)."""
+    capacity: float | None = None
+    """``--capacity N`` (requests/s); ``None``: measured first when a share of it is asked for."""
+    slo: str | None = None
+    """SLO of that measurement (default :data:`harness.gates.capacity.DEFAULT_SLO`)."""
+    capacity_options: dict[str, Any] = field(default_factory=dict)
+    """More :class:`harness.gates.capacity.CapacitySpec` fields for that measurement (``min_rate``,
+    ``probe_requests`` …); the command line uses the defaults."""
+
+    def plan_shares(self) -> bool:
+        """Whether the ladder plan gives stages as shares of capacity (``qps: 50%``)."""
+        from harness.load.plan import share_stages
+
+        return self.plan is not None and bool(share_stages(self.plan))
+
+    def needs_capacity(self) -> bool:
+        return self.rate_share is not None or self.plan_shares()
 
 
 @dataclass
@@ -226,7 +262,13 @@ def prepare(spec: PairedSpec) -> Prepared:
     if not 0 < spec.min_warm_rate <= 1:
         raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
     _check_out(spec.out, force=spec.force)
-    opts = spec.load.options()
+    load = spec.load
+    if spec.rate_share is not None:
+        if load.rate is not None:
+            raise ConfigError("give a rate or a share of capacity, not both", field="--rate")
+        # Until the capacity is measured (once the target is up) any rate checks the other inputs.
+        load = dataclasses.replace(load, rate=spec.rate_share * (spec.capacity or 1.0))
+    opts = load.options()
     # The load stage's own checks and arrival rules: what is planned here is what the replay sends.
     inputs = Inputs.load(opts, ladder=False)
     planned = inputs.planned() or []
@@ -243,7 +285,8 @@ def prepare(spec: PairedSpec) -> Prepared:
         refs["schedule"] = InputRef.of(opts.schedule)
     ladder_requests = None
     if spec.plan is not None:
-        plan = read_plan(spec.plan)
+        # A plan in shares of capacity is checked against a stand-in until the capacity is known.
+        plan = read_plan(spec.plan, capacity=spec.capacity or (1.0 if spec.plan_shares() else None))
         ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
         refs["plan"] = InputRef.of(spec.plan)
     if spec.preload is not None:
@@ -356,6 +399,25 @@ class GateRecord(_Strict):
     verdict_json: str
 
 
+class CapacityRecord(_Strict):
+    """The capacity a run's load was set relative to (``--rate 50%``, plan stages in shares)."""
+
+    capacity_rps: float
+    source: Literal["measured", "given"]
+    """Measured first by this run (``OUT/capacity``) or given with ``--capacity``."""
+    low: float | None = None
+    high: float | None = None
+    bounded: bool | None = None
+    """``false``: every probe passed, the capacity is at least ``capacity_rps``."""
+    file: str | None = None
+    """The measurement's ``capacity.json``."""
+    rate_share: float | None = None
+    rate_rps: float | None = None
+    """The absolute constant rate both phases used (``rate_share × capacity_rps``)."""
+    plan_shares: bool = False
+    """Whether the ladder plan's shares were resolved with it (``--capacity`` to the ladder)."""
+
+
 class PairedRun(_Strict):
     """``OUT/run.json``: what the paired run did, rewritten after every step."""
 
@@ -380,6 +442,8 @@ class PairedRun(_Strict):
     interrupted: bool = False
     skipped_levels: list[str] = Field(default_factory=list)
     """Cache levels the target does not expose (404), so this run could neither flush nor check them."""
+    capacity: CapacityRecord | None = None
+    """The capacity the load was relative to (only with ``--rate N%`` or a plan in shares)."""
 
 
 def exit_code_of(warm: WarmCheck | None, gate: GateReport | None) -> tuple[ExitCode, str]:
@@ -507,12 +571,12 @@ class PairedRunner:
             _clear_out(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.record.inputs = prep.refs
-        args = self._template("").options().to_args()
-        at = args.index("--results-dir") if "--results-dir" in args else -1
-        self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args}
+        self._record_load()
         self.save()
         try:
             with _sigterm_interrupts(), self.ui.progress, self._target(prep) as target:
+                if spec.needs_capacity():
+                    self._resolve_capacity(target, prep)
                 self._measure(target, prep)
         except KeyboardInterrupt:
             self.record.interrupted = True
@@ -536,6 +600,69 @@ class PairedRunner:
 
     def _template(self, host: str) -> LoadSpec:
         return dataclasses.replace(self.spec.load, host=host)
+
+    def _record_load(self) -> None:
+        args = self._template("").options().to_args()
+        at = args.index("--results-dir") if "--results-dir" in args else -1
+        self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args}
+
+    def _resolve_capacity(self, target: Target, prep: Prepared) -> None:
+        """Measure the capacity (unless ``--capacity`` gave it), then turn ``--rate N%`` into a rate and
+        hand the capacity to the ladder; before the flush, so the cold phase is still cold."""
+        from harness.common.errors import CannotJudge
+        from harness.gates.capacity import DEFAULT_SLO, CapacityRunner, CapacitySpec
+        from harness.load.plan import read_plan
+
+        spec = self.spec
+        cap, source = spec.capacity, "given"
+        record = CapacityRecord(capacity_rps=0.0, source="given", rate_share=spec.rate_share)
+        if cap is None:
+            source = "measured"
+            probe_load = dataclasses.replace(
+                spec.load, rate=None, duration=None, max_requests=None, schedule=None, speedup=None,
+                start_delay=None, extra_args=(),
+            )  # fmt: skip
+            cspec = CapacitySpec(
+                out=self.out / CAPACITY_DIR, load=probe_load, slo=spec.slo or DEFAULT_SLO, url=target.url,
+                confidence=spec.confidence, **spec.capacity_options,
+            )  # fmt: skip
+            self.ui.say(f"[dim]measuring capacity first (SLO {escape(cspec.slo)}) → {cspec.out}[/]")
+            result = CapacityRunner(cspec, ui=self.ui).measure(target)
+            cap = result.capacity_rps
+            record = CapacityRecord(
+                capacity_rps=cap, source="measured", low=result.low, high=result.high, bounded=result.bounded,
+                file=str(cspec.out / "capacity.json"), rate_share=spec.rate_share,
+            )  # fmt: skip
+            if cap <= 0:
+                self.record.capacity = record
+                raise CannotJudge(
+                    f"no rate meets the capacity SLO, so a share of capacity means nothing: {result.reason}",
+                    file=cspec.out / "capacity.json",
+                )
+        assert cap is not None
+        load = spec.load
+        if spec.rate_share is not None:
+            load = dataclasses.replace(load, rate=float(f"{spec.rate_share * cap:.4g}"))
+        shares = spec.plan_shares()
+        if shares:
+            load = dataclasses.replace(load, capacity=cap)
+        self.spec = spec = dataclasses.replace(spec, load=load, capacity=cap)
+        record = record.model_copy(
+            update={"capacity_rps": cap, "source": source, "rate_rps": load.rate if spec.rate_share else None,
+                    "plan_shares": shares}
+        )  # fmt: skip
+        self.record.capacity = record
+        # What the phases send follows from the rate now known.
+        prep.planned = Inputs.load(load.options(), ladder=False).planned() or []
+        if spec.plan is not None:
+            plan = read_plan(spec.plan, capacity=cap)
+            prep.ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
+        self._record_load()
+        self.save()
+        at_least = "at least " if record.bounded is False else ""
+        rate = f": --rate {spec.rate_share:.0%} → {load.rate:g} req/s" if spec.rate_share is not None else ""
+        ladder = "; the ladder's stages in shares of it" if shares else ""
+        self.ui.say(f"[green]✓[/] capacity {at_least}{cap:.4g} req/s ({source}){rate}{ladder}")
 
     @contextmanager
     def _target(self, prep: Prepared) -> Iterator[Target]:

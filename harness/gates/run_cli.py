@@ -42,7 +42,12 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         Path | None, typer.Option("--schedule", help="Arrival schedule JSONL.", rich_help_panel=_LOAD)
     ] = None,
     rate: Annotated[
-        float | None, typer.Option("--rate", help="Constant arrivals/s (no schedule).", rich_help_panel=_LOAD)
+        str | None,
+        typer.Option(
+            "--rate",
+            help="Constant arrivals/s (no schedule), or a share of capacity: 50%.",
+            rich_help_panel=_LOAD,
+        ),
     ] = None,
     duration: Annotated[
         float | None, typer.Option("--duration", help="Seconds of schedule to send.", rich_help_panel=_LOAD)
@@ -139,6 +144,22 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
     phase_timeout: Annotated[
         float, typer.Option("--phase-timeout", min=1.0, help="Seconds a load phase may take at most.")
     ] = 3600.0,
+    capacity: Annotated[
+        float | None,
+        typer.Option(
+            "--capacity",
+            help="Target capacity, req/s, for --rate N% and plan stages in %; default: measured first.",
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
+    slo: Annotated[
+        str | None,
+        typer.Option(
+            "--slo",
+            help='SLO of that capacity measurement (default "ttft_p95<=3x,error_rate<=0.05").',
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
 ) -> None:
     """Paired cold/warm run: replay cold, warm up, check warm, replay warm; compare and gate.
 
@@ -155,12 +176,19 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         raise ConfigError(f"{arrival!r} is not constant or poisson", field="--arrival")
     if url is not None and serve_args is not None:
         raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
+    rate_rps, rate_share = parse_rate(rate)
+    if capacity is not None and not capacity > 0:
+        raise ConfigError(f"must be a positive rate, got {capacity}", field="--capacity")
+    if slo is not None:
+        from harness.gates.capacity import parse_slo
+
+        parse_slo(slo)
     load = LoadSpec(
         host="",
         results_dir=out,
         corpus=corpus,
         schedule=schedule,
-        rate=rate,
+        rate=rate_rps,
         duration=duration,
         max_requests=max_requests,
         speedup=speedup,
@@ -190,6 +218,9 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         confidence=confidence,
         force=force,
         phase_timeout_s=phase_timeout,
+        rate_share=rate_share,
+        capacity=capacity,
+        slo=slo,
     )
     runner = PairedRunner(spec, stderr)
     record = runner.run()
@@ -212,3 +243,24 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
     if code == int(ExitCode.UNJUDGEABLE):
         raise CannotJudge(message, file=out / "run.json")
     stderr.print(f"[green]✓[/] {message}", highlight=False)
+
+
+def parse_rate(text: str | None) -> tuple[float | None, float | None]:
+    """``--rate``: ``"4"`` → ``(4.0, None)`` requests/s; ``"50%"`` → ``(None, 0.5)``, a share of capacity."""
+    from harness.load.plan import parse_share
+
+    if text is None:
+        return None, None
+    try:
+        share = parse_share(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--rate") from None
+    if share is not None:
+        return None, share
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{text!r} is neither requests/s (4) nor a share of capacity (50%)", field="--rate"
+        ) from None
+    return value, None  # its range is the load options' to check, as before

@@ -207,6 +207,10 @@ def ladder_cmd(  # noqa: PLR0917  (typer options)
     concurrency: CONCURRENCY = None,
     max_tokens_cap: CAP = None,
     preload: PRELOAD = None,
+    capacity: Annotated[
+        float | None,
+        typer.Option("--capacity", help="Target capacity, requests/s: resolves stages given as qps: 50%."),
+    ] = None,
 ) -> None:
     """Run the staged warmup ladder with rollback (headless Locust, locustfiles/warmup.py)."""
     from harness.load.runner import LoadSpec
@@ -222,5 +226,6 @@ def ladder_cmd(  # noqa: PLR0917  (typer options)
             concurrency=concurrency,
             max_tokens_cap=max_tokens_cap,
             preload=preload,
+            capacity=capacity,
         )
     )

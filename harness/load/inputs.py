@@ -81,7 +81,7 @@ class Inputs:
                 raise ConfigError(
                     "the warmup ladder needs a plan", field="--plan", hint="fixtures/plans/tiny.yaml"
                 )
-            plan = Ladder(read_plan(opts.plan))
+            plan = Ladder(read_plan(opts.plan, capacity=opts.capacity))
         elif schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in records):
             raise ConfigError(
                 "nothing says when to send: give --schedule or --rate, or a corpus with arrival offsets",

@@ -115,6 +115,10 @@ class LoadOptions(BaseModel):
         parse_precision_on(v)  # raises ValueError naming the bad item
         return v
 
+    capacity: float | None = Field(default=None, gt=0)
+    """The target's capacity in requests/s (``harness capacity``): resolves ladder stages given as a
+    share of it (``qps: 50%``)."""
+
     @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
         """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included)."""
@@ -179,6 +183,7 @@ _HELP: dict[str, str] = {
     "precision_on": "percentiles --until-precision watches, FIELD:Q,… (default ttft_ms:95,tpot_ms:95)",
     "precision_confidence": "confidence of the watched percentile intervals (default 0.95)",
     "precision_min_samples": "--until-precision also waits for this many samples of each watched field",
+    "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%",
 }
 _TEXT: frozenset[str] = frozenset({"until_precision"})
 """Options given as text whatever their type (``10%``): the model parses them."""

@@ -10,6 +10,12 @@ duration with a tolerated failure rate, and optionally the preload file to post 
       - {name: s1-100qps, qps: 100, duration_s: 60, max_failure_rate: 0.08}
       - {name: s2-300qps, qps: 300, duration_s: 60, max_failure_rate: 0.05}
 
+A stage's ``qps`` may instead be a share of the target's capacity, ``qps: 50%`` (``harness
+capacity`` measures it): the same plan then loads a laptop and an H200 to the same utilisation.
+Such a plan is read with the capacity in requests/s (:func:`read_plan` ``capacity=``, the load
+option ``--capacity``), which turns every share into an absolute rate; without one it is a
+:class:`~harness.common.errors.ConfigError` naming the file and the stage.
+
 :class:`Ladder` turns the plan into :class:`~harness.load.arrivals.Segment` s for the pacer and
 judges each stage from the records: the failure rate over the requests *intended* inside the stage's
 window that have completed. A stage over its tolerance (checked as soon as ``min_requests`` have
@@ -23,13 +29,15 @@ and retry becomes a :class:`~harness.load.results.StageOutcome` in ``summary.jso
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from harness.common.errors import ConfigError
 from harness.common.io import read_yaml
 from harness.load.arrivals import Segment
 from harness.load.results import StageOutcome
@@ -39,13 +47,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def parse_share(text: str) -> float | None:
+    """``"50%"`` → ``0.5`` (a share of capacity); ``None`` when ``text`` is not a percentage.
+
+    Raises ``ValueError`` for a percentage that is not a positive finite number (``"-5%"``, ``"x%"``).
+    """
+    t = text.strip()
+    if not t.endswith("%"):
+        return None
+    try:
+        share = float(t[:-1]) / 100.0
+    except ValueError:
+        raise ValueError(f"{text!r} is not a percentage (50%)") from None
+    if not math.isfinite(share) or share <= 0:
+        raise ValueError(f"{text!r}: a share of capacity must be above 0 %")
+    return share
+
+
 class Stage(_Strict):
     name: str = Field(min_length=1)
     qps: float = Field(gt=0)
-    """Target arrival rate, requests/s over all processes."""
+    """Target arrival rate, requests/s over all processes. In the file also a share of capacity
+    (``50%``), resolved to requests/s when the plan is read (validation context ``capacity``)."""
     duration_s: float = Field(gt=0)
     max_failure_rate: float = Field(ge=0, le=1)
     """Tolerated share of failed requests (HTTP error, transport error, in-stream error)."""
+
+    @field_validator("qps", mode="before")
+    @classmethod
+    def _share_of_capacity(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return value
+        share = parse_share(value)
+        if share is None:
+            return value  # pydantic's own float parsing ("12.5") and its message
+        capacity = (info.context or {}).get("capacity")
+        if capacity is None:
+            raise ValueError(f"qps {value} is a share of capacity, and no capacity was given (--capacity)")
+        return share * float(capacity)
 
 
 class Policy(_Strict):
@@ -76,9 +115,34 @@ class Plan(_Strict):
         return self
 
 
-def read_plan(path: str | Path) -> Plan:
-    """Load and validate a plan file; errors name the file, line and field (``stages.1.target_qps``)."""
-    return read_yaml(path, Plan, expected="a ladder plan")
+def read_plan(path: str | Path, capacity: float | None = None) -> Plan:
+    """Load and validate a plan file; errors name the file, line and field (``stages.1.target_qps``).
+
+    ``capacity`` (requests/s) turns stages given as a share of capacity (``qps: 50%``) into rates;
+    a plan with such stages and no ``capacity`` is a :class:`ConfigError` naming the stage.
+    """
+    if capacity is None:
+        shares = share_stages(path)
+        if shares:
+            i, name = shares[0]
+            raise ConfigError(
+                f"stage {name!r} gives qps as a share of capacity, and no capacity was given",
+                file=path,
+                field=f"stages.{i}.qps",
+                hint="--capacity N (requests/s), or `harness run`, which measures it first",
+            )
+    return read_yaml(path, Plan, expected="a ladder plan", context={"capacity": capacity})
+
+
+def share_stages(path: str | Path) -> list[tuple[int, str]]:
+    """``(index, name)`` of every stage whose ``qps`` is a share of capacity (``50%``)."""
+    raw = read_yaml(path, expected="a ladder plan")
+    stages = raw.get("stages")
+    out: list[tuple[int, str]] = []
+    for i, st in enumerate(stages if isinstance(stages, list) else []):
+        if isinstance(st, dict) and isinstance(st.get("qps"), str) and st["qps"].strip().endswith("%"):
+            out.append((i, str(st.get("name", f"#{i}"))))
+    return out
 
 
 def write_plan(path: str | Path, plan: Plan, *, comment: str | None = None) -> Path:

@@ -75,6 +75,8 @@ class LoadSpec:
     drain_timeout: float | None = None
     bypass_fraction: float | None = None
     seed: int | None = None
+    capacity: float | None = None
+    """The target's capacity (requests/s): resolves ladder stages given as a share of it."""
     processes: int | None = None
     until_precision: float | str | None = None
     """Stop sending once every ``precision_on`` percentile is this precise (``0.1`` or ``"10%"``)."""

@@ -13,11 +13,13 @@ stderr = Console(stderr=True)
 
 def report(  # noqa: PLR0917 - typer maps parameters to options
     results: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
-            help="Run directories, as DIR or LABEL=DIR (cold=runs/cold warm=runs/warm).", show_default=False
+            help="Run directories, as DIR or LABEL=DIR (cold=runs/cold warm=runs/warm); with --capacity "
+            "and none given: its probes.",
+            show_default=False,
         ),
-    ],
+    ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML report to write.")] = Path("report.html"),
     markdown: Annotated[
         Path | None,
@@ -31,6 +33,12 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         Path | None, typer.Option("--verdict", help="Show this JSON verdict (from `harness gate --json`).")
     ] = None,
     title: Annotated[str, typer.Option("--title", help="Report title.")] = "harness load report",
+    capacity: Annotated[
+        Path | None,
+        typer.Option(
+            "--capacity", help="Add the capacity search's plot (OUT/capacity.json of harness capacity)."
+        ),
+    ] = None,
 ) -> None:
     """Write a self-contained HTML report (plots inlined, opens offline) and a Markdown summary.
 
@@ -44,7 +52,15 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
 
     if baseline is not None and verdict is not None:
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
-    sets = load_result_sets(results)
+    cap = None
+    if capacity is not None:
+        from harness.gates.capacity import read_capacity
+
+        cap = read_capacity(capacity)
+    if not results and cap is not None:
+        # The probes are ordinary run directories: the report's other plots show them side by side.
+        results = [f"{p.index:02d}-{p.rate:.4g}rps={p.dir}" for p in sorted(cap.probes, key=lambda p: p.rate)]
+    sets = load_result_sets(results or [])
     gate = None
     if baseline is not None:
         gate = judge(read_baseline(baseline), sets, baseline_path=baseline)
@@ -60,7 +76,7 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         def tick(plot_id: str) -> None:
             bar.update(task, advance=1, description=plot_id)
 
-        files = write_report(sets, out, markdown_path=md, gate=gate, title=title, tick=tick)
+        files = write_report(sets, out, markdown_path=md, gate=gate, title=title, tick=tick, capacity=cap)
     stderr.print(f"wrote {files.html} and {files.markdown}", highlight=False)
     if gate is not None:
         stderr.print(gate.headline(), highlight=False)

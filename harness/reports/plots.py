@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from harness.common.headers import CACHE_STATUSES
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
+from harness.gates.capacity import CapacityResult
 from harness.gates.metrics import format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet
 from harness.load.results import CLIENT_BOUND_LATENESS_MS
@@ -524,4 +525,66 @@ def kv_bytes_vs_prompt(sets: Sequence[ResultSet]) -> Drawn:
     ax.set_ylabel(f"prefill KV bytes ({unit})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+# ------------------------------------------------------------------------ capacity: latency vs rate
+
+CAPACITY_PLOT = Plot(
+    id="fig-capacity",
+    title="SLO terms vs offered rate (capacity search)",
+    alt="For each SLO term of the capacity search, the value each probe measured (with its confidence "
+    "interval, coloured by that term's verdict) against the offered open-loop rate in requests per "
+    "second, the SLO limit as a line, the bracket between the highest passing and the lowest failing "
+    "rate shaded, the capacity found as a vertical line and a cliff, if any, marked.",
+    draw=lambda sets: "drawn from capacity.json (harness report --capacity FILE), not from result sets",
+)
+"""Not in :data:`PLOTS`: it is drawn from a :class:`~harness.gates.capacity.CapacityResult`
+(``harness report --capacity OUT/capacity.json``) by :func:`capacity_plot`, not from result sets."""
+VERDICT_COLOURS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#e6a817"}
+
+
+def capacity_plot(result: CapacityResult) -> Drawn:
+    """One panel per SLO term: each probe's value and interval against the offered rate, the limit,
+    the bracket ``[low, high]`` shaded, the capacity line, and the cliff marked."""
+    if not result.probes:
+        return "The capacity search ran no probe."
+    n = len(result.terms)
+    fig = Figure(figsize=(6.5 * min(n, 2), 4.2 * math.ceil(n / 2) + 0.6), layout="constrained")
+    axes: list[Axes] = list(fig.subplots(math.ceil(n / 2), min(n, 2), squeeze=False).flat)
+    fig.suptitle(f"Capacity search: SLO {result.slo} ({result.confidence:.0%} intervals)")
+    rates = np.asarray([p.rate for p in result.probes])
+    for i, (ax, term, limit) in enumerate(zip(axes, result.terms, result.limits, strict=False)):
+        scale, unit = (100.0, "%") if term.kind == "rate" else (1.0, "ms")
+        for verdict, c in VERDICT_COLOURS.items():
+            pick = [p for p in result.probes if (t := p.terms[i]).verdict == verdict and t.value is not None]
+            if not pick:
+                continue
+            x = np.asarray([p.rate for p in pick])
+            y = np.asarray([float(p.terms[i].value or 0.0) for p in pick]) * scale
+            lo = np.asarray([np.nan if p.terms[i].lo is None else p.terms[i].lo for p in pick], float) * scale
+            hi = np.asarray([np.nan if p.terms[i].hi is None else p.terms[i].hi for p in pick], float) * scale
+            # An unbounded side (too few samples for it) is drawn as no bar on that side.
+            err = np.vstack([np.nan_to_num(y - lo, nan=0.0), np.nan_to_num(hi - y, nan=0.0)])
+            ax.errorbar(x, y, yerr=err, fmt="o", color=c, capsize=3, label=f"term {verdict}")
+        if limit is not None:
+            ax.axhline(limit * scale, color="#333333", linestyle="--", linewidth=1, label="SLO limit")
+        if result.high is not None and result.low > 0:
+            ax.axvspan(result.low, result.high, color="#1f77b4", alpha=0.12, label="bracket [low, high]")
+        if result.capacity_rps > 0:
+            ax.axvline(result.capacity_rps, color="#1f77b4", linewidth=1.2, label="capacity")
+        if result.cliff and result.cliff_term == term.metric and result.cliff_rates:
+            mid = math.sqrt(result.cliff_rates[0] * result.cliff_rates[1])
+            ax.annotate("cliff", (mid, 0.9), xycoords=("data", "axes fraction"), ha="center", color="#a11d1d",
+                        fontsize=9, fontweight="bold", bbox=_LABEL_BOX)  # fmt: skip
+        if rates.max() / rates.min() > 4:
+            ax.set_xscale("log")
+        ax.set_title(f"{term.metric} ({term.text})")
+        ax.set_xlabel("offered rate (requests/s)")
+        what = "errors" if term.kind == "rate" else f"P{term.q} {term.column}"
+        ax.set_ylabel(f"{what} ({unit})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[n:]:
+        ax.set_visible(False)
     return fig

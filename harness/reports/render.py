@@ -19,10 +19,11 @@ from markupsafe import Markup
 
 from harness import __version__
 from harness.common.io import atomic_write
+from harness.gates.capacity import CapacityResult, answer_line
 from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
-from harness.reports.plots import PLOTS, Plot, pair, to_png_base64
+from harness.reports.plots import CAPACITY_PLOT, PLOTS, Plot, capacity_plot, pair, to_png_base64
 from harness.reports.tables import Table, overview, per_scenario, speedup
 
 Tick = Callable[[str], None]
@@ -100,6 +101,7 @@ _TEMPLATE = """<!doctype html>
 </ul>{% endif %}
 {% endfor %}
 {% if speedups %}<p>Cold → warm: {{ speedups }}.</p>{% endif %}
+{% if capacity_line %}<p id="capacity">{{ capacity_line }}</p>{% endif %}
 </section>
 
 <section id="plots">
@@ -232,9 +234,18 @@ def render_html(
     *,
     title: str = "harness load report",
     tick: Tick | None = None,
+    capacity: CapacityResult | None = None,
 ) -> str:
-    """The whole report as one HTML string."""
+    """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first."""
     plots = render_plots(sets, tick)
+    if capacity is not None:
+        drawn = capacity_plot(capacity)
+        cap = (
+            RenderedPlot(CAPACITY_PLOT, None, drawn)
+            if isinstance(drawn, str)
+            else RenderedPlot(CAPACITY_PLOT, to_png_base64(drawn), None)
+        )
+        plots.insert(0, cap)
     text, cls = verdict_text(gate)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = env.from_string(_TEMPLATE)
@@ -252,6 +263,7 @@ def render_html(
         run_notes=_run_notes(sets),
         gate=gate,
         gate_table=_markup(gate_rows(gate), left=2, classes=[g.verdict for g in gate.gates]) if gate else "",
+        capacity_line=answer_line(capacity) if capacity is not None else "",
     )
 
 
@@ -325,10 +337,11 @@ def write_report(
     gate: GateReport | None = None,
     title: str = "harness load report",
     tick: Tick | None = None,
+    capacity: CapacityResult | None = None,
 ) -> ReportFiles:
     """Write the HTML report (and the Markdown summary when ``markdown_path`` is given), atomically."""
     out = Path(html_path)
-    page = render_html(sets, gate, title=title, tick=tick)
+    page = render_html(sets, gate, title=title, tick=tick, capacity=capacity)
     with atomic_write(out) as fh:
         fh.write(page)
     md: Path | None = None

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.common.errors import InputError
-from harness.load.plan import Ladder, Plan, plan_preload, read_plan, write_plan
+from harness.common.errors import ConfigError, InputError
+from harness.load.inputs import Inputs
+from harness.load.options import LoadOptions
+from harness.load.plan import Ladder, Plan, parse_share, plan_preload, read_plan, share_stages, write_plan
+from tests.load.helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,3 +115,41 @@ def test_write_plan_reads_back_equal_and_the_preload_is_beside_the_plan(tmp_path
     # Without a preload, the key is not written at all (a plan a person wrote looks the same).
     write_plan(tmp_path / "plain.yaml", plan())
     assert "preload" not in (tmp_path / "plain.yaml").read_text()
+
+
+def test_stages_in_shares_of_capacity_resolve_with_the_capacity(tmp_path: Path) -> None:
+    plan = read_plan(ROOT / "fixtures" / "plans" / "relative.yaml", capacity=8.0)
+    assert [s.qps for s in plan.stages] == [2.0, 4.0, 6.0]
+    assert share_stages(ROOT / "fixtures" / "plans" / "relative.yaml") == [
+        (0, "s1-25pct"), (1, "s2-50pct"), (2, "s3-75pct")]  # fmt: skip
+    assert share_stages(ROOT / "fixtures" / "plans" / "tiny.yaml") == []
+    # Absolute and relative stages mix; capacity does not touch the absolute ones.
+    p = tmp_path / "p.yaml"
+    p.write_text("stages:\n  - {name: a, qps: 3, duration_s: 5, max_failure_rate: 0.1}\n"
+                 "  - {name: b, qps: 150%, duration_s: 5, max_failure_rate: 0.1}\n")  # fmt: skip
+    assert [s.qps for s in read_plan(p, capacity=10).stages] == [3.0, 15.0]
+
+
+def test_shares_without_a_capacity_are_a_config_error_naming_the_stage(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        read_plan(ROOT / "fixtures" / "plans" / "relative.yaml")
+    assert err.value.field == "stages.0.qps" and "s1-25pct" in str(err.value)
+    assert err.value.file is not None and err.value.file.endswith("relative.yaml")
+    p = tmp_path / "p.yaml"
+    p.write_text("stages:\n  - {name: a, qps: -5%, duration_s: 5, max_failure_rate: 0.1}\n")
+    with pytest.raises(InputError, match="above 0 %") as bad:
+        read_plan(p, capacity=8)
+    assert bad.value.field == "stages.0.qps" and bad.value.line == 2
+    with pytest.raises(ValueError, match="not a percentage"):
+        parse_share("x%")
+    assert parse_share("50%") == 0.5 and parse_share("50") is None
+
+
+def test_the_load_stage_reads_a_plan_in_shares_with_its_capacity_option(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "c.jsonl", 4)
+    plan = ROOT / "fixtures" / "plans" / "relative.yaml"
+    inputs = Inputs.load(LoadOptions(corpus=corpus, plan=plan, capacity=4.0), ladder=True)
+    assert inputs.ladder is not None and [s.qps for s in inputs.ladder.plan.stages] == [1.0, 2.0, 3.0]
+    with pytest.raises(ConfigError, match="no capacity was given"):
+        Inputs.load(LoadOptions(corpus=corpus, plan=plan), ladder=True)
+    assert "--capacity" in LoadOptions(capacity=4.0).to_args()

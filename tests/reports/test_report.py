@@ -215,3 +215,36 @@ def test_report_of_the_recorded_run(repo_root: Path, tmp_path: Path) -> None:
     html = files.html.read_text()
     assert "client-bound" in html and set(PLOTS.names()) <= set(_parse(files.html).figures)
     assert "CANNOT BE JUDGED" in (tmp_path / "real.md").read_text()
+
+
+def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import numpy as np
+
+    from harness.gates.capacity import ProbeSamples, parse_slo, search
+    from harness.reports.plots import capacity_plot
+
+    def measure(rate: float) -> ProbeSamples:
+        ttft = np.linspace(40, 60, 100) * (1 if rate <= 8 else 20)
+        n = ttft.size
+        return ProbeSamples(rate=rate, columns={"ttft_from_intended_ms": ttft, "e2e_from_intended_ms": ttft,
+                            "tpot_ms": np.full(n, 5.0)}, ok=np.ones(n, bool), itl=np.empty(0),
+                            dir=str(run_dirs["warm"]))  # fmt: skip
+
+    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=2.0)
+    fig = capacity_plot(result)
+    assert isinstance(fig, Figure)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2
+    for ax in axes:
+        assert ax.get_title() and "(" in ax.get_ylabel() and "requests/s" in ax.get_xlabel()
+        assert ax.get_legend() is not None
+    assert result.cliff and any(t.get_text() == "cliff" for t in axes[0].texts)
+    path = tmp_path / "capacity.json"
+    path.write_text(result.model_dump_json())
+    out = tmp_path / "cap.html"
+    # With no run directories the probes themselves are the result sets.
+    res = harness_cli("report", "--capacity", str(path), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    page = _parse(out)
+    assert page.figures["fig-capacity"]["src"].startswith("data:image/png;base64,")
+    assert "capacity:" in out.read_text() and result.probes[0].dir.endswith("warm")

@@ -1,0 +1,197 @@
+"""``harness capacity``: the highest open-loop rate that meets an SLO (:mod:`harness.gates.capacity`).
+
+Exit codes: 0 a rate meets the SLO (printed as "at least" when no probe failed up to ``--max-rate``);
+1 not even the lowest rate does; 6 the lowest rate cannot be judged; 2 bad command line; 3 bad input
+file; 4 bad option, SLO or ``--serve-args``, or ``--out`` holding an earlier search; 5 the target
+could not be started or reached; 130 interrupted (the running probe finalized, the server stopped,
+``capacity.json`` holds the probes so far).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+
+stderr = Console(stderr=True)
+
+_LOAD = "Load (every probe)"
+_SEARCH = "Search"
+
+
+def capacity(  # noqa: PLR0917 - typer maps parameters to options
+    corpus: Annotated[
+        Path, typer.Option("--corpus", help="corpus.jsonl or its directory.", rich_help_panel=_LOAD)
+    ],
+    slo: Annotated[
+        str | None,
+        typer.Option(
+            "--slo",
+            help='Comma-separated metric<=value terms (default "ttft_p95<=3x,error_rate<=0.05"); '
+            "ttft/e2e/tpot/itl_p50|90|95|99 in ms or Nx the reference probe's, error_rate a share.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for the probes and capacity.json.")
+    ] = Path("runs/capacity"),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the answer (capacity.json) here.")
+    ] = None,
+    serve_args: Annotated[
+        str | None,
+        typer.Option(
+            "--serve-args",
+            help='Start `harness serve` with these arguments (default "--preset tiny --cache").',
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Use this running OpenAI-compatible server instead of starting one."),
+    ] = None,
+    min_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--min-rate",
+            help="First (reference) probe's rate; default: half of what one stream sustains (calibrated).",
+            rich_help_panel=_SEARCH,
+        ),
+    ] = None,
+    max_rate: Annotated[
+        float | None, typer.Option("--max-rate", help="Probe no faster than this.", rich_help_panel=_SEARCH)
+    ] = None,
+    resolution: Annotated[
+        float,
+        typer.Option("--resolution", help="Stop when high/low ≤ 1 + this.", rich_help_panel=_SEARCH),
+    ] = 0.10,
+    max_probes: Annotated[
+        int, typer.Option("--max-probes", min=1, help="Probes at most.", rich_help_panel=_SEARCH)
+    ] = 12,
+    growth: Annotated[
+        float, typer.Option("--growth", help="Rate factor while bracketing.", rich_help_panel=_SEARCH)
+    ] = 2.0,
+    probe_requests: Annotated[
+        int,
+        typer.Option(
+            "--probe-requests", min=1, help="Requests per probe (at least).", rich_help_panel=_SEARCH
+        ),
+    ] = 100,
+    probe_seconds: Annotated[
+        float,
+        typer.Option(
+            "--probe-seconds", min=0.0, help="A probe lasts at least this long.", rich_help_panel=_SEARCH
+        ),
+    ] = 5.0,
+    confidence: Annotated[
+        float,
+        typer.Option(
+            "--confidence", min=0.5, max=0.999, help="Confidence of every interval.", rich_help_panel=_SEARCH
+        ),
+    ] = 0.95,
+    flush: Annotated[
+        bool,
+        typer.Option("--flush/--no-flush", help="Empty the target's cache levels before each probe."),
+    ] = True,
+    bypass_cache: Annotated[
+        bool,
+        typer.Option(
+            "--bypass-cache/--use-cache",
+            help="Send probes with Cache-Control: no-cache (measure serving, not the response cache).",
+        ),
+    ] = True,
+    max_tokens_cap: Annotated[
+        int | None, typer.Option("--max-tokens-cap", help="Cap every max_tokens.", rich_help_panel=_LOAD)
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            help="Users per Locust process (default: a probe's requests, ≤ 512).",
+            rich_help_panel=_LOAD,
+        ),
+    ] = None,
+    processes: Annotated[
+        int | None, typer.Option("--processes", help="Locust worker processes.", rich_help_panel=_LOAD)
+    ] = None,
+    api: Annotated[
+        str | None, typer.Option("--api", help="auto, chat or completions.", rich_help_panel=_LOAD)
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="`model` sent with every request.", rich_help_panel=_LOAD)
+    ] = None,
+    token_counting: Annotated[
+        str | None,
+        typer.Option("--token-counting", help="auto, usage, logprobs, tokenizer …", rich_help_panel=_LOAD),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="tokenizer.json for counting.", rich_help_panel=_LOAD)
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier search's results in OUT.")
+    ] = False,
+) -> None:
+    """Find the highest open-loop arrival rate at which the target meets the SLO.
+
+    Probes at constant rates (×2 until one fails, then bisection), each judged with the gates'
+    intervals; prints a table and the answer, writes OUT/capacity.json (docs/capacity.md).
+
+    Exit 0 found, 1 no rate meets the SLO, 6 cannot be judged.
+    """
+    from harness.common.io import write_json
+    from harness.gates.capacity import (
+        DEFAULT_SLO,
+        CapacityRunner,
+        CapacitySpec,
+        answer_line,
+        result_table,
+    )
+    from harness.gates.paired import DEFAULT_SERVE_ARGS, parse_serve_args
+    from harness.load.runner import LoadSpec
+
+    if url is not None and serve_args is not None:
+        raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
+    load = LoadSpec(
+        host="",
+        results_dir=out,
+        corpus=corpus,
+        max_tokens_cap=max_tokens_cap,
+        concurrency=concurrency,
+        processes=processes,
+        api=api,
+        model=model,
+        token_counting=token_counting,
+        tokenizer=tokenizer,
+    )
+    spec = CapacitySpec(
+        out=out,
+        load=load,
+        slo=slo if slo is not None else DEFAULT_SLO,
+        serve_args=parse_serve_args(serve_args) if serve_args is not None else DEFAULT_SERVE_ARGS,
+        url=url,
+        min_rate=min_rate,
+        max_rate=max_rate,
+        growth=growth,
+        resolution=resolution,
+        max_probes=max_probes,
+        probe_requests=probe_requests,
+        probe_seconds=probe_seconds,
+        confidence=confidence,
+        flush=flush,
+        bypass_cache=bypass_cache,
+        force=force,
+    )
+    result = CapacityRunner(spec, stderr).run()
+    if json_path is not None:
+        write_json(json_path, result.model_dump(mode="json"))
+    Console(width=max(Console().width, 150)).print(result_table(result))
+    where = f"{out / 'capacity.json'}" + (f" and {json_path}" if json_path is not None else "")
+    stderr.print(f"results in {out} ({where}; probes/NN-<rate>rps/)", highlight=False, soft_wrap=True)
+    line = answer_line(result)
+    typer.echo(line)
+    if result.exit_code == int(ExitCode.CHECK_FAILED):
+        raise CheckFailed(result.reason, file=out / "capacity.json")
+    if result.exit_code == int(ExitCode.UNJUDGEABLE):
+        raise CannotJudge(result.reason, file=out / "capacity.json")

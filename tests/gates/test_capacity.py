@@ -1,0 +1,274 @@
+"""``harness capacity``'s logic without Locust: the SLO parser, a probe's judgement, the isotonic fit,
+the search (with an injected probe function) and its edges. The real probes are in
+``test_capacity_live.py``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.common.errors import ConfigError, ExitCode
+from harness.gates.capacity import (
+    CapacityResult,
+    ProbeSamples,
+    check_probe_size,
+    crossing,
+    isotonic_increasing,
+    judge_probe,
+    parse_slo,
+    resolve_limits,
+    search,
+)
+
+# ------------------------------------------------------------------------------------------ SLO
+
+
+def test_parse_slo_absolute_relative_and_rate() -> None:
+    terms = parse_slo("ttft_p95<=300, tpot_p95<=50ms,e2e_p99<=2.5x ,itl_p50<=40,error_rate<=0.01")
+    assert [t.metric for t in terms] == ["ttft_p95", "tpot_p95", "e2e_p99", "itl_p50", "error_rate"]
+    ttft, tpot, e2e, itl, err = terms
+    assert (ttft.column, ttft.q, ttft.limit, ttft.factor) == ("ttft_from_intended_ms", 95, 300.0, None)
+    assert (tpot.column, tpot.limit) == ("tpot_ms", 50.0)
+    assert (e2e.column, e2e.q, e2e.limit, e2e.factor) == ("e2e_from_intended_ms", 99, None, 2.5)
+    assert itl.column == "itl_ms"
+    assert (err.kind, err.limit) == ("rate", 0.01)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("ttft_p95<300", "ttft_p95<300"),
+        ("ttft_p97<=300", "unknown metric"),
+        ("latency_p95<=300", "unknown metric"),
+        ("ttft_p95<=fast", "'fast' is not a number"),
+        ("ttft_p95<=0", "above 0 ms"),
+        ("ttft_p95<=0.5x", "at least 1x"),
+        ("error_rate<=2x", "absolute share"),
+        ("error_rate<=1.5", "share in (0, 1)"),
+        ("ttft_p95<=300,ttft_p95<=400", "given twice"),
+        ("ttft_p95<=300,", "''"),
+        ("", "empty"),
+    ],
+)
+def test_bad_slo_is_a_config_error_naming_the_term(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_slo(text)
+    assert needle in str(err.value)
+    assert err.value.field == "--slo"
+    assert err.value.exit_code == ExitCode.CONFIG
+
+
+def test_an_slo_no_probe_could_pass_is_refused_with_the_size_it_needs() -> None:
+    check_probe_size(parse_slo("ttft_p95<=3x,error_rate<=0.05"), 100, 0.95)  # the default fits
+    with pytest.raises(ConfigError, match="--probe-requests 368"):
+        check_probe_size(parse_slo("error_rate<=0.01"), 100, 0.95)
+    with pytest.raises(ConfigError, match="--probe-requests 72"):
+        check_probe_size(parse_slo("ttft_p95<=300"), 50, 0.95)
+
+
+# ------------------------------------------------------------------------------------ judgement
+
+
+def probe(rate: float, ttft: np.ndarray, *, failed: int = 0, cpu: float | None = None) -> ProbeSamples:
+    """A probe of ``len(ttft) + failed`` requests; the failed ones have no TTFT."""
+    n = ttft.size + failed
+    col = np.concatenate([ttft, np.full(failed, np.nan)])
+    ok = np.concatenate([np.ones(ttft.size, bool), np.zeros(failed, bool)])
+    return ProbeSamples(
+        rate=rate,
+        columns={"ttft_from_intended_ms": col, "e2e_from_intended_ms": col + 10, "tpot_ms": np.full(n, 5.0)},
+        ok=ok,
+        itl=np.full(n * 3, 5.0),
+        dir=f"p-{rate}",
+        client_cpu_pct=cpu,
+    )
+
+
+def spread(centre: float, n: int = 100, width: float = 0.1) -> np.ndarray:
+    """``n`` values evenly spread ±``width`` around ``centre`` (deterministic)."""
+    return np.linspace(centre * (1 - width), centre * (1 + width), n)
+
+
+def straddling(limit: float = 100.0) -> np.ndarray:
+    """P95 of these is above ``limit`` but its interval (the 90th to the 100th of 100) holds it."""
+    return np.linspace(1.0, limit * 1.05, 100)
+
+
+def test_probe_verdicts_pass_fail_inconclusive_and_attainment() -> None:
+    terms = parse_slo("ttft_p95<=100,error_rate<=0.05")
+    limits = resolve_limits(terms, probe(1, spread(50)))
+    ok = judge_probe(1, terms, limits, probe(1, spread(50)), 0.95)
+    assert ok.verdict == "pass" and [t.verdict for t in ok.terms] == ["pass", "pass"]
+    assert ok.terms[0].attainment == 1.0 and ok.terms[0].attainment_lo is not None
+    assert ok.terms[0].lo is not None and ok.terms[0].hi is not None
+    assert ok.terms[0].lo <= ok.terms[0].value <= ok.terms[0].hi <= 100  # type: ignore[operator]
+
+    slow = judge_probe(2, terms, limits, probe(2, spread(300)), 0.95)
+    assert slow.verdict == "fail" and slow.terms[0].verdict == "fail"
+    assert slow.terms[0].attainment == 0.0
+    assert "ttft_p95" in (slow.note or "")
+
+    # Values straddling the limit: the interval holds it, the probe cannot be judged.
+    edge = judge_probe(3, terms, limits, probe(3, straddling()), 0.95)
+    assert edge.terms[0].verdict == "inconclusive" and edge.verdict == "inconclusive"
+
+    # Failed requests count against attainment and the error rate.
+    errs = judge_probe(4, terms, limits, probe(4, spread(50, 70), failed=30), 0.95)
+    assert errs.terms[1].verdict == "fail" and errs.terms[1].value == pytest.approx(0.3)
+    assert errs.terms[0].attainment == pytest.approx(0.7)
+
+
+def test_every_request_failing_fails_the_latency_term_too() -> None:
+    terms = parse_slo("ttft_p95<=100")
+    result = judge_probe(1, terms, [100.0], probe(1, np.empty(0), failed=50), 0.95)
+    assert result.verdict == "fail" and result.terms[0].value is None and result.terms[0].attainment == 0.0
+
+
+def test_a_failure_with_the_client_cpu_saturated_is_inconclusive() -> None:
+    terms = parse_slo("ttft_p95<=100")
+    result = judge_probe(1, terms, [100.0], probe(1, spread(300), cpu=97.0), 0.95)
+    assert result.verdict == "inconclusive" and "client-bound" in (result.note or "")
+
+
+def test_relative_limit_is_the_reference_probes_value_times_the_factor() -> None:
+    terms = parse_slo("ttft_p95<=3x,error_rate<=0.05")
+    ref = probe(1, spread(40))
+    limits = resolve_limits(terms, ref)
+    assert limits[0] == pytest.approx(3 * float(np.sort(spread(40))[94]))
+    assert limits[1] == 0.05
+
+
+# ------------------------------------------------------------------------------------------ fit
+
+
+def test_isotonic_pools_adjacent_violators() -> None:
+    assert isotonic_increasing([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
+    assert isotonic_increasing([5, 4, 3]) == [4, 4, 4]
+    assert isotonic_increasing([1, 2, 3]) == [1, 2, 3]
+    assert isotonic_increasing([]) == []
+
+
+def test_crossing_interpolates_inside_the_bracket() -> None:
+    assert crossing([1, 2, 4], [10, 20, 60], 40, 2, 4) == pytest.approx(3.0)
+    assert crossing([1, 2, 4], [10, 20, 30], 40, 2, 4) is None  # does not bind
+    assert crossing([1, 2, 4], [10, 50, 60], 40, 2, 4) == 2  # already beyond at low
+    # A noisy dip is pooled away before interpolating: (30, 20) → (25, 25).
+    assert crossing([1, 2, 3, 4], [10, 30, 20, 60], 40, 3, 4) == pytest.approx(3 + 15 / 35)
+
+
+# ------------------------------------------------------------------------------------------ search
+
+
+def queue_model(capacity: float, *, base: float = 50.0, cliff_errors: bool = False):
+    """A target of known capacity: flat TTFT below it; above it a queue grows (from-intended TTFT
+    climbs with the excess), or (``cliff_errors``) it sheds half the requests with errors."""
+    calls: list[float] = []
+
+    def measure(rate: float) -> ProbeSamples:
+        calls.append(rate)
+        if rate <= capacity:
+            return probe(rate, spread(base))
+        if cliff_errors:
+            return probe(rate, spread(base, 50), failed=50)
+        return probe(rate, spread(base * (1 + 100 * (rate / capacity - 1))))
+
+    return measure, calls
+
+
+def test_search_brackets_then_bisects_and_finds_the_known_capacity() -> None:
+    measure, calls = queue_model(8.0)
+    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0, resolution=0.1)
+    assert calls[:5] == [1.0, 2.0, 4.0, 8.0, 16.0]  # ×2 until a probe fails
+    assert result.exit_code == 0 and result.bounded
+    assert result.low <= 8.0 < result.high  # type: ignore[operator]
+    assert result.high / result.low <= 1.1  # type: ignore[operator]
+    assert result.low <= result.capacity_rps <= result.high  # type: ignore[operator]
+    assert result.reference == "p-1.0"
+    assert result.probes[0].terms[0].limit == pytest.approx(3 * float(np.sort(spread(50))[94]))
+    CapacityResult.model_validate(result.model_dump(mode="json"))  # the JSON round-trips
+
+
+def test_every_probe_passing_up_to_max_rate_is_a_lower_bound() -> None:
+    measure, calls = queue_model(100.0)
+    result = search(measure, parse_slo("ttft_p95<=3x"), start=2.0, max_rate=10.0)
+    assert calls == [2.0, 4.0, 8.0, 10.0]
+    assert (result.capacity_rps, result.low, result.high, result.bounded) == (10.0, 10.0, None, False)
+    assert result.exit_code == 0 and "at least" in result.reason
+
+
+def test_max_probes_spent_while_growing_is_a_lower_bound_too() -> None:
+    measure, calls = queue_model(100.0)
+    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0, max_probes=3)
+    assert calls == [1.0, 2.0, 4.0] and not result.bounded and result.low == 4.0
+    assert "--max-probes 3" in result.reason
+
+
+def test_no_rate_meets_an_absolute_slo() -> None:
+    measure, calls = queue_model(1.0)
+    result = search(measure, parse_slo("ttft_p95<=100"), start=4.0)
+    assert calls == [4.0]
+    assert (result.capacity_rps, result.low, result.high, result.bounded) == (0.0, 0.0, 4.0, True)
+    assert result.exit_code == int(ExitCode.CHECK_FAILED) and "no rate meets the SLO" in result.reason
+
+
+def test_a_target_failing_everything_meets_no_slo_and_says_why() -> None:
+    def measure(rate: float) -> ProbeSamples:
+        return probe(rate, np.empty(0), failed=100)
+
+    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0)
+    assert result.capacity_rps == 0 and result.exit_code == 1
+    assert "error_rate 100.00 %" in result.reason
+
+
+def test_an_inconclusive_lowest_rate_cannot_be_judged() -> None:
+    def measure(rate: float) -> ProbeSamples:
+        return probe(rate, straddling())
+
+    result = search(measure, parse_slo("ttft_p95<=100"), start=1.0)
+    assert result.exit_code == int(ExitCode.UNJUDGEABLE) and result.high_verdict == "inconclusive"
+
+
+def test_errors_jumping_from_none_to_many_are_a_cliff() -> None:
+    measure, _ = queue_model(8.0, cliff_errors=True)
+    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0)
+    assert result.cliff and result.cliff_term == "error_rate"
+    assert result.cliff_rates == [result.low, result.high]
+    assert result.low <= 8.0 < result.high  # type: ignore[operator]
+
+
+def test_a_gradual_knee_is_not_a_cliff() -> None:
+    # Latency rises steadily with load: within half the limit nowhere near the knee.
+    def measure(rate: float) -> ProbeSamples:
+        return probe(rate, spread(40 * rate))
+
+    result = search(measure, parse_slo("ttft_p95<=400"), start=1.0, resolution=0.05)
+    assert result.bounded and not result.cliff
+    assert 8.0 <= result.capacity_rps <= 10.0
+    # The fitted crossing lies inside the bracket and near where 40·r·1.1-ish reaches 400.
+    assert result.low <= result.capacity_rps <= result.high  # type: ignore[operator]
+
+
+def test_bisection_stops_at_max_probes_and_says_so() -> None:
+    measure, calls = queue_model(8.0)
+    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0, max_probes=6, resolution=0.01)
+    assert len(calls) == 6 and result.bounded
+    assert "--max-probes 6 spent" in result.reason
+    assert math.isfinite(result.capacity_rps)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"start": 0.0}, "--min-rate"),
+        ({"start": 5.0, "max_rate": 2.0}, "--min-rate"),
+        ({"growth": 1.0}, "--growth"),
+    ],
+)
+def test_bad_search_options_are_config_errors(kwargs: dict, field: str) -> None:
+    measure, _ = queue_model(8.0)
+    args = {"start": 1.0, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        search(measure, parse_slo("ttft_p95<=3x"), **args)
+    assert err.value.field == field
