@@ -24,8 +24,20 @@ Two sub-commands:
 
     Prints the tables and appends them to docs/benchmarks.md (``--no-append`` to skip).
 
+``travel``
+    Whether a verdict holds on a machine it was not calibrated on, with real paired runs against the
+    tiny target and the demo's recipe (:mod:`harness.demo`: a share of the capacity measured on the
+    machine, a baseline from ``harness baseline calibrate --runs 3`` there). "Machines" are this one
+    with 0, 1, … busy loops beside the runs (``--machines 0,1``). On each: the capacity, a
+    calibration, then ``--unchanged`` gated reruns of the unchanged target; on the first, also
+    ``--regressed`` runs per injected slowdown (``harness serve --inject-slowdown F``, every engine
+    step F times as long) for the detection power; and every other machine's unchanged runs gated
+    against the first machine's baseline too (a baseline carried to a slower machine of the same
+    model). Tabulates pass / fail / cannot-be-judged per case.
+
 Usage: ``python bench/gates.py record --out fixtures/runs/tiny-cpu`` (about 4 min on 2 cores);
-``python bench/gates.py false-alarm`` (about 2 min).
+``python bench/gates.py false-alarm`` (about 2 min); ``python bench/gates.py travel`` (about 25 min
+with the defaults).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import sys
 import tempfile
 import time
@@ -461,6 +474,117 @@ def record(args: argparse.Namespace) -> None:
                 )
 
 
+# ------------------------------------------------------------------------------------ travel
+
+
+def _busy_loops(n: int) -> list[Any]:
+    """``n`` processes spinning a core each (a noisy neighbour), at the caller's priority."""
+    import subprocess
+
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _verdict(path: Path) -> str:
+    import json
+
+    return str(json.loads(path.read_text())["verdict"]) if path.exists() else "broken"
+
+
+def travel(args: argparse.Namespace) -> None:
+    """Real paired runs gated on calibrated baselines, per simulated machine (see the module doc)."""
+    import shutil
+
+    from rich.console import Console
+
+    from harness.common.fingerprint import describe
+    from harness.demo import (
+        VERDICT_CODES,
+        Calibrate,
+        Capacity,
+        Corpus,
+        DemoConfig,
+        DemoContext,
+        Scenarios,
+        demo_target,
+        harness,
+    )
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    base = DemoContext(DemoConfig(out_dir=out), console)
+    Scenarios().run(base)
+    Corpus().run(base)
+    machines = [int(m) for m in args.machines.split(",")]
+    slowdowns = [float(f) for f in args.slowdowns.split(",")] if args.slowdowns else []
+    table: dict[str, Counter[str]] = {}
+    capacity: dict[str, float] = {}
+    started = time.perf_counter()
+    first: DemoContext | None = None
+    for loops in machines:
+        mdir = out / f"machine-{loops}"
+        shutil.rmtree(mdir, ignore_errors=True)
+        shutil.copytree(out / "corpus", mdir / "corpus")
+        ctx = DemoContext(DemoConfig(out_dir=mdir), console)
+        hogs = _busy_loops(loops)
+        name = f"{loops} busy loop(s)"
+        try:
+            with demo_target(ctx):
+                Capacity().run(ctx)
+                Calibrate().run(ctx)
+                capacity[name] = ctx.capacity_rps or math.nan
+                assert ctx.url is not None
+                for i in range(args.unchanged):
+                    run = mdir / f"unchanged-{i}"
+                    harness(ctx, "run", "--url", ctx.url, *ctx.recipe(), "--gate", str(ctx.baseline),
+                            "--out", str(run), "--force", ok=VERDICT_CODES)  # fmt: skip
+                    table.setdefault(f"unchanged, calibrated on the same machine ({name})", Counter())[
+                        _verdict(run / "gate.json")
+                    ] += 1
+                    if first is not None:  # the first machine's baseline, carried here
+                        verdict = run / "gate-carried.json"
+                        harness(ctx, "gate", "--baseline", str(first.baseline), f"cold={run / 'cold'}",
+                                f"warm={run / 'warm'}", "--json", str(verdict), ok=VERDICT_CODES)  # fmt: skip
+                        table.setdefault(
+                            f"unchanged ({name}), baseline from {machines[0]} loop(s)", Counter()
+                        )[_verdict(verdict)] += 1
+            if first is None:
+                first = ctx
+                for f in slowdowns:
+                    for j in range(args.regressed):
+                        run = mdir / f"slow-{f:g}x-{j}"
+                        serve = shlex.join([*ctx.config.serve_args, "--inject-slowdown", f"{f:g}"])
+                        harness(ctx, "run", "--serve-args", serve, *ctx.recipe(), "--gate", str(ctx.baseline),
+                                "--out", str(run), "--force", ok=VERDICT_CODES)  # fmt: skip
+                        table.setdefault(f"{f:g}x slower engine ({name})", Counter())[
+                            _verdict(run / "gate.json")
+                        ] += 1
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+    minutes = (time.perf_counter() - started) / 60
+    lines = [
+        f"## Gates across machines: real paired runs ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"`python bench/gates.py travel --machines {args.machines} --unchanged {args.unchanged} "
+        f"--slowdowns {args.slowdowns} --regressed {args.regressed}` on {describe()} "
+        f"({platform.python_version()}), {minutes:.0f} min. The demo's recipe (harness.demo): "
+        "capacity measured on each machine, paired runs at 70 % of it, 40 requests a phase, baseline "
+        "from `harness baseline calibrate --runs 3` on that machine. A machine is this one with N busy "
+        "loops beside every run. Capacity: "
+        + ", ".join(f"{k} {v:.2f} req/s" for k, v in capacity.items())
+        + ".",
+        "",
+        "| case | runs | pass | fail | cannot be judged |",
+        "|---|---|---|---|---|",
+    ]
+    for case, c in table.items():
+        n = sum(c.values())
+        lines.append(f"| {case} | {n} | {c['pass']} | {c['fail']} | {c['unjudgeable'] + c['broken']} |")
+    publish("\n".join(lines), args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -479,8 +603,19 @@ def main() -> None:
         help="mean of the synthetic runs' exponential client lateness (widens their latency intervals)",
     )
     add_publish_flag(fa)
+    tr = sub.add_parser("travel", help="real paired runs gated on calibrated baselines, across machines")
+    tr.add_argument("--out", default=str(ROOT / ".harness" / "bench-travel"))
+    tr.add_argument("--machines", default="0,1", help="busy loops beside the runs, one 'machine' each")
+    tr.add_argument("--unchanged", type=int, default=10, help="gated unchanged runs per machine")
+    tr.add_argument("--slowdowns", default="1.3,1.5,2", help="injected engine slowdowns (first machine)")
+    tr.add_argument("--regressed", type=int, default=3, help="gated runs per slowdown")
+    add_publish_flag(tr)
     args = ap.parse_args()
-    commands: dict[str, Callable[[argparse.Namespace], None]] = {"record": record, "false-alarm": false_alarm}
+    commands: dict[str, Callable[[argparse.Namespace], None]] = {
+        "record": record,
+        "false-alarm": false_alarm,
+        "travel": travel,
+    }
     commands[args.cmd](args)
 
 

@@ -99,7 +99,7 @@ class EngineCore:
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
         seed: int = 0,
-        decode_slowdown: float = 1.0,
+        slowdown: float = 1.0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -128,8 +128,8 @@ class EngineCore:
         self.num_preemptions = 0
         self.num_steps = 0
         self._is_cuda = device.type == "cuda"
-        self.decode_slowdown = decode_slowdown
-        """Injected regression (``EngineSettings.inject_decode_slowdown``); 1.0: none."""
+        self.slowdown = slowdown
+        """Injected regression (``EngineSettings.inject_slowdown``); 1.0: none."""
         self.injected_s = 0.0
         """Seconds waited so far to inject it (tests and logs check the injection is what it says)."""
 
@@ -374,20 +374,14 @@ class EngineCore:
                     ev.logprob = out.logprobs[j]
                 ev.top_logprobs = top
                 events.append(ev)
-        if self.decode_slowdown > 1.0:
-            self._inject_slowdown(chosen, time.perf_counter() - started)
+        if self.slowdown > 1.0:
+            # Stretch the step as a slower kernel would, by waiting (not spinning: the load generator
+            # beside a co-located target must not lose CPU to it), so the regression is the same size
+            # on any machine: (f − 1) × this step's own time.
+            extra = (self.slowdown - 1.0) * (time.perf_counter() - started)
+            self.injected_s += extra
+            time.sleep(extra)
         return events
-
-    def _inject_slowdown(self, chosen: list[tuple[Request, int]], step_s: float) -> None:
-        """Stretch this step's decode share by ``decode_slowdown`` (a step that decodes ``d`` of its
-        ``t`` tokens waits ``(f − 1) · step · d / t``): a slower decode kernel, without burning CPU the
-        load generator beside it would miss, so the regression is the same size on any machine."""
-        decoded = sum(1 for _, n in chosen if n == 1)
-        if not decoded:
-            return
-        extra = (self.decode_slowdown - 1.0) * step_s * decoded / sum(n for _, n in chosen)
-        self.injected_s += extra
-        time.sleep(extra)
 
     def _note_prefill(self, req: Request, now: float) -> None:
         req.prefill_done = True

@@ -89,7 +89,7 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
         seed=settings.seed,
-        decode_slowdown=settings.inject_decode_slowdown,
+        slowdown=settings.inject_slowdown,
     )
     return core, loaded
 

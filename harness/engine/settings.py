@@ -38,7 +38,8 @@ class EngineSettings(BaseSettings):
     max_waiting: int = Field(default=256, ge=0)
     """Waiting-queue capacity; a request beyond it is refused with :class:`EngineFull` (HTTP 429)."""
     enable_prefix_caching: bool = True
-    inject_decode_slowdown: float = Field(default=1.0, ge=1.0, le=100.0)
-    """Fault injection for proving gates (``harness serve --inject-decode-slowdown 1.5``): every step
-    that decodes takes this many times as long (the engine waits out the extra share after the forward
-    pass), a code regression whose size is the same on any machine. 1.0: off. Never set in production."""
+    inject_slowdown: float = Field(default=1.0, ge=1.0, le=100.0)
+    """Fault injection for proving gates (``harness serve --inject-slowdown 1.5``): every engine step,
+    prefill and decode, takes this many times as long (the engine waits out the extra after the
+    forward pass), like a slower kernel: a code regression whose size is the same on any machine, so a
+    gate must catch it anywhere. 1.0: off. Never set in production."""

@@ -601,7 +601,8 @@ def search(
         return result
 
     first = run(start)
-    low: float | None = start if first.verdict == "pass" else None
+    # Rates as the probes report them (rounded), so that a bracket end always names a probe.
+    low: float | None = first.rate if first.verdict == "pass" else None
     high: ProbeResult | None = None if low is not None else first
     while low is not None and high is None and len(probes) < max_probes:
         if max_rate is not None and low >= max_rate:
@@ -609,7 +610,7 @@ def search(
         rate = low * growth if max_rate is None else min(low * growth, max_rate)
         p = run(rate)
         if p.verdict == "pass":
-            low = rate
+            low = p.rate
         else:
             high = p
     while (
@@ -731,7 +732,7 @@ def _cliff(
     """The term that jumps from within half its limit at ``low`` to far beyond it at ``high``."""
     if high.verdict != "fail":
         return None
-    below = next(p for p in probes if p.rate == low)
+    below = min(probes, key=lambda p: abs(p.rate - low))  # the passing probe at the bracket's low end
     for i, lim in enumerate(limits):
         if lim is None:
             continue

@@ -644,7 +644,9 @@ class PairedRunner:
         if spec.rate_share is not None:
             load = dataclasses.replace(load, rate=float(f"{spec.rate_share * cap:.4g}"))
         shares = spec.plan_shares()
-        if shares:
+        if shares or spec.rate_share is not None:
+            # The phases' recipes then record the share (summary.json: recipe.rate_of_capacity), which
+            # a baseline compares instead of the absolute rate.
             load = dataclasses.replace(load, capacity=cap)
         self.spec = spec = dataclasses.replace(spec, load=load, capacity=cap)
         record = record.model_copy(

@@ -637,6 +637,7 @@ def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: In
         corpus_sha256=corpus.sha256 if corpus else None,
         schedule_sha256=schedule.sha256 if schedule else None,
         rate=o.rate,
+        rate_of_capacity=round(o.rate / o.capacity, 4) if o.rate is not None and o.capacity else None,
         arrival=o.arrival if o.rate is not None else None,
         duration=o.duration,
         max_requests=o.max_requests,

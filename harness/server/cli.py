@@ -253,11 +253,11 @@ def run_server(
 
         server = Server(config)
         print(f"serving {ready.model} at {ready.url}", flush=True)
-        factor = engine_settings.inject_decode_slowdown
+        factor = engine_settings.inject_slowdown
         if factor > 1.0:
             console.print(
-                f"[bold yellow]fault injection:[/] every decode step {factor:g}× as long "
-                "(--inject-decode-slowdown): a regression on purpose"
+                f"[bold yellow]fault injection:[/] every engine step {factor:g}× as long "
+                "(--inject-slowdown): a regression on purpose"
             )
         # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -297,14 +297,15 @@ def serve(
     cache: Annotated[
         bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
     ] = None,
-    inject_decode_slowdown: Annotated[
+    inject_slowdown: Annotated[
         float | None,
         typer.Option(
-            "--inject-decode-slowdown",
+            "--inject-slowdown",
             min=1.0,
             max=100.0,
-            help="Fault injection: every decode step takes FACTOR times as long (1.5 = a 1.5x slower "
-            "decode), to prove a gate catches a regression. Off (1.0) by default; never in production.",
+            help="Fault injection: every engine step (prefill and decode) takes FACTOR times as long "
+            "(1.5 = a 1.5x slower engine), to prove a gate catches a regression. Off (1.0) by default; "
+            "never in production.",
         ),
     ] = None,
     ready_file: Annotated[
@@ -328,7 +329,7 @@ def serve(
         "max_waiting": max_waiting,
         "block_size": block_size,
         "max_model_len": max_model_len,
-        "inject_decode_slowdown": inject_decode_slowdown,
+        "inject_slowdown": inject_slowdown,
     }
     server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
     cache_overrides: dict[str, Any] = {}

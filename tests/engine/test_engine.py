@@ -377,32 +377,29 @@ def test_request_metrics_are_consistent() -> None:
     assert m.device == "cpu" and m.preemptions == 0
 
 
-def test_injected_decode_slowdown_waits_on_decode_steps_only_and_changes_no_token(
+def test_injected_slowdown_waits_after_every_step_in_proportion_and_changes_no_token(
     core: EngineCore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--inject-decode-slowdown``: the same tokens, a wait after every step that decodes, none after
-    a step that only prefills (the waits are recorded, not slept, so the test does not time anything)."""
-    slow, _ = create_core(tiny_settings(num_kv_blocks=128, block_size=4, inject_decode_slowdown=2.0))
-    waits: list[float] = []
-    monkeypatch.setattr("harness.engine.core.time.sleep", waits.append)
+    """``--inject-slowdown``: the same tokens, and after every step a wait of (f − 1) × that step's own
+    time (the clock is a counter here, so the test times nothing: each reading advances 10 ms)."""
+    slow, _ = create_core(tiny_settings(num_kv_blocks=128, block_size=4, inject_slowdown=2.5))
     prompt = prompts(core)[0]
-    expected = tokens(run_all_with(core, prompt)["r"])
+    core.add_request("r", prompt, GREEDY)
+    expected = tokens(run_all(core)["r"])
+    waits: list[float] = []
+    ticks = iter(range(10**6))
+    monkeypatch.setattr("harness.engine.core.time.sleep", waits.append)
+    monkeypatch.setattr("harness.engine.core.time.perf_counter", lambda: next(ticks) * 0.01)
     slow.add_request("r", prompt, GREEDY)
-    per_step: list[int] = []
     events: list[TokenEvent] = []
+    steps = 0
     while slow.has_work():
-        before = len(waits)
-        decoding = any(r.prefill_done for r in slow.running)
         events += slow.step()
-        per_step.append(len(waits) - before)
-        if not decoding:
-            assert per_step[-1] == 0, "a prefill-only step was slowed"
+        steps += 1
     assert tokens(events) == expected
-    assert sum(per_step) == GREEDY.max_tokens - 1  # every decode step after the first token
-    assert all(w > 0 for w in waits) and slow.injected_s == pytest.approx(sum(waits))
+    assert len(waits) == steps  # one wait per step, prefill and decode alike
+    # Each step reads the clock at its start, once when it samples and once at its end: 20 ms of
+    # step, so a 2.5x step waits 1.5 x 20 ms.
+    assert waits == pytest.approx([0.03] * steps)
+    assert slow.injected_s == pytest.approx(sum(waits))
     assert core.injected_s == 0.0
-
-
-def run_all_with(c: EngineCore, prompt: Sequence[int]) -> dict[str, list[TokenEvent]]:
-    c.add_request("r", prompt, GREEDY)
-    return run_all(c)
