@@ -193,7 +193,8 @@ def test_search_brackets_then_bisects_and_finds_the_known_capacity() -> None:
 def test_bracket_ends_are_the_probes_rounded_rates() -> None:
     """A start rate with more digits than a probe keeps (2.48712… → 2.487): the bracket's low end is
     the probe's own rate, so a cliff between it and the failing probe is found, not a crash."""
-    measure, calls = queue_model(8.0, cliff_errors=True)
+    # 2.487 and 4.974 pass, every bisection probe above 5 fails: the low end is a grown rate.
+    measure, calls = queue_model(5.0, cliff_errors=True)
     result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=2.4871234, resolution=0.1)
     assert calls[0] == 2.487 and result.low in [p.rate for p in result.probes]
     assert result.cliff and result.cliff_rates == [result.low, result.high]
