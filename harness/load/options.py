@@ -183,7 +183,7 @@ _HELP: dict[str, str] = {
     "precision_on": "percentiles --until-precision watches, FIELD:Q,… (default ttft_ms:95,tpot_ms:95)",
     "precision_confidence": "confidence of the watched percentile intervals (default 0.95)",
     "precision_min_samples": "--until-precision also waits for this many samples of each watched field",
-    "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%",
+    "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%%",
 }
 _TEXT: frozenset[str] = frozenset({"until_precision"})
 """Options given as text whatever their type (``10%``): the model parses them."""
