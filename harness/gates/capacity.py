@@ -217,6 +217,24 @@ def check_probe_size(terms: Sequence[SloTerm], requests: int, confidence: float)
                 )
 
 
+def probe_min_requests(terms: Sequence[SloTerm], confidence: float) -> int:
+    """The fewest requests with which a probe could pass every term (:func:`check_probe_size`'s
+    bound): a percentile's finite upper bound, an error rate that zero errors can prove."""
+    need = 1
+    for t in terms:
+        if t.kind == "percentile" and t.column != "itl_ms" and t.q is not None:
+            need = max(need, min_samples_for_bound(t.q, confidence))
+        if t.kind == "rate" and t.limit is not None and 0 < t.limit < 1:
+            need = max(need, math.ceil(math.log((1.0 - confidence) / 2) / math.log(1.0 - t.limit)))
+    return need
+
+
+def precision_on(terms: Sequence[SloTerm]) -> str | None:
+    """The load stage's ``--precision-on`` for an SLO's percentile terms (``ttft_from_intended_ms:95``)."""
+    items = [f"{t.column}:{t.q}" for t in terms if t.kind == "percentile" and t.column and t.q is not None]
+    return ",".join(items) or None
+
+
 # ------------------------------------------------------------------------------------ measurement
 
 
@@ -813,6 +831,10 @@ class CapacitySpec:
     max_probes: int = 12
     probe_requests: int = 100
     probe_seconds: float = 5.0
+    until_precision: float | str | None = None
+    """``--until-precision``: a probe stops sending once every percentile term's interval is this
+    precise (the load stage's rule, ``harness.load.precision``), never before the fewest requests the
+    SLO can pass with (:func:`probe_min_requests`); ``probe_requests`` stays its most."""
     """A probe lasts at least this long (more requests at high rates)."""
     confidence: float = 0.95
     calibration_requests: int = 4
@@ -870,7 +892,10 @@ class CapacityRunner:
         """Start (or reach) the target, search, stop it; ``capacity.json`` after every probe."""
         spec = self.spec
         _check_out(self.out, force=spec.force)
-        spec.load.options()  # a bad load option is an error now, not in the first probe
+        # A bad load option (--until-precision included) is an error now, not in the first probe.
+        dataclasses.replace(
+            spec.load, rate=1.0, max_requests=1, until_precision=spec.until_precision
+        ).options()
         serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
         if spec.force:
             _clear_out(self.out)
@@ -1028,6 +1053,15 @@ class _LocustProber:
             start_delay=spec.load.start_delay if spec.load.start_delay is not None else 1.0,
             bypass_fraction=1.0 if spec.bypass_cache else spec.load.bypass_fraction,
         )
+        watched = precision_on(self.runner.terms)
+        if spec.until_precision is not None and watched is not None:
+            load = dataclasses.replace(
+                load,
+                until_precision=spec.until_precision,
+                precision_on=watched,
+                precision_confidence=spec.confidence,
+                precision_min_samples=probe_min_requests(self.runner.terms, spec.confidence),
+            )
         drain = load.drain_timeout if load.drain_timeout is not None else 60.0
         timeout = spec.probe_timeout_s or duration + drain + 120.0
         ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")

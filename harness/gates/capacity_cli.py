@@ -85,6 +85,15 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
             "--probe-seconds", min=0.0, help="A probe lasts at least this long.", rich_help_panel=_SEARCH
         ),
     ] = 5.0,
+    until_precision: Annotated[
+        str | None,
+        typer.Option(
+            "--until-precision",
+            help="A probe stops early once every SLO percentile is known within ±this (10% or 0.1); "
+            "--probe-requests stays the most it sends.",
+            rich_help_panel=_SEARCH,
+        ),
+    ] = None,
     confidence: Annotated[
         float,
         typer.Option(
@@ -178,6 +187,7 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
         max_probes=max_probes,
         probe_requests=probe_requests,
         probe_seconds=probe_seconds,
+        until_precision=until_precision,
         confidence=confidence,
         flush=flush,
         bypass_cache=bypass_cache,

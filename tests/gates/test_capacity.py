@@ -18,6 +18,8 @@ from harness.gates.capacity import (
     isotonic_increasing,
     judge_probe,
     parse_slo,
+    precision_on,
+    probe_min_requests,
     resolve_limits,
     search,
 )
@@ -282,3 +284,29 @@ def test_bad_search_options_are_config_errors(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         search(measure, parse_slo("ttft_p95<=3x"), **args)
     assert err.value.field == field
+
+
+def test_until_precision_watches_the_slo_percentiles_and_never_stops_below_what_can_pass() -> None:
+    """``harness capacity --until-precision``: a probe watches its SLO's percentile terms (TTFT and E2E
+    from intended send, as judged) and may not stop before the fewest requests every term can pass
+    with; an SLO without a percentile term watches nothing."""
+    terms = parse_slo("ttft_p50<=3x,tpot_p90<=40,error_rate<=0.1")
+    assert precision_on(terms) == "ttft_from_intended_ms:50,tpot_ms:90"
+    need = probe_min_requests(terms, 0.95)
+    check_probe_size(terms, need, 0.95)  # that many can pass every term …
+    with pytest.raises(ConfigError):
+        check_probe_size(terms, need - 1, 0.95)  # … one fewer cannot
+    assert precision_on(parse_slo("error_rate<=0.1")) is None
+
+
+def test_capacity_refuses_a_bad_until_precision_before_starting_anything(tmp_path) -> None:
+    from tests.gates.factory import harness_cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("")
+    res = harness_cli(
+        "capacity", "--url", "http://127.0.0.1:9", "--corpus", str(corpus), "--until-precision", "abc",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert res.returncode == int(ExitCode.CONFIG), res.stderr
+    assert "--until-precision" in res.stderr and not (tmp_path / "out").exists()
