@@ -42,10 +42,8 @@ import dataclasses
 import math
 import re
 import shlex
-import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,8 +58,17 @@ from rich.table import Table
 from harness.common.errors import ConfigError, ExitCode, UnavailableError
 from harness.common.io import write_json
 from harness.common.stats import percentile, percentile_interval
+from harness.gates.driver import (
+    ERRORS_BY_CODE,
+    Ui,
+    check_out_dir,
+    check_serve_args,
+    clear_out_dir,
+    log_tail,
+    open_target,
+    sigterm_interrupts,
+)
 from harness.gates.metrics import format_interval, format_value, min_samples_for_bound, rate_interval
-from harness.gates.paired import _ERRORS_BY_CODE, _sigterm_interrupts, _tail, _Ui, check_serve_args
 from harness.gates.target import NotExposed, Target, flush_all
 from harness.load.results import RECORDS_FILE, metric_values
 from harness.load.runner import LoadSpec, run_locust
@@ -876,11 +883,11 @@ def check_spec(spec: CapacitySpec) -> list[SloTerm]:
 class CapacityRunner:
     """Runs a :class:`CapacitySpec` against a target: calibrates, probes, searches, writes the answer."""
 
-    def __init__(self, spec: CapacitySpec, console: Console | None = None, *, ui: _Ui | None = None) -> None:
+    def __init__(self, spec: CapacitySpec, console: Console | None = None, *, ui: Ui | None = None) -> None:
         self.spec = spec
         self.out = spec.out.resolve()
         # ``harness run`` passes its own progress display (rich allows one live display at a time).
-        self.ui = ui or _Ui(console or Console(stderr=True))
+        self.ui = ui or Ui(console or Console(stderr=True))
         self.terms = check_spec(spec)
         self.started_at = datetime.now(UTC).isoformat()
         self.result: CapacityResult | None = None
@@ -891,17 +898,17 @@ class CapacityRunner:
     def run(self) -> CapacityResult:
         """Start (or reach) the target, search, stop it; ``capacity.json`` after every probe."""
         spec = self.spec
-        _check_out(self.out, force=spec.force)
+        check_out_dir(self.out, OUTPUTS, force=spec.force, holds="an earlier capacity search")
         # A bad load option (--until-precision included) is an error now, not in the first probe.
         dataclasses.replace(
             spec.load, rate=1.0, max_requests=1, until_precision=spec.until_precision
         ).options()
         serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
         if spec.force:
-            _clear_out(self.out)
+            clear_out_dir(self.out, OUTPUTS)
         self.out.mkdir(parents=True, exist_ok=True)
         with (
-            _sigterm_interrupts(),
+            sigterm_interrupts(),
             self.ui.progress,
             open_target(
                 spec.url, serve_args, self.out / SERVER_DIR, self.ui, spec.server_timeout_s
@@ -1070,67 +1077,15 @@ class _LocustProber:
             code = run_locust(load, timeout_s=timeout)
         seconds = round(time.monotonic() - started, 3)
         log = results / "locust.log"
-        if code in _ERRORS_BY_CODE:
-            raise _ERRORS_BY_CODE[code](f"probe {index} exited with {code}: {_tail(log)}", file=log)
+        if code in ERRORS_BY_CODE:
+            raise ERRORS_BY_CODE[code](f"probe {index} exited with {code}: {log_tail(log)}", file=log)
         if code == int(ExitCode.INTERRUPTED):
             raise UnavailableError(
                 f"probe {index} did not end within {timeout:g} s and was stopped", file=log
             )
         if not (results / "summary.json").exists():
-            raise UnavailableError(f"probe {index} wrote no summary (exit {code}): {_tail(log)}", file=log)
+            raise UnavailableError(f"probe {index} wrote no summary (exit {code}): {log_tail(log)}", file=log)
         return ProbeSamples.from_run(rate, results, seconds)
-
-
-@contextmanager
-def open_target(
-    url: str | None, serve_args: Sequence[str] | None, log_dir: Path, ui: _Ui, server_timeout_s: float
-) -> Iterator[Target]:
-    """``--url``: that server; else start ``harness serve SERVE_ARGS`` (log and state in ``log_dir``)."""
-    from harness.server.launch import running_server
-
-    if url is not None:
-        target = Target(url=url.rstrip("/"))
-        try:
-            models = target.admin("GET", "/v1/models", timeout_s=30)
-        except NotExposed:
-            models = {}
-        data = models.get("data") if isinstance(models, dict) else None
-        target.model = data[0].get("id") if isinstance(data, list) and data else None
-        yield target
-        return
-    assert serve_args is not None
-    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
-    ui.say(f"[dim]$ harness serve {escape(shlex.join(serve_args))}[/]")
-    with ExitStack() as stack:
-        with ui.step("starting harness serve"):
-            server = stack.enter_context(
-                running_server(serve_args, log_dir=log_dir, env=env, timeout_s=server_timeout_s)
-            )
-        ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
-        yield Target(url=server.url, model=server.model, server=server)
-    ui.say("[green]✓[/] server stopped")
-
-
-def _check_out(out: Path, *, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError("is not a directory", file=out, field="--out")
-    earlier = [name for name in OUTPUTS if (out / name).exists()]
-    if earlier and not force:
-        raise ConfigError(
-            f"holds an earlier capacity search ({', '.join(earlier)})",
-            file=out,
-            field="--out",
-            hint="another --out, or --force to replace it",
-        )
-
-
-def _clear_out(out: Path) -> None:
-    for name in OUTPUTS:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
 
 
 def read_capacity(path: str | Path) -> CapacityResult:

@@ -157,7 +157,7 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
         answer_line,
         result_table,
     )
-    from harness.gates.paired import DEFAULT_SERVE_ARGS, parse_serve_args
+    from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.load.runner import LoadSpec
 
     if url is not None and serve_args is not None:

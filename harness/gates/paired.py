@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import shutil
-import signal
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,14 +54,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from harness.common.errors import (
     ConfigError,
@@ -76,6 +65,17 @@ from harness.common.errors import (
 from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.gates.compare import Comparison
+from harness.gates.driver import (
+    DEFAULT_SERVE_ARGS,
+    ERRORS_BY_CODE,
+    Ui,
+    check_out_dir,
+    check_serve_args,
+    clear_out_dir,
+    log_tail,
+    open_target,
+    sigterm_interrupts,
+)
 from harness.gates.judge import GateReport
 from harness.gates.target import FlushOutcome, NotExposed, Target, flush_all
 from harness.gates.warmcheck import SEED_WARM_RATE, WarmCheck, check_warm
@@ -108,13 +108,6 @@ OUTPUTS = (
     CAPACITY_DIR,
 )
 """Everything ``harness run`` writes under ``OUT`` (``--force`` removes exactly these)."""
-DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
-
-_ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
-    int(ExitCode.INPUT): InputError,
-    int(ExitCode.CONFIG): ConfigError,
-    int(ExitCode.UNAVAILABLE): UnavailableError,
-}
 
 
 # ------------------------------------------------------------------------------------------ spec
@@ -180,51 +173,6 @@ class Prepared:
     watches in that phase, from the baseline's gates)."""
 
 
-def parse_serve_args(text: str) -> list[str]:
-    """``--serve-args "--preset tiny --cache"`` → a list, shell-quoted as a user would type it."""
-    try:
-        return shlex.split(text)
-    except ValueError as exc:
-        raise ConfigError(f"cannot split: {exc}", field="--serve-args") from None
-
-
-def check_serve_args(args: Sequence[str]) -> list[str]:
-    """Parse ``args`` with ``harness serve``'s own command line (an unknown option or a bad value is
-    a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
-    server runs in its log directory."""
-    import typer
-
-    from harness.server.cli import serve
-
-    app = typer.Typer()
-    app.command()(serve)
-    command = typer.main.get_command(app)
-    try:
-        ctx = command.make_context("harness serve", list(args))
-    except Exception as exc:  # typer's vendored click errors, by their shared interface
-        fmt = getattr(exc, "format_message", None)
-        if fmt is None:
-            raise
-        raise ConfigError(f"harness serve {' '.join(args)}: {fmt()}", field="--serve-args") from None
-    path_opts = {
-        opt
-        for param in command.params
-        if isinstance(ctx.params.get(param.name or ""), Path)
-        for opt in param.opts
-        if opt.startswith("--")
-    }
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if eq and name in path_opts:
-            out.append(f"{name}={Path(value).resolve()}")
-        elif i > 0 and args[i - 1] in path_opts:
-            out.append(str(Path(arg).resolve()))
-        else:
-            out.append(arg)
-    return out
-
-
 def check_preload(path: Path) -> int:
     """Validate a preload file as the server will (one OpenAI request body a line, plus optional
     ``completion`` and ``tenant``), naming file, line and field; returns its number of lines."""
@@ -261,7 +209,7 @@ def prepare(spec: PairedSpec) -> Prepared:
         raise ConfigError("needs at least one probe request", field="--probes")
     if not 0 < spec.min_warm_rate <= 1:
         raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
-    _check_out(spec.out, force=spec.force)
+    check_out_dir(spec.out, OUTPUTS, force=spec.force, holds="an earlier run")
     load = spec.load
     if spec.rate_share is not None:
         if load.rate is not None:
@@ -324,29 +272,6 @@ def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[st
             opts["precision_min_samples"] = floor
         out[phase] = opts
     return out
-
-
-def _check_out(out: Path, *, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError("is not a directory", file=out, field="--out")
-    earlier = [name for name in OUTPUTS if (out / name).exists()]
-    if earlier and not force:
-        raise ConfigError(
-            f"holds an earlier run ({', '.join(earlier)})",
-            file=out,
-            field="--out",
-            hint="another --out, or --force to replace it",
-        )
-
-
-def _clear_out(out: Path) -> None:
-    """Remove the outputs of an earlier run (only the names :data:`OUTPUTS` lists)."""
-    for name in OUTPUTS:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
 
 
 # ------------------------------------------------------------------------------------------ record
@@ -467,86 +392,6 @@ def exit_code_of(warm: WarmCheck | None, gate: GateReport | None) -> tuple[ExitC
 # ------------------------------------------------------------------------------------------ running
 
 
-class _Ui:
-    """Progress on stderr: one bar per load phase (requests recorded so far), spinners for the rest."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=False,
-        )  # fmt: skip
-
-    def say(self, text: str) -> None:
-        self.console.print(text, highlight=False)
-
-    @contextmanager
-    def step(self, description: str) -> Iterator[None]:
-        task = self.progress.add_task(description, total=None)
-        try:
-            yield
-        finally:
-            self.progress.update(task, total=1, completed=1)
-
-    @contextmanager
-    def phase(self, description: str, records: Path, total: int | None) -> Iterator[None]:
-        """A bar counting the lines of ``records`` (the load stage flushes them at least once a second)."""
-        task = self.progress.add_task(description, total=total)
-        counter = _LineCounter(records)
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.wait(0.5):
-                self.progress.update(task, completed=counter.count())
-
-        poller = threading.Thread(target=poll, name="harness-run-progress", daemon=True)
-        poller.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            poller.join()
-            n = counter.count()
-            self.progress.update(task, completed=n, total=max(n, total or 0) or None)
-
-
-class _LineCounter:
-    """Counts the lines of a growing file, reading only what was appended since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.lines = 0
-
-    def count(self) -> int:
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return self.lines
-        self.offset += len(chunk)
-        self.lines += chunk.count(b"\n")
-        return self.lines
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled) behaves like Ctrl-C: the running phase finalizes, the server stops."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class PairedRunner:
     """Runs one :class:`PairedSpec` (see the module docstring); :meth:`run` returns the record."""
 
@@ -555,7 +400,7 @@ class PairedRunner:
         # Absolute: the server runs in its log directory, so a relative ready-file path given to it
         # would be resolved there (harness.server.launch passes the path through as it is).
         self.out = spec.out.resolve()
-        self.ui = _Ui(console or Console(stderr=True))
+        self.ui = Ui(console or Console(stderr=True))
         self.record = PairedRun(started_at=datetime.now(UTC).isoformat(), out=str(spec.out))
         self.gate_report: GateReport | None = None
         self.comparison: Comparison | None = None
@@ -568,13 +413,13 @@ class PairedRunner:
         spec = self.spec
         prep = prepare(spec)
         if spec.force:
-            _clear_out(self.out)
+            clear_out_dir(self.out, OUTPUTS)
         self.out.mkdir(parents=True, exist_ok=True)
         self.record.inputs = prep.refs
         self._record_load()
         self.save()
         try:
-            with _sigterm_interrupts(), self.ui.progress, self._target(prep) as target:
+            with sigterm_interrupts(), self.ui.progress, self._target(prep) as target:
                 if spec.needs_capacity():
                     self._resolve_capacity(target, prep)
                 self._measure(target, prep)
@@ -669,40 +514,16 @@ class PairedRunner:
     @contextmanager
     def _target(self, prep: Prepared) -> Iterator[Target]:
         spec = self.spec
-        if spec.url is not None:
-            target = Target(url=spec.url.rstrip("/"))
-            with self.ui.step(f"target {spec.url}"):
-                try:
-                    models = target.admin("GET", "/v1/models", timeout_s=30)
-                except NotExposed:
-                    models = {}
-                data = models.get("data") if isinstance(models, dict) else None
-                target.model = data[0].get("id") if isinstance(data, list) and data else None
-            self.record.target = TargetRecord(url=target.url, model=target.model, started=False)
-            self.save()
-            yield target
-            return
-        from harness.server.launch import running_server
-
-        assert prep.serve_args is not None
         log_dir = self.out / SERVER_DIR
-        # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of
-        # an earlier run must not leak into this one.
-        env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
-        self.ui.say(f"[dim]$ harness serve {escape(shlex.join(prep.serve_args))}[/]")
-        with ExitStack() as stack:
-            with self.ui.step("starting harness serve"):
-                server = stack.enter_context(
-                    running_server(prep.serve_args, log_dir=log_dir, env=env, timeout_s=spec.server_timeout_s)
-                )
+        with open_target(spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s) as target:
+            started = target.server is not None
             self.record.target = TargetRecord(
-                url=server.url, model=server.model, started=True, serve_args=list(prep.serve_args),
-                log=str(log_dir / "server.log"),
+                url=target.url, model=target.model, started=started,
+                serve_args=list(prep.serve_args or ()) if started else None,
+                log=str(log_dir / "server.log") if started else None,
             )  # fmt: skip
             self.save()
-            self.ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
-            yield Target(url=server.url, model=server.model, server=server)
-        self.ui.say("[green]✓[/] server stopped")
+            yield target
 
     def _measure(self, target: Target, prep: Prepared) -> None:
         spec = self.spec
@@ -781,8 +602,8 @@ class PairedRunner:
         rec = self._note_phase(name, results, code, started)
         summary_path = results / "summary.json"
         log = results / "locust.log"
-        if code in _ERRORS_BY_CODE:
-            raise _ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {_tail(log)}", file=log)
+        if code in ERRORS_BY_CODE:
+            raise ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {log_tail(log)}", file=log)
         if code == int(ExitCode.INTERRUPTED):
             raise UnavailableError(
                 f"the {name} phase did not end within {self.spec.phase_timeout_s:g} s and was stopped",
@@ -790,7 +611,9 @@ class PairedRunner:
                 hint="a larger --phase-timeout, or a shorter schedule",
             )
         if not summary_path.exists():
-            raise UnavailableError(f"the {name} phase wrote no summary (exit {code}): {_tail(log)}", file=log)
+            raise UnavailableError(
+                f"the {name} phase wrote no summary (exit {code}): {log_tail(log)}", file=log
+            )
         mark, extra = "[green]✓[/]", ""
         if code:  # 1: requests failed, or the ladder stopped on a failed stage; the gate judges errors
             mark, extra = "[yellow]![/]", f" (exit {code}: see {log})"
@@ -838,11 +661,3 @@ class PairedRunner:
             )  # fmt: skip
         code, message = exit_code_of(self.record.warm_check, self.gate_report)
         self.record.exit_code, self.record.message = int(code), message
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())

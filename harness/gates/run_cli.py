@@ -168,8 +168,9 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """
     from harness.gates.compare import comparison_table
+    from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.gates.output import gate_table
-    from harness.gates.paired import DEFAULT_SERVE_ARGS, PairedRunner, PairedSpec, parse_serve_args
+    from harness.gates.paired import PairedRunner, PairedSpec
     from harness.load.runner import LoadSpec
 
     if arrival is not None and arrival not in ("constant", "poisson"):

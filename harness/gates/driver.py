@@ -1,0 +1,233 @@
+"""What the commands that drive a target share (``harness run``, ``harness capacity``): the target,
+started from ``--serve-args`` or reached at ``--url``, the progress display, the output directory,
+SIGTERM as Ctrl-C, and how a Locust child's exit code maps back to an error.
+
+One module, so that :mod:`harness.gates.paired` and :mod:`harness.gates.capacity` need nothing of
+each other's (``harness run --rate 50%`` measures the capacity first, so paired uses capacity, never
+the other way round).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from harness.common.errors import ConfigError, ExitCode, HarnessError, InputError, UnavailableError
+from harness.gates.target import NotExposed, Target
+
+DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
+
+ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
+    int(ExitCode.INPUT): InputError,
+    int(ExitCode.CONFIG): ConfigError,
+    int(ExitCode.UNAVAILABLE): UnavailableError,
+}
+"""A Locust child's exit code that is an error of ours, and the error it becomes."""
+
+
+def parse_serve_args(text: str) -> list[str]:
+    """``--serve-args "--preset tiny --cache"`` → a list, shell-quoted as a user would type it."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split: {exc}", field="--serve-args") from None
+
+
+def check_serve_args(args: Sequence[str]) -> list[str]:
+    """Parse ``args`` with ``harness serve``'s own command line (an unknown option or a bad value is
+    a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
+    server runs in its log directory."""
+    import typer
+
+    from harness.server.cli import serve
+
+    app = typer.Typer()
+    app.command()(serve)
+    command = typer.main.get_command(app)
+    try:
+        ctx = command.make_context("harness serve", list(args))
+    except Exception as exc:  # typer's vendored click errors, by their shared interface
+        fmt = getattr(exc, "format_message", None)
+        if fmt is None:
+            raise
+        raise ConfigError(f"harness serve {' '.join(args)}: {fmt()}", field="--serve-args") from None
+    path_opts = {
+        opt
+        for param in command.params
+        if isinstance(ctx.params.get(param.name or ""), Path)
+        for opt in param.opts
+        if opt.startswith("--")
+    }
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if eq and name in path_opts:
+            out.append(f"{name}={Path(value).resolve()}")
+        elif i > 0 and args[i - 1] in path_opts:
+            out.append(str(Path(arg).resolve()))
+        else:
+            out.append(arg)
+    return out
+
+
+def check_out_dir(out: Path, outputs: Iterable[str], *, force: bool, holds: str) -> None:
+    """``--out`` must be a directory without an earlier command's ``outputs`` (unless ``--force``)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("is not a directory", file=out, field="--out")
+    earlier = [name for name in outputs if (out / name).exists()]
+    if earlier and not force:
+        raise ConfigError(
+            f"holds {holds} ({', '.join(earlier)})",
+            file=out,
+            field="--out",
+            hint="another --out, or --force to replace it",
+        )
+
+
+def clear_out_dir(out: Path, outputs: Iterable[str]) -> None:
+    """Remove an earlier command's outputs (only the names ``outputs`` lists)."""
+    for name in outputs:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+@contextmanager
+def open_target(
+    url: str | None, serve_args: Sequence[str] | None, log_dir: Path, ui: Ui, server_timeout_s: float
+) -> Iterator[Target]:
+    """``url``: that server (its model from ``GET /v1/models``); else ``harness serve SERVE_ARGS``
+    started on a free port (its log and run directory in ``log_dir``; ``Target.server`` set) and
+    stopped on every exit path."""
+    from harness.server.launch import running_server
+
+    if url is not None:
+        target = Target(url=url.rstrip("/"))
+        with ui.step(f"target {url}"):
+            try:
+                models = target.admin("GET", "/v1/models", timeout_s=30)
+            except NotExposed:
+                models = {}
+        data = models.get("data") if isinstance(models, dict) else None
+        target.model = data[0].get("id") if isinstance(data, list) and data else None
+        yield target
+        return
+    assert serve_args is not None
+    # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of an
+    # earlier run must not leak into this one.
+    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
+    ui.say(f"[dim]$ harness serve {escape(shlex.join(serve_args))}[/]")
+    with ExitStack() as stack:
+        with ui.step("starting harness serve"):
+            server = stack.enter_context(
+                running_server(serve_args, log_dir=log_dir, env=env, timeout_s=server_timeout_s)
+            )
+        ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
+        yield Target(url=server.url, model=server.model, server=server)
+    ui.say("[green]✓[/] server stopped")
+
+
+class Ui:
+    """Progress on stderr: one bar per load phase (requests recorded so far), spinners for the rest."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=False,
+        )  # fmt: skip
+
+    def say(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    @contextmanager
+    def step(self, description: str) -> Iterator[None]:
+        task = self.progress.add_task(description, total=None)
+        try:
+            yield
+        finally:
+            self.progress.update(task, total=1, completed=1)
+
+    @contextmanager
+    def phase(self, description: str, records: Path, total: int | None) -> Iterator[None]:
+        """A bar counting the lines of ``records`` (the load stage flushes them at least once a second)."""
+        task = self.progress.add_task(description, total=total)
+        counter = LineCounter(records)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                self.progress.update(task, completed=counter.count())
+
+        poller = threading.Thread(target=poll, name="harness-run-progress", daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+            n = counter.count()
+            self.progress.update(task, completed=n, total=max(n, total or 0) or None)
+
+
+class LineCounter:
+    """Counts the lines of a growing file, reading only what was appended since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.lines = 0
+
+    def count(self) -> int:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return self.lines
+        self.offset += len(chunk)
+        self.lines += chunk.count(b"\n")
+        return self.lines
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled) behaves like Ctrl-C: the running phase finalizes, the server stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
