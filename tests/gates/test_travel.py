@@ -162,6 +162,13 @@ def test_a_rate_of_capacity_is_compared_instead_of_the_rate(tmp_path: Path) -> N
     other_rate = half.model_copy(update={"rate": 7.5})
     r = judge(base, [load_result_set(_run(tmp_path / "x", seed=3, recipe=other_rate))])
     assert r.results[0].environment_match is not None and r.results[0].environment_match.judged
+    # The sent rate is rounded to 4 significant digits, so a share comes back as 0.5001 or 0.4999.
+    rounded = half.model_copy(update={"rate": 7.501, "rate_of_capacity": 0.5001})
+    r = judge(base, [load_result_set(_run(tmp_path / "y", seed=3, recipe=rounded))])
+    assert r.results[0].environment_match is not None and r.results[0].environment_match.judged
+    other_share = half.model_copy(update={"rate_of_capacity": 0.7})
+    r = judge(base, [load_result_set(_run(tmp_path / "z", seed=3, recipe=other_share))])
+    assert r.results[0].environment_match is not None and not r.results[0].environment_match.judged
 
 
 def test_a_baseline_without_fingerprint_is_judged_as_before_with_a_note(
