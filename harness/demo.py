@@ -301,9 +301,9 @@ class Explain:
         say = ctx.console.print
         failed = [g for g in gate["gates"] if g["verdict"] == "fail"]
         for g in failed[:4]:
-            cold = format_value(g["measured"], g["unit"]) if g["measured"] is not None else "—"
+            value = format_value(g["measured"], g["unit"]) if g["measured"] is not None else "—"
             limit = format_value(g["limit"], g["unit"])
-            say(f"  {g['id']}@{g['label']}: {cold}, limit {limit}", highlight=False)
+            say(f"  {g['id']}@{g['label']}: {value}, limit {limit}", highlight=False)
         if word != "unjudgeable":
             return
         whys: dict[str, list[str]] = {}
