@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness import __version__
+from harness.common.auth import redact_args
 from harness.common.errors import CannotJudge, ConfigError, ExitCode, HarnessError, InputError
 from harness.gates.baseline import (
     BASELINE_SCHEMA_VERSION,
@@ -125,7 +126,7 @@ def run_recipe(
     for k in range(1, runs + 1):
         out = workdir / f"cal-{k}"
         cmd = [*command, *args, "--out", str(out), "--force"]
-        say(f"calibration run {k}/{runs}: $ {shlex.join(cmd)}")
+        say(f"calibration run {k}/{runs}: $ {shlex.join(redact_args(cmd))}")
         rc = subprocess.run(cmd, check=False).returncode  # output streams to ours
         if rc not in (int(ExitCode.OK), int(ExitCode.UNJUDGEABLE)):
             raise RunFailed(

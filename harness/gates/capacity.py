@@ -911,7 +911,12 @@ class CapacityRunner:
             sigterm_interrupts(),
             self.ui.progress,
             open_target(
-                spec.url, serve_args, self.out / SERVER_DIR, self.ui, spec.server_timeout_s
+                spec.url,
+                serve_args,
+                self.out / SERVER_DIR,
+                self.ui,
+                spec.server_timeout_s,
+                credentials=spec.load.options().credentials(),
             ) as target,
         ):
             return self.measure(target)

@@ -15,6 +15,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from harness.common.auth import (
+    AdminTokenOption,
+    ApiKeyOption,
+    CaBundleOption,
+    HeaderOption,
+    InsecureOption,
+)
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
 
 stderr = Console(stderr=True)
@@ -141,6 +148,11 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
     force: Annotated[
         bool, typer.Option("--force", help="Replace an earlier search's results in OUT.")
     ] = False,
+    api_key: ApiKeyOption = None,
+    admin_token: AdminTokenOption = None,
+    header: HeaderOption = None,
+    ca_bundle: CaBundleOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Find the highest open-loop arrival rate at which the target meets the SLO.
 
@@ -173,6 +185,11 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
         model=model,
         token_counting=token_counting,
         tokenizer=tokenizer,
+        api_key=api_key,
+        admin_token=admin_token,
+        header=tuple(header or ()),
+        ca_bundle=ca_bundle,
+        insecure=insecure or None,
     )
     spec = CapacitySpec(
         out=out,

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from harness.common.auth import redact_args
 from harness.common.errors import CannotJudge, CheckFailed
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
     else:
         dirs = run_recipe(run_args, runs=runs, workdir=work, command=command, say=lambda t: stderr.print(
             escape(t), highlight=False, soft_wrap=True))  # fmt: skip
-    recipe = "harness run " + shlex.join(run_args)
+    recipe = "harness run " + shlex.join(redact_args(run_args))  # the baseline records it
     cal = make(
         [load_phases(d) for d in dirs], headroom=fraction, name=name or out.stem, confidence=confidence,
         per_scenario=per_scenario, run_names=[d.name for d in dirs], command=recipe,

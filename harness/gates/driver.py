@@ -9,6 +9,8 @@ the other way round).
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import shlex
 import shutil
 import signal
@@ -28,10 +30,13 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from harness.common.auth import Credentials
 from harness.common.errors import ConfigError, ExitCode, HarnessError, InputError, UnavailableError
 from harness.gates.target import NotExposed, Target
 
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
+SECRET_SERVE_FLAGS = frozenset({"--api-key", "--admin-token"})
+"""``harness serve`` options whose value is a secret: never on the child's command line."""
 
 ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
     int(ExitCode.INPUT): InputError,
@@ -57,6 +62,15 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
 
     from harness.server.cli import serve
 
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_SERVE_FLAGS:
+            raise ConfigError(
+                f"{flag} does not belong in --serve-args: give it to this command itself, which hands "
+                "it to the server it starts through the environment (a command line is recorded in "
+                "run.json and shown by ps)",
+                field="--serve-args",
+            )
     app = typer.Typer()
     app.command()(serve)
     command = typer.main.get_command(app)
@@ -112,15 +126,26 @@ def clear_out_dir(out: Path, outputs: Iterable[str]) -> None:
 
 @contextmanager
 def open_target(
-    url: str | None, serve_args: Sequence[str] | None, log_dir: Path, ui: Ui, server_timeout_s: float
+    url: str | None,
+    serve_args: Sequence[str] | None,
+    log_dir: Path,
+    ui: Ui,
+    server_timeout_s: float,
+    *,
+    credentials: Credentials | None = None,
 ) -> Iterator[Target]:
     """``url``: that server (its model from ``GET /v1/models``); else ``harness serve SERVE_ARGS``
     started on a free port (its log and run directory in ``log_dir``; ``Target.server`` set) and
-    stopped on every exit path."""
+    stopped on every exit path.
+
+    A server started here is keyed with ``credentials`` (through its environment) and always gets an
+    admin token: the one given, else a fresh random one that only this run knows, so that nothing
+    else on the machine can flush or preload its caches meanwhile."""
     from harness.server.launch import running_server
 
+    creds = credentials if credentials is not None else Credentials()
     if url is not None:
-        target = Target(url=url.rstrip("/"))
+        target = Target(url=url.rstrip("/"), credentials=creds)
         with ui.step(f"target {url}"):
             try:
                 models = target.admin("GET", "/v1/models", timeout_s=30)
@@ -133,7 +158,9 @@ def open_target(
     assert serve_args is not None
     # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of an
     # earlier run must not leak into this one.
-    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
+    if creds.admin_token is None:
+        creds = dataclasses.replace(creds, admin_token=secrets.token_urlsafe(32))
+    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve()), **creds.server_env()}
     ui.say(f"[dim]$ harness serve {escape(shlex.join(serve_args))}[/]")
     with ExitStack() as stack:
         with ui.step("starting harness serve"):
@@ -141,7 +168,7 @@ def open_target(
                 running_server(serve_args, log_dir=log_dir, env=env, timeout_s=server_timeout_s)
             )
         ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
-        yield Target(url=server.url, model=server.model, server=server)
+        yield Target(url=server.url, model=server.model, server=server, credentials=creds)
     ui.say("[green]✓[/] server stopped")
 
 

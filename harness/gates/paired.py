@@ -449,7 +449,8 @@ class PairedRunner:
     def _record_load(self) -> None:
         args = self._template("").options().to_args()
         at = args.index("--results-dir") if "--results-dir" in args else -1
-        self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args}
+        access = self.spec.load.options().credentials().describe()  # which are set, never the values
+        self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args, "access": access}
 
     def _resolve_capacity(self, target: Target, prep: Prepared) -> None:
         """Measure the capacity (unless ``--capacity`` gave it), then turn ``--rate N%`` into a rate and
@@ -515,7 +516,10 @@ class PairedRunner:
     def _target(self, prep: Prepared) -> Iterator[Target]:
         spec = self.spec
         log_dir = self.out / SERVER_DIR
-        with open_target(spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s) as target:
+        creds = spec.load.options().credentials()
+        with open_target(
+            spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s, credentials=creds
+        ) as target:
             started = target.server is not None
             self.record.target = TargetRecord(
                 url=target.url, model=target.model, started=started,
@@ -536,7 +540,9 @@ class PairedRunner:
             self.ui.say(f"{mark} {escape(f.detail)}")
         self.save()
 
-        replay = self._template(target.url)
+        # The phases' own admin call (a plan's preload) uses the target's token: a server started
+        # here has one only this run knows.
+        replay = dataclasses.replace(self._template(target.url), admin_token=target.credentials.admin_token)
         cold = dataclasses.replace(replay, stage="cold", **prep.phase_load.get("cold", {}))
         self._phase("cold", cold, len(prep.planned))
         if spec.preload is not None:

@@ -14,6 +14,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from harness.common.auth import (
+    AdminTokenOption,
+    ApiKeyOption,
+    CaBundleOption,
+    HeaderOption,
+    InsecureOption,
+)
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
 
 stderr = Console(stderr=True)
@@ -160,6 +167,11 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
             rich_help_panel=_LOAD,
         ),
     ] = None,
+    api_key: ApiKeyOption = None,
+    admin_token: AdminTokenOption = None,
+    header: HeaderOption = None,
+    ca_bundle: CaBundleOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Paired cold/warm run: replay cold, warm up, check warm, replay warm; compare and gate.
 
@@ -205,6 +217,11 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         max_duration=max_duration,
         precision_on=precision_on,
         extra_args=("--arrival", arrival) if arrival else (),
+        api_key=api_key,
+        admin_token=admin_token,
+        header=tuple(header or ()),
+        ca_bundle=ca_bundle,
+        insecure=insecure or None,
     )
     spec = PairedSpec(
         out=out,

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
 from harness.common import headers as H
+from harness.common.auth import Credentials
 from harness.common.errors import UnavailableError
 from harness.common.openai import RESET_PREFIX_CACHE_PATH
 from harness.common.registry import Registry
@@ -51,22 +53,35 @@ class Target:
     model: str | None = None
     server: ServerProcess | None = None
     """The ``harness serve`` child this run started (``None`` for ``--url``)."""
+    credentials: Credentials = field(default_factory=Credentials)
+    """Key, admin token, extra headers and TLS policy for every call to the target."""
 
     def admin(
         self, method: str, path: str, *, content: bytes | None = None, timeout_s: float = ADMIN_TIMEOUT_S
     ) -> Any:
-        """Call an admin endpoint; its JSON (``{}`` for an empty body). Raises :class:`NotExposed`
-        on 404 and :class:`UnavailableError` when the target cannot be reached or fails."""
+        """Call an admin endpoint (or ``/v1/models``); its JSON (``{}`` for an empty body). Raises
+        :class:`NotExposed` on 404 and :class:`UnavailableError` when the target cannot be reached,
+        refuses the credentials or fails. Messages never show a secret."""
+        creds = self.credentials
         full = self.url.rstrip("/") + path
-        headers = {"Content-Type": "application/x-ndjson"} if content is not None else None
+        headers = creds.request_headers() if path.startswith("/v1/") else creds.admin_headers()
+        if content is not None:
+            headers["Content-Type"] = "application/x-ndjson"
         try:
-            resp = httpx.request(method, full, content=content, headers=headers, timeout=timeout_s)
+            resp = httpx.request(
+                method, full, content=content, headers=headers, timeout=timeout_s, verify=creds.httpx_verify()
+            )
         except httpx.HTTPError as exc:
-            raise UnavailableError(f"cannot reach {full}: {exc}") from None
+            raise UnavailableError(creds.redact(f"cannot reach {full}: {exc}")) from None
         if resp.status_code == 404:
             raise NotExposed(f"{method} {path} answered 404")
         if resp.status_code >= 400:
-            raise UnavailableError(f"{method} {full} answered {resp.status_code}: {resp.text[:300]}")
+            hint = None
+            if resp.status_code in (401, 403):
+                hint = "give --api-key" if path.startswith("/v1/") else "give --admin-token"
+            raise UnavailableError(
+                creds.redact(f"{method} {full} answered {resp.status_code}: {resp.text[:300]}"), hint=hint
+            )
         try:
             return resp.json() if resp.content else {}
         except ValueError:
@@ -87,11 +102,20 @@ class Target:
         self, requests: Sequence[RequestSpec], *, no_cache: bool, concurrency: int
     ) -> list[ProbeResult]:
         sem = asyncio.Semaphore(concurrency)
-        async with httpx.AsyncClient(base_url=self.url, timeout=PROBE_TIMEOUT_S) as client:
+        creds = self.credentials
+        extra = creds.request_headers()
+        async with httpx.AsyncClient(
+            base_url=self.url,
+            timeout=PROBE_TIMEOUT_S,
+            verify=creds.httpx_verify(),
+        ) as client:
 
             async def one(spec: RequestSpec) -> ProbeResult:
                 async with sem:
-                    return await _probe_one(client, spec, no_cache=no_cache)
+                    result = await _probe_one(client, spec, no_cache=no_cache, extra=extra)
+                if result.error is not None and creds.secrets():
+                    result = dataclasses.replace(result, error=creds.redact(result.error))
+                return result
 
             return list(await asyncio.gather(*(one(s) for s in requests)))
 
@@ -115,7 +139,9 @@ class ProbeResult:
         return self.error is None and 200 <= self.status < 300
 
 
-async def _probe_one(client: httpx.AsyncClient, spec: RequestSpec, *, no_cache: bool) -> ProbeResult:
+async def _probe_one(
+    client: httpx.AsyncClient, spec: RequestSpec, *, no_cache: bool, extra: dict[str, str]
+) -> ProbeResult:
     hdrs = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream",
@@ -124,6 +150,7 @@ async def _probe_one(client: httpx.AsyncClient, spec: RequestSpec, *, no_cache: 
     }
     if no_cache:
         hdrs["Cache-Control"] = "no-cache"
+    hdrs.update(extra)  # --api-key, --header: last, as the load stage's user adds them
     lines: list[tuple[float, bytes]] = []
     clock = time.perf_counter
     sent = clock()

@@ -10,11 +10,21 @@ launcher (:mod:`harness.load.runner`), so both spell every option the same way.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
+from harness.common.auth import API_KEY_ENV, Credentials, parse_header, secrets_from_env
 from harness.common.errors import ConfigError
 from harness.load.arrivals import ApiChoice, ArrivalProcess
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
@@ -118,33 +128,73 @@ class LoadOptions(BaseModel):
     capacity: float | None = Field(default=None, gt=0)
     """The target's capacity in requests/s (``harness capacity``): resolves ladder stages given as a
     share of it (``qps: 50%``)."""
+    api_key: SecretStr | None = None
+    """``Authorization: Bearer KEY`` on every request (default: ``OPENAI_API_KEY``)."""
+    admin_token: SecretStr | None = None
+    """``Authorization: Bearer TOKEN`` on the admin routes (preload); default: the API key."""
+    header: list[SecretStr] = Field(default_factory=list)
+    """Extra ``NAME:VALUE`` headers on every request (values may be secrets: never written out)."""
+    ca_bundle: Path | None = None
+    """PEM CA bundle to verify an ``https://`` target against (default: the system's CAs)."""
+    insecure: bool = False
+    """Do not verify the target's TLS certificate."""
+
+    @field_validator("header")
+    @classmethod
+    def _headers_well_formed(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for item in v:
+            try:
+                parse_header(item.get_secret_value())
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+        return v
+
+    def credentials(self) -> Credentials:
+        """The key, token, headers and TLS policy every client of the target uses."""
+        return Credentials.of(
+            api_key=self.api_key.get_secret_value() if self.api_key else None,
+            admin_token=self.admin_token.get_secret_value() if self.admin_token else None,
+            headers=[h.get_secret_value() for h in self.header],
+            ca_bundle=self.ca_bundle,
+            insecure=self.insecure,
+        )
 
     @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
         """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included)."""
-        raw: dict[str, Any] = {}
+        # Secrets a launcher handed over through the environment, never argv; then the command line.
+        raw: dict[str, Any] = secrets_from_env()
         for name in cls.model_fields:
             value = getattr(ns, name, None)
-            if value is None or value == "":
+            if value is None or value in ("", []):
                 continue
             raw[name] = value
+        if "api_key" not in raw and os.environ.get(API_KEY_ENV):
+            raw["api_key"] = os.environ[API_KEY_ENV]
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err.get("loc") else "?"
             msg = str(err["msg"]).removeprefix("Value error, ")
-            raise ConfigError(f"{msg} (got {raw.get(name)!r})", field=f"--{name.replace('_', '-')}") from None
+            got = "" if name in SECRET_FIELDS else f" (got {raw.get(name)!r})"
+            raise ConfigError(f"{msg}{got}", field=f"--{name.replace('_', '-')}") from None
 
     def to_args(self) -> list[str]:
-        """Command-line arguments that reproduce these options (defaults omitted)."""
+        """Command-line arguments that reproduce these options (defaults omitted). The secrets are
+        not among them: they travel as :meth:`Credentials.to_env`."""
         args: list[str] = []
         for name, info in type(self).model_fields.items():
             value = getattr(self, name)
-            if value is None or value == info.default:
+            if name in SECRET_FIELDS or value is None or value == info.get_default(call_default_factory=True):
                 continue
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            args += [flag] if value is True else [flag, str(value)]
         return args
+
+
+SECRET_FIELDS: frozenset[str] = frozenset({"api_key", "admin_token", "header"})
+"""Options never written to a command line, a results file or the web UI (they go by environment)."""
 
 
 _HELP: dict[str, str] = {
@@ -184,6 +234,11 @@ _HELP: dict[str, str] = {
     "precision_confidence": "confidence of the watched percentile intervals (default 0.95)",
     "precision_min_samples": "--until-precision also waits for this many samples of each watched field",
     "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%%",
+    "api_key": f"Bearer key on every request (default: ${API_KEY_ENV}; never written to results)",
+    "admin_token": "Bearer token for the admin routes (preload); default: the API key",
+    "header": "extra request header NAME:VALUE (repeatable; values never written to results)",
+    "ca_bundle": "PEM CA bundle to verify an https:// target against",
+    "insecure": "do not verify the target's TLS certificate",
 }
 _TEXT: frozenset[str] = frozenset({"until_precision"})
 """Options given as text whatever their type (``10%``): the model parses them."""
@@ -200,8 +255,14 @@ def add_arguments(parser: Any) -> None:
         default = info.default
         kwargs: dict[str, Any] = {"help": _HELP[name], "default": default}
         ann = info.annotation
+        if name in SECRET_FIELDS and hasattr(parser, "args_included_in_web_ui"):
+            kwargs["include_in_web_ui"] = False  # Locust's web form would put them in the page
         if name in _TEXT:
             pass
+        elif name == "header":
+            kwargs.update(action="append", default=None)
+        elif ann is bool:
+            kwargs["action"] = "store_true"
         elif ann in (float, float | None):
             kwargs["type"] = float
         elif ann in (int, int | None):

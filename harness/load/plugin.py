@@ -52,6 +52,7 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from harness.common.auth import Credentials
 from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
 from harness.common.fingerprint import current_environment
 from harness.common.headers import CACHE_STATUSES
@@ -185,6 +186,9 @@ class LoadRun:
         self.epoch_unix = math.nan
         self.epoch = math.nan
         self.warmup_id = self.opts.warmup_id or uuid.uuid4().hex
+        self.credentials = self.opts.credentials()
+        self.request_headers = self.credentials.request_headers()
+        """Added to every request (``--api-key``, ``--header``); never recorded."""
         self.bypass_offset = bypass_offset(self.opts.seed)
         """Start of the bypass sequence (:func:`harness.load.arrivals.bypasses`)."""
         self.worker_index = 0
@@ -240,9 +244,9 @@ class LoadRun:
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
         else:
             # Asked once, beside the run (never in its way): what the target says it is.
-            self._identity = gevent.spawn(fetch_identity, self.env.host or "")
+            self._identity = gevent.spawn(fetch_identity, self.env.host or "", self.credentials)
             if self.inputs.preload is not None:
-                self.preload_result = preload(self.env.host or "", self.inputs.preload)
+                self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
             po.harness_epoch = self.epoch_unix
             po.harness_warmup_id = self.warmup_id
@@ -607,18 +611,29 @@ IDENTITY_TIMEOUT_S = 5.0
 """How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
 
 
-def fetch_identity(host: str) -> dict[str, Any] | None:
-    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
-    it does not answer (never raises: an identity is context, the run does not depend on it)."""
+def _client(host: str, creds: Credentials, *, network_timeout: float, connection_timeout: float) -> Any:
+    """A one-off geventhttpclient client for ``host`` with the run's TLS policy."""
     from geventhttpclient import HTTPClient
     from geventhttpclient.url import URL
 
+    return HTTPClient.from_url(
+        URL(host),
+        network_timeout=network_timeout,
+        connection_timeout=connection_timeout,
+        insecure=creds.insecure,
+        ssl_context_factory=creds.ssl_context_factory(),
+    )
+
+
+def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
+    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
+    it does not answer (never raises: an identity is context, the run does not depend on it)."""
     try:
-        client = HTTPClient.from_url(
-            URL(host), network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
+        client = _client(
+            host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
         )
         try:
-            resp = client.get("/v1/models")
+            resp = client.get("/v1/models", headers=creds.request_headers())
             body = resp.read()
         finally:
             client.close()
@@ -658,23 +673,24 @@ def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:
     return "chat" if requests and requests[0].path.endswith("chat/completions") else "completions"
 
 
-def preload(host: str, path: Path) -> dict[str, int]:
-    """``POST /cache/preload`` with the file's JSONL body; the server's counts. Errors name the file."""
-    from geventhttpclient import HTTPClient
-    from geventhttpclient.url import URL
-
+def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
+    """``POST /cache/preload`` with the file's JSONL body (an admin call: ``creds.admin_headers()``);
+    the server's counts. Errors name the file and never show a secret."""
     from harness.common.io import check_input_file
 
     body = check_input_file(path).read_bytes()
+    headers = {**creds.admin_headers(), "Content-Type": "application/x-ndjson"}
     try:
-        client = HTTPClient.from_url(URL(host), network_timeout=3600, connection_timeout=10)
-        resp = client.post("/cache/preload", body=body, headers={"Content-Type": "application/x-ndjson"})
+        client = _client(host, creds, network_timeout=3600, connection_timeout=10)
+        resp = client.post("/cache/preload", body=body, headers=headers)
         text = resp.read()
         client.close()
     except OSError as exc:
-        raise UnavailableError(f"cannot reach {host} for /cache/preload: {exc}") from None
+        raise UnavailableError(creds.redact(f"cannot reach {host} for /cache/preload: {exc}")) from None
     if resp.status_code != 200:
-        raise InputError(f"/cache/preload answered {resp.status_code}: {text[:300]!r}", file=path)
+        shown = creds.redact(text[:300].decode("utf-8", "replace"))
+        hint = "the admin routes need --admin-token" if resp.status_code in (401, 403) else None
+        raise InputError(f"/cache/preload answered {resp.status_code}: {shown}", file=path, hint=hint)
     import orjson
 
     data = orjson.loads(text)

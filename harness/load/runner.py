@@ -84,6 +84,12 @@ class LoadSpec:
     precision_on: str | None = None
     precision_confidence: float | None = None
     precision_min_samples: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    admin_token: str | None = field(default=None, repr=False)
+    header: Sequence[str] = field(default=(), repr=False)
+    """Extra ``NAME:VALUE`` headers; these three reach the child through its environment, never argv."""
+    ca_bundle: str | Path | None = None
+    insecure: bool | None = None
     run_time: str | None = None
     """Locust's ``--run-time`` (``"90s"``, ``"5m"``): a cap; the rest of the schedule is not sent."""
     extra_args: Sequence[str] = field(default_factory=tuple)
@@ -93,8 +99,10 @@ class LoadSpec:
         raw = {
             name: getattr(self, name)
             for name in LoadOptions.model_fields
-            if hasattr(self, name) and getattr(self, name) is not None
+            if hasattr(self, name) and getattr(self, name) not in (None, ())
         }
+        if "header" in raw:
+            raw["header"] = list(raw["header"])
         try:
             return LoadOptions.model_validate(raw)
         except ValidationError as exc:
@@ -161,10 +169,11 @@ def run_locust(
     ``harness`` as the caller.
     """
     cmd = spec.command()
+    secrets = spec.options().credentials().to_env()  # the key and headers: not in argv, not in ps
     results = Path(spec.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     log_path = Path(log_file) if log_file is not None else results / "locust.log"
-    child_env = {**os.environ, **(env or {})}
+    child_env = {**os.environ, **(env or {}), **secrets}
     child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [child_env.get("PYTHONPATH")])])
     # SIGINT where the child hears it: a terminal's Ctrl-C reaches the child too, and a second SIGINT
     # is what Locust expects then; SIGTERM where the child inherits SIGINT ignored.

@@ -70,6 +70,10 @@ class ReplayUser(FastHttpUser):
         run = plugin.current()
         if run is not None:  # read by FastHttpUser.__init__ when it builds the session
             self.network_timeout = run.opts.request_timeout
+            # Locust's FastHttpUser skips TLS verification by default; the harness verifies unless
+            # told not to (--insecure), against --ca-bundle when given.
+            self.insecure = run.credentials.insecure
+            self.ssl_context_factory = run.credentials.ssl_context_factory()
         super().__init__(environment)
         # The session's own pooled client: one connection per user, Locust's timeouts and TLS
         # settings, without FastHttpSession.request's per-call bookkeeping (whose timer would stop
@@ -116,6 +120,7 @@ class ReplayUser(FastHttpUser):
             H.STAGE: stage,
             H.WARMUP_ID: run.warmup_id,
             H.TENANT: spec.tenant,
+            **run.request_headers,  # --api-key, --header: after ours, so that a user's header wins
         }
         trace_id = a.trace_id or spec.trace_id
         if trace_id:
@@ -181,13 +186,14 @@ class ReplayUser(FastHttpUser):
                             break
             else:
                 body = resp.read(MAX_ERROR_BODY)
-                row["error"] = f"HTTP {status}: {body.decode('utf-8', 'replace')[:300]}"
+                text = run.credentials.redact(body.decode("utf-8", "replace"))  # a server may echo
+                row["error"] = f"HTTP {status}: {text[:300]}"
         except GreenletExit:
             row["error"] = "interrupted: the run stopped while this request was in flight"
             self._finish(run, row, req, clock())
             raise
         except Exception as exc:  # refused, reset, timeout, mid-stream: the record says what happened
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["error"] = run.credentials.redact(f"{type(exc).__name__}: {exc}")
         finally:
             if resp is not None:
                 resp.release()  # back to the pool (closed if the body was not read to its end)
