@@ -16,10 +16,11 @@ line is stamped with ``perf_counter`` on arrival; parsing and token counting wai
 ended (:mod:`harness.load.stream`). ``FastHttpSession.request`` is not used: with ``stream=True`` its
 timer stops at the headers, and its per-call bookkeeping costs more than the replay itself.
 
-Locust's own statistics get truthful entries: the request's name with ``response_time`` = E2E
-(Locust would otherwise stop the clock at the headers) and ``response_length`` = bytes read, plus
-``TTFT`` and ``TPOT`` request types. Locust rounds what it shows; every percentile the harness
-reports is computed from ``records.jsonl``.
+Locust's own statistics get one truthful entry per request: the request's name with
+``response_time`` = E2E (Locust would otherwise stop the clock at the headers) and
+``response_length`` = bytes read, so its RPS, counts and failure ratio are the requests'. TTFT, TPOT
+and ITL live in the "LLM load" tab (:mod:`harness.load.web`). Locust rounds what it shows; every
+percentile the harness reports is computed from ``records.jsonl``.
 """
 
 from __future__ import annotations
@@ -253,16 +254,14 @@ class ReplayUser(FastHttpUser):
         self._report(row, req)
 
     def _report(self, row: dict[str, Any], req: _Request) -> None:
-        """Truthful entries in Locust's own statistics (its UI and ``--csv``)."""
+        """One truthful entry in Locust's own statistics (its UI and ``--csv``) per request.
+
+        TTFT and TPOT are not fired as extra request events: Locust counts every event as a request,
+        and its RPS, request count and failure ratio would triple. They are in the "LLM load" tab
+        and in ``summary.json``."""
         err = row["error"]
-        fire = self.environment.events.request.fire
-        url = (self.host or "") + req.path
-        fire(request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
-             response_length=req.nbytes, exception=RuntimeError(err) if err is not None else None,
-             context={}, response=None, start_time=req.start_time, url=url)  # fmt: skip
-        if row.get("ttft_ms") is not None:
-            fire(request_type="TTFT", name=row["stage"], response_time=row["ttft_ms"], response_length=0,
-                 exception=None, context={})  # fmt: skip
-        if row.get("tpot_ms") is not None:
-            fire(request_type="TPOT", name=row["stage"], response_time=row["tpot_ms"], response_length=0,
-                 exception=None, context={})  # fmt: skip
+        self.environment.events.request.fire(
+            request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
+            response_length=req.nbytes, exception=RuntimeError(err) if err is not None else None,
+            context={}, response=None, start_time=req.start_time, url=(self.host or "") + req.path,
+        )  # fmt: skip

@@ -52,6 +52,8 @@ def test_web_ui_tab_shows_live_percentiles_and_sigterm_finalizes(tmp_path: Path,
             assert status["metrics"]["ttft_ms"]["p50"] >= 20.0
             assert status["hit_rate"]["MISS"] == 1.0
             stats = get(base + "/stats/requests")
+            # Locust's own header and table count each request once: no TTFT/TPOT pseudo-requests.
+            assert {e["method"] for e in stats["stats"] if e["name"] != "Aggregated"} == {"POST"}
             tab = next(x for x in stats["extended_stats"] if x["key"] == "harness-load")
             rows = {r["metric"]: r for r in tab["data"]}
             assert float(rows["ttft_ms"]["p50"]) >= 20.0 and rows["stage"]["value"] == "replay"
