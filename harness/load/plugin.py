@@ -22,7 +22,8 @@ listeners on Locust's global ``events``:
 Records flow: a local run writes them itself; workers batch them and send them to the master once a
 second (custom message ``harness_records``), with their progress; the master writes the single
 ``records.jsonl``. A worker the master loses (missed heartbeats) is reported and its share marked
-missing in ``summary.json``; the rest of the run goes on.
+missing in ``summary.json``; the rest of the run goes on, and ends with exit 6 (incomplete: cannot be
+judged). Losing the last worker ends the run, its results finalized.
 
 ``--until-precision``: the local process or the master (which holds every record) checks the watched
 percentiles once a second (:mod:`harness.load.precision`); when they are precise enough it stops its
@@ -499,6 +500,11 @@ class LoadRun:
         if self.role == "worker":
             self._send_batch(done=True)
             return None
+        if self.role == "master":
+            # Locust stops the test itself when its last worker goes missing, before a tick noticed:
+            # such a run ended because every share is done or lost, not because someone stopped it.
+            self._check_workers()
+            self.completed = self.completed or (self.started and self.finished())
         interrupted = not self.completed
         if self.ladder is not None:
             if interrupted:
@@ -818,6 +824,9 @@ def _on_test_stop(environment: Environment, **_kw: Any) -> None:
         return
     if summary.interrupted:
         environment.process_exit_code = int(ExitCode.INTERRUPTED)
+    elif any(w.missing for w in summary.workers):
+        # A share of the schedule was never sent: what was measured is not the load asked for.
+        environment.process_exit_code = int(ExitCode.UNJUDGEABLE)
     elif run.ladder is not None:
         environment.process_exit_code = int(ExitCode.CHECK_FAILED if run.ladder.stopped else ExitCode.OK)
 

@@ -47,7 +47,10 @@ def test_master_and_two_workers_each_send_half_into_one_results_dir(tmp_path: Pa
     ]
 
 
-def test_a_lost_worker_is_reported_and_the_run_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed", [1, 2])
+def test_a_lost_worker_is_reported_and_makes_the_run_incomplete(tmp_path: Path, killed: int) -> None:
+    """One of two lost: the other sends its whole share, the run exits 6 (incomplete). Both lost:
+    the run ends by itself, its results finalized, with 6 too."""
     corpus = make_corpus(tmp_path / "c.jsonl", 40)
     port = str(free_port())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -75,17 +78,19 @@ def test_a_lost_worker_is_reported_and_the_run_goes_on(tmp_path: Path) -> None:
             while len(srv.requests) < 20:
                 assert master.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
-            workers[1].send_signal(signal.SIGKILL)
+            for w in workers[2 - killed :]:
+                w.send_signal(signal.SIGKILL)
             _, err = master.communicate(timeout=120)
         finally:
             for p in [master, *workers]:
                 if p.poll() is None:
                     p.kill()
-    assert master.returncode == 0, err.decode()[-3000:]
+    assert master.returncode == 6, err.decode()[-3000:]
     s = read_summary(results)
     lost = [w for w in s.workers if w.missing]
-    assert len(s.workers) == 2 and len(lost) == 1
-    assert any("was lost" in w for w in s.warnings)
-    alive = next(w for w in s.workers if not w.missing)
-    assert alive.recorded == alive.scheduled == 60  # its whole share, after the other one died
+    assert len(s.workers) == 2 and len(lost) == killed and not s.interrupted
+    assert sum("was lost" in w for w in s.warnings) == killed
+    if killed == 1:
+        alive = next(w for w in s.workers if not w.missing)
+        assert alive.recorded == alive.scheduled == 60  # its whole share, after the other one died
     assert s.requests == len(list(read_records(results))) < 120
