@@ -2,6 +2,11 @@
 KV prefix cache, vLLM's endpoint) and the response-cache admin API (``GET /cache/stats``,
 ``POST /cache/flush``, ``POST /cache/drain``, ``POST /cache/preload``).
 
+Every route here but ``/health`` and ``/metrics`` is an admin route: it passes
+:meth:`~harness.server.auth.AuthPolicy.require_admin` first (401 without the admin token when one is
+set, 403 ``admin_disabled`` on a keyed server without one, open in loopback development), so nobody
+else can flush, reset or plant answers. ``/metrics`` needs a credential only with ``--protect-metrics``.
+
 The cache routes answer 404 ``cache_disabled`` when the server runs without ``--cache``; a cache
 that cannot reach Redis makes a flush a 503 ``cache_unavailable`` (the CLI reports it), never a 500.
 """
@@ -15,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harness.cache.api import FLUSH_ALL, FLUSH_TIERS, ResponseCache
-from harness.common import headers as H
 from harness.common.errors import HarnessError
 from harness.common.openai import RESET_PREFIX_CACHE_PATH
 from harness.server.asgi import ClientGone, read_body
@@ -50,14 +54,22 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
         return _json(body, 200 if st.ready else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        try:
+            st.auth.require_metrics(request.headers)
+        except APIError as exc:
+            return exc.response()
         return Response(generate_latest(st.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post(RESET_PREFIX_CACHE_PATH)
-    async def reset_prefix_cache() -> Response:
+    async def reset_prefix_cache(request: Request) -> Response:
         """Empty the engine's KV prefix cache (vLLM's endpoint of the same name, so one client call
         serves both servers). Works with or without ``--cache``; the response cache is
         ``/cache/flush``'s."""
+        try:
+            st.auth.require_admin(request.headers)
+        except APIError as exc:
+            return exc.response()
         freed = await st.engine.reset_prefix_cache()
         log.info("prefix cache reset: %d cached KV blocks freed", freed)
         return _json({"reset": True, "blocks_freed": freed})
@@ -70,8 +82,9 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
         return st.cache
 
     @app.get("/cache/stats")
-    async def cache_stats() -> Response:
+    async def cache_stats(request: Request) -> Response:
         try:
+            st.auth.require_admin(request.headers)
             return _json(need_cache().stats())
         except APIError as exc:
             return exc.response()
@@ -79,6 +92,7 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
     @app.post("/cache/flush")
     async def cache_flush(request: Request) -> Response:
         try:
+            st.auth.require_admin(request.headers)
             c = need_cache()
             tier = request.query_params.get("tier", FLUSH_ALL).lower()
             if tier not in FLUSH_CHOICES:
@@ -96,6 +110,7 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
     async def cache_drain(request: Request) -> Response:
         """Wait until the write-backs of finished requests have landed (``{"pending": 0}``)."""
         try:
+            st.auth.require_admin(request.headers)
             c = need_cache()
             raw = request.query_params.get("timeout_s", "60")
             try:
@@ -112,10 +127,12 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
 
     @app.post("/cache/preload")
     async def cache_preload(request: Request) -> Response:
+        """Store given completions or generate them: storing caller-given text for any tenant is an
+        admin action, so the admin (or loopback development) names the tenants, by header or per line."""
         try:
+            tenant = st.auth.admin_tenant(request.headers)
             c = need_cache()
             raw = await read_body(request, st.settings.max_preload_bytes)
-            tenant = request.headers.get(H.TENANT) or H.DEFAULT_TENANT
             return _json(await preload(st, c, raw, tenant))
         except APIError as exc:
             return exc.response()

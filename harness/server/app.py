@@ -32,6 +32,7 @@ from harness import __version__
 from harness.cache.api import ResponseCache
 from harness.engine.api import AsyncEngine, SamplingParams
 from harness.server.admin_routes import add_admin_routes
+from harness.server.auth import AuthPolicy
 from harness.server.errors import APIError
 from harness.server.openai_routes import add_openai_routes
 from harness.server.settings import ServerSettings
@@ -46,13 +47,15 @@ def create_app(
     registry: CollectorRegistry | None = None,
     manage_lifecycle: bool = True,
     identity: dict[str, Any] | None = None,
+    auth: AuthPolicy | None = None,
 ) -> FastAPI:
     """The ASGI app. With ``manage_lifecycle`` the app starts the engine on startup and shuts the
     engine down and closes the cache on shutdown. ``identity`` (preset, weights hash …, see
-    :func:`harness.server.cli.model_identity`) goes into ``GET /v1/models``' ``harness`` block."""
+    :func:`harness.server.cli.model_identity`) goes into ``GET /v1/models``' ``harness`` block.
+    ``auth`` is who may call what (default: read from ``settings``, see :mod:`harness.server.auth`)."""
     settings = settings or ServerSettings()
     registry = registry if registry is not None else CollectorRegistry()
-    st = ServerState(engine, settings, cache, registry)
+    st = ServerState(engine, settings, cache, registry, auth or AuthPolicy.from_settings(settings))
     st.identity = dict(identity or {})
 
     @contextlib.asynccontextmanager

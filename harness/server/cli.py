@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.settings import load_settings
+from harness.server.auth import AuthPolicy, check_protected_mode
 from harness.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -171,6 +172,8 @@ class ServePlan:
     cache: CacheSettings | None
     """``None`` without ``--cache``."""
     sock: socket.socket
+    auth: AuthPolicy
+    """The credentials read and checked (key file, admin token, protected mode)."""
 
 
 def prepare(
@@ -180,16 +183,23 @@ def prepare(
 ) -> ServePlan:
     """Validate every setting and file and bind the port, before a model is loaded or Redis is
     started: a mistake (a bad setting, a model directory that is not a checkpoint, bad cache
-    settings, a busy port) costs milliseconds and names what is wrong."""
+    settings, a busy port) costs milliseconds and names what is wrong. Credentials too: a bad key
+    file, and protected mode (a non-loopback ``--host`` without keys and an admin token) are
+    :class:`ConfigError` (exit 4) before the port is bound."""
     from harness.engine.settings import EngineSettings
 
     engine_settings = load_settings(EngineSettings, **engine_overrides)
     settings = load_settings(ServerSettings, **server_overrides)
+    auth = AuthPolicy.from_settings(settings)
+    warning = check_protected_mode(settings, auth)
+    if warning is not None:
+        log.warning("%s", warning)
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     if engine_settings.model_dir is not None:
         check_model_dir(Path(engine_settings.model_dir))
     cache_settings = load_cache_settings(engine_settings, cache_overrides) if settings.cache else None
     sock = bind_socket(settings.host, settings.port)
-    return ServePlan(engine_settings, settings, cache_settings, sock)
+    return ServePlan(engine_settings, settings, cache_settings, sock, auth)
 
 
 def run_server(
@@ -226,6 +236,7 @@ def run_server(
             cache=cache,
             registry=registry,
             identity=model_identity(engine_settings),
+            auth=plan.auth,
         )
         config = uvicorn.Config(
             app,
@@ -319,6 +330,46 @@ def serve(
             help="Tier policy file (harness analysis tiers): value tiers and TTLs for the cache.",
         ),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="/v1/* needs 'Authorization: Bearer KEY' (tenant 'default'); vLLM's option. Prefer "
+            "HARNESS__SERVER__API_KEY: a command line is visible to every user of the machine.",
+            show_default=False,
+        ),
+    ] = None,
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-keys",
+            help='JSON file {"KEY": "TENANT", ...}: /v1/* needs one of the keys, and the tenant comes '
+            "from the key (X-Tenant-ID naming another is 403). Combines with --api-key.",
+        ),
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-token",
+            help="/cache/* and /reset_prefix_cache need 'Authorization: Bearer TOKEN'. Prefer "
+            "HARNESS__SERVER__ADMIN_TOKEN or --admin-token-file.",
+            show_default=False,
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None, typer.Option("--admin-token-file", help="Read the admin token from this file.")
+    ] = None,
+    protect_metrics: Annotated[
+        bool | None,
+        typer.Option("--protect-metrics", help="/metrics needs an API key or the admin token."),
+    ] = None,
+    insecure_no_auth: Annotated[
+        bool | None,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve a non-loopback --host without API keys and admin token, on purpose (warns).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
     engine_overrides: dict[str, Any] = {
@@ -331,7 +382,17 @@ def serve(
         "max_model_len": max_model_len,
         "inject_slowdown": inject_slowdown,
     }
-    server_overrides: dict[str, Any] = {"host": host, "port": port, "cache": cache}
+    server_overrides: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "cache": cache,
+        "api_key": api_key,
+        "api_keys_file": api_keys,
+        "admin_token": admin_token,
+        "admin_token_file": admin_token_file,
+        "protect_metrics": protect_metrics,
+        "insecure_no_auth": insecure_no_auth,
+    }
     cache_overrides: dict[str, Any] = {}
     if tiers is not None:
         if cache is False:

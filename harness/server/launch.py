@@ -7,6 +7,11 @@ that the child is still alive, so a server that fails to start is reported at on
 log, not after a timeout. :meth:`ServerProcess.stop` sends SIGTERM (graceful: in-flight requests
 finish, the cache persists) and kills only if that takes too long; it is safe to call twice. Once
 ready, the child runs at a lower CPU priority (:data:`NICE`) than the load generator beside it.
+
+Secrets (API keys, the admin token) go to the child through ``env`` —
+``HARNESS__SERVER__API_KEY``, ``HARNESS__SERVER__ADMIN_TOKEN`` — or a file it reads
+(``--api-keys FILE``, ``--admin-token-file FILE``), never through ``args``: a command line is
+readable by every user of the machine (``ps``) and ends up in logs and ``run.json``.
 """
 
 from __future__ import annotations
@@ -88,6 +93,10 @@ def start_server(
     nice: int = NICE,
 ) -> ServerProcess:
     """Start ``harness serve ARGS --port 0`` and return once it serves requests.
+
+    ``env`` is added to this process's environment for the child: the way to hand it secrets
+    (``{"HARNESS__SERVER__API_KEY": key, "HARNESS__SERVER__ADMIN_TOKEN": token}``); ``args`` are
+    visible in the process table, so never put a key there.
 
     Its stdout and stderr go to ``log_dir/server.log``. Raises :class:`UnavailableError` (naming the
     log) when the child exits or is not ready within ``timeout_s``; the child is killed then. The

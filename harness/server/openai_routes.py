@@ -2,11 +2,13 @@
 
 A request goes through:
 
+0. the credentials (401 / 403 before the body is read, see :mod:`harness.server.auth`);
 1. body read with a size cap (413), JSON parse and strict validation (400 naming the field);
 2. :func:`~harness.server.protocol.prepare`: tokenize, check the context length (400), build
    :class:`SamplingParams` and the cache body;
-3. the cache's ``begin_nowait`` / ``begin`` (tenant from ``X-Tenant-ID``, ``Cache-Control:
-   no-cache`` bypasses); a hit is replayed, split into the engine's tokens so streaming clients see
+3. the cache's ``begin_nowait`` / ``begin`` (tenant from the API key, or from ``X-Tenant-ID`` on a
+   server without keys: :meth:`~harness.server.auth.AuthPolicy.tenant`; ``Cache-Control: no-cache``
+   bypasses); a hit is replayed, split into the engine's tokens so streaming clients see
    the same chunk cadence;
 4. on a miss the engine's first event is awaited *before* the response starts, so a full queue is a
    real 429 (with ``Retry-After``) and not a broken 200 stream;
@@ -78,7 +80,12 @@ def add_openai_routes(app: FastAPI, st: ServerState) -> None:
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        try:
+            st.auth.tenant(request.headers)
+        except APIError as exc:
+            st.metrics.rejections.labels(exc.reason).inc()
+            return exc.response()
         card = {
             "id": st.model_name,
             "object": "model",
@@ -142,6 +149,8 @@ class Handler:
         st.metrics.in_flight.inc()
         handed_off = False  # a streaming body takes over the cleanup
         try:
+            # First: nothing (body, cache, engine) is touched for a caller who is refused.
+            ctx.tenant = st.auth.tenant(self.request.headers)
             raw = await read_body(self.request, st.settings.max_body_bytes)
             req = self._validate(parse_json(raw))
             if req.request_id and not self.request.headers.get(H.REQUEST_ID):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import stage_config
@@ -14,7 +16,8 @@ class ServerSettings(BaseSettings):
     model_config = stage_config("server")
 
     host: str = "127.0.0.1"
-    """Loopback by default; binding elsewhere is an explicit choice."""
+    """Loopback by default; binding elsewhere is an explicit choice (and needs credentials: protected
+    mode, see :mod:`harness.server.auth`)."""
     port: int = Field(default=8000, ge=0, le=65535)
     """``0`` lets the OS pick a free port (announced on stdout)."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -40,3 +43,15 @@ class ServerSettings(BaseSettings):
     """Run one 2-token generation at startup so the first client request does not pay one-off costs."""
     graceful_shutdown_s: float = Field(default=5.0, ge=0.0)
     """Time in-flight requests get to finish after SIGINT/SIGTERM."""
+    api_key: SecretStr | None = None
+    """``--api-key``: ``/v1/*`` needs ``Authorization: Bearer`` it (tenant ``default``); vLLM's option."""
+    api_keys_file: Path | None = None
+    """``--api-keys``: a JSON object ``{"KEY": "TENANT", ...}``; the tenant comes from the key."""
+    admin_token: SecretStr | None = None
+    """``--admin-token``: ``/cache/*`` and ``/reset_prefix_cache`` need it as a Bearer token."""
+    admin_token_file: Path | None = None
+    """``--admin-token-file``: the admin token read from a file (keeps it out of argv and env)."""
+    protect_metrics: bool = False
+    """``/metrics`` needs an API key or the admin token."""
+    insecure_no_auth: bool = False
+    """Serve a non-loopback address without credentials on purpose (protected mode off, loudly)."""

@@ -23,6 +23,7 @@ from harness.cache.api import CachedCompletion, ResponseCache
 from harness.common import headers as H
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
+from harness.server.auth import AuthPolicy
 from harness.server.metrics import EngineCollector, ServerMetrics
 from harness.server.protocol import Prepared, TokenLog, prepare
 from harness.server.settings import ServerSettings
@@ -47,7 +48,6 @@ class RequestContext:
     stage: str | None
     trace_id: str | None
     warmup_id: str | None
-    tenant: str
     no_cache: bool
     t0: float
     endpoint: str
@@ -56,6 +56,9 @@ class RequestContext:
     status: int = 200
     first_text_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tenant: str = H.DEFAULT_TENANT
+    """Set from the credentials by the handler (:meth:`AuthPolicy.tenant`), never read here from a
+    header: a refusal must be answerable before anything trusts the caller."""
 
     def headers(self) -> dict[str, str]:
         h = {H.REQUEST_ID: self.request_id, H.CACHE_STATUS: self.cache_status}
@@ -110,8 +113,11 @@ class ServerState:
         settings: ServerSettings,
         cache: ResponseCache | None,
         registry: CollectorRegistry,
+        auth: AuthPolicy | None = None,
     ) -> None:
         self.engine = engine
+        self.auth = auth or AuthPolicy()
+        """Who may call what; its :meth:`~AuthPolicy.tenant` is where every request's tenant comes from."""
         self.settings = settings
         self.cache = cache
         self.registry = registry
@@ -170,7 +176,6 @@ class ServerState:
             stage=hdr.get(H.STAGE),
             trace_id=hdr.get(H.TRACE_ID),
             warmup_id=hdr.get(H.WARMUP_ID),
-            tenant=hdr.get(H.TENANT) or H.DEFAULT_TENANT,
             no_cache="no-cache" in cache_control or "no-store" in cache_control,
             t0=time.perf_counter(),
             endpoint=endpoint,
