@@ -31,6 +31,8 @@ code that is not one of its verdicts); that code is the command's own (``docs/ex
 
 from __future__ import annotations
 
+import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -45,6 +47,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from harness.common.auth import ADMIN_TOKEN_ENV, SERVER_ADMIN_TOKEN_ENV
 from harness.common.errors import ExitCode, HarnessError
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
@@ -104,6 +107,9 @@ class DemoContext:
     url: str | None = None
     """The target the capacity search, the calibration and the unchanged run share."""
     capacity_rps: float | None = None
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """The demo server's admin token (its cache admin API is not open to the machine), handed to the
+    server and to every ``harness`` command through the environment, as a user would."""
 
     @property
     def run_dir(self) -> Path:
@@ -143,7 +149,10 @@ def harness(ctx: DemoContext, *args: str, ok: Sequence[int] = (0,)) -> int:
     command = "harness " + shlex.join(args)
     ctx.console.print(f"[bold]$ {escape(command)}[/]", highlight=False, soft_wrap=True)
     sys.stdout.flush()
-    code = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, check=False).returncode
+    env = {**os.environ, ADMIN_TOKEN_ENV: ctx.admin_token}
+    code = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], cwd=ROOT, env=env, check=False
+    ).returncode
     if code == int(ExitCode.INTERRUPTED):
         raise KeyboardInterrupt
     if code not in ok:
@@ -322,7 +331,11 @@ def demo_target(ctx: DemoContext) -> Iterator[None]:
     from harness.server.launch import running_server
 
     log_dir = ctx.run_dir / "server"
-    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve())}
+    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve()), SERVER_ADMIN_TOKEN_ENV: ctx.admin_token}
+    ctx.console.print(
+        f"[bold]$ export {ADMIN_TOKEN_ENV}=… {SERVER_ADMIN_TOKEN_ENV}=…  # the cache admin API's token[/]",
+        highlight=False,
+    )
     ctx.console.print(
         f"[bold]$ harness serve {shlex.join(ctx.config.serve_args)} --port 0 &[/]", highlight=False
     )

@@ -2,10 +2,13 @@
 
 Three credentials, all optional, all ``Authorization: Bearer …``:
 
-* **API keys** (``--api-key KEY``, ``--api-keys FILE``) guard ``/v1/*``. Each key belongs to one
-  tenant (the single ``--api-key`` to :data:`~harness.common.headers.DEFAULT_TENANT`, a file's keys
-  to the tenant they map to). Once keys are configured the tenant comes from the key, never from the
-  caller: an ``X-Tenant-ID`` that names another tenant is 403 ``tenant_mismatch``.
+* **API keys** (``--api-key KEY``, ``--api-keys FILE``) guard ``/v1/*``. With a key file (several
+  principals) each key belongs to one tenant and the tenant comes from the key, never from the
+  caller: an ``X-Tenant-ID`` that names another tenant is 403 ``tenant_mismatch``; a single
+  ``--api-key`` given beside the file is tenant :data:`~harness.common.headers.DEFAULT_TENANT`. A
+  single ``--api-key`` alone (vLLM's model: one principal, the operator) admits its holder to every
+  partition, so ``X-Tenant-ID`` still picks the tenant: there is no other principal to isolate from,
+  and a multi-tenant corpus replays against it as against an unkeyed server.
 * **The admin token** (``--admin-token``) guards ``/cache/*`` and ``/reset_prefix_cache``. With keys
   but no admin token the admin API is closed (403 ``admin_disabled``); with nothing configured
   (loopback development) it is open, as it always was.
@@ -169,6 +172,8 @@ class AuthPolicy:
     """SHA-256 of each API key → its tenant."""
     admin_digest: bytes | None = None
     protect_metrics: bool = False
+    operator_key: bool = False
+    """One ``--api-key`` and no key file: its holder is the only principal and picks the tenant."""
 
     @classmethod
     def from_settings(cls, settings: ServerSettings) -> AuthPolicy:
@@ -222,6 +227,7 @@ class AuthPolicy:
             key_tenants={_digest(k): t for k, t in keys.items()},
             admin_digest=_digest(admin) if admin is not None else None,
             protect_metrics=settings.protect_metrics,
+            operator_key=settings.api_key is not None and settings.api_keys_file is None,
         )
 
     @property
@@ -248,8 +254,9 @@ class AuthPolicy:
         """The tenant of an OpenAI request (``/v1/*``), or the refusal as an :class:`APIError`.
 
         Without keys: ``X-Tenant-ID`` or the default tenant (isolation between polite clients only).
-        With keys: the key's tenant; a missing or unknown key is 401, an ``X-Tenant-ID`` naming
-        another tenant 403 (absent: the key's tenant).
+        With keys: a missing or unknown key is 401; then the key's tenant, an ``X-Tenant-ID`` naming
+        another tenant 403 (absent: the key's tenant), unless the key is the operator's single
+        ``--api-key`` (no key file), whose holder picks the tenant with ``X-Tenant-ID``.
         """
         claimed = headers.get(H.TENANT)
         if not self.keyed:
@@ -262,6 +269,8 @@ class AuthPolicy:
         tenant = self._key_tenant(credential)
         if tenant is None:
             raise unauthorized("Incorrect API key provided", "invalid_api_key")
+        if self.operator_key:
+            return claimed or tenant
         if claimed and claimed != tenant:
             raise forbidden(
                 f"{H.TENANT} '{claimed}' is not this API key's tenant; the tenant comes from the key "

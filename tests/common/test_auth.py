@@ -103,7 +103,9 @@ def test_load_options_keep_secrets_off_the_command_line_and_hand_them_over_by_en
     ns = parser.parse_args(cmd[cmd.index("--only-summary") + 1 :])
     back = secrets_from_env(env)
     assert back["api_key"] == KEY and back["admin_token"] == TOKEN
-    ns_opts = LoadOptions.model_validate({**{k: v for k, v in vars(ns).items() if v not in (None, [])}, **back})
+    ns_opts = LoadOptions.model_validate(
+        {**{k: v for k, v in vars(ns).items() if v not in (None, [])}, **back}
+    )
     c = ns_opts.credentials()
     assert c.request_headers() == {"X-Org": "research", "Authorization": f"Bearer {KEY}"}
     assert c.insecure

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from harness.common.auth import Credentials
 from harness.common.errors import ExitCode
 from harness.corpus.model import CorpusRecord
 from harness.gates.compare import compare
@@ -80,8 +81,16 @@ gates:
 """
 
 
-def harness_run(*args: str, timeout: float = 400.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+KEY = "sk-paired-5b0c7e21"
+ADMIN = "adm-paired-90d4f3"
+KEYED = Credentials.of(api_key=KEY, admin_token=ADMIN)
+"""The shared cached server is keyed (as a deployed one would be): the paired run must get in."""
+
+
+def harness_run(
+    *args: str, timeout: float = 400.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     cmd = [sys.executable, "-m", "harness.cli", "run", *args]
     return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -99,7 +108,7 @@ def records(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cached_server(tmp_path_factory):
-    with harness_server(tmp_path_factory.mktemp("paired-serve"), "--cache") as srv:
+    with harness_server(tmp_path_factory.mktemp("paired-serve"), "--cache", env=KEYED.server_env()) as srv:
         yield srv
 
 
@@ -123,6 +132,7 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
         "--url", cached_server.url, "--corpus", str(corpus), "--rate", "4", "--duration", "5",
         "--max-tokens-cap", "6", "--start-delay", "0.5", "--plan", str(plan), "--preload", str(preload),
         "--probes", "6", "--gate", str(baseline), "--out", str(out),
+        env={"OPENAI_API_KEY": KEY, "HARNESS_ADMIN_TOKEN": ADMIN},
     )  # fmt: skip
     # On a busy machine the load generator itself can be starved (client CPU > 90 %): such a phase is
     # client-bound, and a client-bound run is never passed, only "cannot be judged" (exit 6). Lateness
@@ -163,6 +173,10 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
     assert {g["label"] for g in verdict["gates"]} == {"cold", "warm"}
     cases = ET.parse(out / "gate.junit.xml").getroot().iter("testcase")
     assert {c.get("classname") for c in cases} == {"gate.cold", "gate.warm"}
+    # Which credentials were used is recorded; their values are in no file and no output.
+    assert run["load"]["access"]["api_key"] is True and run["load"]["access"]["admin_token"] is True
+    for text in (proc.stdout, proc.stderr, *(p.read_text() for p in out.rglob("*") if p.is_file())):
+        assert KEY not in text and ADMIN not in text
 
 
 @pytest.mark.slow
@@ -171,7 +185,7 @@ def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cach
     reqs = prepare_requests(
         CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
     )
-    target = Target(cached_server.url)
+    target = Target(cached_server.url, credentials=KEYED)
     flushed = flush_all(target)
     assert [f.status for f in flushed] == ["flushed", "flushed"]
     cold = check_warm(target, reqs)

@@ -32,7 +32,9 @@ def test_replay_with_a_key_succeeds_and_leaves_no_secret_behind(tmp_path: Path) 
     common = {"corpus": corpus, "rate": 4, "duration": 1, "max_tokens_cap": 4, "start_delay": 0.5}
     with running_server(["--preset", "tiny", "--cache"], log_dir=tmp_path / "server", env=env) as server:
         # No key: every request is refused (401), and the run says so (exit 1: requests failed).
-        assert run_locust(LoadSpec(host=server.url, results_dir=tmp_path / "anon", **common), timeout_s=300) == 1
+        assert (
+            run_locust(LoadSpec(host=server.url, results_dir=tmp_path / "anon", **common), timeout_s=300) == 1
+        )
         # The key on the OpenAI routes, the admin token on the preload, an extra header on both.
         keyed = LoadSpec(
             host=server.url, results_dir=tmp_path / "keyed", api_key=KEY, admin_token=TOKEN,
@@ -43,7 +45,7 @@ def test_replay_with_a_key_succeeds_and_leaves_no_secret_behind(tmp_path: Path) 
         no_admin = LoadSpec(host=server.url, results_dir=tmp_path / "no-admin", api_key=KEY, preload=preload,
                             **common)  # fmt: skip
         assert run_locust(no_admin, timeout_s=300) == 3
-    anon = read_records(tmp_path / "anon")
+    anon = list(read_records(tmp_path / "anon"))
     assert len(anon) == 4 and all(r.status == 401 and r.error for r in anon)
     s = read_summary(tmp_path / "keyed")
     assert s.requests == 4 and s.errors == 0, [r.error for r in read_records(tmp_path / "keyed")]

@@ -31,6 +31,7 @@ from harness.common.errors import ConfigError, ExitCode
 from harness.common.openai import CompletionResponse, ErrorResponse
 from harness.server import cli
 from harness.server.auth import AuthPolicy, bearer, check_protected_mode, is_loopback, load_api_keys
+from harness.server.errors import APIError
 from harness.server.settings import ServerSettings
 from tests.server.conftest import ServerProc, harness_server
 
@@ -315,13 +316,24 @@ def test_keys_without_admin_token_close_the_admin_api(single):
 
 
 @pytest.mark.slow
-def test_single_key_is_the_default_tenant(single):
+def test_a_single_key_alone_is_the_operators_and_picks_the_tenant(single):
+    # One principal (vLLM's --api-key): X-Tenant-ID partitions its own cache, as on an unkeyed server.
     assert text_of(complete(single.url, "single key", auth(SINGLE)))
     assert complete(single.url, "single key", auth(SINGLE) | {"X-Tenant-ID": "default"}).status_code == 200
-    refused(
-        complete(single.url, "single key", auth(SINGLE) | {"X-Tenant-ID": "other"}), 403, "tenant_mismatch"
-    )
+    assert complete(single.url, "single key", auth(SINGLE) | {"X-Tenant-ID": "other"}).status_code == 200
     refused(complete(single.url, "single key", {}), 401, "invalid_api_key")
+    refused(complete(single.url, "single key", {"X-Tenant-ID": "other"}), 401, "invalid_api_key")
+
+
+def test_a_single_key_beside_a_key_file_is_the_default_tenant_only(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_text(orjson.dumps({ALICE: "alice"}).decode())
+    policy = AuthPolicy.from_settings(ServerSettings(api_keys_file=path, api_key=SINGLE))
+    assert not policy.operator_key
+    assert policy.tenant({"authorization": f"Bearer {SINGLE}"}) == "default"
+    with pytest.raises(APIError) as err:
+        policy.tenant({"authorization": f"Bearer {SINGLE}", "X-Tenant-ID": "alice"})
+    assert err.value.status == 403
 
 
 @pytest.mark.slow
@@ -500,3 +512,29 @@ def test_cli_refuses_with_exit_4_before_loading(tmp_path: Path, args: list[str],
     assert expected in p.stderr and "Traceback" not in p.stderr
     assert "serving" not in p.stdout
     assert_no_secret(p.stdout + p.stderr)
+
+
+@pytest.mark.slow
+def test_harness_cache_needs_the_admin_token_and_never_prints_it(keyed):
+    """The operator's client (`harness cache …`): refused without the token (exit 4, a hint, no
+    traceback), served with it from the environment; the token is in none of its output."""
+    base = [sys.executable, "-m", "harness.cli", "cache"]
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_ADMIN_TOKEN"}
+    anon = subprocess.run([*base, "stats", "--url", keyed.url], capture_output=True, text=True, env=env)
+    assert anon.returncode == int(ExitCode.CONFIG), anon.stderr
+    assert "--admin-token" in anon.stderr and "Traceback" not in anon.stderr
+    wrong = subprocess.run(
+        [*base, "flush", "--url", keyed.url, "--admin-token", ADMIN + "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert wrong.returncode == int(ExitCode.CONFIG) and ADMIN not in wrong.stderr
+    ok = subprocess.run(
+        [*base, "flush", "--url", keyed.url],
+        capture_output=True,
+        text=True,
+        env={**env, "HARNESS_ADMIN_TOKEN": ADMIN},
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert '"dropped"' in ok.stdout and ADMIN not in ok.stdout + ok.stderr
