@@ -21,10 +21,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.cache.api import CachedCompletion, Tier
 from harness.common.io import read_json
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 
 
@@ -134,11 +135,7 @@ class FixedWarmPolicy:
 # --------------------------------------------------------------------------- the tier policy file
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TierTTLs(_Strict):
+class TierTTLs(StrictModel):
     """Seconds an entry of each value tier lives in L2 and L3 (hot ≥ warm ≥ cold)."""
 
     hot: float = Field(gt=0.0)
@@ -152,7 +149,7 @@ class TierTTLs(_Strict):
         return self
 
 
-class TierEntry(_Strict):
+class TierEntry(StrictModel):
     """One completion's tier, named by prompt fingerprint and/or exact cache key."""
 
     tier: Tier
@@ -172,7 +169,7 @@ class TierEntry(_Strict):
         return self
 
 
-class TierFile(_Strict):
+class TierFile(StrictModel):
     """A tier → TTL policy and the completions it classifies (``HARNESS__CACHE__TIER_FILE``)."""
 
     version: Literal[1] = 1
