@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import iter_jsonl
+from harness.common.model import StrictModel
 
 if TYPE_CHECKING:
     import httpx
@@ -100,18 +101,14 @@ def metric_names() -> list[str]:
 # --------------------------------------------------------------------------- the JSON schema
 
 
-class Window(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Window(StrictModel):
     start: float
     """Unix seconds."""
     end: float
 
 
-class Deviation(BaseModel):
+class Deviation(StrictModel):
     """One series' move from the baseline to the test window."""
-
-    model_config = ConfigDict(extra="forbid")
 
     metric: str
     labels: dict[str, str]
@@ -123,10 +120,8 @@ class Deviation(BaseModel):
     direction: Literal["up", "down"]
 
 
-class AnomalyNode(BaseModel):
+class AnomalyNode(StrictModel):
     """A node of the attribution tree."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str
     """Path from the root, e.g. ``tier/tier=l2/HitRate/evictions``; stable across runs."""
@@ -143,10 +138,8 @@ class AnomalyNode(BaseModel):
     children: list[AnomalyNode] = Field(default_factory=list)
 
 
-class AnomalyReport(BaseModel):
+class AnomalyReport(StrictModel):
     """``harness analysis anomaly --json`` (schema version 1)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[1] = 1
     source: str
@@ -162,10 +155,8 @@ class AnomalyReport(BaseModel):
 # --------------------------------------------------------------------------- inputs
 
 
-class Scrape(BaseModel):
+class Scrape(StrictModel):
     """One line of a scrapes JSONL: a ``/metrics`` body and when it was taken."""
-
-    model_config = ConfigDict(extra="forbid")
 
     ts: float
     """Unix seconds."""

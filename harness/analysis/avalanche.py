@@ -38,18 +38,15 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.common.errors import InputError
 from harness.common.io import check_input_file, iter_jsonl
+from harness.common.model import StrictModel
 from harness.common.stats import Distribution
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class KeyClass(_Strict):
+class KeyClass(StrictModel):
     """A class of keys described by how they were written (when expiry times are not measured)."""
 
     name: str
@@ -61,7 +58,7 @@ class KeyClass(_Strict):
     """Width of the uniform random TTL jitter, if any."""
 
 
-class ClassRisk(_Strict):
+class ClassRisk(StrictModel):
     name: str
     keys: int
     ttl_s: float | None
@@ -76,7 +73,7 @@ class ClassRisk(_Strict):
     source: str
 
 
-class AvalancheReport(_Strict):
+class AvalancheReport(StrictModel):
     window_s: float
     probability: float
     """``P = 1 − Π(1 − p_i)``."""
@@ -225,7 +222,7 @@ def classes_from_server(stats: dict[str, object], metrics_text: str, write_span_
 # --------------------------------------------------------------------------- RTO
 
 
-class RtoCoefficients(_Strict):
+class RtoCoefficients(StrictModel):
     """``RTO = c0 + c1 · W`` (seconds); defaults: no fixed part, a perfect rebuild."""
 
     c0: float = Field(default=0.0, ge=0.0)
@@ -235,7 +232,7 @@ class RtoCoefficients(_Strict):
     rmse_s: float | None = None
 
 
-class RtoCase(_Strict):
+class RtoCase(StrictModel):
     """One avalanche to predict, or (with ``rto_s``) one measured run to calibrate on."""
 
     expired_keys: int = Field(ge=0)

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.analysis.references import FloatArray
 from harness.common.errors import InputError
 from harness.common.io import atomic_write, check_input_file, iter_jsonl
+from harness.common.model import StrictModel
 
 if TYPE_CHECKING:
     from harness.load.results import RequestRecord
@@ -34,10 +35,8 @@ if TYPE_CHECKING:
 MISS_STATUSES = frozenset({"MISS", "BYPASS"})
 
 
-class DecayPoint(BaseModel):
+class DecayPoint(StrictModel):
     """One stage of a sweep: its cache-miss rate and the QPS it achieved."""
-
-    model_config = ConfigDict(extra="forbid")
 
     cmr: float = Field(ge=0.0, le=1.0)
     """Measured cache-miss rate: share of the stage's requests the cache answered ``MISS``/``BYPASS``."""
@@ -49,10 +48,8 @@ class DecayPoint(BaseModel):
     """The share of requests the stage asked to bypass the cache (a live sweep's setting), if known."""
 
 
-class DecayFit(BaseModel):
+class DecayFit(StrictModel):
     """The fitted model with ``k``'s confidence interval and the residuals."""
-
-    model_config = ConfigDict(extra="forbid")
 
     qps0: float
     qps0_interval: tuple[float, float]
@@ -125,15 +122,13 @@ def mixture_model(cmr: FloatArray, qps_hit: float, qps_miss: float) -> FloatArra
     return out
 
 
-class MixtureFit(BaseModel):
+class MixtureFit(StrictModel):
     """The cost-mixture model beside the seed's: a hit costs ``1/QPS_hit``, a miss ``1/QPS_miss``.
 
     A saturated server's throughput is the inverse of the mean cost of a request, so with a share
     ``CMR`` of misses ``1/QPS`` is linear in ``CMR``. It has as many parameters as the seed's model;
     comparing the residuals says which shape the measurements follow.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     qps_hit: float
     qps_miss: float

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.analysis.decay import (
     MISS_STATUSES,
@@ -64,6 +64,7 @@ from harness.common.errors import (
     UnavailableError,
 )
 from harness.common.io import write_json, write_jsonl
+from harness.common.model import StrictModel
 from harness.common.stats import percentile
 from harness.load.arrivals import ApiChoice, is_sampled
 
@@ -84,10 +85,8 @@ PLOT_FILE = "decay.png"
 STAGES_DIR = "stages"
 
 
-class SweepSettings(BaseModel):
+class SweepSettings(StrictModel):
     """What a sweep runs: the target, the corpus, the bypass fractions and how each stage saturates."""
-
-    model_config = ConfigDict(extra="forbid")
 
     url: str
     corpus: Path
@@ -123,10 +122,8 @@ class SweepSettings(BaseModel):
         return self
 
 
-class SweepStage(BaseModel):
+class SweepStage(StrictModel):
     """One stage as measured in its window ``[settle_s, duration_s)``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str
     bypass_fraction: float
@@ -156,10 +153,8 @@ class SweepStage(BaseModel):
     """The stage's load run directory (``records.jsonl``, ``summary.json``)."""
 
 
-class DecaySweep(BaseModel):
+class DecaySweep(StrictModel):
     """``fit.json``: the settings, the measured stages, the fit and what to be wary of."""
-
-    model_config = ConfigDict(extra="forbid")
 
     settings: SweepSettings
     preload: dict[str, int] | None

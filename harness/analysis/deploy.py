@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.common.errors import ConfigError
 from harness.common.headers import PREHEAT
+from harness.common.model import StrictModel
 
 PREHEAT_VALUE = "preheat"
 """The ``x-env`` header value of warmup traffic."""
@@ -331,20 +332,16 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- Istio
 
 
-class Subset(BaseModel):
+class Subset(StrictModel):
     """One DestinationRule subset: the pods whose labels match, and its share of user traffic."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=_DNS_LABEL)
     labels: dict[str, str]
     weight: int = Field(default=0, ge=0, le=100)
 
 
-class IstioValues(BaseModel):
+class IstioValues(StrictModel):
     """What the Istio templates are rendered with (``--values FILE.yaml`` or options)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="llm-inference", pattern=_DNS_LABEL)
     namespace: str = Field(default="default", pattern=_DNS_LABEL)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from harness.common.io import write_json
+from harness.common.io import validation_error, write_json
 
 app = typer.Typer(
     help="Ops artifacts: Grafana dashboard JSON, Istio VirtualService and DestinationRule YAML.",
@@ -95,9 +95,7 @@ def istio(
     try:
         vals = IstioValues.model_validate(given)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(x) for x in err.get("loc", ()))
-        raise ConfigError(f"invalid Istio value: {err['msg']}", file=values, field=field or None) from None
+        raise validation_error(exc, ConfigError, file=values, what="invalid Istio value") from None
     docs = render_istio(vals, templates)
     check_istio(docs)
     if out is None:

@@ -24,16 +24,13 @@ import random
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from harness.common.errors import UnavailableError
+from harness.common.model import StrictModel
 from harness.common.stats import percentile
 
 
-class FragRow(BaseModel):
+class FragRow(StrictModel):
     """One line of the table."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scenario: str
     bytes: int
@@ -45,9 +42,7 @@ class FragRow(BaseModel):
     """Throughput ÷ the clean contiguous copy's."""
 
 
-class FragReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FragReport(StrictModel):
     device: str
     size_mb: int
     cycles: int

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from harness.common.embeddings import FloatMatrix
 from harness.common.errors import InputError
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.common.stats import percentile
 
@@ -74,10 +74,8 @@ def build_hnsw(x: FloatMatrix) -> Any:
     return index
 
 
-class IndexResult(BaseModel):
+class IndexResult(StrictModel):
     """One index kind at one size."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: str
     n: int

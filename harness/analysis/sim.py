@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.analysis.references import IntArray, RefTrace
 from harness.common.errors import InputError
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 
 NEVER = np.iinfo(np.int64).max
@@ -192,10 +193,8 @@ def simulate_lfu(keys: IntArray, capacity: int, initial: Sequence[int] = (), fla
     return Counts(hits, len(kl), hit_flags)
 
 
-class PolicyResult(BaseModel):
+class PolicyResult(StrictModel):
     """One simulation: a policy at a capacity over a trace, cold or warm-started."""
-
-    model_config = ConfigDict(extra="forbid")
 
     policy: str
     capacity: int
@@ -237,10 +236,8 @@ def simulate(
     )
 
 
-class HitRateReport(BaseModel):
+class HitRateReport(StrictModel):
     """``harness analysis hitrate --json``: MIN beside LRU and LFU at each capacity."""
-
-    model_config = ConfigDict(extra="forbid")
 
     source: str
     unit: str

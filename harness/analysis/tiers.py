@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.cache.api import Tier
 from harness.cache.policy import TierEntry, TierFile, TierTTLs
@@ -40,16 +40,15 @@ from harness.cache.settings import CacheSettings
 from harness.common.embeddings import FloatMatrix
 from harness.common.errors import InputError
 from harness.common.io import iter_jsonl
+from harness.common.model import StrictModel
 
 TIERS: tuple[Tier, ...] = ("hot", "warm", "cold")
 # Number of conditions met (dense, confident) → tier.
 _TIER_BY_MET: dict[int, Tier] = {2: "hot", 1: "warm", 0: "cold"}
 
 
-class TierThresholds(BaseModel):
+class TierThresholds(StrictModel):
     """The hot-zone rule's knobs."""
-
-    model_config = ConfigDict(extra="forbid")
 
     radius: float = Field(default=0.3, gt=0.0, lt=2.0)
     """Cosine distance (1 − cosine) of the zone radius."""
@@ -68,10 +67,8 @@ def classify(density: float, entropy: float | None, thresholds: TierThresholds) 
 # --------------------------------------------------------------------------- inputs
 
 
-class QueryRow(BaseModel):
+class QueryRow(StrictModel):
     """One line of a ``--queries`` JSONL: a query as users send it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1)
     count: int = Field(default=1, ge=1)
@@ -81,10 +78,8 @@ class QueryRow(BaseModel):
     """Sent as one user message (chat) or as a raw prompt (completions): the fingerprint differs."""
 
 
-class EntropyRow(BaseModel):
+class EntropyRow(StrictModel):
     """One line of an ``--entropy`` JSONL: a measured mean output entropy for a query."""
-
-    model_config = ConfigDict(extra="forbid")
 
     mean_entropy: float = Field(ge=0.0)
     query: str | None = None
@@ -285,10 +280,8 @@ def leader_clusters(vectors: FloatMatrix, weights: Sequence[float], radius: floa
     return assign
 
 
-class Zone(BaseModel):
+class Zone(StrictModel):
     """One hot zone (embedding cluster) and its tier."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: int
     queries: int
@@ -304,10 +297,8 @@ class Zone(BaseModel):
     example: str
 
 
-class TierReport(BaseModel):
+class TierReport(StrictModel):
     """``harness analysis tiers --json``: the zones and how many queries each tier got."""
-
-    model_config = ConfigDict(extra="forbid")
 
     thresholds: TierThresholds
     ttl_s: TierTTLs

@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.analysis.references import FloatArray, IntArray, RefTrace
 from harness.analysis.sim import optimal_preload, simulate
 from harness.common.errors import InputError
 from harness.common.io import write_jsonl
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.common.stats import percentile
 from harness.load.arrivals import ApiChoice, preload_line
@@ -180,10 +181,8 @@ def ladder_plan(
 # --------------------------------------------------------------------------- the plan
 
 
-class PlanReport(BaseModel):
+class PlanReport(StrictModel):
     """``plan.json``: the preload set and its expected hit rate against the Belady ceiling."""
-
-    model_config = ConfigDict(extra="forbid")
 
     source: str
     unit: str

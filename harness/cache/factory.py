@@ -12,9 +12,8 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from harness.cache.api import ResponseCache
-from harness.cache.policy import with_tier_file
 from harness.cache.redis_server import EmbeddedRedis
-from harness.cache.settings import CacheSettings
+from harness.cache.settings import CacheSettings, with_tier_file
 from harness.cache.stack import CacheStack
 from harness.common.settings import load_settings
 

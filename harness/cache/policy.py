@@ -9,9 +9,10 @@ that reads a key → tier table it has learned) and select it with ``HARNESS__CA
 A **tier policy file** (:class:`TierFile`, JSON; ``harness analysis tiers`` writes one) is how a
 learned table reaches the cache: ``HARNESS__CACHE__TIER_FILE`` (``harness serve --tiers FILE``)
 makes the factory select the ``table`` policy, which reads the file's entries, and use the file's
-tier → TTL map (:func:`with_tier_file`). Entries name a completion by its prompt fingerprint (the
-``prompt_fp`` the server stores in every completion's ``meta``: the same prompt gives the same
-fingerprint whatever the model revision, tenant or ``max_tokens``) or by its exact cache key.
+tier → TTL map (:func:`harness.cache.settings.with_tier_file`). Entries name a completion by its
+prompt fingerprint (the ``prompt_fp`` the server stores in every completion's ``meta``: the same
+prompt gives the same fingerprint whatever the model revision, tenant or ``max_tokens``) or by its
+exact cache key.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.cache.api import CachedCompletion, Tier
-from harness.cache.settings import CacheSettings
-from harness.common.errors import ConfigError
 from harness.common.io import read_json
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 
 
@@ -33,7 +33,22 @@ class TierPolicy(Protocol):
     def tier(self, key: str, completion: CachedCompletion, hits: int) -> Tier: ...
 
 
-TIER_POLICIES: Registry[Callable[[CacheSettings], TierPolicy]] = Registry("cache tier policy")
+class TierPolicySettings(Protocol):
+    """The settings a policy reads; :class:`~harness.cache.settings.CacheSettings` has them.
+
+    A protocol rather than ``CacheSettings`` itself: the settings check ``tier_policy`` against
+    :data:`TIER_POLICIES` when they are read, so they import this module, and this module must not
+    import them back.
+    """
+
+    @property
+    def hot_hits(self) -> int: ...
+
+    @property
+    def tier_file(self) -> Path | None: ...
+
+
+TIER_POLICIES: Registry[Callable[[TierPolicySettings], TierPolicy]] = Registry("cache tier policy")
 
 
 @TIER_POLICIES.register("heuristic")
@@ -47,7 +62,7 @@ class HeuristicPolicy:
       at ``max_tokens`` (finish ``length``) → cold, the rest warm.
     """
 
-    def __init__(self, settings: CacheSettings) -> None:
+    def __init__(self, settings: TierPolicySettings) -> None:
         self.hot_hits = settings.hot_hits
 
     def tier(self, key: str, completion: CachedCompletion, hits: int) -> Tier:
@@ -75,7 +90,7 @@ class TablePolicy:
     replaces the heuristic for completions the file does not list.
     """
 
-    def __init__(self, settings: CacheSettings, table: Mapping[str, Tier] | None = None) -> None:
+    def __init__(self, settings: TierPolicySettings, table: Mapping[str, Tier] | None = None) -> None:
         self.table: dict[str, Tier] = dict(table or {})
         self.by_prompt: dict[str, Tier] = {}
         self.default: Tier | None = None
@@ -110,7 +125,7 @@ class TablePolicy:
 class FixedWarmPolicy:
     """Every entry warm: one TTL for all (the baseline to compare policies against)."""
 
-    def __init__(self, settings: CacheSettings) -> None:
+    def __init__(self, settings: TierPolicySettings) -> None:
         pass
 
     def tier(self, key: str, completion: CachedCompletion, hits: int) -> Tier:
@@ -120,11 +135,7 @@ class FixedWarmPolicy:
 # --------------------------------------------------------------------------- the tier policy file
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TierTTLs(_Strict):
+class TierTTLs(StrictModel):
     """Seconds an entry of each value tier lives in L2 and L3 (hot ≥ warm ≥ cold)."""
 
     hot: float = Field(gt=0.0)
@@ -138,7 +149,7 @@ class TierTTLs(_Strict):
         return self
 
 
-class TierEntry(_Strict):
+class TierEntry(StrictModel):
     """One completion's tier, named by prompt fingerprint and/or exact cache key."""
 
     tier: Tier
@@ -158,7 +169,7 @@ class TierEntry(_Strict):
         return self
 
 
-class TierFile(_Strict):
+class TierFile(StrictModel):
     """A tier → TTL policy and the completions it classifies (``HARNESS__CACHE__TIER_FILE``)."""
 
     version: Literal[1] = 1
@@ -173,28 +184,3 @@ class TierFile(_Strict):
 def load_tier_file(path: str | Path) -> TierFile:
     """Read and validate a :class:`TierFile`; errors are :class:`InputError` naming file and field."""
     return read_json(path, TierFile, expected="a tier policy file")
-
-
-def with_tier_file(settings: CacheSettings) -> CacheSettings:
-    """``settings`` with the ``table`` policy and the TTLs of ``settings.tier_file`` (if one is set).
-
-    Naming another policy explicitly together with a tier file is a :class:`ConfigError`: the file
-    would be silently unused.
-    """
-    if settings.tier_file is None:
-        return settings
-    if "tier_policy" in settings.model_fields_set and settings.tier_policy != "table":
-        raise ConfigError(
-            f"a tier file needs the 'table' policy, not {settings.tier_policy!r}",
-            field="HARNESS__CACHE__TIER_POLICY",
-            hint="unset it, or unset HARNESS__CACHE__TIER_FILE",
-        )
-    tiers = load_tier_file(settings.tier_file)
-    return settings.model_copy(
-        update={
-            "tier_policy": "table",
-            "ttl_hot_s": tiers.ttl_s.hot,
-            "ttl_warm_s": tiers.ttl_s.warm,
-            "ttl_cold_s": tiers.ttl_s.cold,
-        }
-    )

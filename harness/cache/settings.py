@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
+from harness.cache.policy import TIER_POLICIES, load_tier_file
+from harness.common.errors import ConfigError
 from harness.common.settings import HarnessSettings, stage_config
 
 WhitespaceMode = Literal["collapse", "lines"]
@@ -158,8 +160,6 @@ class CacheSettings(BaseSettings):
     @field_validator("tier_policy")
     @classmethod
     def _known_policy(cls, name: str) -> str:
-        from harness.cache.policy import TIER_POLICIES  # the policies import these settings
-
         if name not in TIER_POLICIES:
             raise ValueError(f"unknown tier policy {name!r}; known: {', '.join(TIER_POLICIES.names())}")
         return name
@@ -193,3 +193,28 @@ class CacheSettings(BaseSettings):
 
     def ttl_for(self, tier: str) -> float:
         return {"hot": self.ttl_hot_s, "warm": self.ttl_warm_s, "cold": self.ttl_cold_s}[tier]
+
+
+def with_tier_file(settings: CacheSettings) -> CacheSettings:
+    """``settings`` with the ``table`` policy and the TTLs of ``settings.tier_file`` (if one is set).
+
+    Naming another policy explicitly together with a tier file is a :class:`ConfigError`: the file
+    would be silently unused.
+    """
+    if settings.tier_file is None:
+        return settings
+    if "tier_policy" in settings.model_fields_set and settings.tier_policy != "table":
+        raise ConfigError(
+            f"a tier file needs the 'table' policy, not {settings.tier_policy!r}",
+            field="HARNESS__CACHE__TIER_POLICY",
+            hint="unset it, or unset HARNESS__CACHE__TIER_FILE",
+        )
+    tiers = load_tier_file(settings.tier_file)
+    return settings.model_copy(
+        update={
+            "tier_policy": "table",
+            "ttl_hot_s": tiers.ttl_s.hot,
+            "ttl_warm_s": tiers.ttl_s.warm,
+            "ttl_cold_s": tiers.ttl_s.cold,
+        }
+    )

@@ -182,6 +182,36 @@ def read_json(path: str | Path, model: type[M], *, expected: str) -> M:
         raise validation_input_error(exc, file=p, expected=expected) from None
 
 
+E = TypeVar("E", bound=HarnessError)
+
+
+def validation_error(
+    exc: ValidationError,
+    error: type[E],
+    *,
+    file: str | Path | None = None,
+    line: int | None = None,
+    field: str | None = None,
+    expected: str | None = None,
+    what: str | None = None,
+    hint: str | None = None,
+) -> E:
+    """The first problem of a pydantic ``ValidationError`` as one ``error`` (``ConfigError`` for
+    settings and configuration files, ``InputError`` for data), the one translation of the project.
+
+    The error names the failing field by its dotted path (``stages.1.target_qps``) unless ``field``
+    names it otherwise (an environment variable); the message is pydantic's, without the ``Value
+    error,`` that it puts before a validator's own words, after ``what: `` (``invalid setting``) and
+    followed by ``, expected <expected>``.
+    """
+    err = exc.errors()[0]
+    path = ".".join(str(x) for x in err.get("loc", ())) or None
+    message = _expecting(_message(err), expected)
+    return error(
+        f"{what}: {message}" if what else message, file=file, line=line, field=field or path, hint=hint
+    )
+
+
 def validation_input_error(
     exc: ValidationError,
     *,
@@ -189,11 +219,8 @@ def validation_input_error(
     line: int | None = None,
     expected: str | None = None,
 ) -> InputError:
-    """The first problem of a pydantic ``ValidationError`` as an :class:`InputError` naming its field."""
-    err = exc.errors()[0]
-    field = ".".join(str(x) for x in err.get("loc", ())) or None
-    message = _expecting(_message(err), expected)
-    return InputError(message, file=file, line=line, field=field)
+    """:func:`validation_error` as an :class:`InputError` (bad data, not bad configuration)."""
+    return validation_error(exc, InputError, file=file, line=line, expected=expected)
 
 
 def _message(err: ErrorDetails) -> str:
@@ -281,12 +308,11 @@ def read_yaml(
         return model.model_validate(data, context=context)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = tuple(err.get("loc", ()))
-        raise error(
-            _message(err),
+        raise validation_error(
+            exc,
+            error,
             file=p,
-            line=_line_of(yaml.compose(text, Loader=yaml.SafeLoader), loc),
-            field=".".join(str(x) for x in loc) or None,
+            line=_line_of(yaml.compose(text, Loader=yaml.SafeLoader), tuple(err.get("loc", ()))),
             hint=hint(err) if hint is not None else None,
         ) from None
 

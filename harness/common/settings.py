@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from harness.common.errors import ConfigError
+from harness.common.io import validation_error
 
 ENV_PREFIX = "HARNESS__"
 
@@ -52,13 +53,11 @@ def load_settings(cls: type[S], **overrides: object) -> S:
     try:
         return cls(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = err.get("loc", ())
+        loc = exc.errors()[0].get("loc", ())
         field = ".".join(str(p) for p in loc)
         prefix = str(cls.model_config.get("env_prefix", ""))
         # A field read through an alias (``REDIS_URL``) is reported under the alias, as given.
         named = field.upper() if loc and loc[0] not in cls.model_fields else f"{prefix}{field.upper()}"
-        raise ConfigError(
-            f"invalid setting: {err.get('msg', 'invalid value')}",
-            field=named if field else None,
+        raise validation_error(
+            exc, ConfigError, field=named if field else None, what="invalid setting"
         ) from None

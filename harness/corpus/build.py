@@ -12,42 +12,32 @@ order; greedy first-come dedup is prefix-stable (an item's fate depends only on 
 so later rounds never change earlier decisions and the corpus is the first ``n`` kept candidates:
 deterministic for a seed. When the logs run out before ``n`` distinct requests, the corpus holds
 the ones that were possible and the shortfall is reported (a quality failure, exit 1), never padded.
+
+This module is the orchestration; each record is assembled by :mod:`harness.corpus.assemble` and the
+files (corpus, manifest, quality report) are written by :mod:`harness.corpus.manifest`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from harness.common.errors import ConfigError, InputError
-from harness.common.io import check_input_file, write_json, write_jsonl
-from harness.corpus import catalog, quality
 from harness.corpus import dedup as dedup_mod
+from harness.corpus import quality
+from harness.corpus.assemble import PromptTemplate, assemble_record, load_template, template_context
 from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence
-from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng, sample_distribution
+from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng
 from harness.corpus.logs import Utterance, detect_log_format, read_logs
-from harness.corpus.model import (
-    CORPUS_FILE,
-    MANIFEST_FILE,
-    QUALITY_FILE,
-    CorpusRecord,
-    Manifest,
-    Message,
-    Provenance,
-    RequestVariables,
-    Sampling,
-    TemplateInfo,
-)
+from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_files
+from harness.corpus.model import CorpusRecord, Manifest, RequestVariables
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings, Thresholds
 from harness.corpus.tokens import TargetTokenizer, load_tokenizer
@@ -105,21 +95,10 @@ class BuildResult:
 
 
 @dataclass
-class _Template:
-    """A prompt template (one ``.j2``) or a messages spec (``.messages.json`` naming one per role)."""
-
-    kind: str
-    name: str
-    parts: list[tuple[str, str | None]]
-    """(role, template name) for messages; role ``fewshot`` expands to user/assistant pairs."""
-    files: list[Path]
-
-
-@dataclass
 class _Prepared:
     """Everything validated before a model loads."""
 
-    tmpl: _Template
+    tmpl: PromptTemplate
     renderer: PromptRenderer
     scenarios: ScenarioSet | None
     rows: list[Any] | None
@@ -128,44 +107,6 @@ class _Prepared:
     utterances: list[Utterance]
     tok: TargetTokenizer
     langs: list[str]
-
-
-def _load_template(path: Path, renderer: PromptRenderer) -> _Template:
-    if path.suffix == ".json":
-        check_input_file(path)
-        try:
-            spec = orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise TemplateError(f"messages spec is not valid JSON: {exc}", file=path) from None
-        if not isinstance(spec, dict) or not isinstance(spec.get("messages"), list):
-            raise TemplateError("messages spec needs a 'messages' list", file=path, field="messages")
-        parts: list[tuple[str, str | None]] = []
-        for i, m in enumerate(spec["messages"]):
-            role = m.get("role") if isinstance(m, dict) else None
-            if role not in ("system", "user", "assistant", "fewshot"):
-                raise TemplateError(
-                    "role must be system, user, assistant or fewshot", file=path, field=f"messages[{i}].role"
-                )
-            tmpl = m.get("template")
-            if role != "fewshot" and not isinstance(tmpl, str):
-                raise TemplateError(
-                    "a message needs a 'template' name", file=path, field=f"messages[{i}].template"
-                )
-            parts.append((role, tmpl))
-        files = [path] + [renderer.loader.resolve(t) for _, t in parts if t is not None]
-        for _, t in parts:
-            if t is not None:
-                renderer.template(t)  # syntax errors surface before any data is generated
-        return _Template("messages", path.name, parts, files)
-    renderer.template(path.name)
-    return _Template("prompt", path.name, [], [renderer.loader.resolve(path.name)])
-
-
-def _sha(paths: Sequence[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def _trace_rows(path: Path, fmt: str | None, limit: int | None) -> list[Any]:
@@ -187,30 +128,6 @@ def _scenarios(path: Path) -> ScenarioSet:
     return load_scenarios(path)
 
 
-def _context(v: RequestVariables, pick: Pick, shots: list[Utterance], history: int | None) -> dict[str, Any]:
-    """Template variables. Values are plain data (dicts, lists, strings): nothing is compiled."""
-    lang = v.profile.lang
-    session = v.session.model_dump()
-    if history is not None:
-        session["events"] = session["events"][-history:] if history else []
-    return {
-        "lang": lang,
-        "domain": v.domain,
-        "domain_label": catalog.label(v.domain, lang),
-        "intent": v.intent,
-        "query": v.query,
-        "profile": v.profile.model_dump(),
-        "session": session,
-        "request_at": v.request_at,
-        "constraints": dict(v.constraints),
-        "fewshots": [
-            {"id": s.id, "text": s.text, "response": s.response or "", "domain": s.domain or ""}
-            for s in shots
-        ],
-        "scenario": {"name": pick.scenario.name, "tags": dict(pick.scenario.tags)} if pick.scenario else None,
-    }
-
-
 def dedup_text(v: RequestVariables) -> str:
     """The text dedup judges: the user's query, exactly as the prompt shows it."""
     return v.query
@@ -225,7 +142,7 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     renderer = PromptRenderer(
         roots, max_output_chars=settings.max_output_chars, max_render_s=settings.max_render_s
     )
-    tmpl = _load_template(template_path, renderer)
+    tmpl = load_template(template_path, renderer)
     scen = _scenarios(inputs.scenarios) if inputs.scenarios is not None else None
     rows = _trace_rows(inputs.trace, inputs.trace_format, inputs.n) if inputs.trace is not None else None
     n = inputs.n if inputs.n is not None else (len(rows) if rows is not None else None)
@@ -268,7 +185,7 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     probe = InputSampler(settings.seed, utterances, locales=settings.locales, scenarios=scen)
     got = probe.variables(0)
     if got is not None:
-        ctx = _context(got[0], got[1], utterances[:2], None)
+        ctx = template_context(got[0], got[1], utterances[:2], None)
         names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
         for part in names:
             if part is not None:
@@ -471,7 +388,7 @@ def _render_all(
         for ev in rows[: len(chosen)]:
             id_counts.update(set(ev.prefix_block_ids))
     records: list[CorpusRecord] = []
-    template_sha = _sha(prep.tmpl.files)
+    template_sha = file_sha256(prep.tmpl.files)
     for k, ci in enumerate(chosen):
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
@@ -483,7 +400,7 @@ def _render_all(
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
         records.append(
-            _record(
+            assemble_record(
                 k=k,
                 ci=ci,
                 v=v,
@@ -575,170 +492,30 @@ def _write(
     bad = quality.failures(metrics, thresholds) + failures_extra
 
     emb = next((j for j in judges.values() if isinstance(j, dedup_mod.EmbeddingJudge)), None)
-    manifest = Manifest(
-        created_at=datetime.now(UTC).isoformat(),
-        seed=settings.seed,
-        n=len(records),
-        templates=[TemplateInfo(path=str(p), sha256=_sha([p])) for p in prep.tmpl.files],
+    manifest = corpus_manifest(
+        settings=settings,
+        records=records,
+        requested=prep.n,
+        template=inputs.template,
+        template_files=prep.tmpl.files,
+        scenarios=inputs.scenarios,
+        trace=inputs.trace,
+        logs=prep.logs,
+        tokenizer=prep.tok.path,
         embedder=emb.embedder.name if emb is not None else "none",
         embedder_dim=int(en_vecs.shape[1]) if en_vecs is not None and en_vecs.size else 0,
-        tokenizer=str(prep.tok.path),
-        block_size=settings.block_size,
-        dedup={
-            "threshold": threshold,
-            "on": "query",
-            "candidates": len(cand),
-            "dropped": dropped_total,
-            "pairs": sum(d.pairs for d in per_lang.values()),
-        },
+        candidates=len(cand),
+        dropped=dropped_total,
+        pairs=sum(d.pairs for d in per_lang.values()),
         dedup_judges=judged,
-        counts={
-            "requested": prep.n,
-            "records": len(records),
-            "candidates": len(cand),
-            "dropped": dropped_total,
-            "with_prefix": sum(1 for r in records if r.prefix_tokens > 0),
-            "fitted_exact": sum(
-                1
-                for r in records
-                if r.target_input_tokens is not None and r.prompt_tokens == r.target_input_tokens
-            ),
-        },
-        inputs={
-            "template": str(inputs.template),
-            "scenarios": str(inputs.scenarios) if inputs.scenarios else None,
-            "fewshot": ", ".join(str(p) for p in prep.logs),
-            "trace": str(inputs.trace) if inputs.trace else None,
-        },
-        sources=[{"file": str(p), "format": detect_log_format(p), "sha256": _sha([p])} for p in prep.logs],
         fewshot=pool.summary() if pool is not None else {},
-        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump().items()},
     )
-    out = inputs.out
-    write_jsonl(out / CORPUS_FILE, (r.model_dump(mode="json", exclude_none=True) for r in records))
-    write_json(out / MANIFEST_FILE, manifest.model_dump(mode="json"))
-    write_json(
-        out / QUALITY_FILE,
-        {
-            "metrics": metrics,
-            "thresholds": thresholds.model_dump(),
-            "failures": bad,
-            "dedup_judges": judged,
-            "dedup_examples": examples,
-        },
-    )
+    quality_doc = {
+        "metrics": metrics,
+        "thresholds": thresholds.model_dump(),
+        "failures": bad,
+        "dedup_judges": judged,
+        "dedup_examples": examples,
+    }
+    write_corpus_files(inputs.out, records, manifest, quality_doc)
     return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand))
-
-
-def _record(
-    *,
-    k: int,
-    ci: int,
-    v: RequestVariables,
-    pick: Pick,
-    shots: list[Utterance],
-    ev: Any,
-    tmpl: _Template,
-    renderer: PromptRenderer,
-    tok: TargetTokenizer,
-    template_sha: str,
-    id_counts: Counter[int],
-    settings: CorpusSettings,
-    rng: np.random.Generator,
-) -> CorpusRecord:
-    sc = pick.scenario
-    target: int | None = None
-    prefix_ids: tuple[int, ...] = ()
-    bs = settings.block_size
-    cap = settings.max_input_tokens
-    if ev is not None:
-        target = int(ev.input_tokens) if cap is None else min(int(ev.input_tokens), cap)
-        bs = int(ev.block_size or settings.block_size)
-        lead = 0
-        for b in ev.prefix_block_ids:
-            if id_counts[b] < 2:
-                break
-            lead += 1
-        room = max(0, (target - settings.min_body_tokens) // bs) if target > settings.min_body_tokens else 0
-        prefix_ids = tuple(ev.prefix_block_ids[: min(lead, room)])
-        out_tokens = int(ev.output_tokens)
-    else:
-        if sc is not None and sc.input_tokens is not None:
-            target = sample_distribution(sc.input_tokens, rng)
-            if cap is not None:
-                target = min(target, cap)
-        if sc is not None and sc.output_tokens is not None:
-            out_tokens = sample_distribution(sc.output_tokens, rng)
-        else:
-            out_tokens = int(np.clip(rng.lognormal(np.log(160), 0.6), 16, 1024))
-    prefix = tok.prefix(prefix_ids, bs) if prefix_ids else ""
-    prefix_tokens = len(prefix_ids) * bs
-
-    def render(history: int | None, use_shots: bool) -> list[tuple[str, str]]:
-        ctx = _context(v, pick, shots if use_shots else [], history)
-        if tmpl.kind == "prompt":
-            return [("prompt", renderer.render(tmpl.name, ctx))]
-        msgs: list[tuple[str, str]] = []
-        for role, name in tmpl.parts:
-            if role == "fewshot":
-                for s in ctx["fewshots"]:
-                    msgs.append(("user", s["text"]))
-                    if s["response"]:
-                        msgs.append(("assistant", s["response"]))
-            else:
-                assert name is not None
-                msgs.append((role, renderer.render(name, ctx)))
-        return msgs
-
-    parts = render(None, True)
-    fitted = "none"
-    if target is not None:
-        budget = target - prefix_tokens
-        fixed = sum(tok.count(t) for _, t in parts[:-1])
-        if fixed + tok.count(parts[-1][1]) > budget:  # shorten before cutting: fewer shots, less history
-            parts = render(2, False)
-            fixed = sum(tok.count(t) for _, t in parts[:-1])
-        body, _, fitted = tok.fit(parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}")
-        if v.query not in body and v.query in parts[-1][1]:
-            # Cut from the front instead: the request itself must reach the target intact.
-            body, _, fitted = tok.fit_keep_end(
-                parts[-1][1], max(0, budget - fixed), key=f"{settings.seed}:{ci}"
-            )
-        parts[-1] = (parts[-1][0], body)
-    if prefix:
-        first_role, first_text = parts[0]
-        parts[0] = (first_role, prefix + "\n\n" + first_text)
-    prov = Provenance(
-        seed=settings.seed,
-        candidate=ci,
-        template=tmpl.name,
-        template_sha256=template_sha,
-        source=getattr(ev, "source", None) or None,
-        source_line=getattr(ev, "line", None),
-        source_trace_id=getattr(ev, "source_trace_id", None),
-        fitted=fitted,
-        query_source=pick.query.source,
-        query_id=pick.query.id,
-        query_at=pick.query.where,
-    )
-    prompt = parts[0][1] if tmpl.kind == "prompt" else None
-    messages = [Message(role=r, content=t) for r, t in parts] if tmpl.kind == "messages" else None
-    return CorpusRecord(
-        id=f"req-{settings.seed}-{k:06d}",
-        tenant=(getattr(ev, "tenant", None) or settings.tenant),
-        scenario=sc.name if sc is not None else (getattr(ev, "operation", None) if ev is not None else None),
-        prompt=prompt,
-        messages=messages,
-        sampling=Sampling(temperature=settings.temperature, seed=int(rng.integers(2**31))),
-        max_tokens=max(1, out_tokens),
-        expected_output_tokens=max(0, out_tokens),
-        arrival_offset_s=float(ev.arrival_s) if ev is not None else None,
-        prefix_group=f"blk-{prefix_ids[0]}" if prefix_ids else None,
-        prefix_tokens=prefix_tokens,
-        target_input_tokens=target,
-        lang=v.profile.lang,
-        domain=v.domain,
-        intent=v.intent,
-        variables=v,
-        provenance=prov,
-    )

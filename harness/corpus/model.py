@@ -13,9 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from harness.common.io import iter_jsonl
+from harness.common.model import StrictModel
 from harness.common.openai import Endpoint
 
 CORPUS_FILE = "corpus.jsonl"
@@ -23,16 +24,12 @@ MANIFEST_FILE = "manifest.json"
 QUALITY_FILE = "quality.json"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Message(_Strict):
+class Message(StrictModel):
     role: Literal["system", "user", "assistant"]
     content: str
 
 
-class Sampling(_Strict):
+class Sampling(StrictModel):
     """Sampling parameters sent with the request (OpenAI-compatible names)."""
 
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
@@ -41,7 +38,7 @@ class Sampling(_Strict):
     stop: list[str] = Field(default_factory=list)
 
 
-class Profile(_Strict):
+class Profile(StrictModel):
     user_id: str
     name: str
     locale: str
@@ -57,14 +54,14 @@ class Profile(_Strict):
     """ISO datetime with offset."""
 
 
-class HistoryEvent(_Strict):
+class HistoryEvent(StrictModel):
     ts: str
     """ISO datetime with offset."""
     action: str
     detail: str = ""
 
 
-class Session(_Strict):
+class Session(StrictModel):
     session_id: str
     start: str
     end: str
@@ -72,7 +69,7 @@ class Session(_Strict):
     events: list[HistoryEvent]
 
 
-class RequestVariables(_Strict):
+class RequestVariables(StrictModel):
     """The structured inputs the template was rendered from."""
 
     profile: Profile
@@ -86,7 +83,7 @@ class RequestVariables(_Strict):
     fewshot_ids: list[str] = Field(default_factory=list)
 
 
-class Provenance(_Strict):
+class Provenance(StrictModel):
     generator: str = "harness.corpus"
     seed: int
     candidate: int
@@ -107,7 +104,7 @@ class Provenance(_Strict):
     """Where in the log: ``line 12``, ``test[3]`` or ``"10312".messages[4]``."""
 
 
-class CorpusRecord(_Strict):
+class CorpusRecord(StrictModel):
     """One synthetic request; exactly one of ``prompt`` / ``messages`` is set."""
 
     id: str
@@ -178,12 +175,12 @@ class CorpusRecord(_Strict):
         return endpoint, body
 
 
-class TemplateInfo(_Strict):
+class TemplateInfo(StrictModel):
     path: str
     sha256: str
 
 
-class Manifest(_Strict):
+class Manifest(StrictModel):
     version: Literal[1] = 1
     created_at: str
     seed: int
@@ -204,7 +201,7 @@ class Manifest(_Strict):
     settings: dict[str, object] = Field(default_factory=dict)
 
 
-class FewShotLogEntry(_Strict):
+class FewShotLogEntry(StrictModel):
     """One line of the harness's JSONL request log (few-shot pool and queries)."""
 
     id: str

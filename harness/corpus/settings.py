@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
+from harness.common.model import StrictModel
 from harness.common.settings import stage_config
 
 
-class Thresholds(BaseModel):
+class Thresholds(StrictModel):
     """Minimums / maximums a corpus must meet; ``None`` disables a check."""
-
-    model_config = ConfigDict(extra="forbid")
 
     min_completeness: float | None = 0.987
     min_temporal: float | None = 0.959

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from harness.common.model import StrictModel
 from harness.common.stats import Distribution
 
 TagValue = str | int | float | bool
@@ -154,10 +155,8 @@ class RequestEvent:
 # --------------------------------------------------------------------------- on-disk documents
 
 
-class ScenarioClass(BaseModel):
+class ScenarioClass(StrictModel):
     """One cold-start scenario class: a cluster of cold paths with the same shape."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: int = Field(ge=0)
     name: str
@@ -179,10 +178,8 @@ class ScenarioClass(BaseModel):
     """Dominant categorical tags (e.g. ``gen_ai.request.model``), free for templates to use."""
 
 
-class ScenarioSet(BaseModel):
+class ScenarioSet(StrictModel):
     """The ``scenarios.json`` document written by ``harness traces scenarios``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = 1
     k: int = Field(ge=1)
@@ -191,10 +188,8 @@ class ScenarioSet(BaseModel):
     classes: list[ScenarioClass]
 
 
-class ScheduleEntry(BaseModel):
+class ScheduleEntry(StrictModel):
     """One line of a schedule JSONL: when to send a request, relative to the run start."""
-
-    model_config = ConfigDict(extra="forbid")
 
     offset_s: float = Field(ge=0.0)
     input_tokens: int | None = Field(default=None, ge=0)
@@ -205,15 +200,13 @@ class ScheduleEntry(BaseModel):
     tenant: str | None = None
 
 
-class ColdPathRecord(BaseModel):
+class ColdPathRecord(StrictModel):
     """One line of the cold-path JSONL written by ``harness traces coldpaths``.
 
     ``read_requests`` reads these files back as :class:`RequestEvent` objects (format ``coldpaths``):
     arrival from ``start_us``, tokens from the ``gen_ai.usage.*`` sums (0 when unknown, with
     ``tokens_known`` false in the event's tags).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["coldpath"] = "coldpath"
     trace_id: str

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.cache.api import CachedCompletion
-from harness.cache.policy import TablePolicy, TierFile, load_tier_file, with_tier_file
-from harness.cache.settings import CacheSettings
+from harness.cache.policy import TablePolicy, TierFile, load_tier_file
+from harness.cache.settings import CacheSettings, with_tier_file
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import write_json
 from tests.cache.conftest import StackFactory, chat, l2_of, raw_redis

@@ -115,7 +115,7 @@ def test_render_time_limit(tmp_path: Path) -> None:
 
 
 def test_shipped_templates_render_with_documented_variables() -> None:
-    from harness.corpus.build import _context
+    from harness.corpus.assemble import template_context
     from harness.corpus.inputs import InputSampler
     from harness.corpus.logs import Utterance, read_log
 
@@ -128,7 +128,7 @@ def test_shipped_templates_render_with_documented_variables() -> None:
     shot = Utterance(
         id="x", text="{{ 7*7 }} literal", lang="en", domain="travel", intent=None, source="t", response="ok"
     )
-    ctx = _context(v, pick, [shot], None)
+    ctx = template_context(v, pick, [shot], None)
     r = PromptRenderer([TEMPLATES])
     out = r.render("four_section.j2", ctx)
     for needle in (v.profile.name, v.query, v.session.events[0].action, "{{ 7*7 }} literal", v.request_at):

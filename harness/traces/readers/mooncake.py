@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.common.io import parse_jsonl_line
+from harness.common.model import StrictModel
 from harness.traces._base import (
     REQUEST_READERS,
     ArrivalClock,
@@ -24,9 +25,7 @@ BLOCK_SIZE = 512
 """Tokens per hash block, per the Mooncake trace README."""
 
 
-class MooncakeRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MooncakeRow(StrictModel):
     timestamp: float = Field(ge=0)
     input_length: int = Field(ge=0)
     output_length: int = Field(ge=0)

@@ -1,0 +1,108 @@
+"""``harness analysis scrape`` and ``anomaly``: metric scrapes and the attribution tree of their
+deviations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
+from harness.common.errors import InputError
+from harness.common.io import write_json
+
+
+def scrape(
+    *,
+    url: Annotated[str, typer.Option("--url", help="The /metrics URL to scrape.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Scrapes JSONL to write.")],
+    every_s: Annotated[float, typer.Option("--every-s", help="Seconds between scrapes.")] = 5.0,
+    count: Annotated[int, typer.Option("--count", help="Number of scrapes.")] = 60,
+) -> None:
+    """Scrape /metrics periodically into a JSONL for `harness analysis anomaly`."""
+    from harness.analysis.anomaly import collect_scrapes
+
+    scrapes = collect_scrapes(url, every_s=every_s, count=count, out=out)
+    say(f"wrote {len(scrapes)} scrapes to {out}")
+
+
+def _span(text: str | None, t0: float, t1: float, name: str) -> Any:
+    """``A:B`` seconds from the first sample (either end may be empty) → a Window."""
+    from harness.analysis.anomaly import Window
+
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        start = t0 + float(a) if a else t0
+        end = t0 + float(b) if b else t1
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not START:END in seconds", param_hint=name) from None
+    if not sep:
+        raise typer.BadParameter(f"{text!r} is not START:END in seconds", param_hint=name)
+    return Window(start=start, end=end)
+
+
+def anomaly(
+    *,
+    scrapes: Annotated[
+        Path | None, typer.Option("--scrapes", help="Scrapes JSONL (harness analysis scrape).")
+    ] = None,
+    prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL.")] = None,
+    start: Annotated[float | None, typer.Option("--start", help="With --prometheus: unix start.")] = None,
+    end: Annotated[float | None, typer.Option("--end", help="With --prometheus: unix end.")] = None,
+    step_s: Annotated[float, typer.Option("--step-s", help="With --prometheus: resolution.")] = 15.0,
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="START:END seconds from the first sample.")
+    ] = None,
+    window: Annotated[str | None, typer.Option("--window", help="START:END seconds (test window).")] = None,
+    z_min: Annotated[
+        float, typer.Option("--z-min", help="Deviation (in baseline scales) that counts.")
+    ] = 3.0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the tree JSON here.")] = None,
+    schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Attribute HitRate/FillRate/ThermalDrift deviations to tier/tenant/scenario and leaf causes."""
+    from harness.analysis.anomaly import (
+        AnomalyReport,
+        attribute,
+        read_scrapes,
+        render_tree,
+        series_from_prometheus,
+    )
+    from harness.analysis.anomaly import series_from_scrapes as from_scrapes
+
+    if schema:
+        echo_json(AnomalyReport.model_json_schema())
+        return
+    if (scrapes is None) == (prometheus is None):
+        raise typer.BadParameter("give exactly one of --scrapes and --prometheus", param_hint="--scrapes")
+    if prometheus is not None:
+        if start is None or end is None:
+            raise typer.BadParameter("--prometheus needs --start and --end", param_hint="--start")
+        series = series_from_prometheus(prometheus, start, end, step_s)
+        source = prometheus
+    else:
+        assert scrapes is not None
+        series = from_scrapes(read_scrapes(scrapes))
+        source = str(scrapes)
+    times = [t for s in series.values() for t, _ in s]
+    if not times:
+        raise InputError("no samples of the cache or server metrics", file=source)
+    t0, t1 = min(times), max(times)
+    report = attribute(
+        series,
+        source=source,
+        baseline=_span(baseline, t0, t1, "--baseline"),
+        window=_span(window, t0, t1, "--window"),
+        z_min=z_min,
+    )
+    if out is not None:
+        write_json(out, report.model_dump(mode="json"))
+    if as_json:
+        echo_json(report.model_dump(mode="json"))
+        return
+    console.print("\n".join(render_tree(report.root)), highlight=False, markup=False)
+    console.print(f"{report.anomalies} anomalous series of {report.series}", highlight=False)

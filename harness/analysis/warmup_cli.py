@@ -1,0 +1,190 @@
+"""``harness analysis hitrate`` and ``plan``: the hit-rate ceiling of a request history and the
+warmup plan (preload set, ladder) drawn from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, pct, say
+from harness.common.errors import InputError
+from harness.common.io import write_json
+
+UNIT_HELP = "Cache unit: 'entries' (whole prompts) or 'blocks' (KV blocks from hash_ids)."
+
+
+def _check_unit(unit: str) -> Any:
+    from harness.analysis.references import UNITS
+
+    if unit not in UNITS:
+        raise typer.BadParameter(f"{unit!r} is not one of {', '.join(UNITS)}", param_hint="--unit")
+    return unit
+
+
+def _warn_sampled(lines: list[dict[str, Any]]) -> None:
+    from harness.load.arrivals import is_sampled
+
+    n = sum(is_sampled(line) for line in lines)
+    if n:
+        say(
+            f"harness: warning: {n} of {len(lines)} preload lines sample (temperature > 0 without a seed): "
+            "a response cache does not serve those by default (harness serve: HARNESS__CACHE__CACHE_SAMPLED)"
+        )
+
+
+def hitrate(
+    *,
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Request trace (Mooncake, …) or load run directory.")
+    ],
+    capacity: Annotated[list[int], typer.Option("--capacity", help="Cache capacity in units; repeatable.")],
+    unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", help="Simulators (min, lru, lfu); repeatable; default all."),
+    ] = None,
+    head: Annotated[
+        float | None, typer.Option("--head", help="Only the first fraction of the requests (0–1].")
+    ] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="Trace format (default: detected).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Belady (MIN) hit-rate ceiling beside LRU and LFU at each capacity, from an empty cache."""
+    from harness.analysis.references import load_refs
+    from harness.analysis.sim import SIMULATORS, hitrate_report
+
+    policies = policy or ["min", "lru", "lfu"]
+    for p in policies:
+        SIMULATORS.get(p)  # unknown names: a ConfigError listing the known ones
+    refs = load_refs(trace, _check_unit(unit), format=fmt)
+    if head is not None:
+        refs = refs.head(head)
+    report = hitrate_report(refs, capacity, policies)
+    if as_json:
+        echo_json(report.model_dump())
+        return
+    table = Table(
+        title=f"{trace} — {report.requests:,} requests, {report.refs:,} {unit}, {report.distinct:,} distinct"
+    )
+    for col in ("capacity", "policy", "hits", "hit rate", "requests/s"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for r in report.results:
+        table.add_row(f"{r.capacity:,}", r.policy, f"{r.hits:,}", pct(r.hit_rate), f"{r.requests_per_s:,.0f}")
+    console.print(table)
+    console.print(f"cold ceiling (infinite capacity): {pct(report.cold_ceiling)}", highlight=False)
+
+
+def plan(
+    *,
+    trace: Annotated[Path, typer.Option("--trace", help="History: request trace or load run directory.")],
+    capacity: Annotated[int, typer.Option("--capacity", help="Capacity of the cache to warm, in units.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("warmup-plan"),
+    unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
+    window: Annotated[
+        float, typer.Option("--window", help="Evaluation window: first fraction of the history.")
+    ] = 0.1,
+    eval_trace: Annotated[
+        Path | None, typer.Option("--eval", help="Evaluate on this trace instead (out of sample).")
+    ] = None,
+    predictor: Annotated[str, typer.Option("--predictor", help="replay, recent or frequency.")] = "replay",
+    tau_s: Annotated[
+        float | None, typer.Option("--tau-s", help="Decay time of the predictor (default: window span / 10).")
+    ] = None,
+    policy: Annotated[str, typer.Option("--policy", help="Replacement policy of the warmed cache.")] = "lru",
+    corpus: Annotated[
+        Path | None, typer.Option("--corpus", help="Corpus replaying the history: enables preload.jsonl.")
+    ] = None,
+    stage_s: Annotated[float, typer.Option("--stage-s", help="Duration of each ladder stage.")] = 60.0,
+    max_failure_rate: Annotated[
+        float, typer.Option("--max-failure-rate", help="Tolerated failure rate per stage.")
+    ] = 0.01,
+    on_failure: Annotated[
+        str, typer.Option("--on-failure", help="Ladder policy after a rollback: retry or stop.")
+    ] = "retry",
+    api: Annotated[
+        str, typer.Option("--api", help="As the replay will send: auto, chat or completions.")
+    ] = "auto",
+    model: Annotated[str | None, typer.Option("--model", help="As the replay will send.")] = None,
+    max_tokens_cap: Annotated[
+        int | None, typer.Option("--max-tokens-cap", help="As the replay will send (the cache keys on it).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Rank keys by predicted reuse, pick the preload set, write preload JSONL and the ladder plan.
+
+    ``ladder.yaml`` is the load stage's plan (``locust -f locustfiles/warmup.py --plan DIR/ladder.yaml``),
+    naming ``preload.jsonl`` beside it, which the ladder posts to ``/cache/preload`` first.
+    """
+    from harness.analysis.references import load_refs
+    from harness.analysis.warmup import PREDICTORS, ladder_plan, plan_warmup, preload_lines, write_preload
+    from harness.load.plan import Policy, write_plan
+
+    PREDICTORS.get(predictor)
+    if on_failure not in ("retry", "stop"):
+        raise typer.BadParameter("expected 'retry' or 'stop'", param_hint="--on-failure")
+    check_api(api)  # a bad value fails before any work
+    u = _check_unit(unit)
+    history = load_refs(trace, u)
+    win = load_refs(eval_trace, u).head(window) if eval_trace is not None else history.head(window)
+    report, _, requests = plan_warmup(
+        history, capacity, window=win, predictor=predictor, tau_s=tau_s, policy=policy
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    preload_name: str | None = None
+    if corpus is not None:
+        lines, missing = preload_lines(
+            history,
+            requests,
+            corpus,
+            api=check_api(api),
+            model=model,
+            max_tokens_cap=max_tokens_cap,
+        )
+        if not lines:
+            raise InputError(
+                "no request of the preload set has a corpus record (ids or provenance.source_line)",
+                file=corpus,
+            )
+        write_preload(out / "preload.jsonl", lines)
+        report = report.model_copy(update={"preload_lines_written": len(lines)})
+        preload_name = "preload.jsonl"
+        if missing:
+            say(f"harness: warning: {missing} preload requests have no corpus record and were left out")
+        _warn_sampled(lines)
+    ladder = ladder_plan(
+        history,
+        stage_s=stage_s,
+        max_failure_rate=max_failure_rate,
+        preload=preload_name,
+        policy=Policy(on_failure="retry" if on_failure == "retry" else "stop", max_retries=1),
+    )
+    write_plan(
+        out / "ladder.yaml",
+        ladder,
+        comment=f"warmup ladder from {trace}: stages at 10/25/50/75/100 % of its p95 arrival rate "
+        "(10 s bins)\nlocust -f locustfiles/warmup.py --plan THIS_FILE --corpus … --host …",
+    )
+    write_json(out / "plan.json", report.model_dump())
+    if as_json:
+        echo_json(report.model_dump())
+        return
+    table = Table(
+        title=f"warmup plan — capacity {capacity:,} {unit}, window {report.window_requests:,} requests"
+    )
+    table.add_column("measure")
+    table.add_column("hit rate", justify="right")
+    table.add_row(f"expected: preload + {policy.upper()}", pct(report.expected_hit_rate))
+    table.add_row("preload + MIN (plan quality)", pct(report.plan_min_hit_rate))
+    table.add_row("Belady ceiling (optimal preload + MIN)", pct(report.ceiling))
+    for p, v in report.cold.items():
+        table.add_row(f"cold {p.upper()}", pct(v))
+    console.print(table)
+    console.print(
+        f"expected / ceiling = {report.ratio:.3f}; preload {report.preload_keys:,} {unit} via "
+        f"{report.preload_requests:,} requests; wrote {out}/plan.json, {out}/ladder.yaml"
+        + (f", {out}/preload.jsonl ({report.preload_lines_written} lines)" if preload_name else ""),
+        highlight=False,
+    )
