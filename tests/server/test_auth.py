@@ -518,23 +518,18 @@ def test_cli_refuses_with_exit_4_before_loading(tmp_path: Path, args: list[str],
 def test_harness_cache_needs_the_admin_token_and_never_prints_it(keyed):
     """The operator's client (`harness cache …`): refused without the token (exit 4, a hint, no
     traceback), served with it from the environment; the token is in none of its output."""
-    base = [sys.executable, "-m", "harness.cli", "cache"]
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_ADMIN_TOKEN"}
-    anon = subprocess.run([*base, "stats", "--url", keyed.url], capture_output=True, text=True, env=env)
+
+    def cache(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "harness.cli", "cache", *args, "--url", keyed.url]
+        extra = {"HARNESS_ADMIN_TOKEN": token} if token else {}
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, env={**env, **extra})
+
+    anon = cache("stats")
     assert anon.returncode == int(ExitCode.CONFIG), anon.stderr
     assert "--admin-token" in anon.stderr and "Traceback" not in anon.stderr
-    wrong = subprocess.run(
-        [*base, "flush", "--url", keyed.url, "--admin-token", ADMIN + "x"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    wrong = cache("flush", "--admin-token", ADMIN + "x")
     assert wrong.returncode == int(ExitCode.CONFIG) and ADMIN not in wrong.stderr
-    ok = subprocess.run(
-        [*base, "flush", "--url", keyed.url],
-        capture_output=True,
-        text=True,
-        env={**env, "HARNESS_ADMIN_TOKEN": ADMIN},
-    )
+    ok = cache("flush", token=ADMIN)
     assert ok.returncode == 0, ok.stderr
     assert '"dropped"' in ok.stdout and ADMIN not in ok.stdout + ok.stderr
