@@ -21,6 +21,7 @@ that small writes leave at once.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections import deque
@@ -187,8 +188,12 @@ class _Server(ThreadingHTTPServer):
 class SSEServer:
     """``with SSEServer(Behaviour(...)) as srv: srv.url`` — serves in a background thread."""
 
-    def __init__(self, behaviour: Behaviour | None = None) -> None:
+    def __init__(self, behaviour: Behaviour | None = None, *, tls: ssl.SSLContext | None = None) -> None:
         self._srv = _Server(behaviour or Behaviour())
+        self._scheme = "http"
+        if tls is not None:  # HTTPS with the given server context (a test's self-signed certificate)
+            self._srv.socket = tls.wrap_socket(self._srv.socket, server_side=True)
+            self._scheme = "https"
         self._thread = threading.Thread(
             target=self._srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -196,7 +201,7 @@ class SSEServer:
     @property
     def url(self) -> str:
         host, port = self._srv.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{self._scheme}://{host}:{port}"
 
     @property
     def requests(self) -> list[Served]:
