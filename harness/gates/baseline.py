@@ -62,6 +62,7 @@ from harness.gates.metrics import (
     relative_confidence,
 )
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
+from harness.load.results import LATENCY_FIELDS
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -698,3 +699,42 @@ def baseline_from_results(
         fingerprint=fingerprint_from_results([result_sets]),
     )
     return baseline, comments, skipped
+
+
+# ------------------------------------------------------------------------------- runs until precision
+
+
+def precision_targets(baseline: Baseline, phase: str | None = None) -> list[tuple[str, float]]:
+    """The ``(record field, q)`` of every percentile gate of ``baseline`` that applies to ``phase``
+    (``None``: every gate), for ``--until-precision`` to watch (``--precision-on``).
+
+    Gates on derived samples (``prefill_kv_bytes_per_token_p95``) or on non-latency fields are left
+    out: the load stage watches latency fields only. A gate's ``scenario`` / ``stage`` selector is
+    not honoured: the run watches the percentile over all its records, so a gate on a small scenario
+    may still need more samples than the run sent (its ``min_samples`` then says so).
+    """
+    out: list[tuple[str, float]] = []
+    for gate in baseline.gates:
+        spec = gate.spec
+        if spec.kind != "percentile" or spec.q is None or spec.column not in LATENCY_FIELDS:
+            continue
+        if phase is not None and gate.effective_phase not in (None, phase):
+            continue
+        target = (spec.column, float(spec.q))
+        if target not in out:
+            out.append(target)
+    return out
+
+
+def precision_min_samples(baseline: Baseline, phase: str | None = None) -> int | None:
+    """The largest explicit ``min_samples`` among the gates :func:`precision_targets` watches for
+    ``phase``: a run that stopped below it would be precise enough yet unjudgeable."""
+    found = [
+        gate.min_samples
+        for gate in baseline.gates
+        if gate.min_samples is not None
+        and gate.spec.kind == "percentile"
+        and gate.spec.column in LATENCY_FIELDS
+        and (phase is None or gate.effective_phase in (None, phase))
+    ]
+    return max(found) if found else None

@@ -253,7 +253,7 @@ def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[st
     """With ``--until-precision`` and ``--gate`` but no ``--precision-on``: each phase watches the
     percentiles its gates judge, at the baseline's confidence and ``min_samples``, so it stops as
     soon as those gates can judge it. A phase with no percentile gate watches the load default."""
-    from harness.gates.metrics import precision_min_samples, precision_targets
+    from harness.gates.baseline import precision_min_samples, precision_targets
     from harness.load.precision import format_precision_on
 
     load = spec.load

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.gates.baseline import read_baseline
-from harness.gates.metrics import precision_min_samples, precision_targets
+from harness.gates.baseline import precision_min_samples, precision_targets, read_baseline
 from harness.gates.paired import PairedSpec, prepare
 from harness.load.precision import parse_precision_on
 from harness.load.runner import LoadSpec
