@@ -26,18 +26,19 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from harness import __version__
+from harness.common.model import StrictModel
 
 NVIDIA_SMI_TIMEOUT_S = 3.0
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Frozen(StrictModel):
+    model_config = ConfigDict(frozen=True)  # merged with StrictModel's extra="forbid"
 
 
-class Hardware(_Strict):
+class Hardware(_Frozen):
     """The machine a run was measured on (``None``: could not be read)."""
 
     cpu_model: str | None = None
@@ -89,7 +90,7 @@ class Hardware(_Strict):
         return out
 
 
-class Software(_Strict):
+class Software(_Frozen):
     """The software a run was measured with (``None``: not installed / unknown)."""
 
     python: str | None = None
@@ -98,7 +99,7 @@ class Software(_Strict):
     harness: str | None = None
 
 
-class Environment(_Strict):
+class Environment(_Frozen):
     """:class:`Hardware` and :class:`Software` together (``summary.json``: ``environment``)."""
 
     hardware: Hardware

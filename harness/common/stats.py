@@ -24,7 +24,9 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
+
+from harness.common.model import StrictModel
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 """The percentiles a :class:`Distribution` carries."""
@@ -146,14 +148,14 @@ def relative_half_width(value: float, lo: float, hi: float) -> float:
     return half / abs(value)
 
 
-class Distribution(BaseModel):
+class Distribution(StrictModel):
     """Summary of a numeric sample: count, mean, spread and nearest-rank percentiles.
 
     Built with :meth:`of`. With no samples ``n`` is 0 and every statistic is ``None`` (JSON ``null``),
     so an empty metric can never be mistaken for a zero latency.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True)  # merged with StrictModel's
 
     n: int = Field(ge=0, validation_alias=AliasChoices("n", "count"))
     """Number of samples (files written before 0.2 call it ``count``; both are read)."""

@@ -35,9 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
@@ -46,6 +44,7 @@ from pydantic import (
 from harness import __version__
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import atomic_write, read_yaml
+from harness.common.model import StrictModel
 from harness.common.stats import percentile
 from harness.gates.fingerprints import BaselineFingerprint, fingerprint_from_results
 from harness.gates.metrics import (
@@ -83,11 +82,7 @@ def parse_fraction(value: Any) -> Any:
 Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0.0, allow_inf_nan=False)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Gate(_Strict):
+class Gate(StrictModel):
     """One line of the baseline: a metric, its baseline value and how far a run may drift from it."""
 
     metric: str
@@ -170,7 +165,7 @@ class Gate(_Strict):
         return self.metric + (f"[{','.join(sel)}]" if sel else "")
 
 
-class ResultProvenance(_Strict):
+class ResultProvenance(StrictModel):
     label: str
     path: str
     requests: int
@@ -181,7 +176,7 @@ class ResultProvenance(_Strict):
     schedule_sha256: str | None = None
 
 
-class Provenance(_Strict):
+class Provenance(StrictModel):
     """Where a baseline written by ``harness baseline update`` came from."""
 
     created_at: str
@@ -190,7 +185,7 @@ class Provenance(_Strict):
     results: list[ResultProvenance]
 
 
-class Baseline(_Strict):
+class Baseline(StrictModel):
     """A baseline file."""
 
     schema_version: Literal[1]

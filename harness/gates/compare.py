@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict
 from rich.table import Table
 
+from harness.common.model import StrictModel
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_interval, format_value
 from harness.gates.runs import ResultSet
 
@@ -39,11 +39,7 @@ COMPARED: tuple[str, ...] = (
 """The metrics compared: P95 TTFT and TPOT (decode), E2E, hit rates, prefill memory."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Side(_Strict):
+class Side(StrictModel):
     """One phase's value of one metric (``None``: no samples, or unbounded)."""
 
     value: float | None
@@ -52,7 +48,7 @@ class Side(_Strict):
     n: int
 
 
-class Row(_Strict):
+class Row(StrictModel):
     """One metric, cold and warm."""
 
     metric: str
@@ -71,7 +67,7 @@ class Row(_Strict):
     requests a phase at the joint confidence), or ``unknown`` (no samples)."""
 
 
-class Comparison(_Strict):
+class Comparison(StrictModel):
     """``comparison.json``."""
 
     schema_version: int = 1

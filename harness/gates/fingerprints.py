@@ -18,9 +18,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from harness.common.fingerprint import Environment
+from harness.common.model import StrictModel
 from harness.gates.runs import ResultSet
 from harness.load.results import Recipe
 
@@ -32,11 +33,7 @@ must catch what an upgrade does to latency, not stop judging."""
 Match = Literal["same", "different", "unknown"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BaselineFingerprint(_Strict):
+class BaselineFingerprint(StrictModel):
     """Where a baseline was calibrated (``fingerprint:`` in the baseline file)."""
 
     environment: Environment | None = None
@@ -50,7 +47,7 @@ class BaselineFingerprint(_Strict):
     """Where the runs disagreed (different machines, targets or recipes among them)."""
 
 
-class EnvironmentMatch(_Strict):
+class EnvironmentMatch(StrictModel):
     """One result set compared with the baseline's fingerprint (``gate.json``:
     ``results[].environment_match``)."""
 

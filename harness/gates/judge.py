@@ -33,10 +33,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from harness.common.errors import ExitCode
 from harness.common.io import write_json
+from harness.common.model import StrictModel
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
 from harness.gates.fingerprints import EnvironmentMatch, compare
 from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
@@ -55,11 +54,7 @@ EXIT_CODES: dict[Overall, ExitCode] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GateResult(_Strict):
+class GateResult(StrictModel):
     """One gate on one result set (one JUnit test case). Unbounded or unknown numbers are ``None``."""
 
     id: str
@@ -101,7 +96,7 @@ class GateResult(_Strict):
         return format_interval(lo, hi, self.unit)
 
 
-class ResultRef(_Strict):
+class ResultRef(StrictModel):
     label: str
     path: str
     requests: int
@@ -113,13 +108,13 @@ class ResultRef(_Strict):
     absolute latencies were judged on it, and why not."""
 
 
-class BaselineRef(_Strict):
+class BaselineRef(StrictModel):
     name: str
     path: str | None = None
     sha256: str | None = None
 
 
-class GateReport(_Strict):
+class GateReport(StrictModel):
     """The JSON verdict of ``harness gate``."""
 
     schema_version: Literal[1] = GATE_REPORT_SCHEMA_VERSION

@@ -35,16 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from harness.common.errors import ConfigError
 from harness.common.io import read_yaml
+from harness.common.model import StrictModel
 from harness.load.arrivals import Segment
 from harness.load.results import StageOutcome
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def parse_share(text: str) -> float | None:
@@ -64,7 +61,7 @@ def parse_share(text: str) -> float | None:
     return share
 
 
-class Stage(_Strict):
+class Stage(StrictModel):
     name: str = Field(min_length=1)
     qps: float = Field(gt=0)
     """Target arrival rate, requests/s over all processes. In the file also a share of capacity
@@ -87,7 +84,7 @@ class Stage(_Strict):
         return share * float(capacity)
 
 
-class Policy(_Strict):
+class Policy(StrictModel):
     on_failure: Literal["retry", "stop"] = "stop"
     max_retries: int = Field(default=1, ge=0)
     """How often a failed stage is tried again (``retry``) before the ladder stops."""
@@ -97,7 +94,7 @@ class Policy(_Strict):
     """How long to hold the safe stage after a rollback (default: that stage's duration)."""
 
 
-class Plan(_Strict):
+class Plan(StrictModel):
     name: str = "ladder"
     preload: str | None = None
     """JSONL to ``POST /cache/preload`` before the first stage, relative to the plan file (a

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict
 
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
+from harness.common.model import StrictModel
 from harness.common.settings import load_settings
 from harness.server.auth import AuthPolicy, check_protected_mode
 from harness.server.settings import ServerSettings
@@ -48,10 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("harness.server")
 
 
-class ReadyInfo(BaseModel):
+class ReadyInfo(StrictModel):
     """The ``--ready-file`` document: where a started server listens and what it serves."""
-
-    model_config = ConfigDict(extra="forbid")
 
     url: str
     """Base URL without ``/v1`` (``http://127.0.0.1:PORT``)."""
