@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 import click
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
 from harness import __version__
+from harness.common import console
 from harness.common.errors import ExitCode, HarnessError
 
 # (group name, module) in pipeline order; a module may be absent while its stage is unbuilt.
@@ -44,7 +44,7 @@ TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("capacity", "harness.gates.capacity_cli", "capacity"),
 )
 
-stderr = Console(stderr=True)
+stderr = console.err()
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import orjson
 import typer
-from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+from harness.common import console as cons
+
+console = cons.out()
+err_console = cons.err()
 
 JSON_HELP = "Print JSON instead of a table."
 

@@ -22,6 +22,7 @@ import orjson
 import typer
 
 from harness.cache.api import FLUSH_ALL, FLUSH_TIERS
+from harness.common import console as cons
 from harness.common.auth import (
     AdminTokenOption,
     ApiKeyOption,
@@ -121,7 +122,6 @@ def stats_cmd(  # noqa: PLR0917 - typer maps parameters to options
     if as_json:
         typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"cache at {url} — overall hit rate {data.get('hit_rate', 0.0):.1%}")
@@ -134,7 +134,7 @@ def stats_cmd(  # noqa: PLR0917 - typer maps parameters to options
         if not row.get("enabled", True):
             continue
         table.add_row(tier, *(_fmt(row.get(c)) for c in cols))
-    console = Console()
+    console = cons.out()
     console.print(table)
     bloom = data.get("bloom")
     if bloom:

@@ -7,14 +7,14 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
 
+from harness.common import console as cons
 from harness.common.errors import CheckFailed, InputError
 
 app = typer.Typer(
     help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
 )
-console = Console(stderr=True)
+console = cons.err()
 
 DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
 
@@ -118,7 +118,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
 
         result = build_corpus(inputs, settings, tick)
     thresholds = Thresholds.of(settings)
-    Console().print(quality.table(result.metrics, thresholds))
+    cons.out().print(quality.table(result.metrics, thresholds))
     console.print(
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "
         f"{result.dropped} near-duplicates dropped)"
@@ -155,7 +155,7 @@ def stats(
     if as_json:
         typer.echo(orjson.dumps(metrics, option=orjson.OPT_INDENT_2).decode())
         return
-    out = Console()
+    out = cons.out()
     # The same thresholds `build` checks, so HARNESS__CORPUS__MIN_* settings apply here too.
     out.print(quality.table(metrics, Thresholds.of(load_settings(CorpusSettings))))
     t = Table(title="composition")

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from harness.common import console as cons
 from harness.common.settings import load_settings
 
 app = typer.Typer(
     help="The local torch inference engine (presets or a Hugging Face checkpoint).", no_args_is_help=True
 )
-out = Console()
-err = Console(stderr=True)
+out = cons.out()
+err = cons.err()
 
 PRESET_HELP = "Random-init preset: tiny, small or qwen2-0.5b (ignored with --model)."
 

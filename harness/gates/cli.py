@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from harness.common import console as cons
 from harness.common.auth import redact_args
 from harness.common.errors import CannotJudge, CheckFailed
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Baselines for `harness gate`: write one from a run, check one, list metrics.",
                   no_args_is_help=True)  # fmt: skip
-stderr = Console(stderr=True)
+stderr = cons.err()
 
 RESULTS_HELP = "Run directories (records.jsonl + summary.json), as DIR or LABEL=DIR (cold=runs/cold)."
 
@@ -47,7 +47,7 @@ def gate(
     spec = read_baseline(baseline)
     sets = load_result_sets(results)
     report = judge(spec, sets, baseline_path=baseline)
-    Console(width=max(Console().width, 150)).print(gate_table(report))
+    cons.wide(150).print(gate_table(report))
     first = sets[0].path
     junit_path = junit or first / "gate.junit.xml"
     json_path = json_out or first / "gate.json"
@@ -202,7 +202,7 @@ def _print_gates(spec: Baseline, comments: dict[int, str]) -> None:
             escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
             f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
         )  # fmt: skip
-    Console(width=max(Console().width, 150)).print(t)
+    cons.wide(150).print(t)
 
 
 @app.command()
@@ -223,7 +223,7 @@ def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")])
             escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
             f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.effective_min_samples(spec.confidence)),
         )  # fmt: skip
-    Console(width=max(Console().width, 120)).print(t)
+    cons.wide(120).print(t)
 
 
 @app.command()
@@ -238,7 +238,7 @@ def metrics() -> None:
         t.add_column(col)
     for name, m in METRICS.items():
         t.add_row(name, m.unit, m.direction, m.default_phase or "any", m.description)
-    Console(width=max(Console().width, 160)).print(t)
+    cons.wide(160).print(t)
 
 
 @app.command()
@@ -277,4 +277,4 @@ def noise(
         t.add_row(
             escape(key), *(f"{est.rate(v, key):.1%}" for v in ("pass", "fail", "inconclusive", "unjudgeable"))
         )
-    Console(width=max(Console().width, 120)).print(t)
+    cons.wide(120).print(t)

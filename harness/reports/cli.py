@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-stderr = Console(stderr=True)
+from harness.common import console as cons
+
+stderr = cons.err()
 
 
 def report(  # noqa: PLR0917 - typer maps parameters to options

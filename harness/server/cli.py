@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from harness.common import console as cons
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
@@ -210,13 +211,12 @@ def run_server(
     plan = prepare(engine_overrides, server_overrides, cache_overrides)
     import uvicorn
     from prometheus_client import CollectorRegistry
-    from rich.console import Console
 
     engine_settings, settings, sock = plan.engine, plan.server, plan.sock
     cache: ResponseCache | None = None
     app: FastAPI | None = None
     try:
-        console = Console(stderr=True)
+        console = cons.err()
         with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
             from harness.engine.factory import create_engine
 

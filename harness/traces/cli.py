@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
 
+from harness.common import console as cons
 from harness.common.errors import ConfigError, HarnessError
 from harness.common.settings import load_settings
 from harness.traces.settings import default
@@ -27,7 +27,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err_console = Console(stderr=True)
+err_console = cons.err()
 
 
 def _say(text: str) -> None:
