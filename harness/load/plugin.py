@@ -40,8 +40,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -56,8 +55,6 @@ from locust.runners import MasterRunner, WorkerRunner
 from harness.common.auth import Credentials
 from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
 from harness.common.fingerprint import current_environment
-from harness.common.headers import CACHE_STATUSES
-from harness.common.stats import Distribution
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
@@ -66,6 +63,7 @@ from harness.load.arrivals import (
     bypass_offset,
 )
 from harness.load.inputs import Inputs
+from harness.load.live import Live
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
 from harness.load.precision import PrecisionTracker, describe, parse_precision_on
@@ -95,8 +93,6 @@ MSG_SEGMENTS = "harness_segments"
 MSG_STOP = "harness_stop"
 """Master → workers: release no more arrivals (``--until-precision`` was met); in-flight ones drain."""
 BATCH_INTERVAL_S = 1.0
-LIVE_WINDOW = 5000
-"""Records the live view (web UI) keeps: the most recent ones."""
 SEGMENT_LEAD_S = 0.5
 """How far ahead the master schedules a ladder change, so every worker has it in time."""
 
@@ -113,46 +109,6 @@ def _role(env: Environment) -> Role:
     if isinstance(env.runner, WorkerRunner):
         return "worker"
     return "local"
-
-
-@dataclass
-class Live:
-    """What the web UI and the ladder need while the run goes: recent records and per-window counts."""
-
-    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LIVE_WINDOW))
-    outcomes: list[tuple[float, bool]] = field(default_factory=list)
-    """``(intended_s, ok)`` of every completed request (the ladder's window statistics)."""
-    cache: Counter[str] = field(default_factory=Counter)
-    requests: int = 0
-    errors: int = 0
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.recent.append(row)
-        ok = row["error"] is None and 200 <= row["status"] < 300
-        self.outcomes.append((row["intended_s"], ok))
-        self.requests += 1
-        self.errors += not ok
-        if row.get("cache"):
-            self.cache[row["cache"]] += 1
-
-    def window(self, start_s: float, end_s: float) -> tuple[int, int]:
-        completed = failed = 0
-        for t, ok in self.outcomes:
-            if start_s <= t < end_s:
-                completed += 1
-                failed += not ok
-        return completed, failed
-
-    def distributions(self) -> dict[str, Distribution]:
-        out: dict[str, Distribution] = {}
-        for name in ("ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms"):
-            out[name] = Distribution.of([r[name] for r in self.recent if r.get(name) is not None])
-        out["itl_ms"] = Distribution.of([x for r in self.recent for x in r.get("itl_ms") or ()])
-        return out
-
-    def hit_rate(self) -> dict[str, float]:
-        told = sum(self.cache.values())
-        return {s: self.cache[s] / told for s in CACHE_STATUSES} if told else {}
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Locust's UI shows its own statistics (rounded, and closed-loop by nature); this tab shows what the
 harness measures, computed with the project's one percentile definition over the most recent
-records (:data:`harness.load.plugin.LIVE_WINDOW`): TTFT, TPOT, ITL, E2E and lateness percentiles, the
+records (:data:`harness.load.live.LIVE_WINDOW`): TTFT, TPOT, ITL, E2E and lateness percentiles, the
 current ladder stage, rollbacks, the hit rate by cache tier, requests in flight and queued.
 
 It uses Locust's extension points: a Flask blueprint on ``environment.web_ui.app`` serving
