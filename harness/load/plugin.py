@@ -40,7 +40,6 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +63,19 @@ from harness.load.arrivals import (
 )
 from harness.load.inputs import Inputs
 from harness.load.live import Live
+from harness.load.messages import (
+    Batch,
+    Start,
+    Workers,
+    listen_master,
+    listen_worker,
+    publish_start,
+    read_start,
+    ready_workers,
+    send_batch,
+    send_segments,
+    send_stop,
+)
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
 from harness.load.precision import PrecisionTracker, describe, parse_precision_on
@@ -77,7 +89,6 @@ from harness.load.results import (
     RequestRecord,
     RunSummary,
     TargetInfo,
-    WorkerShare,
     read_records,
     summarize,
     target_identity,
@@ -88,19 +99,12 @@ from harness.load.tracing import Tracing
 
 log = logging.getLogger("harness.load")
 
-MSG_RECORDS = "harness_records"
-MSG_SEGMENTS = "harness_segments"
-MSG_STOP = "harness_stop"
-"""Master → workers: release no more arrivals (``--until-precision`` was met); in-flight ones drain."""
 BATCH_INTERVAL_S = 1.0
+"""How often records are flushed (local / master) or sent to the master (worker)."""
 SEGMENT_LEAD_S = 0.5
 """How far ahead the master schedules a ladder change, so every worker has it in time."""
 
 Role = Literal["local", "master", "worker"]
-
-
-def _worker_index(runner: MasterRunner, client_id: str) -> int:
-    return int(runner.get_worker_index(client_id))  # type: ignore[no-untyped-call]
 
 
 def _role(env: Environment) -> Role:
@@ -109,18 +113,6 @@ def _role(env: Environment) -> Role:
     if isinstance(env.runner, WorkerRunner):
         return "worker"
     return "local"
-
-
-@dataclass
-class WorkerState:
-    index: int
-    slot: int
-    scheduled: int | None = None
-    sent: int = 0
-    recorded: int = 0
-    done: bool = False
-    lost: bool = False
-    cpu_pct: float | None = None
 
 
 class LoadRun:
@@ -152,7 +144,8 @@ class LoadRun:
         self.slot = 0
         self.n_slots = 1
         self.scheduled: int | None = None
-        self.workers: dict[int, WorkerState] = {}
+        self.workers = Workers()
+        """The master's workers (empty elsewhere)."""
         self.started = False
         """:meth:`start` returned: the epoch is fixed, the pacer and the ladder run. Until then (a
         preload can take seconds) the shape must not judge stages or end the test."""
@@ -191,12 +184,14 @@ class LoadRun:
     def start(self) -> None:
         po = self.env.parsed_options
         assert po is not None  # test_start only fires in a process that parsed its options
+        shipped: Start | None = None
         if self.role == "worker":
             assert isinstance(self.env.runner, WorkerRunner)
-            self.epoch_unix = float(po.harness_epoch)
-            self.warmup_id = str(po.harness_warmup_id)
+            shipped = read_start(po)
+            self.epoch_unix = shipped.epoch_unix
+            self.warmup_id = shipped.warmup_id
             self.worker_index = self.env.runner.worker_index
-            indexes: list[int] = list(po.harness_workers)
+            indexes = shipped.workers
             self.n_slots = len(indexes)
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
         else:
@@ -205,22 +200,23 @@ class LoadRun:
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
-            po.harness_epoch = self.epoch_unix
-            po.harness_warmup_id = self.warmup_id
+            indexes = None
             if self.role == "master":
                 assert isinstance(self.env.runner, MasterRunner)
-                runner = self.env.runner
-                ready = runner.clients.ready + runner.clients.running + runner.clients.spawning
-                indexes = sorted(_worker_index(runner, c.id) for c in ready)
-                po.harness_workers = indexes
+                indexes = ready_workers(self.env.runner)
                 self.n_slots = len(indexes)
-                self.workers = {ix: WorkerState(ix, slot) for slot, ix in enumerate(indexes)}
+                self.workers = Workers.of(indexes)
         # perf_counter and the wall clock are read together once; from here on only perf_counter.
         self.epoch = time.perf_counter() + (self.epoch_unix - time.time())
-        if self.ladder is not None:
-            segments = self.ladder.start(0.0)
-            if self.role == "master":
-                po.harness_segments = [[s.start_s, s.end_s, s.rate, s.stage] for s in segments]
+        segments = self.ladder.start(0.0) if self.ladder is not None else None
+        if self.role != "worker":
+            publish_start(
+                po,
+                epoch_unix=self.epoch_unix,
+                warmup_id=self.warmup_id,
+                workers=indexes,
+                segments=segments if self.role == "master" else None,
+            )
         if self.role in ("local", "master"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
             (self.results_dir / SUMMARY_FILE).unlink(missing_ok=True)
@@ -234,13 +230,8 @@ class LoadRun:
             )
             source, self.scheduled = self.inputs.source(self.slot, self.n_slots)
             if self.ladder is not None and isinstance(source, RateArrivals):
-                raw = getattr(po, "harness_segments", None)
-                segs = (
-                    [Segment(a, b, r, s) for a, b, r, s in raw]
-                    if self.role == "worker" and raw
-                    else self.ladder.segments()
-                )
-                source.set_segments(segs, final=False)
+                shipped_segs = shipped.segments if shipped is not None else None
+                source.set_segments(shipped_segs or self.ladder.segments(), final=False)
             self.source = source
             self.pacer = Pacer(source, lead_s=self.opts.pacer_lead_ms / 1000.0)
             # Everything loaded so far (Locust, the corpus, the request bodies) lives for the whole
@@ -291,37 +282,29 @@ class LoadRun:
         if self.precision is not None:
             self.precision.add(row)
 
-    def receive(self, data: dict[str, Any]) -> None:
+    def receive(self, batch: Batch) -> None:
         """Master: a worker's batch of records and its progress."""
-        ws = self.workers.get(int(data["worker"]))
-        rows: list[dict[str, Any]] = data.get("rows") or []
+        rows = batch.rows
         if self.writer is not None and not self.finalized:
             self.writer.write_many(rows)
         for row in rows:
             self.live.add(row)
         if self.precision is not None:
             self.precision.add_many(rows)
-        if ws is not None:
-            ws.recorded += len(rows)
-            ws.sent = int(data.get("sent", ws.sent))
-            sched = data.get("scheduled")
-            ws.scheduled = int(sched) if sched is not None else None
-            ws.cpu_pct = data.get("cpu_pct")
-            ws.done = ws.done or bool(data.get("done"))
+        self.workers.receive(batch)
 
     def _send_batch(self, done: bool = False) -> None:
+        assert self.env.runner is not None
         rows, self.outbox = self.outbox, []
-        self.env.runner.send_message(  # type: ignore[union-attr]
-            MSG_RECORDS,
-            {
-                "worker": self.worker_index,
-                "rows": rows,
-                "sent": self.pacer.taken if self.pacer else 0,
-                "scheduled": self.scheduled,
-                "cpu_pct": self.measure_cpu(),
-                "done": done,
-            },
+        batch = Batch(
+            worker=self.worker_index,
+            rows=rows,
+            sent=self.pacer.taken if self.pacer else 0,
+            scheduled=self.scheduled,
+            cpu_pct=self.measure_cpu(),
+            done=done,
         )
+        send_batch(self.env.runner, batch)
 
     def _tick_loop(self) -> None:
         while not self.finalized:
@@ -366,7 +349,8 @@ class LoadRun:
         )
         log.info("harness load: %s", self.stop_reason)
         if self.role == "master":
-            self.env.runner.send_message(MSG_STOP, {"reason": self.stop_reason})  # type: ignore[union-attr]
+            assert self.env.runner is not None
+            send_stop(self.env.runner, self.stop_reason)
         else:
             self.stop_sending()
         return True
@@ -390,16 +374,9 @@ class LoadRun:
     def _check_workers(self) -> None:
         runner = self.env.runner
         assert isinstance(runner, MasterRunner)
-        alive = {_worker_index(runner, c.id) for c in runner.clients.all if c.state not in ("missing",)}
-        for ws in self.workers.values():
-            if not ws.done and not ws.lost and ws.index not in alive:
-                ws.lost = True
-                msg = (
-                    f"worker {ws.index} was lost; its share is marked missing "
-                    f"({ws.recorded} records received)"
-                )
-                self.warnings.append(msg)
-                log.warning("harness load: %s", msg)
+        for msg in self.workers.check(runner):
+            self.warnings.append(msg)
+            log.warning("harness load: %s", msg)
 
     # ------------------------------------------------------------------------------------ control
 
@@ -416,10 +393,8 @@ class LoadRun:
             segs = []
         final = self.ladder.done or self.ladder.stopped
         if self.role == "master":
-            self.env.runner.send_message(  # type: ignore[union-attr]
-                MSG_SEGMENTS,
-                {"segments": [[s.start_s, s.end_s, s.rate, s.stage] for s in segs], "final": final},
-            )
+            assert self.env.runner is not None
+            send_segments(self.env.runner, segs, final=final)
         else:
             self.apply_segments(segs, final=final)
 
@@ -435,7 +410,7 @@ class LoadRun:
         if self.ladder is not None and not self.ladder.done:
             return False
         if self.role == "master":
-            return all(ws.done or ws.lost for ws in self.workers.values())
+            return self.workers.settled()
         return self._share_finished()
 
     def users(self) -> int:
@@ -474,8 +449,7 @@ class LoadRun:
         )
         cpu = self.measure_cpu()
         if self.role == "master":
-            worker_cpu = [w.cpu_pct for w in self.workers.values() if w.cpu_pct is not None]
-            cpu = max([cpu, *worker_cpu])
+            cpu = max([cpu, *self.workers.cpu_pcts()])
         o = self.opts
         duration = time.perf_counter() - self._wall0
         target_rate = None
@@ -488,15 +462,7 @@ class LoadRun:
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
             identity = self._identity.value if self._identity.successful() else None
-        workers = [
-            WorkerShare(
-                worker=w.index,
-                scheduled=w.scheduled if w.scheduled is not None else w.recorded,
-                recorded=w.recorded,
-                missing=w.lost,
-            )
-            for w in self.workers.values()
-        ]
+        workers = self.workers.shares()
         api: Literal["chat", "completions"] = (
             ("chat" if o.api == "chat" else "completions")
             if o.api != "auto"
@@ -710,10 +676,9 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     if role != "worker" and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     if env.runner is not None and role == "master":
-        env.runner.register_message(MSG_RECORDS, _on_records)
+        listen_master(env.runner, _on_records)
     if env.runner is not None and role == "worker":
-        env.runner.register_message(MSG_SEGMENTS, _on_segments)
-        env.runner.register_message(MSG_STOP, _on_stop)
+        listen_worker(env.runner, _on_segments, _on_stop)
     if env.web_ui is not None:
         from harness.load.web import mount
 
@@ -731,23 +696,22 @@ def _sigterm_as_ctrl_c(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _on_records(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_records(batch: Batch) -> None:
     run = STATE.run
     if run is not None:
-        run.receive(msg.data)
+        run.receive(batch)
 
 
-def _on_segments(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_segments(segs: list[Segment], final: bool) -> None:
     run = STATE.run
     if run is not None:
-        segs = [Segment(a, b, r, s) for a, b, r, s in msg.data["segments"]]
-        run.apply_segments(segs, final=bool(msg.data["final"]))
+        run.apply_segments(segs, final=final)
 
 
-def _on_stop(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_stop(reason: str) -> None:
     run = STATE.run
     if run is not None:
-        run.stop_reason = str(msg.data.get("reason") or "stopped by the master")
+        run.stop_reason = reason
         run.stop_sending()
 
 

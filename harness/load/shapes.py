@@ -19,6 +19,7 @@ from locust import LoadTestShape
 from locust.runners import MasterRunner
 
 from harness.load import plugin
+from harness.load.messages import send_segments
 
 MIN_SPAWN_RATE = 100.0
 """Users per second at least (users are cheap: they only wait on the pacer's queue); above 100 Locust
@@ -93,7 +94,7 @@ class ReplayShape(LoadTestShape):
                 run.ladder.interrupt(run.now_s())
                 run.ladder.done = True
             if run.role == "master":
-                run.env.runner.send_message(plugin.MSG_SEGMENTS, {"segments": [], "final": True})  # type: ignore[union-attr]
+                send_segments(run.env.runner, [], final=True)  # type: ignore[arg-type]
             if run.pacer is not None:
                 run.pacer.stop()
 

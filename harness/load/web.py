@@ -99,7 +99,7 @@ def status() -> dict[str, Any]:
         "errors": run.live.errors,
         "in_flight": pacer.in_flight if pacer is not None else None,
         "queued": pacer.queued if pacer is not None else None,
-        "workers_lost": sum(w.lost for w in run.workers.values()),
+        "workers_lost": run.workers.lost(),
         "hit_rate": run.live.hit_rate(),
         "metrics": {k: v.model_dump() for k, v in run.live.distributions().items()},
         "precision": {k: v.model_dump() for k, v in run.precision.states().items()}
