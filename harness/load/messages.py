@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from locust.runners import MasterRunner, Runner
 
 from harness.load.arrivals import Segment
 from harness.load.results import WorkerShare
+
+Role = Literal["local", "master", "worker"]
+"""A process's part in a run: a single local process, or the master or a worker of a distributed one."""
 
 MSG_RECORDS = "harness_records"
 """Worker → master: a :class:`Batch`."""

@@ -25,9 +25,10 @@ second (custom message ``harness_records``), with their progress; the master wri
 missing in ``summary.json``; the rest of the run goes on, and ends with exit 6 (incomplete: cannot be
 judged). Losing the last worker ends the run, its results finalized.
 
-``--until-precision``: the local process or the master (which holds every record) checks the watched
-percentiles once a second (:mod:`harness.load.precision`); when they are precise enough it stops its
-pacer, or tells the workers to (custom message ``harness_stop``), and ``summary.json`` says why.
+``--until-precision``, ``--run-time`` and the ladder are run control (:mod:`harness.load.control`):
+the local process or the master (which holds every record) decides, the shape asks
+:meth:`LoadRun.advance` whether the run is over, and the workers apply what the master sends
+(:mod:`harness.load.messages`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ from harness.load.arrivals import (
     Segment,
     bypass_offset,
 )
+from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
 from harness.load.messages import (
     Batch,
+    Role,
     Start,
     Workers,
     listen_master,
@@ -73,8 +76,6 @@ from harness.load.messages import (
     read_start,
     ready_workers,
     send_batch,
-    send_segments,
-    send_stop,
 )
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
@@ -101,10 +102,6 @@ log = logging.getLogger("harness.load")
 
 BATCH_INTERVAL_S = 1.0
 """How often records are flushed (local / master) or sent to the master (worker)."""
-SEGMENT_LEAD_S = 0.5
-"""How far ahead the master schedules a ladder change, so every worker has it in time."""
-
-Role = Literal["local", "master", "worker"]
 
 
 def _role(env: Environment) -> Role:
@@ -164,20 +161,26 @@ class LoadRun:
         self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
         self.precision: PrecisionTracker | None = None
         """``--until-precision``: the watched percentiles (local / master: it holds every record)."""
-        self.stop_reason: str | None = None
-        """Why sending stopped early (precision reached), set when it did."""
-        self.capped = False
-        """``--run-time`` stopped the sending (set by the shape)."""
-        self._arrivals_end_s = math.inf
-        """No arrival is intended later (a precision met after it did not stop the sending)."""
+        arrivals_end_s = math.inf
         if self.opts.until_precision is not None and role != "worker":
-            self._arrivals_end_s = inputs.arrivals_end_s()
+            arrivals_end_s = inputs.arrivals_end_s()
             self.precision = PrecisionTracker(
                 parse_precision_on(self.opts.precision_on),
                 self.opts.until_precision,
                 confidence=self.opts.precision_confidence,
                 min_samples=self.opts.precision_min_samples,
             )
+        self.control = Control(
+            role=role,
+            runner=env.runner,
+            ladder=self.ladder,
+            precision=self.precision,
+            arrivals_end_s=arrivals_end_s,
+            now=self.now_s,
+            window=self.live.window,
+            warnings=self.warnings,
+        )
+        """The ladder, the ``--run-time`` cap and the precision stop."""
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -234,6 +237,7 @@ class LoadRun:
                 source.set_segments(shipped_segs or self.ladder.segments(), final=False)
             self.source = source
             self.pacer = Pacer(source, lead_s=self.opts.pacer_lead_ms / 1000.0)
+            self.control.attach(source, self.pacer)
             # Everything loaded so far (Locust, the corpus, the request bodies) lives for the whole
             # run: collect once now and move it out of the collector's sight, so that a full
             # collection during the run scans only what the run allocates, not the whole process
@@ -325,40 +329,8 @@ class LoadRun:
                 self.done_sent = True
         if self.role == "master":
             self._check_workers()
-        if self.precision is not None and self.started:
-            self.check_precision()
-
-    def check_precision(self) -> bool:
-        """Local / master: once every watched percentile is known well enough, stop sending.
-
-        Stopping releases no more arrivals (the pacer's queue of released-but-untaken ones is dropped,
-        as at a ``--run-time`` cap); requests in flight drain as usual and the run then completes.
-        """
-        if self.precision is None or self.stop_reason is not None or self.finalized:
-            return self.stop_reason is not None
-        if (
-            self.capped
-            or self.now_s() > self._arrivals_end_s
-            or (self.pacer and self.pacer.finished.is_set())
-        ):
-            return False  # sending already ended (schedule, --max-duration, --run-time): not our doing
-        if not self.precision.met():
-            return False
-        self.stop_reason = (
-            f"precision reached: {describe(self.precision.states())} after {max(0.0, self.now_s()):.1f} s"
-        )
-        log.info("harness load: %s", self.stop_reason)
-        if self.role == "master":
-            assert self.env.runner is not None
-            send_stop(self.env.runner, self.stop_reason)
-        else:
-            self.stop_sending()
-        return True
-
-    def stop_sending(self) -> None:
-        """Release no more arrivals (a worker told by the master, or a local run whose precision is met)."""
-        if self.pacer is not None and not self.pacer.finished.is_set():
-            self.pacer.stop()
+        if self.precision is not None and self.started and not self.finalized:
+            self.control.check_precision()
 
     def _share_finished(self) -> bool:
         """This process sent and got back everything it was given (or the drain timeout passed)."""
@@ -380,28 +352,17 @@ class LoadRun:
 
     # ------------------------------------------------------------------------------------ control
 
-    def ladder_tick(self) -> None:
-        """Local / master: advance the ladder; push changed segments to the pacer or the workers."""
-        if not self.started or self.ladder is None or self.ladder.done:
-            return  # before the epoch, "now" means nothing and no stage has begun
-        now = self.now_s()
-        changed = self.ladder.tick(now, self.live.window)
-        if changed is None and not self.ladder.done:
-            return
-        segs = changed if changed is not None else []
-        if self.ladder.done and not changed:
-            segs = []
-        final = self.ladder.done or self.ladder.stopped
-        if self.role == "master":
-            assert self.env.runner is not None
-            send_segments(self.env.runner, segs, final=final)
-        else:
-            self.apply_segments(segs, final=final)
-
-    def apply_segments(self, segs: list[Segment], *, final: bool) -> None:
-        if isinstance(self.source, RateArrivals) and self.pacer is not None:
-            self.source.set_segments(segs, final=final)
-            self.pacer.changed()
+    def advance(self, elapsed_s: float) -> bool:
+        """Local / master, each shape tick: apply the ``--run-time`` cap, step the ladder; whether the
+        whole run is done (the shape then ends the test)."""
+        if not self.started:
+            return False  # before the epoch, "now" means nothing and no stage has begun
+        po = self.env.parsed_options
+        self.control.cap(elapsed_s, getattr(po, "run_time", None) if po is not None else None)
+        self.control.ladder_tick()
+        if self.finished():
+            self.completed = True
+        return self.completed
 
     def finished(self) -> bool:
         """Local / master: is the whole run done (the shape then ends the test)?"""
@@ -521,12 +482,12 @@ class LoadRun:
         o = self.opts
         if o.until_precision is None and o.max_duration is None:
             return None
-        if self.stop_reason is not None:
-            return self.stop_reason
+        if self.control.stop_reason is not None:
+            return self.control.stop_reason
         short = ""
         if precision is not None and not all(s.met for s in precision.values()):
             short = f" before precision: {describe(precision)}"
-        if self.capped:
+        if self.control.capped:
             return f"--run-time reached{short}"
         if interrupted:
             return f"interrupted{short}"
@@ -705,14 +666,13 @@ def _on_records(batch: Batch) -> None:
 def _on_segments(segs: list[Segment], final: bool) -> None:
     run = STATE.run
     if run is not None:
-        run.apply_segments(segs, final=final)
+        run.control.apply_segments(segs, final=final)
 
 
 def _on_stop(reason: str) -> None:
     run = STATE.run
     if run is not None:
-        run.stop_reason = reason
-        run.stop_sending()
+        run.control.stop(reason)
 
 
 def _on_test_start(environment: Environment, **_kw: Any) -> None:

@@ -105,7 +105,7 @@ def status() -> dict[str, Any]:
         "precision": {k: v.model_dump() for k, v in run.precision.states().items()}
         if run.precision is not None
         else None,
-        "stop_reason": run.stop_reason,
+        "stop_reason": run.control.stop_reason,
     }
 
 
