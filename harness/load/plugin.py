@@ -41,9 +41,8 @@ import sys
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gevent
 import locust  # noqa: F401  (patches gevent before requests/urllib3, which the OTLP exporter uses)
@@ -54,11 +53,9 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness.common.auth import Credentials
 from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
-from harness.common.fingerprint import current_environment
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
-    RequestSpec,
     Segment,
     bypass_offset,
 )
@@ -79,23 +76,18 @@ from harness.load.messages import (
 )
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
-from harness.load.precision import PrecisionTracker, describe, parse_precision_on
+from harness.load.precision import PrecisionTracker, parse_precision_on
 from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
-    InputRef,
-    PrecisionState,
-    Recipe,
     RecordWriter,
-    RequestRecord,
     RunSummary,
-    TargetInfo,
     read_records,
-    summarize,
     target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
+from harness.load.summary import build_summary
 from harness.load.tracing import Tracing
 
 log = logging.getLogger("harness.load")
@@ -411,89 +403,31 @@ class LoadRun:
         cpu = self.measure_cpu()
         if self.role == "master":
             cpu = max([cpu, *self.workers.cpu_pcts()])
-        o = self.opts
-        duration = time.perf_counter() - self._wall0
-        target_rate = None
-        if self.ladder is None and o.rate is not None:
-            target_rate = o.rate
-        elif self.ladder is None and records:
-            span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
-            target_rate = (len(records) - 1) / span if span > 0 else None
+        duration = time.perf_counter() - self._wall0  # the identity's wait below is not the run's
         identity = None
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
             identity = self._identity.value if self._identity.successful() else None
-        workers = self.workers.shares()
-        api: Literal["chat", "completions"] = (
-            ("chat" if o.api == "chat" else "completions")
-            if o.api != "auto"
-            else _api_of(self.inputs.requests)
-        )
-        corpus = InputRef.of(_corpus_file(o.corpus)) if o.corpus else None
-        schedule = InputRef.of(o.schedule) if o.schedule else None
-        precision = self._final_precision(records)
-        summary = summarize(
+        summary = build_summary(
             records,
-            started_at=datetime.fromtimestamp(self.epoch_unix, UTC).isoformat(),
+            inputs=self.inputs,
+            control=self.control,
+            host=self.env.host or "",
+            epoch_unix=self.epoch_unix,
             duration_s=duration,
-            target=TargetInfo(url=self.env.host or "", model=o.model, api=api, identity=identity),
-            target_rate=target_rate,
             client_cpu_pct=cpu,
             interrupted=interrupted,
-            corpus=corpus,
-            schedule=schedule,
-            stages=self.ladder.outcomes() if self.ladder is not None else None,
-            workers=workers,
+            identity=identity,
+            workers=self.workers.shares(),
             warnings=self.warnings,
             warmup_id=self.warmup_id,
-            plan=InputRef.of(o.plan) if o.plan and self.ladder is not None else None,
             preload=self.preload_result,
-            environment=current_environment(),
-            recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
-            stop_reason=self._final_stop_reason(interrupted, precision),
-            precision=precision,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
-
-    def _final_precision(self, records: list[RequestRecord]) -> dict[str, PrecisionState] | None:
-        """The watched percentiles over every record of the run (requests that completed after the
-        decision too), from the records file, so it agrees with the summary's metrics."""
-        if self.precision is None:
-            return None
-        final = PrecisionTracker(
-            self.precision.targets,
-            self.precision.rel_target,
-            confidence=self.precision.confidence,
-            min_samples=self.precision.min_samples,
-        )
-        names = {t.field for t in final.targets}
-        final.add_many(
-            {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
-        )
-        return final.states()
-
-    def _final_stop_reason(
-        self, interrupted: bool, precision: dict[str, PrecisionState] | None
-    ) -> str | None:
-        o = self.opts
-        if o.until_precision is None and o.max_duration is None:
-            return None
-        if self.control.stop_reason is not None:
-            return self.control.stop_reason
-        short = ""
-        if precision is not None and not all(s.met for s in precision.values()):
-            short = f" before precision: {describe(precision)}"
-        if self.control.capped:
-            return f"--run-time reached{short}"
-        if interrupted:
-            return f"interrupted{short}"
-        if self.inputs.ends_by_max_duration():
-            return f"max duration {o.max_duration:g} s reached{short}"
-        return f"schedule ended{short}"
 
 
 IDENTITY_TIMEOUT_S = 5.0
@@ -533,33 +467,6 @@ def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
         return target_identity(orjson.loads(body))
     except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
         return None
-
-
-def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
-    """The load a run offered, from its options (``summary.json``: ``recipe``)."""
-    return Recipe(
-        corpus_sha256=corpus.sha256 if corpus else None,
-        schedule_sha256=schedule.sha256 if schedule else None,
-        rate=o.rate,
-        rate_of_capacity=round(o.rate / o.capacity, 4) if o.rate is not None and o.capacity else None,
-        arrival=o.arrival if o.rate is not None else None,
-        duration=o.duration,
-        max_requests=o.max_requests,
-        max_tokens_cap=o.max_tokens_cap,
-        api=api,
-        speedup=o.speedup,
-        concurrency=o.concurrency,
-        seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
-        bypass_fraction=o.bypass_fraction,
-    )
-
-
-def _corpus_file(p: Path) -> Path:
-    return p / "corpus.jsonl" if p.is_dir() else p
-
-
-def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:
-    return "chat" if requests and requests[0].path.endswith("chat/completions") else "completions"
 
 
 def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
