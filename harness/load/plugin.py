@@ -89,6 +89,7 @@ from harness.load.results import (
 from harness.load.stream import Tokenize, load_tokenizer
 from harness.load.summary import build_summary
 from harness.load.tracing import Tracing
+from harness.load.web import mount
 
 log = logging.getLogger("harness.load")
 
@@ -548,9 +549,7 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     if env.runner is not None and role == "worker":
         listen_worker(env.runner, _on_segments, _on_stop)
     if env.web_ui is not None:
-        from harness.load.web import mount
-
-        mount(env)
+        mount(env, current)
 
 
 def _sigterm_as_ctrl_c(signum: int, frame: object) -> None:
@@ -635,9 +634,3 @@ for _hook, _listener in (
     (events.quitting, _on_quitting),
 ):
     _hook.add_listener(_listener)  # type: ignore[no-untyped-call]
-
-
-def results_path(env: Environment) -> Path | None:
-    """Where the current run writes (for the web UI)."""
-    run = STATE.run
-    return run.results_dir if run is not None else None

@@ -35,9 +35,6 @@ RANK = {
 }
 
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    # TODO(#20): LoadRun moves out of plugin.py (issue #20, item 4); web.py then imports the module
-    # that defines LoadRun (or takes the current run from mount()) and plugin.py keeps mounting web.
-    frozenset({"harness.load.plugin", "harness.load.web"}): "web reads plugin.current(); plugin mounts web",
     # TODO(#20): precision_targets / precision_min_samples read a Baseline's gates; they belong
     # next to Baseline (gates/baseline.py), which already imports metrics, not in metrics.py.
     frozenset({"harness.gates.baseline", "harness.gates.metrics"}): "metrics types Baseline (TYPE_CHECKING)",
