@@ -1,4 +1,10 @@
-"""The load stage inside a Locust process: options, the run's lifecycle, records, distribution.
+"""The load stage inside a Locust process: the run's lifecycle, the process state, Locust's event hooks.
+
+:class:`LoadRun` is one test of one process: it starts (epoch, inputs, pacer), records, ticks and
+finalizes. Its parts live beside it: worker messaging and the master's view of its workers in
+:mod:`harness.load.messages`, run control (ladder, ``--run-time`` cap, precision stop) in
+:mod:`harness.load.control`, the live view in :mod:`harness.load.live`, ``summary.json``'s assembly
+in :mod:`harness.load.summary`, the web UI tab in :mod:`harness.load.web` (handed :func:`current`).
 
 Importing this module (the locustfiles do, through :mod:`harness.load.user`) registers event
 listeners on Locust's global ``events``:
