@@ -1,4 +1,10 @@
-"""The load stage inside a Locust process: options, the run's lifecycle, records, distribution.
+"""The load stage inside a Locust process: the run's lifecycle, the process state, Locust's event hooks.
+
+:class:`LoadRun` is one test of one process: it starts (epoch, inputs, pacer), records, ticks and
+finalizes. Its parts live beside it: worker messaging and the master's view of its workers in
+:mod:`harness.load.messages`, run control (ladder, ``--run-time`` cap, precision stop) in
+:mod:`harness.load.control`, the live view in :mod:`harness.load.live`, ``summary.json``'s assembly
+in :mod:`harness.load.summary`, the web UI tab in :mod:`harness.load.web` (handed :func:`current`).
 
 Importing this module (the locustfiles do, through :mod:`harness.load.user`) registers event
 listeners on Locust's global ``events``:
@@ -25,9 +31,10 @@ second (custom message ``harness_records``), with their progress; the master wri
 missing in ``summary.json``; the rest of the run goes on, and ends with exit 6 (incomplete: cannot be
 judged). Losing the last worker ends the run, its results finalized.
 
-``--until-precision``: the local process or the master (which holds every record) checks the watched
-percentiles once a second (:mod:`harness.load.precision`); when they are precise enough it stops its
-pacer, or tells the workers to (custom message ``harness_stop``), and ``summary.json`` says why.
+``--until-precision``, ``--run-time`` and the ladder are run control (:mod:`harness.load.control`):
+the local process or the master (which holds every record) decides, the shape asks
+:meth:`LoadRun.advance` whether the run is over, and the workers apply what the master sends
+(:mod:`harness.load.messages`).
 """
 
 from __future__ import annotations
@@ -40,11 +47,8 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gevent
 import locust  # noqa: F401  (patches gevent before requests/urllib3, which the OTLP exporter uses)
@@ -55,56 +59,48 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from harness.common.auth import Credentials
 from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
-from harness.common.fingerprint import current_environment
-from harness.common.headers import CACHE_STATUSES
-from harness.common.stats import Distribution
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
-    RequestSpec,
     Segment,
     bypass_offset,
 )
+from harness.load.control import Control
 from harness.load.inputs import Inputs
+from harness.load.live import Live
+from harness.load.messages import (
+    Batch,
+    Role,
+    Start,
+    Workers,
+    listen_master,
+    listen_worker,
+    publish_start,
+    read_start,
+    ready_workers,
+    send_batch,
+)
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
-from harness.load.precision import PrecisionTracker, describe, parse_precision_on
+from harness.load.precision import PrecisionTracker, parse_precision_on
 from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
-    InputRef,
-    PrecisionState,
-    Recipe,
     RecordWriter,
-    RequestRecord,
     RunSummary,
-    TargetInfo,
-    WorkerShare,
     read_records,
-    summarize,
     target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
+from harness.load.summary import build_summary
 from harness.load.tracing import Tracing
+from harness.load.web import mount
 
 log = logging.getLogger("harness.load")
 
-MSG_RECORDS = "harness_records"
-MSG_SEGMENTS = "harness_segments"
-MSG_STOP = "harness_stop"
-"""Master → workers: release no more arrivals (``--until-precision`` was met); in-flight ones drain."""
 BATCH_INTERVAL_S = 1.0
-LIVE_WINDOW = 5000
-"""Records the live view (web UI) keeps: the most recent ones."""
-SEGMENT_LEAD_S = 0.5
-"""How far ahead the master schedules a ladder change, so every worker has it in time."""
-
-Role = Literal["local", "master", "worker"]
-
-
-def _worker_index(runner: MasterRunner, client_id: str) -> int:
-    return int(runner.get_worker_index(client_id))  # type: ignore[no-untyped-call]
+"""How often records are flushed (local / master) or sent to the master (worker)."""
 
 
 def _role(env: Environment) -> Role:
@@ -113,58 +109,6 @@ def _role(env: Environment) -> Role:
     if isinstance(env.runner, WorkerRunner):
         return "worker"
     return "local"
-
-
-@dataclass
-class Live:
-    """What the web UI and the ladder need while the run goes: recent records and per-window counts."""
-
-    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LIVE_WINDOW))
-    outcomes: list[tuple[float, bool]] = field(default_factory=list)
-    """``(intended_s, ok)`` of every completed request (the ladder's window statistics)."""
-    cache: Counter[str] = field(default_factory=Counter)
-    requests: int = 0
-    errors: int = 0
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.recent.append(row)
-        ok = row["error"] is None and 200 <= row["status"] < 300
-        self.outcomes.append((row["intended_s"], ok))
-        self.requests += 1
-        self.errors += not ok
-        if row.get("cache"):
-            self.cache[row["cache"]] += 1
-
-    def window(self, start_s: float, end_s: float) -> tuple[int, int]:
-        completed = failed = 0
-        for t, ok in self.outcomes:
-            if start_s <= t < end_s:
-                completed += 1
-                failed += not ok
-        return completed, failed
-
-    def distributions(self) -> dict[str, Distribution]:
-        out: dict[str, Distribution] = {}
-        for name in ("ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms"):
-            out[name] = Distribution.of([r[name] for r in self.recent if r.get(name) is not None])
-        out["itl_ms"] = Distribution.of([x for r in self.recent for x in r.get("itl_ms") or ()])
-        return out
-
-    def hit_rate(self) -> dict[str, float]:
-        told = sum(self.cache.values())
-        return {s: self.cache[s] / told for s in CACHE_STATUSES} if told else {}
-
-
-@dataclass
-class WorkerState:
-    index: int
-    slot: int
-    scheduled: int | None = None
-    sent: int = 0
-    recorded: int = 0
-    done: bool = False
-    lost: bool = False
-    cpu_pct: float | None = None
 
 
 class LoadRun:
@@ -196,7 +140,8 @@ class LoadRun:
         self.slot = 0
         self.n_slots = 1
         self.scheduled: int | None = None
-        self.workers: dict[int, WorkerState] = {}
+        self.workers = Workers()
+        """The master's workers (empty elsewhere)."""
         self.started = False
         """:meth:`start` returned: the epoch is fixed, the pacer and the ladder run. Until then (a
         preload can take seconds) the shape must not judge stages or end the test."""
@@ -215,32 +160,40 @@ class LoadRun:
         self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
         self.precision: PrecisionTracker | None = None
         """``--until-precision``: the watched percentiles (local / master: it holds every record)."""
-        self.stop_reason: str | None = None
-        """Why sending stopped early (precision reached), set when it did."""
-        self.capped = False
-        """``--run-time`` stopped the sending (set by the shape)."""
-        self._arrivals_end_s = math.inf
-        """No arrival is intended later (a precision met after it did not stop the sending)."""
+        arrivals_end_s = math.inf
         if self.opts.until_precision is not None and role != "worker":
-            self._arrivals_end_s = inputs.arrivals_end_s()
+            arrivals_end_s = inputs.arrivals_end_s()
             self.precision = PrecisionTracker(
                 parse_precision_on(self.opts.precision_on),
                 self.opts.until_precision,
                 confidence=self.opts.precision_confidence,
                 min_samples=self.opts.precision_min_samples,
             )
+        self.control = Control(
+            role=role,
+            runner=env.runner,
+            ladder=self.ladder,
+            precision=self.precision,
+            arrivals_end_s=arrivals_end_s,
+            now=self.now_s,
+            window=self.live.window,
+            warnings=self.warnings,
+        )
+        """The ladder, the ``--run-time`` cap and the precision stop."""
 
     # ------------------------------------------------------------------------------------ setup
 
     def start(self) -> None:
         po = self.env.parsed_options
         assert po is not None  # test_start only fires in a process that parsed its options
+        shipped: Start | None = None
         if self.role == "worker":
             assert isinstance(self.env.runner, WorkerRunner)
-            self.epoch_unix = float(po.harness_epoch)
-            self.warmup_id = str(po.harness_warmup_id)
+            shipped = read_start(po)
+            self.epoch_unix = shipped.epoch_unix
+            self.warmup_id = shipped.warmup_id
             self.worker_index = self.env.runner.worker_index
-            indexes: list[int] = list(po.harness_workers)
+            indexes = shipped.workers
             self.n_slots = len(indexes)
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
         else:
@@ -249,22 +202,23 @@ class LoadRun:
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
-            po.harness_epoch = self.epoch_unix
-            po.harness_warmup_id = self.warmup_id
+            indexes = None
             if self.role == "master":
                 assert isinstance(self.env.runner, MasterRunner)
-                runner = self.env.runner
-                ready = runner.clients.ready + runner.clients.running + runner.clients.spawning
-                indexes = sorted(_worker_index(runner, c.id) for c in ready)
-                po.harness_workers = indexes
+                indexes = ready_workers(self.env.runner)
                 self.n_slots = len(indexes)
-                self.workers = {ix: WorkerState(ix, slot) for slot, ix in enumerate(indexes)}
+                self.workers = Workers.of(indexes)
         # perf_counter and the wall clock are read together once; from here on only perf_counter.
         self.epoch = time.perf_counter() + (self.epoch_unix - time.time())
-        if self.ladder is not None:
-            segments = self.ladder.start(0.0)
-            if self.role == "master":
-                po.harness_segments = [[s.start_s, s.end_s, s.rate, s.stage] for s in segments]
+        segments = self.ladder.start(0.0) if self.ladder is not None else None
+        if self.role != "worker":
+            publish_start(
+                po,
+                epoch_unix=self.epoch_unix,
+                warmup_id=self.warmup_id,
+                workers=indexes,
+                segments=segments if self.role == "master" else None,
+            )
         if self.role in ("local", "master"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
             (self.results_dir / SUMMARY_FILE).unlink(missing_ok=True)
@@ -278,15 +232,11 @@ class LoadRun:
             )
             source, self.scheduled = self.inputs.source(self.slot, self.n_slots)
             if self.ladder is not None and isinstance(source, RateArrivals):
-                raw = getattr(po, "harness_segments", None)
-                segs = (
-                    [Segment(a, b, r, s) for a, b, r, s in raw]
-                    if self.role == "worker" and raw
-                    else self.ladder.segments()
-                )
-                source.set_segments(segs, final=False)
+                shipped_segs = shipped.segments if shipped is not None else None
+                source.set_segments(shipped_segs or self.ladder.segments(), final=False)
             self.source = source
             self.pacer = Pacer(source, lead_s=self.opts.pacer_lead_ms / 1000.0)
+            self.control.attach(source, self.pacer)
             # Everything loaded so far (Locust, the corpus, the request bodies) lives for the whole
             # run: collect once now and move it out of the collector's sight, so that a full
             # collection during the run scans only what the run allocates, not the whole process
@@ -335,37 +285,29 @@ class LoadRun:
         if self.precision is not None:
             self.precision.add(row)
 
-    def receive(self, data: dict[str, Any]) -> None:
+    def receive(self, batch: Batch) -> None:
         """Master: a worker's batch of records and its progress."""
-        ws = self.workers.get(int(data["worker"]))
-        rows: list[dict[str, Any]] = data.get("rows") or []
+        rows = batch.rows
         if self.writer is not None and not self.finalized:
             self.writer.write_many(rows)
         for row in rows:
             self.live.add(row)
         if self.precision is not None:
             self.precision.add_many(rows)
-        if ws is not None:
-            ws.recorded += len(rows)
-            ws.sent = int(data.get("sent", ws.sent))
-            sched = data.get("scheduled")
-            ws.scheduled = int(sched) if sched is not None else None
-            ws.cpu_pct = data.get("cpu_pct")
-            ws.done = ws.done or bool(data.get("done"))
+        self.workers.receive(batch)
 
     def _send_batch(self, done: bool = False) -> None:
+        assert self.env.runner is not None
         rows, self.outbox = self.outbox, []
-        self.env.runner.send_message(  # type: ignore[union-attr]
-            MSG_RECORDS,
-            {
-                "worker": self.worker_index,
-                "rows": rows,
-                "sent": self.pacer.taken if self.pacer else 0,
-                "scheduled": self.scheduled,
-                "cpu_pct": self.measure_cpu(),
-                "done": done,
-            },
+        batch = Batch(
+            worker=self.worker_index,
+            rows=rows,
+            sent=self.pacer.taken if self.pacer else 0,
+            scheduled=self.scheduled,
+            cpu_pct=self.measure_cpu(),
+            done=done,
         )
+        send_batch(self.env.runner, batch)
 
     def _tick_loop(self) -> None:
         while not self.finalized:
@@ -386,39 +328,8 @@ class LoadRun:
                 self.done_sent = True
         if self.role == "master":
             self._check_workers()
-        if self.precision is not None and self.started:
-            self.check_precision()
-
-    def check_precision(self) -> bool:
-        """Local / master: once every watched percentile is known well enough, stop sending.
-
-        Stopping releases no more arrivals (the pacer's queue of released-but-untaken ones is dropped,
-        as at a ``--run-time`` cap); requests in flight drain as usual and the run then completes.
-        """
-        if self.precision is None or self.stop_reason is not None or self.finalized:
-            return self.stop_reason is not None
-        if (
-            self.capped
-            or self.now_s() > self._arrivals_end_s
-            or (self.pacer and self.pacer.finished.is_set())
-        ):
-            return False  # sending already ended (schedule, --max-duration, --run-time): not our doing
-        if not self.precision.met():
-            return False
-        self.stop_reason = (
-            f"precision reached: {describe(self.precision.states())} after {max(0.0, self.now_s()):.1f} s"
-        )
-        log.info("harness load: %s", self.stop_reason)
-        if self.role == "master":
-            self.env.runner.send_message(MSG_STOP, {"reason": self.stop_reason})  # type: ignore[union-attr]
-        else:
-            self.stop_sending()
-        return True
-
-    def stop_sending(self) -> None:
-        """Release no more arrivals (a worker told by the master, or a local run whose precision is met)."""
-        if self.pacer is not None and not self.pacer.finished.is_set():
-            self.pacer.stop()
+        if self.precision is not None and self.started and not self.finalized:
+            self.control.check_precision()
 
     def _share_finished(self) -> bool:
         """This process sent and got back everything it was given (or the drain timeout passed)."""
@@ -434,43 +345,23 @@ class LoadRun:
     def _check_workers(self) -> None:
         runner = self.env.runner
         assert isinstance(runner, MasterRunner)
-        alive = {_worker_index(runner, c.id) for c in runner.clients.all if c.state not in ("missing",)}
-        for ws in self.workers.values():
-            if not ws.done and not ws.lost and ws.index not in alive:
-                ws.lost = True
-                msg = (
-                    f"worker {ws.index} was lost; its share is marked missing "
-                    f"({ws.recorded} records received)"
-                )
-                self.warnings.append(msg)
-                log.warning("harness load: %s", msg)
+        for msg in self.workers.check(runner):
+            self.warnings.append(msg)
+            log.warning("harness load: %s", msg)
 
     # ------------------------------------------------------------------------------------ control
 
-    def ladder_tick(self) -> None:
-        """Local / master: advance the ladder; push changed segments to the pacer or the workers."""
-        if not self.started or self.ladder is None or self.ladder.done:
-            return  # before the epoch, "now" means nothing and no stage has begun
-        now = self.now_s()
-        changed = self.ladder.tick(now, self.live.window)
-        if changed is None and not self.ladder.done:
-            return
-        segs = changed if changed is not None else []
-        if self.ladder.done and not changed:
-            segs = []
-        final = self.ladder.done or self.ladder.stopped
-        if self.role == "master":
-            self.env.runner.send_message(  # type: ignore[union-attr]
-                MSG_SEGMENTS,
-                {"segments": [[s.start_s, s.end_s, s.rate, s.stage] for s in segs], "final": final},
-            )
-        else:
-            self.apply_segments(segs, final=final)
-
-    def apply_segments(self, segs: list[Segment], *, final: bool) -> None:
-        if isinstance(self.source, RateArrivals) and self.pacer is not None:
-            self.source.set_segments(segs, final=final)
-            self.pacer.changed()
+    def advance(self, elapsed_s: float) -> bool:
+        """Local / master, each shape tick: apply the ``--run-time`` cap, step the ladder; whether the
+        whole run is done (the shape then ends the test)."""
+        if not self.started:
+            return False  # before the epoch, "now" means nothing and no stage has begun
+        po = self.env.parsed_options
+        self.control.cap(elapsed_s, getattr(po, "run_time", None) if po is not None else None)
+        self.control.ladder_tick()
+        if self.finished():
+            self.completed = True
+        return self.completed
 
     def finished(self) -> bool:
         """Local / master: is the whole run done (the shape then ends the test)?"""
@@ -479,7 +370,7 @@ class LoadRun:
         if self.ladder is not None and not self.ladder.done:
             return False
         if self.role == "master":
-            return all(ws.done or ws.lost for ws in self.workers.values())
+            return self.workers.settled()
         return self._share_finished()
 
     def users(self) -> int:
@@ -518,99 +409,32 @@ class LoadRun:
         )
         cpu = self.measure_cpu()
         if self.role == "master":
-            worker_cpu = [w.cpu_pct for w in self.workers.values() if w.cpu_pct is not None]
-            cpu = max([cpu, *worker_cpu])
-        o = self.opts
-        duration = time.perf_counter() - self._wall0
-        target_rate = None
-        if self.ladder is None and o.rate is not None:
-            target_rate = o.rate
-        elif self.ladder is None and records:
-            span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
-            target_rate = (len(records) - 1) / span if span > 0 else None
+            cpu = max([cpu, *self.workers.cpu_pcts()])
+        duration = time.perf_counter() - self._wall0  # the identity's wait below is not the run's
         identity = None
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
             identity = self._identity.value if self._identity.successful() else None
-        workers = [
-            WorkerShare(
-                worker=w.index,
-                scheduled=w.scheduled if w.scheduled is not None else w.recorded,
-                recorded=w.recorded,
-                missing=w.lost,
-            )
-            for w in self.workers.values()
-        ]
-        api: Literal["chat", "completions"] = (
-            ("chat" if o.api == "chat" else "completions")
-            if o.api != "auto"
-            else _api_of(self.inputs.requests)
-        )
-        corpus = InputRef.of(_corpus_file(o.corpus)) if o.corpus else None
-        schedule = InputRef.of(o.schedule) if o.schedule else None
-        precision = self._final_precision(records)
-        summary = summarize(
+        summary = build_summary(
             records,
-            started_at=datetime.fromtimestamp(self.epoch_unix, UTC).isoformat(),
+            inputs=self.inputs,
+            control=self.control,
+            host=self.env.host or "",
+            epoch_unix=self.epoch_unix,
             duration_s=duration,
-            target=TargetInfo(url=self.env.host or "", model=o.model, api=api, identity=identity),
-            target_rate=target_rate,
             client_cpu_pct=cpu,
             interrupted=interrupted,
-            corpus=corpus,
-            schedule=schedule,
-            stages=self.ladder.outcomes() if self.ladder is not None else None,
-            workers=workers,
+            identity=identity,
+            workers=self.workers.shares(),
             warnings=self.warnings,
             warmup_id=self.warmup_id,
-            plan=InputRef.of(o.plan) if o.plan and self.ladder is not None else None,
             preload=self.preload_result,
-            environment=current_environment(),
-            recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
-            stop_reason=self._final_stop_reason(interrupted, precision),
-            precision=precision,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
-
-    def _final_precision(self, records: list[RequestRecord]) -> dict[str, PrecisionState] | None:
-        """The watched percentiles over every record of the run (requests that completed after the
-        decision too), from the records file, so it agrees with the summary's metrics."""
-        if self.precision is None:
-            return None
-        final = PrecisionTracker(
-            self.precision.targets,
-            self.precision.rel_target,
-            confidence=self.precision.confidence,
-            min_samples=self.precision.min_samples,
-        )
-        names = {t.field for t in final.targets}
-        final.add_many(
-            {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
-        )
-        return final.states()
-
-    def _final_stop_reason(
-        self, interrupted: bool, precision: dict[str, PrecisionState] | None
-    ) -> str | None:
-        o = self.opts
-        if o.until_precision is None and o.max_duration is None:
-            return None
-        if self.stop_reason is not None:
-            return self.stop_reason
-        short = ""
-        if precision is not None and not all(s.met for s in precision.values()):
-            short = f" before precision: {describe(precision)}"
-        if self.capped:
-            return f"--run-time reached{short}"
-        if interrupted:
-            return f"interrupted{short}"
-        if self.inputs.ends_by_max_duration():
-            return f"max duration {o.max_duration:g} s reached{short}"
-        return f"schedule ended{short}"
 
 
 IDENTITY_TIMEOUT_S = 5.0
@@ -650,33 +474,6 @@ def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
         return target_identity(orjson.loads(body))
     except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
         return None
-
-
-def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
-    """The load a run offered, from its options (``summary.json``: ``recipe``)."""
-    return Recipe(
-        corpus_sha256=corpus.sha256 if corpus else None,
-        schedule_sha256=schedule.sha256 if schedule else None,
-        rate=o.rate,
-        rate_of_capacity=round(o.rate / o.capacity, 4) if o.rate is not None and o.capacity else None,
-        arrival=o.arrival if o.rate is not None else None,
-        duration=o.duration,
-        max_requests=o.max_requests,
-        max_tokens_cap=o.max_tokens_cap,
-        api=api,
-        speedup=o.speedup,
-        concurrency=o.concurrency,
-        seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
-        bypass_fraction=o.bypass_fraction,
-    )
-
-
-def _corpus_file(p: Path) -> Path:
-    return p / "corpus.jsonl" if p.is_dir() else p
-
-
-def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:
-    return "chat" if requests and requests[0].path.endswith("chat/completions") else "completions"
 
 
 def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
@@ -754,14 +551,11 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     if role != "worker" and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     if env.runner is not None and role == "master":
-        env.runner.register_message(MSG_RECORDS, _on_records)
+        listen_master(env.runner, _on_records)
     if env.runner is not None and role == "worker":
-        env.runner.register_message(MSG_SEGMENTS, _on_segments)
-        env.runner.register_message(MSG_STOP, _on_stop)
+        listen_worker(env.runner, _on_segments, _on_stop)
     if env.web_ui is not None:
-        from harness.load.web import mount
-
-        mount(env)
+        mount(env, current)
 
 
 def _sigterm_as_ctrl_c(signum: int, frame: object) -> None:
@@ -775,24 +569,22 @@ def _sigterm_as_ctrl_c(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _on_records(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_records(batch: Batch) -> None:
     run = STATE.run
     if run is not None:
-        run.receive(msg.data)
+        run.receive(batch)
 
 
-def _on_segments(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_segments(segs: list[Segment], final: bool) -> None:
     run = STATE.run
     if run is not None:
-        segs = [Segment(a, b, r, s) for a, b, r, s in msg.data["segments"]]
-        run.apply_segments(segs, final=bool(msg.data["final"]))
+        run.control.apply_segments(segs, final=final)
 
 
-def _on_stop(environment: Environment, msg: Any, **_kw: Any) -> None:
+def _on_stop(reason: str) -> None:
     run = STATE.run
     if run is not None:
-        run.stop_reason = str(msg.data.get("reason") or "stopped by the master")
-        run.stop_sending()
+        run.control.stop(reason)
 
 
 def _on_test_start(environment: Environment, **_kw: Any) -> None:
@@ -848,9 +640,3 @@ for _hook, _listener in (
     (events.quitting, _on_quitting),
 ):
     _hook.add_listener(_listener)  # type: ignore[no-untyped-call]
-
-
-def results_path(env: Environment) -> Path | None:
-    """Where the current run writes (for the web UI)."""
-    run = STATE.run
-    return run.results_dir if run is not None else None

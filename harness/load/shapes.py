@@ -2,16 +2,14 @@
 
 Locust's ``LoadTestShape`` sets user counts, which in a closed loop *is* the load. Here users are
 only the concurrency pool (:mod:`harness.load.pacer`), so the shapes return a constant user count
-(``--concurrency`` per process) and decide when the test is over: :class:`ReplayShape` when every
-arrival was sent and answered, :class:`LadderShape` also drives the warmup ladder
-(:mod:`harness.load.plan`) — each tick judges the running stage and, on a rollback, hands the pacer
-(or, distributed, every worker) new rate segments. Both read ``--run-time`` as a cap: at the cap the
-pacer stops releasing and in-flight requests get ``--drain-timeout`` to finish.
+(``--concurrency`` per process) and end the test when the run says it is over. Each tick asks the
+run (:meth:`harness.load.plugin.LoadRun.advance`), which applies ``--run-time`` as a cap and steps the
+warmup ladder (:mod:`harness.load.control`); the shapes themselves change nothing of the run.
+:class:`LadderShape` differs only in telling the run, through ``ladder``, to load the ``--plan``.
 """
 
 from __future__ import annotations
 
-import time
 from typing import ClassVar
 
 import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
@@ -38,7 +36,6 @@ class ReplayShape(LoadTestShape):
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._capped_at: float | None = None
         self._started = False
         self._first: tuple[int, float] = (0, MIN_SPAWN_RATE)
 
@@ -56,13 +53,7 @@ class ReplayShape(LoadTestShape):
             # Locust fires test_start in its spawning greenlet and ticks on meanwhile: while the run
             # is still setting up (posting a preload can take seconds) keep the pool, judge nothing.
             return self._first
-        if run.finalized:
-            return None
-        self._cap(run)
-        if run.ladder is not None:
-            run.ladder_tick()
-        if run.finished():
-            run.completed = True
+        if run.finalized or run.advance(self.get_run_time()):  # type: ignore[no-untyped-call]
             return None
         users = run.users()
         return users, spawn_rate(users, run.opts.start_delay)
@@ -70,7 +61,6 @@ class ReplayShape(LoadTestShape):
     def reset_time(self) -> None:
         super().reset_time()  # type: ignore[no-untyped-call]
         self._started = False  # a new test (web UI) starts again from its first tick
-        self._capped_at = None
 
     def _initial_users(self) -> tuple[int, float]:
         runner = self.runner
@@ -80,22 +70,6 @@ class ReplayShape(LoadTestShape):
         delay = float(getattr(po, "start_delay", None) or 2.0)
         workers = getattr(runner, "worker_count", 1) if isinstance(runner, MasterRunner) else 1
         return concurrency * max(1, workers), delay
-
-    def _cap(self, run: plugin.LoadRun) -> None:
-        po = run.env.parsed_options
-        limit = getattr(po, "run_time", None) if po is not None else None
-        elapsed: float = self.get_run_time()  # type: ignore[no-untyped-call]
-        if limit and self._capped_at is None and elapsed >= float(limit):
-            self._capped_at = time.perf_counter()
-            run.capped = True
-            run.warnings.append(f"--run-time {limit} s reached: the rest of the schedule was not sent")
-            if run.ladder is not None:
-                run.ladder.interrupt(run.now_s())
-                run.ladder.done = True
-            if run.role == "master":
-                run.env.runner.send_message(plugin.MSG_SEGMENTS, {"segments": [], "final": True})  # type: ignore[union-attr]
-            if run.pacer is not None:
-                run.pacer.stop()
 
 
 class LadderShape(ReplayShape):

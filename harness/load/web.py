@@ -2,23 +2,33 @@
 
 Locust's UI shows its own statistics (rounded, and closed-loop by nature); this tab shows what the
 harness measures, computed with the project's one percentile definition over the most recent
-records (:data:`harness.load.plugin.LIVE_WINDOW`): TTFT, TPOT, ITL, E2E and lateness percentiles, the
+records (:data:`harness.load.live.LIVE_WINDOW`): TTFT, TPOT, ITL, E2E and lateness percentiles, the
 current ladder stage, rollbacks, the hit rate by cache tier, requests in flight and queued.
 
 It uses Locust's extension points: a Flask blueprint on ``environment.web_ui.app`` serving
 ``/harness/load`` (the same data as JSON, for scripts) and ``/harness/load/summary`` (the final
 ``summary.json``), ``extended_tabs`` / ``extended_tables`` template arguments for the tab, and the
 ``extended_stats`` field that the UI reads from each ``/stats/requests`` poll.
+
+The lifecycle (:mod:`harness.load.plugin`) mounts the tab and hands :func:`mount` a way to get the
+current run; this module reads the run only through :class:`RunView`, so it does not import the
+module that owns the run (which imports this one).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import orjson
 from flask import Blueprint, Response, request
 
-from harness.load import plugin
+from harness.load.control import Control
+from harness.load.live import Live
+from harness.load.messages import Workers
+from harness.load.options import LoadOptions
+from harness.load.pacer import Pacer
 from harness.load.results import SUMMARY_FILE
 
 TAB = "harness-load"
@@ -33,13 +43,37 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
 
 
+class RunView(Protocol):
+    """What the tab reads of the current run (:class:`harness.load.plugin.LoadRun`)."""
+
+    @property
+    def opts(self) -> LoadOptions: ...
+    @property
+    def live(self) -> Live: ...
+    @property
+    def control(self) -> Control: ...
+    @property
+    def pacer(self) -> Pacer | None: ...
+    @property
+    def workers(self) -> Workers: ...
+    @property
+    def results_dir(self) -> Path: ...
+    @property
+    def warmup_id(self) -> str: ...
+    @property
+    def finalized(self) -> bool: ...
+
+
+CurrentRun = Callable[[], RunView | None]
+"""The run of this process, once its test started (``None`` before)."""
+
+
 def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.1f}"
 
 
-def live_rows() -> list[dict[str, str]]:
+def live_rows(run: RunView | None) -> list[dict[str, str]]:
     """The tab's rows: percentiles of the recent records, then the run's state."""
-    run = plugin.current()
     if run is None:
         return [{"metric": "no run yet", "value": ""}]
     rows: list[dict[str, str]] = []
@@ -47,7 +81,7 @@ def live_rows() -> list[dict[str, str]]:
         if name in METRICS:
             rows.append({"metric": name, "value": str(d.n), "p50": _ms(d.p50), "p90": _ms(d.p90),
                          "p99": _ms(d.p99), "max": _ms(d.max)})  # fmt: skip
-    state = status()
+    state = status(run)
     for key in (
         "stage",
         "target_rate",
@@ -70,21 +104,21 @@ def live_rows() -> list[dict[str, str]]:
     return rows
 
 
-def status() -> dict[str, Any]:
+def status(run: RunView | None) -> dict[str, Any]:
     """The run's live state as JSON-ready data (``GET /harness/load``)."""
-    run = plugin.current()
     if run is None:
         return {"running": False}
     stage = run.opts.stage
     target_rate: float | None = run.opts.rate
     rollbacks = 0
     stages: list[dict[str, Any]] = []
-    if run.ladder is not None:
-        cur = run.ladder.current
+    ladder = run.control.ladder
+    if ladder is not None:
+        cur = ladder.current
         if cur is not None:
-            stage = run.ladder.label(cur)
-            target_rate = run.ladder.plan.stages[cur.stage].qps
-        stages = [o.model_dump(mode="json") for o in run.ladder.outcomes()]
+            stage = ladder.label(cur)
+            target_rate = ladder.plan.stages[cur.stage].qps
+        stages = [o.model_dump(mode="json") for o in ladder.outcomes()]
         rollbacks = sum(o["verdict"] == "rolled_back" for o in stages)
     pacer = run.pacer
     return {
@@ -99,28 +133,30 @@ def status() -> dict[str, Any]:
         "errors": run.live.errors,
         "in_flight": pacer.in_flight if pacer is not None else None,
         "queued": pacer.queued if pacer is not None else None,
-        "workers_lost": sum(w.lost for w in run.workers.values()),
+        "workers_lost": run.workers.lost(),
         "hit_rate": run.live.hit_rate(),
         "metrics": {k: v.model_dump() for k, v in run.live.distributions().items()},
-        "precision": {k: v.model_dump() for k, v in run.precision.states().items()}
-        if run.precision is not None
+        "precision": {k: v.model_dump() for k, v in precision.states().items()}
+        if (precision := run.control.precision) is not None
         else None,
-        "stop_reason": run.stop_reason,
+        "stop_reason": run.control.stop_reason,
     }
 
 
-def mount(env: Any) -> None:
-    """Register the blueprint, the tab and the ``extended_stats`` hook on ``env.web_ui``."""
+def mount(env: Any, current: CurrentRun) -> None:
+    """Register the blueprint, the tab and the ``extended_stats`` hook on ``env.web_ui``; ``current``
+    gives the run each request reads (a web UI session may start several)."""
     web_ui = env.web_ui
     bp = Blueprint("harness_load", __name__)
 
     @bp.route("/harness/load")
     def load_status() -> Response:
-        return Response(orjson.dumps(status()), mimetype="application/json")
+        return Response(orjson.dumps(status(current())), mimetype="application/json")
 
     @bp.route("/harness/load/summary")
     def load_summary() -> Response:
-        path = plugin.results_path(env)
+        run = current()
+        path = run.results_dir if run is not None else None
         if path is None or not (path / SUMMARY_FILE).exists():
             return Response(b'{"error": "no summary yet"}', status=404, mimetype="application/json")
         return Response((path / SUMMARY_FILE).read_bytes(), mimetype="application/json")
@@ -135,7 +171,7 @@ def mount(env: Any) -> None:
         if request.path != "/stats/requests" or response.status_code != 200:
             return response
         data = orjson.loads(response.get_data())
-        data["extended_stats"] = [{"key": TAB, "data": live_rows()}]
+        data["extended_stats"] = [{"key": TAB, "data": live_rows(current())}]
         response.set_data(orjson.dumps(data))
         return response
 

@@ -34,13 +34,9 @@ RANK = {
     "reports": 9,
 }
 
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    # TODO(#20): LoadRun moves out of plugin.py (issue #20, item 4); web.py then imports the module
-    # that defines LoadRun (or takes the current run from mount()) and plugin.py keeps mounting web.
-    frozenset({"harness.load.plugin", "harness.load.web"}): "web reads plugin.current(); plugin mounts web",
-}
-"""Cycles that exist today and are being removed by others (issue #20); none may be added, and an
-entry must be deleted as soon as its cycle is gone (the test says so)."""
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
+"""Cycles tolerated for now, each with why: none today (issue #20 removed the last two). None may be
+added without a reason, and an entry must be deleted as soon as its cycle is gone (the test says so)."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ def test_web_ui_tab_shows_precision_progress_and_the_stop_reason(tmp_path: Path,
             while not (results / "summary.json").exists():  # the test ends once in-flight requests drain
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
+            served = get(base + "/harness/load/summary")  # the finished run's summary, from the UI
+            assert served["stop_reason"] == status["stop_reason"]
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=120)
         finally:

@@ -1,0 +1,58 @@
+"""The run's live view: recent records and per-window counts, while the run goes.
+
+The web UI's "LLM load" tab (:mod:`harness.load.web`) reads its percentiles and hit rate; the ladder
+(:mod:`harness.load.control`) reads its window counts to judge a stage. Records enter it as they are
+recorded (local run, worker) or received from the workers (master).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.common.headers import CACHE_STATUSES
+from harness.common.stats import Distribution
+
+LIVE_WINDOW = 5000
+"""Records the live view (web UI) keeps: the most recent ones."""
+
+
+@dataclass
+class Live:
+    """What the web UI and the ladder need while the run goes: recent records and per-window counts."""
+
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LIVE_WINDOW))
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+    """``(intended_s, ok)`` of every completed request (the ladder's window statistics)."""
+    cache: Counter[str] = field(default_factory=Counter)
+    requests: int = 0
+    errors: int = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.recent.append(row)
+        ok = row["error"] is None and 200 <= row["status"] < 300
+        self.outcomes.append((row["intended_s"], ok))
+        self.requests += 1
+        self.errors += not ok
+        if row.get("cache"):
+            self.cache[row["cache"]] += 1
+
+    def window(self, start_s: float, end_s: float) -> tuple[int, int]:
+        completed = failed = 0
+        for t, ok in self.outcomes:
+            if start_s <= t < end_s:
+                completed += 1
+                failed += not ok
+        return completed, failed
+
+    def distributions(self) -> dict[str, Distribution]:
+        out: dict[str, Distribution] = {}
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms"):
+            out[name] = Distribution.of([r[name] for r in self.recent if r.get(name) is not None])
+        out["itl_ms"] = Distribution.of([x for r in self.recent for x in r.get("itl_ms") or ()])
+        return out
+
+    def hit_rate(self) -> dict[str, float]:
+        told = sum(self.cache.values())
+        return {s: self.cache[s] / told for s in CACHE_STATUSES} if told else {}

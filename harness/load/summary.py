@@ -1,0 +1,153 @@
+"""Summary building: what a finished run's ``summary.json`` says, from its records and its state.
+
+The lifecycle (:mod:`harness.load.plugin`) closes the records and gathers what only the running
+process knows (its CPU use, the workers' shares, the target's identity); this module turns that,
+the options and the run control's outcome (:mod:`harness.load.control`: ladder stages, precision,
+why sending stopped) into a :class:`~harness.load.results.RunSummary`. Computing the metrics is
+:func:`harness.load.results.summarize`; writing the file is :func:`harness.load.results.write_summary`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.common.fingerprint import current_environment
+from harness.load.arrivals import RequestSpec
+from harness.load.control import Control
+from harness.load.inputs import Inputs
+from harness.load.options import LoadOptions
+from harness.load.precision import PrecisionTracker, describe
+from harness.load.results import (
+    InputRef,
+    PrecisionState,
+    Recipe,
+    RequestRecord,
+    RunSummary,
+    TargetInfo,
+    WorkerShare,
+    summarize,
+)
+
+
+def build_summary(
+    records: list[RequestRecord],
+    *,
+    inputs: Inputs,
+    control: Control,
+    host: str,
+    epoch_unix: float,
+    duration_s: float,
+    client_cpu_pct: float,
+    interrupted: bool,
+    identity: dict[str, Any] | None,
+    workers: list[WorkerShare],
+    warnings: list[str],
+    warmup_id: str,
+    preload: dict[str, int] | None,
+) -> RunSummary:
+    """The run's summary (local / master), its records read back from ``records.jsonl``."""
+    o = inputs.opts
+    ladder = control.ladder
+    target_rate = None
+    if ladder is None and o.rate is not None:
+        target_rate = o.rate
+    elif ladder is None and records:
+        span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
+        target_rate = (len(records) - 1) / span if span > 0 else None
+    api: Literal["chat", "completions"] = (
+        ("chat" if o.api == "chat" else "completions") if o.api != "auto" else _api_of(inputs.requests)
+    )
+    corpus = InputRef.of(_corpus_file(o.corpus)) if o.corpus else None
+    schedule = InputRef.of(o.schedule) if o.schedule else None
+    precision = _final_precision(control.precision, records)
+    return summarize(
+        records,
+        started_at=datetime.fromtimestamp(epoch_unix, UTC).isoformat(),
+        duration_s=duration_s,
+        target=TargetInfo(url=host, model=o.model, api=api, identity=identity),
+        target_rate=target_rate,
+        client_cpu_pct=client_cpu_pct,
+        interrupted=interrupted,
+        corpus=corpus,
+        schedule=schedule,
+        stages=ladder.outcomes() if ladder is not None else None,
+        workers=workers,
+        warnings=warnings,
+        warmup_id=warmup_id,
+        plan=InputRef.of(o.plan) if o.plan and ladder is not None else None,
+        preload=preload,
+        environment=current_environment(),
+        recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
+        stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
+        precision=precision,
+    )
+
+
+def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
+    """The load a run offered, from its options (``summary.json``: ``recipe``)."""
+    return Recipe(
+        corpus_sha256=corpus.sha256 if corpus else None,
+        schedule_sha256=schedule.sha256 if schedule else None,
+        rate=o.rate,
+        rate_of_capacity=round(o.rate / o.capacity, 4) if o.rate is not None and o.capacity else None,
+        arrival=o.arrival if o.rate is not None else None,
+        duration=o.duration,
+        max_requests=o.max_requests,
+        max_tokens_cap=o.max_tokens_cap,
+        api=api,
+        speedup=o.speedup,
+        concurrency=o.concurrency,
+        seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
+        bypass_fraction=o.bypass_fraction,
+    )
+
+
+def _final_precision(
+    watched: PrecisionTracker | None, records: list[RequestRecord]
+) -> dict[str, PrecisionState] | None:
+    """The watched percentiles over every record of the run (requests that completed after the
+    decision too), from the records file, so it agrees with the summary's metrics."""
+    if watched is None:
+        return None
+    final = PrecisionTracker(
+        watched.targets,
+        watched.rel_target,
+        confidence=watched.confidence,
+        min_samples=watched.min_samples,
+    )
+    names = {t.field for t in final.targets}
+    final.add_many(
+        {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
+    )
+    return final.states()
+
+
+def _final_stop_reason(
+    inputs: Inputs, control: Control, interrupted: bool, precision: dict[str, PrecisionState] | None
+) -> str | None:
+    """Why sending ended (``summary.json``: ``stop_reason``), for runs that may end before their schedule."""
+    o = inputs.opts
+    if o.until_precision is None and o.max_duration is None:
+        return None
+    if control.stop_reason is not None:
+        return control.stop_reason
+    short = ""
+    if precision is not None and not all(s.met for s in precision.values()):
+        short = f" before precision: {describe(precision)}"
+    if control.capped:
+        return f"--run-time reached{short}"
+    if interrupted:
+        return f"interrupted{short}"
+    if inputs.ends_by_max_duration():
+        return f"max duration {o.max_duration:g} s reached{short}"
+    return f"schedule ended{short}"
+
+
+def _corpus_file(p: Path) -> Path:
+    return p / "corpus.jsonl" if p.is_dir() else p
+
+
+def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:
+    return "chat" if requests and requests[0].path.endswith("chat/completions") else "completions"
