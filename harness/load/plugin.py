@@ -53,8 +53,7 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from harness.common.auth import Credentials
-from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
+from harness.common.errors import ExitCode, HarnessError
 from harness.common.fingerprint import current_environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.stats import Distribution
@@ -65,6 +64,7 @@ from harness.load.arrivals import (
     Segment,
     bypass_offset,
 )
+from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.pacer import Pacer
@@ -82,7 +82,6 @@ from harness.load.results import (
     WorkerShare,
     read_records,
     summarize,
-    target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
@@ -613,45 +612,6 @@ class LoadRun:
         return f"schedule ended{short}"
 
 
-IDENTITY_TIMEOUT_S = 5.0
-"""How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
-
-
-def _client(host: str, creds: Credentials, *, network_timeout: float, connection_timeout: float) -> Any:
-    """A one-off geventhttpclient client for ``host`` with the run's TLS policy."""
-    from geventhttpclient import HTTPClient
-    from geventhttpclient.url import URL
-
-    return HTTPClient.from_url(
-        URL(host),
-        network_timeout=network_timeout,
-        connection_timeout=connection_timeout,
-        insecure=creds.insecure,
-        ssl_context_factory=creds.ssl_context_factory(),
-    )
-
-
-def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
-    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
-    it does not answer (never raises: an identity is context, the run does not depend on it)."""
-    try:
-        client = _client(
-            host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
-        )
-        try:
-            resp = client.get("/v1/models", headers=creds.request_headers())
-            body = resp.read()
-        finally:
-            client.close()
-        if resp.status_code != 200:
-            return None
-        import orjson
-
-        return target_identity(orjson.loads(body))
-    except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
-        return None
-
-
 def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
     """The load a run offered, from its options (``summary.json``: ``recipe``)."""
     return Recipe(
@@ -677,30 +637,6 @@ def _corpus_file(p: Path) -> Path:
 
 def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:
     return "chat" if requests and requests[0].path.endswith("chat/completions") else "completions"
-
-
-def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
-    """``POST /cache/preload`` with the file's JSONL body (an admin call: ``creds.admin_headers()``);
-    the server's counts. Errors name the file and never show a secret."""
-    from harness.common.io import check_input_file
-
-    body = check_input_file(path).read_bytes()
-    headers = {**creds.admin_headers(), "Content-Type": "application/x-ndjson"}
-    try:
-        client = _client(host, creds, network_timeout=3600, connection_timeout=10)
-        resp = client.post("/cache/preload", body=body, headers=headers)
-        text = resp.read()
-        client.close()
-    except OSError as exc:
-        raise UnavailableError(creds.redact(f"cannot reach {host} for /cache/preload: {exc}")) from None
-    if resp.status_code != 200:
-        shown = creds.redact(text[:300].decode("utf-8", "replace"))
-        hint = "the admin routes need --admin-token" if resp.status_code in (401, 403) else None
-        raise InputError(f"/cache/preload answered {resp.status_code}: {shown}", file=path, hint=hint)
-    import orjson
-
-    data = orjson.loads(text)
-    return {k: int(data[k]) for k in ("lines", "stored", "generated", "failed") if k in data}
 
 
 # ---------------------------------------------------------------------------------------- process state
