@@ -36,16 +36,19 @@ from harness.common import headers as H
 from harness.common.auth import Credentials
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import check_input_file
-from harness.common.openai import SSE_DONE, HarnessUsage
+from harness.common.openai import HarnessUsage
 from harness.load.results import target_identity
-from harness.load.stream import StreamTiming, TokenCounting, Tokenize, parse_lines, timing
+from harness.load.stream import (
+    DATA,
+    DONE_LINE,
+    NOT_DONE,
+    StreamTiming,
+    TokenCounting,
+    Tokenize,
+    parse_lines,
+    timing,
+)
 
-DATA = b"data:"
-"""The prefix of an SSE data line: the only lines a stream's meaning is in."""
-DONE_LINE = SSE_DONE.rstrip()
-"""``data: [DONE]``, the end of an OpenAI stream (spelled once, in :mod:`harness.common.openai`)."""
-NOT_DONE = f"stream ended without {DONE_LINE[len(DATA) :].strip().decode()}"
-"""The error of a stream that stopped before ``[DONE]`` (cut off: not a complete answer)."""
 MAX_ERROR_BODY = 2048
 """Bytes of an error response read (the rest is not needed to say what went wrong)."""
 ERROR_TEXT = 300
