@@ -31,8 +31,11 @@ import numpy.typing as npt
 
 from harness.common.errors import InputError
 from harness.load.results import (
+    BYTES_FIELDS,
     RECORDS_FILE,
+    STREAM_LATENCY_FIELDS,
     SUMMARY_FILE,
+    TOKEN_FIELDS,
     RequestRecord,
     RunSummary,
     read_records,
@@ -48,16 +51,9 @@ FLOAT_COLUMNS: tuple[str, ...] = (
     "sent_s",
     "lateness_ms",
     "queue_wait_ms",
-    "ttft_ms",
-    "ttft_from_intended_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "e2e_from_intended_ms",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "prefill_kv_bytes",
-    "prefill_peak_bytes",
+    *STREAM_LATENCY_FIELDS,
+    *TOKEN_FIELDS,
+    *BYTES_FIELDS,
 )
 """Numeric record fields kept as float64 columns (NaN: the record has no value; byte counts stay
 exact below 2⁵³)."""

@@ -45,6 +45,7 @@ from harness.load.client import (
     read_sse,
     stream_headers,
 )
+from harness.load.results import request_ok
 from harness.server.launch import ServerProcess
 
 ADMIN_TIMEOUT_S = 120.0
@@ -154,7 +155,7 @@ class ProbeResult:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and 200 <= self.status < 300
+        return request_ok(self.status, self.error)
 
 
 def _probe_one(

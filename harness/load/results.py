@@ -61,8 +61,20 @@ LATENCY_FIELDS: tuple[str, ...] = (
 )
 """Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request;
 ``client_lateness_ms`` is the record's property of that name)."""
+STREAM_LATENCY_FIELDS: tuple[str, ...] = tuple(
+    f for f in LATENCY_FIELDS if f not in ("itl_ms", "lateness_ms", "client_lateness_ms")
+)
+"""The per-request latencies a response's stream gives (one number each, ``None`` when absent)."""
+TOKEN_FIELDS: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "cached_tokens")
 BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
 METRIC_FIELDS: tuple[str, ...] = LATENCY_FIELDS + BYTES_FIELDS
+
+
+def request_ok(status: int, error: str | None) -> bool:
+    """The one "request ok" rule: a 2xx answer and no error (a stream cut short or an in-stream error
+    is an error even after a 200)."""
+    return error is None and 200 <= status < 300
+
 
 CLIENT_BOUND_LATENESS_MS = 5.0
 """p99 of the client's own lateness above this adds a ``client jitter:`` warning. It no longer marks
@@ -129,7 +141,7 @@ class RequestRecord(_Strict):
 
     @property
     def ok(self) -> bool:
-        return self.error is None and 200 <= self.status < 300
+        return request_ok(self.status, self.error)
 
     @property
     def client_lateness_ms(self) -> float:
