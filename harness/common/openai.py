@@ -10,12 +10,12 @@ Response and chunk models are lenient (``extra="allow"``): the load stage parses
 servers too (vLLM, SGLang, OpenAI itself), which add fields of their own. ``usage.harness`` is our
 extension: per-request engine measurements (prefill time and memory, TTFT, TPOT, mean output entropy).
 
-The SSE helpers at the end frame and unframe OpenAI streams (``data: {...}\\n\\n`` … ``data: [DONE]``).
+The SSE helpers at the end frame OpenAI streams (``data: {...}\\n\\n`` … ``data: [DONE]``); the load
+stage's :mod:`harness.load.stream` unframes them (the one parser, tests included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import orjson
@@ -323,29 +323,3 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_event(obj: Any) -> bytes:
     """Frame one JSON object as an SSE ``data:`` event."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def iter_sse_data(lines: Iterable[str | bytes]) -> Iterator[str]:
-    """Yield the payload of each ``data:`` line (``[DONE]`` included); other SSE lines are skipped.
-
-    Takes lines without their newline, as ``httpx.Response.iter_lines()`` gives them.
-    """
-    for raw in lines:
-        line = raw.decode() if isinstance(raw, bytes) else raw
-        if line.startswith("data:"):
-            yield line[5:].strip()
-
-
-def parse_chunk(data: str | bytes) -> CompletionChunk | ChatCompletionChunk | None:
-    """Parse one SSE payload: a completions or chat chunk, or ``None`` for ``[DONE]``.
-
-    Raises ``ValueError`` (pydantic's ``ValidationError`` or orjson's ``JSONDecodeError``) on anything
-    else, including an in-stream ``{"error": …}`` event.
-    """
-    text = data.decode() if isinstance(data, bytes) else data
-    if text.strip() == "[DONE]":
-        return None
-    obj = orjson.loads(text)
-    if isinstance(obj, dict) and obj.get("object") == "chat.completion.chunk":
-        return ChatCompletionChunk.model_validate(obj)
-    return CompletionChunk.model_validate(obj)

@@ -272,10 +272,9 @@ class ProbeSamples:
     @classmethod
     def from_run(cls, rate: float, run_dir: Path, seconds: float | None = None) -> ProbeSamples:
         """Read a probe's run directory (``records.jsonl`` and, when there, ``summary.json``)."""
-        from harness.gates.runs import iter_records
-        from harness.load.results import SUMMARY_FILE, read_summary
+        from harness.load.results import SUMMARY_FILE, read_records, read_summary
 
-        records = list(iter_records(run_dir / RECORDS_FILE)) if (run_dir / RECORDS_FILE).exists() else []
+        records = list(read_records(run_dir / RECORDS_FILE)) if (run_dir / RECORDS_FILE).exists() else []
         columns = {
             col: np.asarray(
                 [np.nan if getattr(r, col) is None else float(getattr(r, col)) for r in records],

@@ -62,7 +62,7 @@ from harness.common.errors import (
     InputError,
     UnavailableError,
 )
-from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
+from harness.common.io import iter_jsonl, validation_input_error, write_json
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.gates.compare import Comparison
 from harness.gates.driver import (
@@ -582,10 +582,9 @@ class PairedRunner:
         return [prep.requests[distinct[i]] for i in picked]
 
     def _preload(self, target: Target, path: Path) -> None:
-        body = check_input_file(path).read_bytes()
         with self.ui.step(f"preloading {path.name}"):
             try:
-                answer = target.admin("POST", "/cache/preload", content=body, timeout_s=3600)
+                answer = target.preload(path)
             except NotExposed as exc:
                 self.record.preload = {"skipped": f"the target has no response cache to preload ({exc})"}
                 self.ui.say(f"[yellow]–[/] preload skipped: {escape(str(exc))}")

@@ -19,22 +19,28 @@ set (:attr:`ResultSet.problems`); a gate on a set with problems cannot pass.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
-from pydantic import ValidationError
 
 from harness.common.errors import InputError
-from harness.common.io import check_input_file, validation_input_error
-from harness.load.results import RECORDS_FILE, SUMMARY_FILE, RequestRecord, RunSummary, read_summary
+from harness.load.results import (
+    BYTES_FIELDS,
+    RECORDS_FILE,
+    STREAM_LATENCY_FIELDS,
+    SUMMARY_FILE,
+    TOKEN_FIELDS,
+    RequestRecord,
+    RunSummary,
+    read_records,
+    read_summary,
+)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -45,16 +51,9 @@ FLOAT_COLUMNS: tuple[str, ...] = (
     "sent_s",
     "lateness_ms",
     "queue_wait_ms",
-    "ttft_ms",
-    "ttft_from_intended_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "e2e_from_intended_ms",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "prefill_kv_bytes",
-    "prefill_peak_bytes",
+    *STREAM_LATENCY_FIELDS,
+    *TOKEN_FIELDS,
+    *BYTES_FIELDS,
 )
 """Numeric record fields kept as float64 columns (NaN: the record has no value; byte counts stay
 exact below 2⁵³)."""
@@ -245,37 +244,6 @@ class ResultSet:
         return not self.problems
 
 
-def _parse_record(line: bytes, lineno: int, path: Path) -> RequestRecord:
-    """One records.jsonl line; unlike :func:`~harness.common.io.iter_jsonl` it accepts the ``NaN`` and
-    ``Infinity`` literals Python's json module writes, so a NaN measurement reaches the gate (which
-    refuses to judge it) instead of stopping the read as malformed JSON."""
-    try:
-        obj: Any = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        try:
-            obj = json.loads(line)  # accepts NaN / Infinity / -Infinity
-        except ValueError:
-            raise InputError(
-                f"invalid JSON ({exc.msg}), expected a request record", file=path, line=lineno
-            ) from None
-    if not isinstance(obj, dict):
-        raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
-    try:
-        return RequestRecord.model_validate(obj)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
-
-
-def iter_records(path: Path) -> Iterator[RequestRecord]:
-    """The records of a ``records.jsonl`` (an empty file is a run with no requests, not an error)."""
-    p = check_input_file(path, allow_empty=True)
-    with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-            if line.strip():
-                yield _parse_record(line, lineno, p)
-
-
 def run_problems(summary: RunSummary | None, frame: RunFrame) -> list[str]:
     """Why a run cannot be judged, from its summary (fail closed: a missing summary is a problem)."""
     if summary is None:
@@ -328,7 +296,7 @@ def load_result_set(path: str | Path, label: str | None = None) -> ResultSet:
     summary = read_summary(summary_path) if summary_path.exists() else None
     problems: list[str] = []
     if records_path.exists():
-        frame = RunFrame.from_records(iter_records(records_path))
+        frame = RunFrame.from_records(read_records(records_path))
     else:
         frame = RunFrame.from_records([])
         problems.append(f"no {RECORDS_FILE}: nothing to measure")

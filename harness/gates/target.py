@@ -10,18 +10,20 @@ and the run says which levels it skipped rather than failing.
   Bloom guard (``POST /cache/flush?tier=all``) and the engine's KV prefix cache
   (``POST /reset_prefix_cache``, vLLM's endpoint);
 * :meth:`Target.probe`: send prepared requests of the run (the load stage's bytes,
-  :func:`harness.load.arrivals.prepare_requests`) and read what each reports about caching, parsed
-  by the load stage's own stream parser (:func:`harness.load.stream.parse_lines`).
+  :func:`harness.load.arrivals.prepare_requests`) and read what each reports about caching, through
+  the load stage's own client (:mod:`harness.load.client`: its headers, SSE read, TTFT rule and
+  usage), over ``httpx`` (this process never runs gevent);
+* :meth:`Target.preload`: the load stage's ``POST /cache/preload`` call, over ``httpx``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -32,7 +34,18 @@ from harness.common.errors import UnavailableError
 from harness.common.openai import RESET_PREFIX_CACHE_PATH
 from harness.common.registry import Registry
 from harness.load.arrivals import RequestSpec
-from harness.load.stream import parse_lines
+from harness.load.client import (
+    MAX_ERROR_BODY,
+    PRELOAD_PATH,
+    PRELOAD_TIMEOUT_S,
+    PreloadCall,
+    StreamBody,
+    http_error,
+    read_response,
+    read_sse,
+    stream_headers,
+)
+from harness.load.results import request_ok
 from harness.server.launch import ServerProcess
 
 ADMIN_TIMEOUT_S = 120.0
@@ -57,16 +70,24 @@ class Target:
     """Key, admin token, extra headers and TLS policy for every call to the target."""
 
     def admin(
-        self, method: str, path: str, *, content: bytes | None = None, timeout_s: float = ADMIN_TIMEOUT_S
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        timeout_s: float = ADMIN_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """Call an admin endpoint (or ``/v1/models``); its JSON (``{}`` for an empty body). Raises
         :class:`NotExposed` on 404 and :class:`UnavailableError` when the target cannot be reached,
-        refuses the credentials or fails. Messages never show a secret."""
+        refuses the credentials or fails. Messages never show a secret. ``headers`` replaces the
+        credentials' headers (a prepared call brings its own)."""
         creds = self.credentials
         full = self.url.rstrip("/") + path
-        headers = creds.request_headers() if path.startswith("/v1/") else creds.admin_headers()
-        if content is not None:
-            headers["Content-Type"] = "application/x-ndjson"
+        if headers is None:
+            headers = creds.request_headers() if path.startswith("/v1/") else creds.admin_headers()
+            if content is not None:
+                headers["Content-Type"] = "application/x-ndjson"
         try:
             resp = httpx.request(
                 method, full, content=content, headers=headers, timeout=timeout_s, verify=creds.httpx_verify()
@@ -87,6 +108,14 @@ class Target:
         except ValueError:
             return {"raw": resp.text[:300]}
 
+    def preload(self, path: Path) -> Any:
+        """``POST /cache/preload`` with the file (the load stage's call); the target's answer.
+        :class:`NotExposed` when the target has no response cache."""
+        call = PreloadCall.of(path, self.credentials)
+        return self.admin(
+            "POST", PRELOAD_PATH, content=call.body, timeout_s=PRELOAD_TIMEOUT_S, headers=call.headers
+        )
+
     def probe(
         self, requests: Sequence[RequestSpec], *, no_cache: bool = False, concurrency: int = 4
     ) -> list[ProbeResult]:
@@ -95,29 +124,19 @@ class Target:
         ``no_cache`` adds ``Cache-Control: no-cache``: a response cache in front of the engine then
         passes the request through (``BYPASS``), so ``cached_tokens`` shows the engine's own prefix
         cache rather than a response-cache hit (which reports every prompt token as cached).
+        ``concurrency`` requests are in flight at a time (threads: httpx's client is thread-safe).
         """
-        return asyncio.run(self._probe(requests, no_cache=no_cache, concurrency=concurrency))
-
-    async def _probe(
-        self, requests: Sequence[RequestSpec], *, no_cache: bool, concurrency: int
-    ) -> list[ProbeResult]:
-        sem = asyncio.Semaphore(concurrency)
         creds = self.credentials
         extra = creds.request_headers()
-        async with httpx.AsyncClient(
-            base_url=self.url,
-            timeout=PROBE_TIMEOUT_S,
-            verify=creds.httpx_verify(),
-        ) as client:
-
-            async def one(spec: RequestSpec) -> ProbeResult:
-                async with sem:
-                    result = await _probe_one(client, spec, no_cache=no_cache, extra=extra)
-                if result.error is not None and creds.secrets():
-                    result = dataclasses.replace(result, error=creds.redact(result.error))
-                return result
-
-            return list(await asyncio.gather(*(one(s) for s in requests)))
+        with (
+            httpx.Client(base_url=self.url, timeout=PROBE_TIMEOUT_S, verify=creds.httpx_verify()) as client,
+            ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="probe") as pool,
+        ):
+            return list(
+                pool.map(
+                    lambda spec: _probe_one(client, spec, creds, no_cache=no_cache, extra=extra), requests
+                )
+            )
 
 
 @dataclass(frozen=True)
@@ -136,48 +155,35 @@ class ProbeResult:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and 200 <= self.status < 300
+        return request_ok(self.status, self.error)
 
 
-async def _probe_one(
-    client: httpx.AsyncClient, spec: RequestSpec, *, no_cache: bool, extra: dict[str, str]
+def _probe_one(
+    client: httpx.Client, spec: RequestSpec, creds: Credentials, *, no_cache: bool, extra: dict[str, str]
 ) -> ProbeResult:
-    hdrs = {
-        "Content-Type": "application/json",
-        "Accept": "text/event-stream",
-        H.STAGE: PROBE_STAGE,
-        H.TENANT: spec.tenant,
-    }
-    if no_cache:
-        hdrs["Cache-Control"] = "no-cache"
-    hdrs.update(extra)  # --api-key, --header: last, as the load stage's user adds them
-    lines: list[tuple[float, bytes]] = []
+    hdrs = stream_headers(stage=PROBE_STAGE, tenant=spec.tenant, extra=extra, bypass=no_cache)
+    body = StreamBody()
     clock = time.perf_counter
     sent = clock()
     try:
-        async with client.stream("POST", spec.path, content=spec.body, headers=hdrs) as resp:
+        with client.stream("POST", spec.path, content=spec.body, headers=hdrs) as resp:
             cache = resp.headers.get(H.CACHE_STATUS)
             if resp.status_code != 200:
-                body = await resp.aread()
-                return ProbeResult(spec.id, resp.status_code, cache, None, None, None,
-                                   f"HTTP {resp.status_code}: {body[:200]!r}")  # fmt: skip
-            async for line in resp.aiter_lines():
-                lines.append((clock(), line.encode()))
+                error = http_error(resp.status_code, resp.read()[:MAX_ERROR_BODY], creds)
+                return ProbeResult(spec.id, resp.status_code, cache, None, None, None, error)
+            read_sse((line.encode() for line in resp.iter_lines()), body, clock)
     except httpx.HTTPError as exc:
-        return ProbeResult(spec.id, 0, None, None, None, None, f"{type(exc).__name__}: {exc}")
-    parsed = parse_lines(lines)
-    usage = parsed.usage or {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    first = next((c.t for c in parsed.chunks if c.text), None)
+        return ProbeResult(spec.id, 0, None, None, None, None, creds.redact(f"{type(exc).__name__}: {exc}"))
+    out = read_response(body.lines, "auto")
+    first = out.timing.first_token_t if out.timing is not None else None
     return ProbeResult(
         id=spec.id,
         status=200,
         cache=cache,
-        cached_tokens=cached if isinstance(cached, int) else None,
-        prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        cached_tokens=out.usage.cached_tokens,
+        prompt_tokens=out.usage.prompt_tokens,
         ttft_ms=(first - sent) * 1000.0 if first is not None else None,
-        error=f"in-stream error: {parsed.error}" if parsed.error else None,
+        error=creds.redact(out.error) if out.error else None,
     )
 
 

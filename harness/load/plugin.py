@@ -57,14 +57,14 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from harness.common.auth import Credentials
-from harness.common.errors import ExitCode, HarnessError, InputError, UnavailableError
+from harness.common.errors import ExitCode, HarnessError
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
     Segment,
     bypass_offset,
 )
+from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
 from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
@@ -89,7 +89,6 @@ from harness.load.results import (
     RecordWriter,
     RunSummary,
     read_records,
-    target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
@@ -435,69 +434,6 @@ class LoadRun:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
-
-
-IDENTITY_TIMEOUT_S = 5.0
-"""How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
-
-
-def _client(host: str, creds: Credentials, *, network_timeout: float, connection_timeout: float) -> Any:
-    """A one-off geventhttpclient client for ``host`` with the run's TLS policy."""
-    from geventhttpclient import HTTPClient
-    from geventhttpclient.url import URL
-
-    return HTTPClient.from_url(
-        URL(host),
-        network_timeout=network_timeout,
-        connection_timeout=connection_timeout,
-        insecure=creds.insecure,
-        ssl_context_factory=creds.ssl_context_factory(),
-    )
-
-
-def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
-    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
-    it does not answer (never raises: an identity is context, the run does not depend on it)."""
-    try:
-        client = _client(
-            host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
-        )
-        try:
-            resp = client.get("/v1/models", headers=creds.request_headers())
-            body = resp.read()
-        finally:
-            client.close()
-        if resp.status_code != 200:
-            return None
-        import orjson
-
-        return target_identity(orjson.loads(body))
-    except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
-        return None
-
-
-def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
-    """``POST /cache/preload`` with the file's JSONL body (an admin call: ``creds.admin_headers()``);
-    the server's counts. Errors name the file and never show a secret."""
-    from harness.common.io import check_input_file
-
-    body = check_input_file(path).read_bytes()
-    headers = {**creds.admin_headers(), "Content-Type": "application/x-ndjson"}
-    try:
-        client = _client(host, creds, network_timeout=3600, connection_timeout=10)
-        resp = client.post("/cache/preload", body=body, headers=headers)
-        text = resp.read()
-        client.close()
-    except OSError as exc:
-        raise UnavailableError(creds.redact(f"cannot reach {host} for /cache/preload: {exc}")) from None
-    if resp.status_code != 200:
-        shown = creds.redact(text[:300].decode("utf-8", "replace"))
-        hint = "the admin routes need --admin-token" if resp.status_code in (401, 403) else None
-        raise InputError(f"/cache/preload answered {resp.status_code}: {shown}", file=path, hint=hint)
-    import orjson
-
-    data = orjson.loads(text)
-    return {k: int(data[k]) for k in ("lines", "stored", "generated", "failed") if k in data}
 
 
 # ---------------------------------------------------------------------------------------- process state

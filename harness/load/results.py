@@ -28,6 +28,7 @@ Every percentile here is the project's one definition, :mod:`harness.common.stat
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from collections import Counter
@@ -36,12 +37,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
-from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
+from harness.common.io import check_input_file, validation_input_error, write_json
 from harness.common.stats import Distribution, percentile
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -60,8 +61,20 @@ LATENCY_FIELDS: tuple[str, ...] = (
 )
 """Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request;
 ``client_lateness_ms`` is the record's property of that name)."""
+STREAM_LATENCY_FIELDS: tuple[str, ...] = tuple(
+    f for f in LATENCY_FIELDS if f not in ("itl_ms", "lateness_ms", "client_lateness_ms")
+)
+"""The per-request latencies a response's stream gives (one number each, ``None`` when absent)."""
+TOKEN_FIELDS: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "cached_tokens")
 BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
 METRIC_FIELDS: tuple[str, ...] = LATENCY_FIELDS + BYTES_FIELDS
+
+
+def request_ok(status: int, error: str | None) -> bool:
+    """The one "request ok" rule: a 2xx answer and no error (a stream cut short or an in-stream error
+    is an error even after a 200)."""
+    return error is None and 200 <= status < 300
+
 
 CLIENT_BOUND_LATENESS_MS = 5.0
 """p99 of the client's own lateness above this adds a ``client jitter:`` warning. It no longer marks
@@ -128,7 +141,7 @@ class RequestRecord(_Strict):
 
     @property
     def ok(self) -> bool:
-        return self.error is None and 200 <= self.status < 300
+        return request_ok(self.status, self.error)
 
     @property
     def client_lateness_ms(self) -> float:
@@ -511,19 +524,49 @@ def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
     return rows
 
 
+def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
+    """One ``records.jsonl`` line as a validated record.
+
+    The NaN rule: the ``NaN`` / ``Infinity`` literals (which Python's json module writes, and so may
+    a converter from another tool) are read as the non-finite floats they stand for. A measurement
+    that is not a number is a broken measurement: the gates see it and refuse to judge the metric it
+    is in, naming it (:attr:`harness.gates.runs.RunFrame.nonfinite`). Rejecting the line would make
+    the whole run unreadable for one sample; reading it as "absent" would let a percentile silently
+    drop it. (Our writer never produces one: orjson writes no NaN literal.)"""
+    try:
+        obj: Any = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:
+            obj = json.loads(line)  # accepts NaN / Infinity / -Infinity
+        except ValueError:
+            raise InputError(
+                f"invalid JSON ({exc.msg}), expected a request record", file=path, line=lineno
+            ) from None
+    if not isinstance(obj, dict):
+        raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
+    try:
+        return RequestRecord.model_validate(obj)
+    except ValidationError as exc:
+        raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
+
+
 def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
-    """Stream the validated records of a run directory (or a ``records.jsonl`` path)."""
+    """Stream the validated records of a run directory (or a ``records.jsonl`` path): the one reader
+    of ``records.jsonl``. An empty file is a run with no requests, not an error; the NaN rule is
+    :func:`_record`'s."""
     p = Path(run_dir)
     if p.is_dir():
         p = p / RECORDS_FILE
-    for _, record in iter_jsonl(p, RequestRecord, expected="a request record"):
-        yield record
+    p = check_input_file(p, allow_empty=True)
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+            if line.strip():
+                yield _record(line, lineno, p)
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:
     """The validated ``summary.json`` of a run directory (or the file itself)."""
-    from pydantic import ValidationError
-
     p = Path(run_dir)
     if p.is_dir():
         p = p / SUMMARY_FILE

@@ -40,12 +40,30 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from harness.common.openai import SSE_DONE
 from harness.common.registry import Registry
 
 TokenCounting = Literal["auto", "usage", "logprobs", "tokenizer", "final-usage", "chunks"]
 TOKEN_COUNTINGS: tuple[TokenCounting, ...] = get_args(TokenCounting)
 APPROXIMATE_MODES = frozenset({"final-usage", "chunks"})
 """Modes whose per-token gaps are estimates (the summary warns when any request used one)."""
+
+
+DATA = b"data:"
+"""The prefix of an SSE data line: the only lines a stream's meaning is in."""
+DONE_LINE = SSE_DONE.rstrip()
+"""``data: [DONE]``, the end of an OpenAI stream (spelled once, in :mod:`harness.common.openai`)."""
+DONE_PAYLOAD = DONE_LINE[len(DATA) :].strip()
+NOT_DONE = f"stream ended without {DONE_PAYLOAD.decode()}"
+"""The error of a stream that stopped before ``[DONE]`` (cut off: not a complete answer)."""
+
+
+def sse_payload(raw: bytes) -> bytes | None:
+    """The payload of one SSE line when it is a ``data:`` line (``[DONE]`` included), else ``None``;
+    the line may keep its newline. The one unframing rule of the project (the server frames with
+    :func:`harness.common.openai.sse_event`)."""
+    line = raw.strip()
+    return line[5:].strip() if line.startswith(DATA) else None
 
 
 @dataclass(slots=True)
@@ -102,11 +120,10 @@ def parse_lines(lines: Sequence[tuple[float, bytes]]) -> ParsedStream:
     """Parse ``(arrival time, raw line)`` pairs of an OpenAI SSE body (``data:`` lines; others skipped)."""
     out = ParsedStream()
     for t, raw in lines:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
+        payload = sse_payload(raw)
+        if payload is None:
             continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
+        if payload == DONE_PAYLOAD:
             out.done = True
             continue
         try:

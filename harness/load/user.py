@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import gevent
@@ -39,10 +40,14 @@ from locust import FastHttpUser, constant, task
 from harness.common import headers as H
 from harness.load import plugin
 from harness.load.arrivals import Arrival, bypasses
-from harness.load.stream import parse_lines, timing
-
-MAX_ERROR_BODY = 2048
-DONE = b"data: [DONE]"
+from harness.load.client import (
+    MAX_ERROR_BODY,
+    StreamBody,
+    http_error,
+    read_response,
+    read_sse,
+    stream_headers,
+)
 
 
 @dataclass(slots=True)
@@ -55,8 +60,7 @@ class _Request:
     """Wall time at send (Locust's ``start_time``)."""
     sent: float
     """perf_counter at send."""
-    lines: list[tuple[float, bytes]] = field(default_factory=list)
-    nbytes: int = 0
+    body: StreamBody = field(default_factory=StreamBody)
 
 
 class ReplayUser(FastHttpUser):
@@ -114,21 +118,12 @@ class ReplayUser(FastHttpUser):
         ``None`` when there is no pacer to say."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
-        hdrs = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream",
-            "Accept-Encoding": "identity",  # compressed SSE cannot be read line by line
-            H.STAGE: stage,
-            H.WARMUP_ID: run.warmup_id,
-            H.TENANT: spec.tenant,
-            **run.request_headers,  # --api-key, --header: after ours, so that a user's header wins
-        }
         trace_id = a.trace_id or spec.trace_id
-        if trace_id:
-            hdrs[H.TRACE_ID] = trace_id
         bypass = bypasses(a.seq, run.opts.bypass_fraction, run.bypass_offset)
-        if bypass:
-            hdrs["Cache-Control"] = "no-cache"
+        hdrs = stream_headers(
+            stage=stage, tenant=spec.tenant, extra=run.request_headers, warmup_id=run.warmup_id,
+            trace_id=trace_id, bypass=bypass,
+        )  # fmt: skip
         assert run.tracing is not None
         span = run.tracing.start(
             f"POST {spec.path}",
@@ -166,7 +161,6 @@ class ReplayUser(FastHttpUser):
         row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)
         if queue_wait_s is not None:  # never more than the lateness it is part of
             row["queue_wait_ms"] = min(row["lateness_ms"], queue_wait_s * 1000.0)
-        lines = req.lines
         resp: Any = None
         try:
             resp = self._http.request("POST", spec.path, body=spec.body, headers=hdrs)
@@ -174,21 +168,10 @@ class ReplayUser(FastHttpUser):
             row["status"] = status
             row["cache"] = resp.get(H.CACHE_STATUS)
             if status == 200:
-                readline = resp.readline
-                while True:
-                    line = readline(b"\n")  # returns as soon as a whole line is in
-                    t = clock()
-                    if not line:
-                        break
-                    req.nbytes += len(line)
-                    if line[:5] == b"data:":
-                        lines.append((t, line))
-                        if line.startswith(DONE):
-                            break
+                # readline returns as soon as a whole line is in
+                read_sse(iter(partial(resp.readline, b"\n"), b""), req.body, clock)
             else:
-                body = resp.read(MAX_ERROR_BODY)
-                text = run.credentials.redact(body.decode("utf-8", "replace"))  # a server may echo
-                row["error"] = f"HTTP {status}: {text[:300]}"
+                row["error"] = http_error(status, resp.read(MAX_ERROR_BODY), run.credentials)
         except GreenletExit:
             row["error"] = "interrupted: the run stopped while this request was in flight"
             self._finish(run, row, req, clock())
@@ -205,37 +188,30 @@ class ReplayUser(FastHttpUser):
         intended_abs = run.epoch + row["intended_s"]
         sent = req.sent
         mode_used: str | None = None
-        if req.lines:
-            parsed = parse_lines(req.lines)
-            if parsed.error and row["error"] is None:
-                row["error"] = f"in-stream error: {parsed.error}"
-            usage = parsed.usage or {}
-            row["prompt_tokens"] = usage.get("prompt_tokens")
-            details = usage.get("prompt_tokens_details") or {}
-            row["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
-            hx = usage.get("harness") or {}
-            if isinstance(hx, dict) and hx:
-                row["prefill_kv_bytes"] = hx.get("prefill_kv_bytes")
-                row["prefill_peak_bytes"] = hx.get("prefill_peak_bytes")
-                row["peak_measured"] = hx.get("peak_measured")
-                entropy = hx.get("mean_entropy")
-                row["mean_entropy"] = entropy if isinstance(entropy, int | float) else None
-            try:
-                tm = timing(parsed, run.opts.token_counting, run.tokenize)
-            except ValueError as exc:
-                row["error"] = row["error"] or str(exc)
-            else:
+        lines = req.body.lines
+        if lines:
+            out = read_response(lines, run.opts.token_counting, run.tokenize)
+            row["error"] = row["error"] or out.error
+            usage = out.usage
+            row["prompt_tokens"] = usage.prompt_tokens
+            row["cached_tokens"] = usage.cached_tokens
+            hx = usage.harness
+            if hx is not None:
+                row["prefill_kv_bytes"] = hx.prefill_kv_bytes
+                row["prefill_peak_bytes"] = hx.prefill_peak_bytes
+                row["peak_measured"] = hx.peak_measured
+                row["mean_entropy"] = hx.mean_entropy
+            tm = out.timing
+            if tm is not None:
                 mode_used = tm.mode
                 if tm.first_token_t is not None:
                     row["ttft_ms"] = (tm.first_token_t - sent) * 1000.0
                     row["ttft_from_intended_ms"] = (tm.first_token_t - intended_abs) * 1000.0
                 row["itl_ms"] = tm.itl_ms
                 row["tpot_ms"] = tm.tpot_ms
-                row["completion_tokens"] = tm.completion_tokens if tm.mode else usage.get("completion_tokens")
-            if row["error"] is None and not parsed.done:
-                row["error"] = "stream ended without [DONE]"
+                row["completion_tokens"] = tm.completion_tokens if tm.mode else usage.completion_tokens
         row["token_counting"] = mode_used
-        if row["error"] is None or req.lines:
+        if row["error"] is None or lines:
             row["e2e_ms"] = (end - sent) * 1000.0
             row["e2e_from_intended_ms"] = (end - intended_abs) * 1000.0
         run.record(row)
@@ -262,6 +238,6 @@ class ReplayUser(FastHttpUser):
         err = row["error"]
         self.environment.events.request.fire(
             request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
-            response_length=req.nbytes, exception=RuntimeError(err) if err is not None else None,
+            response_length=req.body.nbytes, exception=RuntimeError(err) if err is not None else None,
             context={}, response=None, start_time=req.start_time, url=(self.host or "") + req.path,
         )  # fmt: skip

@@ -115,3 +115,29 @@ def test_bypass_and_mean_entropy_default_for_older_records_and_other_targets() -
     r = RequestRecord.model_validate(old)
     assert r.bypass is False and r.mean_entropy is None
     assert record(1, bypass=True, mean_entropy=2.5).mean_entropy == 2.5
+
+
+def test_the_one_reader_keeps_a_nan_literal_as_a_broken_sample_and_reads_an_empty_file(
+    tmp_path: Path,
+) -> None:
+    """One NaN rule for every reader of records.jsonl (the gates and the load stage alike): the literal
+    Python's json writes is read as NaN, so the gates can refuse the metric it is in; a line that is
+    not JSON at all still stops the read, naming the line."""
+    import json
+    import math
+
+    from harness.gates.runs import load_result_set
+
+    rows = [record(i).model_dump(mode="json") for i in range(3)]
+    rows[1]["tpot_ms"] = math.nan
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = list(read_records(tmp_path))
+    assert len(got) == 3 and math.isnan(got[1].tpot_ms or 0.0) and got[0].tpot_ms == rows[0]["tpot_ms"]
+    frame = load_result_set(tmp_path).frame  # the gates read through the same reader
+    assert frame.bad("tpot_ms").tolist() == [False, True, False]
+    (tmp_path / "records.jsonl").write_text(json.dumps(rows[0]) + "\n{nope\n")
+    with pytest.raises(InputError) as err:
+        list(read_records(tmp_path))
+    assert err.value.line == 2
+    (tmp_path / "records.jsonl").write_bytes(b"")
+    assert list(read_records(tmp_path)) == []

@@ -17,10 +17,9 @@ from harness.common.openai import (
     CompletionChunk,
     CompletionResponse,
     ErrorResponse,
-    iter_sse_data,
-    parse_chunk,
 )
 from tests.server.conftest import ServerProc, harness_server
+from tests.server.sse import sse_payloads, typed_chunk
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +61,9 @@ def test_streamed_hit_replays_the_cached_text(server):
     body = {"temperature": 0, **prompt, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         assert r.headers["x-cache"].startswith("HIT-")
-        payloads = list(iter_sse_data(r.iter_lines()))
+        payloads = list(sse_payloads(r.iter_lines()))
     assert payloads[-1] == "[DONE]"
-    chunks = [parse_chunk(p) for p in payloads[:-1]]
+    chunks = [typed_chunk(p) for p in payloads[:-1]]
     assert all(isinstance(c, CompletionChunk) for c in chunks)
     texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
     assert "".join(texts) == cached_text

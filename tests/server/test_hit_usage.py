@@ -11,10 +11,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from harness.common.openai import ChatCompletionResponse, CompletionResponse, iter_sse_data, parse_chunk
+from harness.common.openai import ChatCompletionResponse, CompletionResponse
 from harness.engine.tokenizer import preset_tokenizer
 from harness.server.protocol import prepare, prompt_fingerprint, tokenize_prepared
 from tests.server.conftest import ServerProc, harness_server
+from tests.server.sse import sse_payloads, typed_chunk
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,9 @@ def test_chat_hit_usage_streamed_and_not(server, tok):
         "POST", server.url + "/v1/chat/completions", json={"max_tokens": 5, "temperature": 0} | stream
     ) as r:
         assert r.headers["x-cache"] == "HIT-L1"
-        chunks = [c for c in (parse_chunk(d) for d in iter_sse_data(r.iter_lines())) if c is not None]
+        payloads = sse_payloads(r.iter_lines())
+    assert payloads[-1] == "[DONE]"
+    chunks = [typed_chunk(d) for d in payloads[:-1]]
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None and last.usage.prompt_tokens == expected
 

@@ -28,12 +28,11 @@ from harness.common.openai import (
     CompletionResponse,
     ErrorResponse,
     ModelList,
-    iter_sse_data,
-    parse_chunk,
 )
 from harness.engine.loader import PRESETS
 from harness.engine.tokenizer import preset_tokenizer
 from tests.server.conftest import ServerProc, harness_server
+from tests.server.sse import sse_payloads, typed_chunk
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +94,8 @@ def wait_idle(url: str, timeout: float = 120.0) -> None:
     raise AssertionError("engine did not return to idle (running/waiting/KV blocks used)")
 
 
-def sse_payloads(resp: httpx.Response) -> list[str]:
-    return list(iter_sse_data(resp.iter_lines()))
+def stream_payloads(resp: httpx.Response) -> list[str]:
+    return sse_payloads(resp.iter_lines())
 
 
 # -------------------------------------------------------------------------------------- happy paths
@@ -138,9 +137,9 @@ def test_openai_python_style_stream_matches_non_stream(server, tok):
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=stream_body, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        payloads = sse_payloads(r)
+        payloads = stream_payloads(r)
     assert payloads[-1] == "[DONE]"
-    chunks = [parse_chunk(p) for p in payloads[:-1]]
+    chunks = [typed_chunk(p) for p in payloads[:-1]]
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
     assert len({c.id for c in chunks}) == 1
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -184,7 +183,7 @@ def test_completions_non_stream_shape_and_usage(server, tok):
 def test_stream_without_include_usage_has_no_usage(server):
     body = {"prompt": "hello there", "max_tokens": 4, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-        payloads = sse_payloads(r)
+        payloads = stream_payloads(r)
     assert payloads[-1] == "[DONE]"
     chunks = [orjson.loads(p) for p in payloads[:-1]]
     assert all("usage" not in c or c["usage"] is None for c in chunks)

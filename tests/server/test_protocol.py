@@ -18,14 +18,13 @@ from harness.common.openai import (
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
-    iter_sse_data,
-    parse_chunk,
     sse_event,
 )
 from harness.engine.api import RequestMetrics, TokenEvent, TopLogprob
 from harness.engine.tokenizer import preset_tokenizer
 from harness.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
 from harness.server.protocol import TokenLog, formatter, prepare, replay_progress, split_tokens, usage_dict
+from tests.server.sse import sse_payloads, typed_chunk
 
 
 @pytest.fixture(scope="module")
@@ -316,10 +315,9 @@ def test_sse_framing_roundtrip():
     obj = {"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": []}
     framed = sse_event(obj) + b"data: [DONE]\n\n"
     lines = framed.decode().split("\n")
-    payloads = list(iter_sse_data(lines))
+    payloads = list(sse_payloads(lines))
     assert payloads == [json.dumps(obj, separators=(",", ":")), "[DONE]"]
-    assert parse_chunk(payloads[0]) is not None
-    assert parse_chunk(payloads[1]) is None
+    assert typed_chunk(payloads[0]).id == "x"  # the load stage's parser unframes what the server frames
 
 
 def test_retry_after_is_whole_seconds():
@@ -377,7 +375,7 @@ def test_top_logprobs_shapes_chat():
 def test_continuous_usage_on_every_chunk(endpoint):
     fmt = formatter(endpoint, "abc", 1, "m", include_usage=True, continuous_usage=True)
     chunks = [*fmt.start_chunks("echo", (5, 0)), fmt.delta("a", None, (5, 1)), fmt.finish("stop", (5, 2))]
-    parsed = [parse_chunk(json.dumps(c)) for c in chunks]
+    parsed = [typed_chunk(json.dumps(c)) for c in chunks]
     got = [(c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens) for c in parsed]
     assert got == [(5, 0, 5), (5, 1, 6), (5, 2, 7)]
     plain = formatter(endpoint, "abc", 1, "m", include_usage=True)

@@ -20,13 +20,12 @@ from harness.common.openai import (
     ChatCompletionResponse,
     CompletionChunk,
     CompletionResponse,
-    iter_sse_data,
-    parse_chunk,
 )
 from harness.engine.factory import create_core
 from harness.engine.settings import EngineSettings
 from harness.engine.tokenizer import preset_tokenizer
 from tests.server.conftest import ServerProc, harness_server
+from tests.server.sse import sse_payloads, typed_chunk
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +75,10 @@ def stream(
         timeout=60,
     ) as r:
         assert r.status_code == 200, r.read()
-        payloads = list(iter_sse_data(r.iter_lines()))
+        payloads = list(sse_payloads(r.iter_lines()))
         headers_out = r.headers
     assert payloads[-1] == "[DONE]"
-    return headers_out, [parse_chunk(p) for p in payloads[:-1]]
+    return headers_out, [typed_chunk(p) for p in payloads[:-1]]
 
 
 def chat_body(content: str, **kw: Any) -> dict[str, Any]:

@@ -1,0 +1,288 @@
+"""The load path's one OpenAI client: request headers, the SSE read, the one TTFT rule, typed usage,
+and the admin calls a run makes (``GET /v1/models``, ``POST /cache/preload``).
+
+Three callers send requests to a target: the Locust replay user (:mod:`harness.load.user`), the warm
+check's probes (:meth:`harness.gates.target.Target.probe`) and ``harness run``'s preload
+(:mod:`harness.gates.paired`). They share everything here and differ only in the socket read: inside
+Locust the transport is the user's pooled ``geventhttpclient`` client (gevent, monkey-patched); in
+the ``harness run`` process it is ``httpx``, because gevent must never run there. So this module
+imports neither gevent nor Locust at module level; the gevent-side helpers import
+``geventhttpclient`` when called.
+
+**The SSE read** (:func:`read_sse`) keeps each ``data:`` line with its ``perf_counter`` arrival time
+and stops at ``data: [DONE]``; parsing waits until the stream ended (:mod:`harness.load.stream`),
+so work done on one line never delays the timestamp of the next.
+
+**TTFT** is measured from the request being written to the arrival of the first chunk that carries
+text (:attr:`harness.load.stream.StreamTiming.first_token_t`); a role-only or usage-only chunk before
+it is not a token. The load user and the probes both read it from :func:`read_response`.
+
+**Usage** is read once per response into :class:`StreamUsage` (our server's ``usage.harness`` as
+:class:`~harness.common.openai.HarnessUsage`); consumers never look into the raw ``usage`` dict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from harness.common import headers as H
+from harness.common.auth import Credentials
+from harness.common.errors import InputError, UnavailableError
+from harness.common.io import check_input_file
+from harness.common.openai import HarnessUsage
+from harness.load.results import target_identity
+from harness.load.stream import (
+    DATA,
+    DONE_LINE,
+    NOT_DONE,
+    StreamTiming,
+    TokenCounting,
+    Tokenize,
+    parse_lines,
+    timing,
+)
+
+MAX_ERROR_BODY = 2048
+"""Bytes of an error response read (the rest is not needed to say what went wrong)."""
+ERROR_TEXT = 300
+"""Characters of an error response kept in a record or a probe's error."""
+IDENTITY_TIMEOUT_S = 5.0
+"""How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
+PRELOAD_PATH = "/cache/preload"
+PRELOAD_TIMEOUT_S = 3600.0
+"""A preload stores (and may generate) every line before it answers: minutes for a large file."""
+PRELOAD_COUNTS = ("lines", "stored", "generated", "failed")
+
+
+# ------------------------------------------------------------------------------------------ headers
+
+
+def stream_headers(
+    *,
+    stage: str,
+    tenant: str,
+    extra: dict[str, str],
+    warmup_id: str | None = None,
+    trace_id: str | None = None,
+    bypass: bool = False,
+) -> dict[str, str]:
+    """The headers of one streamed generation request.
+
+    ``extra`` (:meth:`Credentials.request_headers`: ``--api-key``, ``--header``) goes last, so that a
+    user's header wins. ``bypass`` asks a response cache to pass the request through
+    (``Cache-Control: no-cache``). Trace context (``traceparent``) is added by
+    :mod:`harness.load.tracing`, which owns the span."""
+    hdrs = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream",
+        "Accept-Encoding": "identity",  # compressed SSE cannot be read line by line
+        H.STAGE: stage,
+        H.TENANT: tenant,
+    }
+    if warmup_id is not None:
+        hdrs[H.WARMUP_ID] = warmup_id
+    if trace_id:
+        hdrs[H.TRACE_ID] = trace_id
+    if bypass:
+        hdrs["Cache-Control"] = "no-cache"
+    hdrs.update(extra)
+    return hdrs
+
+
+def http_error(status: int, body: bytes, creds: Credentials) -> str:
+    """What a non-200 answer says, for a record or a probe (a server may echo a secret: redacted)."""
+    text = creds.redact(body[:MAX_ERROR_BODY].decode("utf-8", "replace"))
+    return f"HTTP {status}: {text[:ERROR_TEXT]}"
+
+
+# ---------------------------------------------------------------------------------------- SSE read
+
+
+@dataclass(slots=True)
+class StreamBody:
+    """What :func:`read_sse` kept of one response body: its ``data:`` lines with arrival times."""
+
+    lines: list[tuple[float, bytes]] = field(default_factory=list)
+    nbytes: int = 0
+    """Bytes read (every line, data or not)."""
+
+
+def read_sse(
+    source: Iterable[bytes], into: StreamBody, clock: Callable[[], float] = time.perf_counter
+) -> None:
+    """Read an SSE body line by line as it arrives into ``into``, up to ``data: [DONE]``.
+
+    ``source`` yields each line as soon as it is whole (with or without its newline): gevent's
+    ``iter(partial(resp.readline, b"\\n"), b"")`` or httpx's ``iter_lines``. Each line is stamped
+    the moment it is handed over; nothing else is done with it here. ``into`` is filled in place, so
+    a read cut short (the run stopped, the connection reset) keeps what arrived."""
+    lines = into.lines
+    for line in source:
+        t = clock()
+        into.nbytes += len(line)
+        if line[:5] == DATA:
+            lines.append((t, line))
+            if line.startswith(DONE_LINE):
+                return
+
+
+# ------------------------------------------------------------------------------------------- usage
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(slots=True, frozen=True)
+class StreamUsage:
+    """The ``usage`` a response reported (the last one of its stream), typed once.
+
+    Servers differ (vLLM, SGLang, OpenAI, ours): every count is ``None`` when it was not reported
+    or not an integer, and ``harness`` is ``None`` unless the server sent a valid ``usage.harness``."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """``prompt_tokens_details.cached_tokens``: prompt tokens the target's prefix cache held."""
+    harness: HarnessUsage | None = None
+
+    @classmethod
+    def of(cls, usage: dict[str, Any] | None) -> StreamUsage:
+        if not usage:
+            return cls()
+        details = usage.get("prompt_tokens_details")
+        raw = usage.get("harness")
+        hx: HarnessUsage | None = None
+        if isinstance(raw, dict) and raw:
+            try:
+                hx = HarnessUsage.model_validate(raw)
+            except ValidationError:  # another server's "harness" key, or a broken one: not ours to trust
+                hx = None
+        return cls(
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            completion_tokens=_int(usage.get("completion_tokens")),
+            cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
+            harness=hx,
+        )
+
+
+@dataclass(slots=True)
+class StreamOutcome:
+    """One response body, read: what went wrong in it, its usage and its token timings."""
+
+    error: str | None
+    """An in-stream error, a token counting mode the stream does not support, or :data:`NOT_DONE`."""
+    usage: StreamUsage
+    timing: StreamTiming | None
+    """``None`` when the forced token counting mode does not apply (``error`` says so)."""
+
+
+def read_response(
+    lines: Sequence[tuple[float, bytes]], counting: TokenCounting, tokenize: Tokenize | None = None
+) -> StreamOutcome:
+    """Parse the kept lines of one stream and time its tokens (after the stream ended)."""
+    parsed = parse_lines(lines)
+    error = f"in-stream error: {parsed.error}" if parsed.error else None
+    tm: StreamTiming | None
+    try:
+        tm = timing(parsed, counting, tokenize)
+    except ValueError as exc:
+        error = error or str(exc)
+        tm = None
+    if error is None and not parsed.done:
+        error = NOT_DONE
+    return StreamOutcome(error=error, usage=StreamUsage.of(parsed.usage), timing=tm)
+
+
+# ------------------------------------------------------------------------------------ admin calls
+
+
+@dataclass(frozen=True)
+class PreloadCall:
+    """``POST /cache/preload`` of a file (an admin call): what both transports send.
+
+    The gevent side (``--preload`` of a load run) reads the answer with :meth:`answer`; ``harness
+    run`` sends it through :meth:`harness.gates.target.Target.admin`, whose errors say which cache
+    level a target does not expose (a 404 there skips the preload rather than failing the run)."""
+
+    file: Path
+    body: bytes
+    headers: dict[str, str]
+
+    @classmethod
+    def of(cls, path: Path, creds: Credentials) -> PreloadCall:
+        body = check_input_file(path).read_bytes()
+        return cls(path, body, {**creds.admin_headers(), "Content-Type": "application/x-ndjson"})
+
+    def answer(self, status: int, body: bytes, creds: Credentials) -> dict[str, Any]:
+        """The server's JSON answer; an :class:`InputError` naming the file for any other status
+        (never showing a secret)."""
+        if status != 200:
+            shown = creds.redact(body[:ERROR_TEXT].decode("utf-8", "replace"))
+            hint = "the admin routes need --admin-token" if status in (401, 403) else None
+            raise InputError(f"{PRELOAD_PATH} answered {status}: {shown}", file=self.file, hint=hint)
+        data = orjson.loads(body)
+        if not isinstance(data, dict):
+            raise InputError(f"{PRELOAD_PATH} answered 200 without a JSON object", file=self.file)
+        return data
+
+
+def preload_counts(answer: dict[str, Any]) -> dict[str, int]:
+    """The counts of a preload answer (``lines``, ``stored``, ``generated``, ``failed``)."""
+    return {k: int(answer[k]) for k in PRELOAD_COUNTS if k in answer}
+
+
+# ----------------------------------------------------------------- the gevent side (Locust processes)
+
+
+def gevent_client(host: str, creds: Credentials, *, network_timeout: float, connection_timeout: float) -> Any:
+    """A one-off ``geventhttpclient`` client for ``host`` with the run's TLS policy (Locust processes
+    only: it needs gevent's monkey-patching, which Locust applies)."""
+    from geventhttpclient import HTTPClient
+    from geventhttpclient.url import URL
+
+    return HTTPClient.from_url(
+        URL(host),
+        network_timeout=network_timeout,
+        connection_timeout=connection_timeout,
+        insecure=creds.insecure,
+        ssl_context_factory=creds.ssl_context_factory(),
+    )
+
+
+def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
+    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
+    it does not answer (never raises: an identity is context, the run does not depend on it)."""
+    try:
+        client = gevent_client(
+            host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
+        )
+        try:
+            resp = client.get("/v1/models", headers=creds.request_headers())
+            body = resp.read()
+        finally:
+            client.close()
+        return target_identity(orjson.loads(body)) if resp.status_code == 200 else None
+    except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
+        return None
+
+
+def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
+    """``POST /cache/preload`` from a Locust process (``--preload``); the server's counts. Any answer
+    but 200 is an error naming the file: the run was asked to preload it."""
+    call = PreloadCall.of(path, creds)
+    try:
+        client = gevent_client(host, creds, network_timeout=PRELOAD_TIMEOUT_S, connection_timeout=10)
+        resp = client.post(PRELOAD_PATH, body=call.body, headers=call.headers)
+        text = resp.read()
+        client.close()
+    except OSError as exc:
+        raise UnavailableError(creds.redact(f"cannot reach {host} for {PRELOAD_PATH}: {exc}")) from None
+    return preload_counts(call.answer(resp.status_code, text, creds))
