@@ -13,9 +13,14 @@ from typing import Any
 
 from harness.common.headers import CACHE_STATUSES
 from harness.common.stats import Distribution
+from harness.load.results import LATENCY_FIELDS, request_ok
 
 LIVE_WINDOW = 5000
 """Records the live view (web UI) keeps: the most recent ones."""
+_TAB_ORDER = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
+LIVE_FIELDS: tuple[str, ...] = tuple(f for f in _TAB_ORDER if f in LATENCY_FIELDS)
+"""The latency fields the live view keeps percentiles of, in the tab's order (record fields only: a
+name the records do not have would silently show an empty row)."""
 
 
 @dataclass
@@ -31,7 +36,7 @@ class Live:
 
     def add(self, row: dict[str, Any]) -> None:
         self.recent.append(row)
-        ok = row["error"] is None and 200 <= row["status"] < 300
+        ok = request_ok(row["status"], row["error"])
         self.outcomes.append((row["intended_s"], ok))
         self.requests += 1
         self.errors += not ok
@@ -48,9 +53,9 @@ class Live:
 
     def distributions(self) -> dict[str, Distribution]:
         out: dict[str, Distribution] = {}
-        for name in ("ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms"):
-            out[name] = Distribution.of([r[name] for r in self.recent if r.get(name) is not None])
-        out["itl_ms"] = Distribution.of([x for r in self.recent for x in r.get("itl_ms") or ()])
+        for name in LIVE_FIELDS:  # itl_ms is a list per record: every gap is a sample
+            values = [v for r in self.recent if (v := r.get(name)) is not None]
+            out[name] = Distribution.of([x for v in values for x in v] if name == "itl_ms" else values)
         return out
 
     def hit_rate(self) -> dict[str, float]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from harness.common.stats import interval_ranks, min_samples_for_interval, relative_half_width
-from harness.load.results import LATENCY_FIELDS, PrecisionState
+from harness.load.results import LATENCY_FIELDS, PrecisionState, request_ok
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,7 @@ class PrecisionTracker:
         self._cache: dict[str, PrecisionState] | None = None
 
     def add(self, row: Mapping[str, Any]) -> None:
-        status = row.get("status") or 0
-        if row.get("error") is not None or not 200 <= status < 300:
+        if not request_ok(row.get("status") or 0, row.get("error")):
             return
         for name, buf in self._buffers.items():
             value = row.get(name)

@@ -25,7 +25,7 @@ import orjson
 from flask import Blueprint, Response, request
 
 from harness.load.control import Control
-from harness.load.live import Live
+from harness.load.live import LIVE_FIELDS, Live
 from harness.load.messages import Workers
 from harness.load.options import LoadOptions
 from harness.load.pacer import Pacer
@@ -40,7 +40,6 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("p99", "p99"),
     ("max", "max"),
 )
-METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
 
 
 class RunView(Protocol):
@@ -78,7 +77,7 @@ def live_rows(run: RunView | None) -> list[dict[str, str]]:
         return [{"metric": "no run yet", "value": ""}]
     rows: list[dict[str, str]] = []
     for name, d in run.live.distributions().items():
-        if name in METRICS:
+        if name in LIVE_FIELDS:
             rows.append({"metric": name, "value": str(d.n), "p50": _ms(d.p50), "p90": _ms(d.p90),
                          "p99": _ms(d.p99), "max": _ms(d.max)})  # fmt: skip
     state = status(run)
