@@ -242,6 +242,14 @@ def preload_counts(answer: dict[str, Any]) -> dict[str, int]:
 # ----------------------------------------------------------------- the gevent side (Locust processes)
 
 
+def base_path(url: str) -> str:
+    """The path of a base URL (``http://gw/llm/`` → ``/llm``) that every request's path follows, as
+    httpx's ``base_url`` and Locust's ``--host`` treat it."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).path.rstrip("/")
+
+
 def gevent_client(host: str, creds: Credentials, *, network_timeout: float, connection_timeout: float) -> Any:
     """A one-off ``geventhttpclient`` client for ``host`` with the run's TLS policy (Locust processes
     only: it needs gevent's monkey-patching, which Locust applies)."""
@@ -265,7 +273,7 @@ def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
             host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
         )
         try:
-            resp = client.get("/v1/models", headers=creds.request_headers())
+            resp = client.get(base_path(host) + "/v1/models", headers=creds.request_headers())
             body = resp.read()
         finally:
             client.close()
@@ -280,7 +288,7 @@ def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:
     call = PreloadCall.of(path, creds)
     try:
         client = gevent_client(host, creds, network_timeout=PRELOAD_TIMEOUT_S, connection_timeout=10)
-        resp = client.post(PRELOAD_PATH, body=call.body, headers=call.headers)
+        resp = client.post(base_path(host) + PRELOAD_PATH, body=call.body, headers=call.headers)
         text = resp.read()
         client.close()
     except OSError as exc:

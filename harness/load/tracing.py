@@ -27,6 +27,8 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORT_BATCH = 64
+TRACEPARENT = "traceparent"
+UBER_TRACE_ID = "uber-trace-id"
 SERVICE_NAME = "harness-load"
 
 AttrValue = str | int | float | bool
@@ -79,6 +81,22 @@ class Tracing:
         # which would otherwise make the run's first request milliseconds late.
         warm = NonRecordingSpan(SpanContext(trace_id=1, span_id=1, is_remote=False))
         self.propagator.inject({}, context=trace.set_span_in_context(warm))
+
+    @property
+    def recording(self) -> bool:
+        """Whether spans are exported (``--otlp-endpoint``); else only the trace context is sent."""
+        return self._tracer is not None
+
+    @staticmethod
+    def inject_new_context(headers: dict[str, str]) -> None:
+        """Write a new root context (random ids, sampled) as ``traceparent`` and ``uber-trace-id``:
+        what :meth:`start` writes for a non-recording span, without building one (the propagators
+        cost the replay user more than the rest of a request's headers; the equality is tested)."""
+        trace_id = random.getrandbits(128) or 1
+        span_id = random.getrandbits(64) or 1
+        headers[TRACEPARENT] = f"00-{trace_id:032x}-{span_id:016x}-01"
+        # Jaeger's format as its OpenTelemetry propagator writes it: no parent, flags sampled|debug.
+        headers[UBER_TRACE_ID] = f"{trace_id:032x}:{span_id:016x}:0000000000000000:03"
 
     def start(
         self,

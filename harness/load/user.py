@@ -25,7 +25,6 @@ percentile the harness reports is computed from ``records.jsonl``.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,8 +33,7 @@ from typing import Any
 import gevent
 import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
 from gevent import GreenletExit
-from geventhttpclient.url import URL
-from locust import FastHttpUser, constant, task
+from locust import User, constant, task
 
 from harness.common import headers as H
 from harness.load import plugin
@@ -48,6 +46,7 @@ from harness.load.client import (
     read_sse,
     stream_headers,
 )
+from harness.load.wire import Connection
 
 
 @dataclass(slots=True)
@@ -63,37 +62,35 @@ class _Request:
     body: StreamBody = field(default_factory=StreamBody)
 
 
-class ReplayUser(FastHttpUser):
+class ReplayUser(User):
     """One slot of the open loop's concurrency pool (``--concurrency`` of them per process)."""
 
     abstract = False
     wait_time = constant(0)
-    network_timeout = 600.0
     connection_timeout = 30.0
 
     def __init__(self, environment: Any) -> None:
-        run = plugin.current()
-        if run is not None:  # read by FastHttpUser.__init__ when it builds the session
-            self.network_timeout = run.opts.request_timeout
-            # Locust's FastHttpUser skips TLS verification by default; the harness verifies unless
-            # told not to (--insecure), against --ca-bundle when given.
-            self.insecure = run.credentials.insecure
-            self.ssl_context_factory = run.credentials.ssl_context_factory()
         super().__init__(environment)
-        # The session's own pooled client: one connection per user, Locust's timeouts and TLS
-        # settings, without FastHttpSession.request's per-call bookkeeping (whose timer would stop
-        # at the headers anyway); the statistics entries are fired in _report.
-        self._http = self.client.client.clientpool.get_client(URL(self.client.base_url or ""))
+        run = plugin.current()
+        # Its own keep-alive connection (:mod:`harness.load.wire`), with the run's timeouts and TLS
+        # policy (verified unless --insecure: Locust's FastHttpUser would not verify by default).
+        self._conn: Connection | None = None
+        if run is not None:
+            self._conn = Connection(
+                self.host or "", run.credentials,
+                connection_timeout=self.connection_timeout, network_timeout=run.opts.request_timeout,
+            )  # fmt: skip
 
     def on_start(self) -> None:
         # Connect before the epoch (users spawn during --start-delay), so that the first arrival of
         # each user does not pay for the TCP handshake and the resolver: clients of an LLM service
-        # keep their connections. A target that is down is reported by the first request instead.
-        pool = getattr(self._http, "_connection_pool", None)
-        if pool is None:
-            return
-        with contextlib.suppress(OSError):
-            pool.return_socket(pool.get_socket())
+        # keep their connections.
+        if self._conn is not None:
+            self._conn.warm()
+
+    def on_stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
     @task
     def replay(self) -> None:
@@ -124,22 +121,27 @@ class ReplayUser(FastHttpUser):
             stage=stage, tenant=spec.tenant, extra=run.request_headers, warmup_id=run.warmup_id,
             trace_id=trace_id, bypass=bypass,
         )  # fmt: skip
-        assert run.tracing is not None
-        span = run.tracing.start(
-            f"POST {spec.path}",
-            hdrs,
-            attributes={
-                "harness.stage": stage,
-                "harness.scenario": a.scenario or spec.scenario or "",
-                "harness.record_id": spec.id,
-                "harness.warmup_id": run.warmup_id,
-                "http.request.method": "POST",
-                "url.path": spec.path,
-            },
-            source_trace_id=trace_id,
-            # The request leaves at its intended time (below), up to the pacer's lead after now.
-            start_ns=time.time_ns() + max(0, int((run.epoch + a.intended_s - time.perf_counter()) * 1e9)),
-        )
+        tracing = run.tracing
+        assert tracing is not None and self._conn is not None
+        if tracing.recording:
+            span = tracing.start(
+                f"POST {spec.path}",
+                hdrs,
+                attributes={
+                    "harness.stage": stage,
+                    "harness.scenario": a.scenario or spec.scenario or "",
+                    "harness.record_id": spec.id,
+                    "harness.warmup_id": run.warmup_id,
+                    "http.request.method": "POST",
+                    "url.path": spec.path,
+                },
+                source_trace_id=trace_id,
+                # The request leaves at its intended time (below), up to the pacer's lead after now.
+                start_ns=time.time_ns() + max(0, int((run.epoch + a.intended_s - time.perf_counter()) * 1e9)),
+            )
+        else:  # only the trace context on the wire: no span object to build and end
+            span = None
+            tracing.inject_new_context(hdrs)
         row: dict[str, Any] = {
             "id": spec.id,
             "scenario": a.scenario or spec.scenario,
@@ -163,7 +165,7 @@ class ReplayUser(FastHttpUser):
             row["queue_wait_ms"] = min(row["lateness_ms"], queue_wait_s * 1000.0)
         resp: Any = None
         try:
-            resp = self._http.request("POST", spec.path, body=spec.body, headers=hdrs)
+            resp = self._conn.post(spec.path, hdrs, spec.body)
             status = resp.status_code
             row["status"] = status
             row["cache"] = resp.get(H.CACHE_STATUS)
@@ -215,7 +217,7 @@ class ReplayUser(FastHttpUser):
             row["e2e_ms"] = (end - sent) * 1000.0
             row["e2e_from_intended_ms"] = (end - intended_abs) * 1000.0
         run.record(row)
-        if run.tracing is not None:
+        if req.span is not None and run.tracing is not None:
             run.tracing.end(
                 req.span,
                 attributes={

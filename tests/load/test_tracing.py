@@ -88,3 +88,31 @@ def test_each_request_becomes_a_client_span_linked_to_its_source_trace(tmp_path:
         rid = int(x.body["messages"][0]["content"].split()[-1])
         assert [link.trace_id.hex() for link in span.links] == [f"{rid + 1:032x}"]  # the source trace
         assert span.end_time_unix_nano > span.start_time_unix_nano
+
+
+def test_the_context_written_without_a_span_is_what_the_propagators_write() -> None:
+    """The replay user's fast path (no --otlp-endpoint) writes the same headers the OpenTelemetry
+    propagators write for a non-recording span with the same ids; and a target can parse them."""
+    import random
+
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from harness.load.tracing import Tracing
+
+    tracing = Tracing()
+    for seed in range(20):
+        random.seed(seed)
+        fast: dict[str, str] = {}
+        Tracing.inject_new_context(fast)
+        random.seed(seed)
+        ctx = SpanContext(
+            trace_id=random.getrandbits(128) or 1, span_id=random.getrandbits(64) or 1, is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )  # fmt: skip
+        slow: dict[str, str] = {}
+        tracing.propagator.inject(slow, context=trace.set_span_in_context(NonRecordingSpan(ctx)))
+        assert fast == slow
+        parsed = trace.get_current_span(TraceContextTextMapPropagator().extract(fast)).get_span_context()
+        assert (parsed.trace_id, parsed.span_id, parsed.is_valid) == (ctx.trace_id, ctx.span_id, True)
