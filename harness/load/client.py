@@ -4,10 +4,10 @@ and the admin calls a run makes (``GET /v1/models``, ``POST /cache/preload``).
 Three callers send requests to a target: the Locust replay user (:mod:`harness.load.user`), the warm
 check's probes (:meth:`harness.gates.target.Target.probe`) and ``harness run``'s preload
 (:mod:`harness.gates.paired`). They share everything here and differ only in the socket read: inside
-Locust the transport is the user's pooled ``geventhttpclient`` client (gevent, monkey-patched); in
-the ``harness run`` process it is ``httpx``, because gevent must never run there. So this module
-imports neither gevent nor Locust at module level; the gevent-side helpers import
-``geventhttpclient`` when called.
+Locust the transport is the user's own keep-alive connection (:mod:`harness.load.wire`, gevent,
+monkey-patched); in the ``harness run`` process it is ``httpx``, because gevent must never run
+there. So this module imports neither gevent nor Locust at module level; the gevent-side helpers
+import ``geventhttpclient`` when called.
 
 **The SSE read** (:func:`read_sse`) keeps each ``data:`` line with its ``perf_counter`` arrival time
 and stops at ``data: [DONE]``; parsing waits until the stream ended (:mod:`harness.load.stream`),

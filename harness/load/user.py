@@ -5,16 +5,17 @@ and each task blocks on the pacer's queue, so *when* a request goes out is the s
 not the user's. The pacer hands an arrival over a little ahead of time; the user builds its headers
 and trace context, waits for the intended time, and only then stamps ``sent`` and writes it. The
 record's ``queue_wait_ms`` is the part of its lateness the arrival spent waiting for a free user
-(every user busy: the target's backpressure), as the pacer stamped it. Each user is a
-``FastHttpUser`` with its own connection pool and sends one request at a time, so no request ever
-waits for a pooled connection inside a timer.
+(every user busy: the target's backpressure), as the pacer stamped it. Each user is a plain Locust
+``User`` with its own keep-alive connection (:mod:`harness.load.wire`) and sends one request at a
+time, so no request ever waits for a pooled connection inside a timer.
 
-Measuring a stream: the request goes through the user's own pooled ``geventhttpclient`` client and
-the response body is read line by line from the socket as bytes arrive (``readline(b"\\n")`` on the
-streaming response; ``FastHttpSession.iter_lines`` reads 1 KiB blocks and would batch events). Each
-line is stamped with ``perf_counter`` on arrival; parsing and token counting wait until the stream
-ended (:mod:`harness.load.stream`). ``FastHttpSession.request`` is not used: with ``stream=True`` its
-timer stops at the headers, and its per-call bookkeeping costs more than the replay itself.
+Measuring a stream: the request head is written as bytes with the body, and the response body is read
+line by line from the socket as bytes arrive (``readline(b"\\n")`` on geventhttpclient's streaming
+response; ``FastHttpSession.iter_lines`` reads 1 KiB blocks and would batch events). Each line is
+stamped with ``perf_counter`` on arrival; parsing and token counting wait until the stream ended
+(:mod:`harness.load.client`, :mod:`harness.load.stream`). Locust's ``FastHttpSession.request`` is not
+used: with ``stream=True`` its timer stops at the headers, and its per-call bookkeeping, like
+``HTTPClient.request``'s header handling, cost more than the replay itself.
 
 Locust's own statistics get one truthful entry per request: the request's name with
 ``response_time`` = E2E (Locust would otherwise stop the clock at the headers) and
