@@ -401,15 +401,17 @@ class LoadRun:
                 self.ladder.interrupt(self.now_s())
             for a in self.ladder.attempts:  # final counts: requests that completed after the verdict too
                 a.requests, a.errors = self.live.window(a.start_s, a.end_s)
+        # The run's CPU and duration end here: reading the records back for the summary is work
+        # after the run, and counting it would call a client busy that was not while it sent.
+        cpu = self.measure_cpu()
+        if self.role == "master":
+            cpu = max([cpu, *self.workers.cpu_pcts()])
+        duration = time.perf_counter() - self._wall0  # nor is the identity's wait below the run's
         assert self.writer is not None
         self.writer.close()
         records = (
             list(read_records(self.results_dir)) if (self.results_dir / RECORDS_FILE).stat().st_size else []
         )
-        cpu = self.measure_cpu()
-        if self.role == "master":
-            cpu = max([cpu, *self.workers.cpu_pcts()])
-        duration = time.perf_counter() - self._wall0  # the identity's wait below is not the run's
         identity = None
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
