@@ -32,13 +32,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.common.errors import ConfigError
+from harness.load import locustfiles
 from harness.load.options import LoadOptions
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCUSTFILES: dict[str, Path] = {
-    "replay": ROOT / "locustfiles" / "replay.py",
-    "warmup": ROOT / "locustfiles" / "warmup.py",
-}
+_SHIPPED = Path(locustfiles.__file__).parent
+LOCUSTFILES: dict[str, Path] = {"replay": _SHIPPED / "replay.py", "warmup": _SHIPPED / "warmup.py"}
+"""The locustfiles shipped in the package (:mod:`harness.load.locustfiles`), wherever it is installed."""
 
 
 @dataclass
@@ -165,8 +164,8 @@ def run_locust(
 
     Output goes to ``log_file`` (default: ``results_dir/locust.log``). ``timeout_s`` sends SIGINT
     when exceeded (the run then finalizes as interrupted, exit 130) and kills it if it still runs
-    30 s later. The child gets ``PYTHONPATH`` with this checkout first, so it imports the same
-    ``harness`` as the caller.
+    30 s later. The child imports ``harness`` as this interpreter does (installed, or editable from
+    a checkout); the locustfile is found in the package itself, not through a checkout's layout.
     """
     cmd = spec.command()
     secrets = spec.options().credentials().to_env()  # the key and headers: not in argv, not in ps
@@ -174,7 +173,6 @@ def run_locust(
     results.mkdir(parents=True, exist_ok=True)
     log_path = Path(log_file) if log_file is not None else results / "locust.log"
     child_env = {**os.environ, **(env or {}), **secrets}
-    child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [child_env.get("PYTHONPATH")])])
     # SIGINT where the child hears it: a terminal's Ctrl-C reaches the child too, and a second SIGINT
     # is what Locust expects then; SIGTERM where the child inherits SIGINT ignored.
     stop = signal.SIGTERM if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else signal.SIGINT
