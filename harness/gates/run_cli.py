@@ -182,7 +182,8 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
     from harness.gates.compare import comparison_table
     from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.gates.output import gate_table
-    from harness.gates.paired import PairedRunner, PairedSpec
+    from harness.gates.paired import PairedRunner
+    from harness.gates.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
     if arrival is not None and arrival not in ("constant", "poisson"):

@@ -24,12 +24,9 @@ from harness.common.auth import Credentials
 from harness.common.errors import ExitCode
 from harness.corpus.model import CorpusRecord
 from harness.gates.compare import compare
-from harness.gates.paired import (
-    PairedSpec,
-    check_serve_args,
-    exit_code_of,
-    prepare,
-)
+from harness.gates.driver import check_serve_args
+from harness.gates.paired_record import exit_code_of
+from harness.gates.paired_spec import PairedSpec, prepare
 from harness.gates.runs import load_result_set
 from harness.gates.target import Target, flush_all
 from harness.gates.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
