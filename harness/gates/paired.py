@@ -82,7 +82,6 @@ from harness.gates.paired_spec import PairedSpec, Prepared, prepare
 from harness.gates.target import NotExposed, Target, flush_all
 from harness.gates.warmcheck import check_warm
 from harness.load.arrivals import RequestSpec
-from harness.load.inputs import Inputs
 from harness.load.results import RECORDS_FILE, read_summary
 from harness.load.runner import LoadSpec, run_locust
 
@@ -140,13 +139,11 @@ class PairedRunner:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _template(self, host: str) -> LoadSpec:
-        return dataclasses.replace(self.spec.load, host=host)
-
     def _record_load(self) -> None:
-        args = self._template("").options().to_args()
+        opts = self.spec.load.options
+        args = opts.to_args()
         at = args.index("--results-dir") if "--results-dir" in args else -1
-        access = self.spec.load.options().credentials().describe()  # which are set, never the values
+        access = opts.credentials().describe()  # which are set, never the values
         self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args, "access": access}
 
     def _resolve_capacity(self, target: Target, prep: Prepared) -> None:
@@ -161,16 +158,16 @@ class PairedRunner:
         record = CapacityRecord(capacity_rps=0.0, source="given", rate_share=spec.rate_share)
         if cap is None:
             source = "measured"
-            probe_load = dataclasses.replace(
-                spec.load, rate=None, duration=None, max_requests=None, schedule=None, speedup=None,
-                start_delay=None, extra_args=(),
+            probe_load = spec.load.replace(
+                rate=None, duration=None, max_requests=None, schedule=None, speedup=None, start_delay=None,
+                extra_args=(),
             )  # fmt: skip
             cspec = CapacitySpec(
                 out=self.out / CAPACITY_DIR, load=probe_load, slo=spec.slo or DEFAULT_SLO, url=target.url,
                 confidence=spec.confidence, **spec.capacity_options,
             )  # fmt: skip
             self.ui.say(f"[dim]measuring capacity first (SLO {escape(cspec.slo)}) → {cspec.out}[/]")
-            result = CapacityRunner(cspec, ui=self.ui).measure(target)
+            result = CapacityRunner(cspec, ui=self.ui).measure(target, requests=prep.inputs.requests)
             cap = result.capacity_rps
             record = CapacityRecord(
                 capacity_rps=cap, source="measured", low=result.low, high=result.high, bounded=result.bounded,
@@ -185,27 +182,28 @@ class PairedRunner:
         assert cap is not None
         load = spec.load
         if spec.rate_share is not None:
-            load = dataclasses.replace(load, rate=float(f"{spec.rate_share * cap:.4g}"))
+            load = load.replace(rate=float(f"{spec.rate_share * cap:.4g}"))
         shares = spec.plan_shares()
         if shares or spec.rate_share is not None:
             # The phases' recipes then record the share (summary.json: recipe.rate_of_capacity), which
             # a baseline compares instead of the absolute rate.
-            load = dataclasses.replace(load, capacity=cap)
+            load = load.replace(capacity=cap)
         self.spec = spec = dataclasses.replace(spec, load=load, capacity=cap)
+        rate_rps = load.options.rate if spec.rate_share is not None else None
         record = record.model_copy(
-            update={"capacity_rps": cap, "source": source, "rate_rps": load.rate if spec.rate_share else None,
-                    "plan_shares": shares}
-        )  # fmt: skip
+            update={"capacity_rps": cap, "source": source, "rate_rps": rate_rps, "plan_shares": shares}
+        )
         self.record.capacity = record
-        # What the phases send follows from the rate now known.
-        prep.planned = Inputs.load(load.options(), ladder=False).planned() or []
+        # What the phases send follows from the rate now known (the corpus read once, in prepare).
+        prep.inputs = prep.inputs.with_options(load.options)
+        prep.planned = prep.inputs.planned() or []
         if spec.plan is not None:
             plan = read_plan(spec.plan, capacity=cap)
             prep.ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
         self._record_load()
         self.save()
         at_least = "at least " if record.bounded is False else ""
-        rate = f": --rate {spec.rate_share:.0%} → {load.rate:g} req/s" if spec.rate_share is not None else ""
+        rate = f": --rate {spec.rate_share:.0%} → {rate_rps:g} req/s" if rate_rps is not None else ""
         ladder = "; the ladder's stages in shares of it" if shares else ""
         self.ui.say(f"[green]✓[/] capacity {at_least}{cap:.4g} req/s ({source}){rate}{ladder}")
 
@@ -213,7 +211,7 @@ class PairedRunner:
     def _target(self, prep: Prepared) -> Iterator[Target]:
         spec = self.spec
         log_dir = self.out / SERVER_DIR
-        creds = spec.load.options().credentials()
+        creds = spec.load.options.credentials()
         with open_target(
             spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s, credentials=creds
         ) as target:
@@ -239,23 +237,23 @@ class PairedRunner:
 
         # The phases' own admin call (a plan's preload) uses the target's token: a server started
         # here has one only this run knows.
-        replay = dataclasses.replace(self._template(target.url), admin_token=target.credentials.admin_token)
-        cold = dataclasses.replace(replay, stage="cold", **prep.phase_load.get("cold", {}))
+        replay = spec.load.replace(host=target.url, admin_token=target.credentials.admin_token)
+        cold = replay.replace(stage="cold", **prep.phase_load.get("cold", {}))
         self._phase("cold", cold, len(prep.planned))
         if spec.preload is not None:
             self._preload(target, spec.preload)
         if spec.plan is not None:
-            ladder = dataclasses.replace(
-                replay, locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None,
-                duration=None, max_requests=None, speedup=None, until_precision=None, max_duration=None,
-                precision_on=None, precision_confidence=None, precision_min_samples=None,
+            ladder = replay.replace(
+                locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None, duration=None,
+                max_requests=None, speedup=None, until_precision=None, max_duration=None, precision_on=None,
+                precision_confidence=None, precision_min_samples=None,
             )  # fmt: skip
             self._phase("ladder", ladder, prep.ladder_requests)
         sample = self._probe_sample(prep)
         with self.ui.step(f"warm check: {len(sample)} probe requests"):
             check = check_warm(
                 target, sample, min_warm_rate=spec.min_warm_rate, confidence=spec.confidence,
-                concurrency=min(4, spec.load.concurrency or 4),
+                concurrency=min(4, spec.load.options.concurrency),
             )  # fmt: skip
         write_json(self.out / WARM_CHECK_FILE, check.model_dump(mode="json"))
         self.record.warm_check = check.model_copy(update={"probes": []})  # the probes are in warm-check.json
@@ -267,7 +265,7 @@ class PairedRunner:
         else:
             self.ui.say(f"[bold red]✗ not calling this run warm[/]: {escape(check.reason)} (measured anyway)")
         self.save()
-        warm = dataclasses.replace(replay, stage="warm", **prep.phase_load.get("warm", {}))
+        warm = replay.replace(stage="warm", **prep.phase_load.get("warm", {}))
         self._phase("warm", warm, len(prep.planned))
 
     def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
@@ -276,7 +274,7 @@ class PairedRunner:
         k = min(self.spec.probes, len(distinct))
         rng = np.random.default_rng(self.spec.seed)
         picked = sorted(rng.choice(len(distinct), size=k, replace=False).tolist())
-        return [prep.requests[distinct[i]] for i in picked]
+        return [prep.inputs.requests[distinct[i]] for i in picked]
 
     def _preload(self, target: Target, path: Path) -> None:
         body = check_input_file(path).read_bytes()
@@ -293,7 +291,7 @@ class PairedRunner:
 
     def _phase(self, name: str, load: LoadSpec, total: int | None) -> None:
         results = self.out / name
-        load = dataclasses.replace(load, results_dir=results)
+        load = load.replace(results_dir=results)
         started = time.monotonic()
         self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
         try:

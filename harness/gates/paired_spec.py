@@ -7,7 +7,6 @@ It changes with ``harness run``'s options; the steps that follow are
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,6 @@ from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.gates.driver import DEFAULT_SERVE_ARGS, check_out_dir, check_serve_args
 from harness.gates.paired_record import OUTPUTS
 from harness.gates.warmcheck import SEED_WARM_RATE
-from harness.load.arrivals import RequestSpec
 from harness.load.inputs import Inputs
 from harness.load.results import InputRef
 from harness.load.runner import LoadSpec
@@ -36,8 +34,8 @@ class PairedSpec:
 
     out: Path
     load: LoadSpec
-    """Load options shared by both phases (corpus, schedule or rate, caps …); ``host``,
-    ``results_dir`` and ``stage`` are set per phase."""
+    """Load options shared by both phases (corpus, schedule or rate, caps …), validated once;
+    ``host``, ``results_dir`` and ``stage`` are set per phase."""
     serve_args: Sequence[str] | None = DEFAULT_SERVE_ARGS
     """Arguments of the ``harness serve`` to start (``--port 0 --ready-file`` are added)."""
     url: str | None = None
@@ -79,7 +77,9 @@ class PairedSpec:
 class Prepared:
     """What the checks read and computed, for the run."""
 
-    requests: list[RequestSpec]
+    inputs: Inputs
+    """The corpus and schedule, read once here and handed on (the warm check's probes, a capacity
+    measurement, the phases planned again once the rate is known)."""
     planned: list[int]
     """The request index of each arrival of a phase (cold and warm send the same)."""
     ladder_requests: int | None
@@ -127,13 +127,12 @@ def prepare(spec: PairedSpec) -> Prepared:
     if not 0 < spec.min_warm_rate <= 1:
         raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
     check_out_dir(spec.out, OUTPUTS, force=spec.force, holds="an earlier run")
-    load = spec.load
+    opts = spec.load.options
     if spec.rate_share is not None:
-        if load.rate is not None:
+        if opts.rate is not None:
             raise ConfigError("give a rate or a share of capacity, not both", field="--rate")
         # Until the capacity is measured (once the target is up) any rate checks the other inputs.
-        load = dataclasses.replace(load, rate=spec.rate_share * (spec.capacity or 1.0))
-    opts = load.options()
+        opts = opts.evolve(rate=spec.rate_share * (spec.capacity or 1.0))
     # The load stage's own checks and arrival rules: what is planned here is what the replay sends.
     inputs = Inputs.load(opts, ladder=False)
     planned = inputs.planned() or []
@@ -145,7 +144,6 @@ def prepare(spec: PairedSpec) -> Prepared:
     assert opts.corpus is not None  # Inputs.load refuses a run without one
     corpus_file = opts.corpus / "corpus.jsonl" if opts.corpus.is_dir() else opts.corpus
     refs["corpus"] = InputRef.of(corpus_file)
-    requests = inputs.requests
     if opts.schedule is not None:
         refs["schedule"] = InputRef.of(opts.schedule)
     ladder_requests = None
@@ -163,7 +161,7 @@ def prepare(spec: PairedSpec) -> Prepared:
         refs["baseline"] = InputRef.of(spec.gate)
     serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
     phase_load = _precision_per_phase(spec, baseline)
-    return Prepared(requests, planned, ladder_requests, serve_args, refs, phase_load)
+    return Prepared(inputs, planned, ladder_requests, serve_args, refs, phase_load)
 
 
 def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[str, dict[str, Any]]:
@@ -173,19 +171,20 @@ def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[st
     from harness.gates.metrics import precision_min_samples, precision_targets
     from harness.load.precision import format_precision_on
 
-    load = spec.load
+    load = spec.load.options
     if load.until_precision is None or baseline is None:
         return {}
     out: dict[str, dict[str, Any]] = {}
     for phase in ("cold", "warm"):
         opts: dict[str, Any] = {}
         targets = precision_targets(baseline, phase)
-        if load.precision_on is None and targets:
+        # What the command line gave stays; what it left to the defaults follows the baseline.
+        if not load.is_set("precision_on") and targets:
             opts["precision_on"] = format_precision_on(targets)
-        if load.precision_confidence is None:
+        if not load.is_set("precision_confidence"):
             opts["precision_confidence"] = baseline.confidence
         floor = precision_min_samples(baseline, phase)
-        if load.precision_min_samples is None and floor is not None:
+        if not load.is_set("precision_min_samples") and floor is not None:
             opts["precision_min_samples"] = floor
         out[phase] = opts
     return out

@@ -136,10 +136,11 @@ def _launch(spec: object) -> None:
     assert isinstance(spec, LoadSpec)
     console.print(" ".join(spec.command()[1:]), style="dim", highlight=False)
     code = run_locust(spec)
-    if (Path(spec.results_dir) / SUMMARY_FILE).exists():
-        print_summary(read_summary(spec.results_dir), str(spec.results_dir))
+    results = spec.options.results_dir
+    if (results / SUMMARY_FILE).exists():
+        print_summary(read_summary(results), str(results))
     else:
-        console.print(f"no summary written; see {Path(spec.results_dir) / 'locust.log'}")
+        console.print(f"no summary written; see {results / 'locust.log'}")
     raise typer.Exit(code)
 
 

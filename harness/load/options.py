@@ -11,6 +11,7 @@ launcher (:mod:`harness.load.runner`), so both spell every option the same way.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -160,8 +161,28 @@ class LoadOptions(BaseModel):
         )
 
     @classmethod
+    def validated(cls, raw: Mapping[str, Any]) -> LoadOptions:
+        """Validate ``raw`` (field name → value; ``None`` or an empty list is left unset): the one place
+        a bad option becomes a :class:`ConfigError` naming its flag (a secret's value never shown)."""
+        given = {
+            k: v for k, v in raw.items() if v is not None and not (isinstance(v, list | tuple) and not v)
+        }
+        try:
+            return cls.model_validate(given)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err.get("loc") else "?"
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            got = "" if name in SECRET_FIELDS or name not in given else f" (got {given[name]!r})"
+            raise ConfigError(f"{msg}{got}", field=f"--{name.replace('_', '-')}") from None
+
+    @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
-        """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included)."""
+        """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included).
+
+        The same values (Locust's init, then every test start) are validated once per process: the
+        last result is kept and handed out again while the values are unchanged (the web UI's start
+        form changes them between runs, and then they are validated anew)."""
         # Secrets a launcher handed over through the environment, never argv; then the command line.
         raw: dict[str, Any] = secrets_from_env()
         for name in cls.model_fields:
@@ -171,14 +192,27 @@ class LoadOptions(BaseModel):
             raw[name] = value
         if "api_key" not in raw and os.environ.get(API_KEY_ENV):
             raw["api_key"] = os.environ[API_KEY_ENV]
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            name = str(err["loc"][0]) if err.get("loc") else "?"
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            got = "" if name in SECRET_FIELDS else f" (got {raw.get(name)!r})"
-            raise ConfigError(f"{msg}{got}", field=f"--{name.replace('_', '-')}") from None
+        last = _LAST_NAMESPACE.get("raw")
+        if last is not None and last == raw:
+            return _LAST_NAMESPACE["options"]  # type: ignore[no-any-return]
+        opts = cls.validated(raw)
+        _LAST_NAMESPACE.update(raw=raw, options=opts)
+        return opts
+
+    def evolve(self, **changes: Any) -> LoadOptions:
+        """These options with ``changes`` (a value of ``None`` puts the option back to its default,
+        unset), validated: a launcher's per-phase or per-probe variant of the options it was given."""
+        now: dict[str, Any] = {name: getattr(self, name) for name in self.model_fields_set}
+        raw = {k: v for k, v in {**now, **changes}.items() if v is not None and v != []}
+        if raw == now:
+            return self  # nothing changes: these options were validated already
+        return type(self).validated(raw)
+
+    def is_set(self, name: str) -> bool:
+        """Whether ``name`` was given (not left at its default): a launcher picks its own default then."""
+        if name not in type(self).model_fields:
+            raise KeyError(name)
+        return name in self.model_fields_set
 
     def to_args(self) -> list[str]:
         """Command-line arguments that reproduce these options (defaults omitted). The secrets are
@@ -195,6 +229,8 @@ class LoadOptions(BaseModel):
 
 SECRET_FIELDS: frozenset[str] = frozenset({"api_key", "admin_token", "header"})
 """Options never written to a command line, a results file or the web UI (they go by environment)."""
+_LAST_NAMESPACE: dict[str, Any] = {}
+""":meth:`LoadOptions.from_namespace`'s last raw values and their validated options."""
 
 
 _HELP: dict[str, str] = {
