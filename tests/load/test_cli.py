@@ -68,6 +68,11 @@ def test_commands_that_launch_load_take_the_load_options_from_one_table(
             assert f"--{name.replace('_', '-')}" in shown, (command, name)
         for name in shared:  # the same words on every command (the table's, as Locust shows them)
             assert _HELP[name].split(" (")[0] in shown, (command, name)
+    for command in (["analysis", "plan"], ["analysis", "decay-sweep"]):  # the same flags, their own words
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = capsys.readouterr().out
+        assert all(f"--{flag}" in shown for flag in ("max-tokens-cap", "api", "model")), command
 
 
 def test_a_generated_command_gets_only_the_options_given() -> None:
