@@ -11,6 +11,7 @@ from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, err_console, say
 from harness.common.io import write_json
+from harness.load.options import typer_options
 
 
 def decay(
@@ -65,6 +66,10 @@ def _print_mixture(m: Any) -> None:
     )
 
 
+@typer_options(
+    "concurrency", "max_tokens_cap", "api", "model", "seed",
+    help_for={"concurrency": "Requests in flight at saturation (the user pool; default 32)."},
+)  # fmt: skip
 def decay_sweep(
     *,
     url: Annotated[str, typer.Option("--url", help="Target base URL (a server with a response cache).")],
@@ -79,15 +84,6 @@ def decay_sweep(
     rate: Annotated[
         float, typer.Option("--rate", help="Offered arrivals/s per stage: far above the capacity.")
     ] = 1000.0,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", help="Requests in flight at saturation (the user pool).")
-    ] = 32,
-    max_tokens_cap: Annotated[
-        int | None, typer.Option("--max-tokens-cap", help="Cap every request's max_tokens.")
-    ] = None,
-    api: Annotated[str, typer.Option("--api", help="auto, chat or completions.")] = "auto",
-    model: Annotated[str | None, typer.Option("--model", help="model sent with every request.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of which arrivals bypass.")] = 0,
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Warm the cache with the corpus first.")
     ] = True,
@@ -97,6 +93,7 @@ def decay_sweep(
     confidence: Annotated[float, typer.Option("--confidence", help="Interval level for k.")] = 0.95,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("decay-sweep"),
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    load: dict[str, Any],
 ) -> None:
     """Live QPS-decay sweep: one saturating stage per cache-miss rate, then QPS = QPS0·exp(−k·CMR²).
 
@@ -109,6 +106,8 @@ def decay_sweep(
 
     from harness.analysis.decay_sweep import FIT_FILE, PLOT_FILE, SweepSettings, run_sweep
 
+    if "api" in load:
+        check_api(str(load["api"]))
     try:
         fractions = [float(x) for x in cmr.split(",") if x.strip()]
     except ValueError:
@@ -121,11 +120,7 @@ def decay_sweep(
             duration_s=duration,
             settle_s=settle,
             rate=rate,
-            concurrency=concurrency,
-            max_tokens_cap=max_tokens_cap,
-            api=check_api(api),
-            model=model,
-            seed=seed,
+            **load,  # the load options given (the sweep's own defaults for the rest)
             preload=preload,
             rewarm=rewarm,
             confidence=confidence,

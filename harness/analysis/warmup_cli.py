@@ -12,6 +12,7 @@ from rich.table import Table
 from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, pct, say
 from harness.common.errors import InputError
 from harness.common.io import write_json
+from harness.load.options import LoadOptions, typer_options
 
 UNIT_HELP = "Cache unit: 'entries' (whole prompts) or 'blocks' (KV blocks from hash_ids)."
 
@@ -77,6 +78,14 @@ def hitrate(
     console.print(f"cold ceiling (infinite capacity): {pct(report.cold_ceiling)}", highlight=False)
 
 
+@typer_options(
+    "api", "model", "max_tokens_cap",
+    help_for={
+        "api": "As the replay will send: auto, chat or completions (default auto).",
+        "model": "As the replay will send.",
+        "max_tokens_cap": "As the replay will send (the cache keys on it).",
+    },
+)  # fmt: skip
 def plan(
     *,
     trace: Annotated[Path, typer.Option("--trace", help="History: request trace or load run directory.")],
@@ -104,14 +113,8 @@ def plan(
     on_failure: Annotated[
         str, typer.Option("--on-failure", help="Ladder policy after a rollback: retry or stop.")
     ] = "retry",
-    api: Annotated[
-        str, typer.Option("--api", help="As the replay will send: auto, chat or completions.")
-    ] = "auto",
-    model: Annotated[str | None, typer.Option("--model", help="As the replay will send.")] = None,
-    max_tokens_cap: Annotated[
-        int | None, typer.Option("--max-tokens-cap", help="As the replay will send (the cache keys on it).")
-    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    load: dict[str, Any],
 ) -> None:
     """Rank keys by predicted reuse, pick the preload set, write preload JSONL and the ladder plan.
 
@@ -125,7 +128,9 @@ def plan(
     PREDICTORS.get(predictor)
     if on_failure not in ("retry", "stop"):
         raise typer.BadParameter("expected 'retry' or 'stop'", param_hint="--on-failure")
-    check_api(api)  # a bad value fails before any work
+    if "api" in load:
+        check_api(load["api"])  # a bad value fails before any work
+    sends = LoadOptions.validated(load)  # what the replay will send: its options, its defaults
     u = _check_unit(unit)
     history = load_refs(trace, u)
     win = load_refs(eval_trace, u).head(window) if eval_trace is not None else history.head(window)
@@ -139,9 +144,9 @@ def plan(
             history,
             requests,
             corpus,
-            api=check_api(api),
-            model=model,
-            max_tokens_cap=max_tokens_cap,
+            api=sends.api,
+            model=sends.model,
+            max_tokens_cap=sends.max_tokens_cap,
         )
         if not lines:
             raise InputError(

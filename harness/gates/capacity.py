@@ -38,7 +38,6 @@ even the lowest rate does; 6 the lowest rate could not be judged (its interval s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import shlex
@@ -70,6 +69,7 @@ from harness.gates.driver import (
 )
 from harness.gates.metrics import format_interval, format_value, min_samples_for_bound, rate_interval
 from harness.gates.target import NotExposed, Target, flush_all
+from harness.load.arrivals import RequestSpec
 from harness.load.results import RECORDS_FILE, metric_values
 from harness.load.runner import LoadSpec, run_locust
 
@@ -899,9 +899,7 @@ class CapacityRunner:
         spec = self.spec
         check_out_dir(self.out, OUTPUTS, force=spec.force, holds="an earlier capacity search")
         # A bad load option (--until-precision included) is an error now, not in the first probe.
-        dataclasses.replace(
-            spec.load, rate=1.0, max_requests=1, until_precision=spec.until_precision
-        ).options()
+        spec.load.replace(rate=1.0, max_requests=1, until_precision=spec.until_precision)
         serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
         if spec.force:
             clear_out_dir(self.out, OUTPUTS)
@@ -915,20 +913,20 @@ class CapacityRunner:
                 self.out / SERVER_DIR,
                 self.ui,
                 spec.server_timeout_s,
-                credentials=spec.load.options().credentials(),
+                credentials=spec.load.options.credentials(),
             ) as target,
         ):
             return self.measure(target)
 
-    def measure(self, target: Target) -> CapacityResult:
-        """The search against a target that is already up (``harness run --rate 50%`` calls this)."""
+    def measure(self, target: Target, *, requests: Sequence[RequestSpec] | None = None) -> CapacityResult:
+        """The search against a target that is already up (``harness run --rate 50%`` calls this,
+        handing on the ``requests`` it read already)."""
         spec = self.spec
         self.out.mkdir(parents=True, exist_ok=True)
-        from harness.load.inputs import Inputs
+        if requests is None:
+            from harness.load.inputs import Inputs
 
-        requests = Inputs.load(
-            dataclasses.replace(spec.load, rate=1.0, duration=1.0).options(), ladder=False
-        ).requests
+            requests = Inputs.load(spec.load.options.evolve(rate=1.0, duration=1.0), ladder=False).requests
         calibration = None
         start = spec.min_rate
         if start is None:
@@ -993,11 +991,8 @@ class CapacityRunner:
         }
         write_json(self.out / CAPACITY_FILE, partial)
 
-    def _calibrate(self, target: Target, requests: Sequence[object]) -> Calibration:
+    def _calibrate(self, target: Target, specs: Sequence[RequestSpec]) -> Calibration:
         """Send a few requests one at a time; the start rate is half of what one stream sustains."""
-        from harness.load.arrivals import RequestSpec
-
-        specs = [r for r in requests if isinstance(r, RequestSpec)]
         n = self.spec.calibration_requests
         picked = [specs[i % len(specs)] for i in range(n)]
         times: list[float] = []
@@ -1049,9 +1044,9 @@ class _LocustProber:
                         "[green]✓[/] flushed before each probe:" if f.status == "flushed" else "[yellow]–[/]"
                     )
                     ui.say(f"{mark} {escape(f.detail)}")
-        concurrency = spec.load.concurrency or min(n, MAX_AUTO_CONCURRENCY)
-        load = dataclasses.replace(
-            spec.load,
+        given = spec.load.options
+        concurrency = given.concurrency if given.is_set("concurrency") else min(n, MAX_AUTO_CONCURRENCY)
+        load = spec.load.replace(
             host=self.target.url,
             results_dir=results,
             rate=rate,
@@ -1061,20 +1056,18 @@ class _LocustProber:
             schedule=None,
             speedup=None,
             concurrency=concurrency,
-            start_delay=spec.load.start_delay if spec.load.start_delay is not None else 1.0,
-            bypass_fraction=1.0 if spec.bypass_cache else spec.load.bypass_fraction,
+            start_delay=given.start_delay if given.is_set("start_delay") else 1.0,
+            bypass_fraction=1.0 if spec.bypass_cache else given.bypass_fraction,
         )
         watched = precision_on(self.runner.terms)
         if spec.until_precision is not None and watched is not None:
-            load = dataclasses.replace(
-                load,
+            load = load.replace(
                 until_precision=spec.until_precision,
                 precision_on=watched,
                 precision_confidence=spec.confidence,
                 precision_min_samples=probe_min_requests(self.runner.terms, spec.confidence),
             )
-        drain = load.drain_timeout if load.drain_timeout is not None else 60.0
-        timeout = spec.probe_timeout_s or duration + drain + 120.0
+        timeout = spec.probe_timeout_s or duration + load.options.drain_timeout + 120.0
         ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
         started = time.monotonic()
         with ui.phase(f"probe {index}: {rate:.4g} req/s", results / RECORDS_FILE, n):

@@ -10,19 +10,13 @@ could not be started or reached; 130 interrupted (the running probe finalized, t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from harness.common.auth import (
-    AdminTokenOption,
-    ApiKeyOption,
-    CaBundleOption,
-    HeaderOption,
-    InsecureOption,
-)
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+from harness.load.options import typer_options
 
 stderr = Console(stderr=True)
 
@@ -30,10 +24,16 @@ _LOAD = "Load (every probe)"
 _SEARCH = "Search"
 
 
-def capacity(  # noqa: PLR0917 - typer maps parameters to options
-    corpus: Annotated[
-        Path, typer.Option("--corpus", help="corpus.jsonl or its directory.", rich_help_panel=_LOAD)
-    ],
+@typer_options(
+    "corpus", "max_tokens_cap", "concurrency", "processes", "api", "model", "token_counting", "tokenizer",
+    "api_key", "admin_token", "header", "ca_bundle", "insecure",
+    required={"corpus"},
+    panel=_LOAD,
+    help_for={"concurrency": "Users per Locust process (default: a probe's requests, ≤ 512)."},
+)  # fmt: skip
+def capacity(
+    *,
+    load: dict[str, Any],
     slo: Annotated[
         str | None,
         typer.Option(
@@ -118,41 +118,9 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
             help="Send probes with Cache-Control: no-cache (measure serving, not the response cache).",
         ),
     ] = True,
-    max_tokens_cap: Annotated[
-        int | None, typer.Option("--max-tokens-cap", help="Cap every max_tokens.", rich_help_panel=_LOAD)
-    ] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(
-            "--concurrency",
-            help="Users per Locust process (default: a probe's requests, ≤ 512).",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    processes: Annotated[
-        int | None, typer.Option("--processes", help="Locust worker processes.", rich_help_panel=_LOAD)
-    ] = None,
-    api: Annotated[
-        str | None, typer.Option("--api", help="auto, chat or completions.", rich_help_panel=_LOAD)
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="`model` sent with every request.", rich_help_panel=_LOAD)
-    ] = None,
-    token_counting: Annotated[
-        str | None,
-        typer.Option("--token-counting", help="auto, usage, logprobs, tokenizer …", rich_help_panel=_LOAD),
-    ] = None,
-    tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer.json for counting.", rich_help_panel=_LOAD)
-    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an earlier search's results in OUT.")
     ] = False,
-    api_key: ApiKeyOption = None,
-    admin_token: AdminTokenOption = None,
-    header: HeaderOption = None,
-    ca_bundle: CaBundleOption = None,
-    insecure: InsecureOption = False,
 ) -> None:
     """Find the highest open-loop arrival rate at which the target meets the SLO.
 
@@ -174,26 +142,11 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
 
     if url is not None and serve_args is not None:
         raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
-    load = LoadSpec(
-        host="",
-        results_dir=out,
-        corpus=corpus,
-        max_tokens_cap=max_tokens_cap,
-        concurrency=concurrency,
-        processes=processes,
-        api=api,
-        model=model,
-        token_counting=token_counting,
-        tokenizer=tokenizer,
-        api_key=api_key,
-        admin_token=admin_token,
-        header=tuple(header or ()),
-        ca_bundle=ca_bundle,
-        insecure=insecure or None,
-    )
+    # The load options of every probe, validated once here (each probe sets its rate and size).
+    probe_load = LoadSpec(host="", results_dir=out, **load)
     spec = CapacitySpec(
         out=out,
-        load=load,
+        load=probe_load,
         slo=slo if slo is not None else DEFAULT_SLO,
         serve_args=parse_serve_args(serve_args) if serve_args is not None else DEFAULT_SERVE_ARGS,
         url=url,

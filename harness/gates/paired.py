@@ -36,6 +36,10 @@ finalized, the server stopped, ``run.json`` written).
 
 Locust runs in its own process (gevent never runs in this one); this process only polls the
 results file for the progress bar.
+
+The module holds the steps (:class:`PairedRunner`); what a run is configured with and the checks of
+step 1 are :mod:`harness.gates.paired_spec`, ``run.json`` and the layout of ``OUT``
+:mod:`harness.gates.paired_record`.
 """
 
 from __future__ import annotations
@@ -43,351 +47,43 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from harness.common.errors import (
-    ConfigError,
-    ExitCode,
-    HarnessError,
-    InputError,
-    UnavailableError,
-)
-from harness.common.io import iter_jsonl, validation_input_error, write_json
-from harness.common.openai import ChatCompletionRequest, CompletionRequest
+from harness.common.errors import ExitCode, HarnessError, UnavailableError
+from harness.common.io import write_json
 from harness.gates.compare import Comparison
-from harness.gates.driver import (
-    DEFAULT_SERVE_ARGS,
-    ERRORS_BY_CODE,
-    Ui,
-    check_out_dir,
-    check_serve_args,
-    clear_out_dir,
-    log_tail,
-    open_target,
-    sigterm_interrupts,
-)
+from harness.gates.driver import ERRORS_BY_CODE, Ui, clear_out_dir, log_tail, open_target, sigterm_interrupts
 from harness.gates.judge import GateReport
-from harness.gates.target import FlushOutcome, NotExposed, Target, flush_all
-from harness.gates.warmcheck import SEED_WARM_RATE, WarmCheck, check_warm
-from harness.load.arrivals import RequestSpec
-from harness.load.inputs import Inputs
-from harness.load.results import RECORDS_FILE, InputRef, read_summary
-from harness.load.runner import LoadSpec, run_locust
-
-if TYPE_CHECKING:
-    from harness.gates.baseline import Baseline
-
-PHASES = ("cold", "ladder", "warm")
-"""Result directories under ``OUT``, in the order they are written."""
-RUN_FILE = "run.json"
-WARM_CHECK_FILE = "warm-check.json"
-COMPARISON_FILE = "comparison.json"
-JUNIT_FILE = "gate.junit.xml"
-VERDICT_FILE = "gate.json"
-SERVER_DIR = "server"
-CAPACITY_DIR = "capacity"
-"""Where ``--rate N%`` (or a plan in shares of capacity) measures the capacity first."""
-OUTPUTS = (
-    *PHASES,
-    SERVER_DIR,
-    RUN_FILE,
-    WARM_CHECK_FILE,
+from harness.gates.paired_record import (
+    CAPACITY_DIR,
     COMPARISON_FILE,
     JUNIT_FILE,
+    OUTPUTS,
+    RUN_FILE,
+    SERVER_DIR,
     VERDICT_FILE,
-    CAPACITY_DIR,
+    WARM_CHECK_FILE,
+    CapacityRecord,
+    FlushRecord,
+    GateRecord,
+    PairedRun,
+    PhaseRecord,
+    TargetRecord,
+    exit_code_of,
 )
-"""Everything ``harness run`` writes under ``OUT`` (``--force`` removes exactly these)."""
-
-
-# ------------------------------------------------------------------------------------------ spec
-
-
-@dataclass
-class PairedSpec:
-    """Everything a paired run is configured with (``harness run``'s options)."""
-
-    out: Path
-    load: LoadSpec
-    """Load options shared by both phases (corpus, schedule or rate, caps …); ``host``,
-    ``results_dir`` and ``stage`` are set per phase."""
-    serve_args: Sequence[str] | None = DEFAULT_SERVE_ARGS
-    """Arguments of the ``harness serve`` to start (``--port 0 --ready-file`` are added)."""
-    url: str | None = None
-    """Target an already running OpenAI-compatible server instead (``serve_args`` is then ignored)."""
-    plan: Path | None = None
-    preload: Path | None = None
-    gate: Path | None = None
-    probes: int = 20
-    """Probe requests of the warm check (a seeded sample of the warm phase's requests)."""
-    min_warm_rate: float = SEED_WARM_RATE
-    confidence: float = 0.95
-    force: bool = False
-    """Replace the outputs of an earlier run in ``out``."""
-    phase_timeout_s: float = 3600.0
-    server_timeout_s: float = 300.0
-    seed: int = 0
-    """Seed of the probe sample."""
-    rate_share: float | None = None
-    """``--rate 50%``: the constant rate is this share of the target's capacity (``load.rate`` unset)."""
-    capacity: float | None = None
-    """``--capacity N`` (requests/s); ``None``: measured first when a share of it is asked for."""
-    slo: str | None = None
-    """SLO of that measurement (default :data:`harness.gates.capacity.DEFAULT_SLO`)."""
-    capacity_options: dict[str, Any] = field(default_factory=dict)
-    """More :class:`harness.gates.capacity.CapacitySpec` fields for that measurement (``min_rate``,
-    ``probe_requests`` …); the command line uses the defaults."""
-
-    def plan_shares(self) -> bool:
-        """Whether the ladder plan gives stages as shares of capacity (``qps: 50%``)."""
-        from harness.load.plan import share_stages
-
-        return self.plan is not None and bool(share_stages(self.plan))
-
-    def needs_capacity(self) -> bool:
-        return self.rate_share is not None or self.plan_shares()
-
-
-@dataclass
-class Prepared:
-    """What the checks read and computed, for the run."""
-
-    requests: list[RequestSpec]
-    planned: list[int]
-    """The request index of each arrival of a phase (cold and warm send the same)."""
-    ladder_requests: int | None
-    serve_args: list[str] | None
-    refs: dict[str, InputRef] = field(default_factory=dict)
-    phase_load: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-phase load options on top of the spec's (``cold``/``warm``: what ``--until-precision``
-    watches in that phase, from the baseline's gates)."""
-
-
-def check_preload(path: Path) -> int:
-    """Validate a preload file as the server will (one OpenAI request body a line, plus optional
-    ``completion`` and ``tenant``), naming file, line and field; returns its number of lines."""
-    n = 0
-    for number, obj in iter_jsonl(path, expected="an OpenAI request body"):
-        body = dict(obj)
-        for key in ("completion", "tenant"):
-            if body.get(key) is not None and not isinstance(body[key], str):
-                raise InputError(f"'{key}' must be a string", file=path, line=number, field=key)
-            body.pop(key, None)
-        body.pop("stream", None)
-        body.pop("stream_options", None)
-        cls = ChatCompletionRequest if "messages" in body else CompletionRequest
-        if "messages" not in body and "prompt" not in body:
-            raise InputError("expected 'prompt' or 'messages'", file=path, line=number)
-        try:
-            cls.model_validate(body)
-        except ValidationError as exc:
-            raise validation_input_error(
-                exc, file=path, line=number, expected="an OpenAI request body"
-            ) from None
-        n += 1
-    if n == 0:
-        raise InputError("the preload file has no lines", file=path)
-    return n
-
-
-def prepare(spec: PairedSpec) -> Prepared:
-    """Check every input and option before a server starts or a request is sent."""
-    from harness.gates.baseline import read_baseline
-    from harness.load.plan import read_plan
-
-    if spec.probes < 1:
-        raise ConfigError("needs at least one probe request", field="--probes")
-    if not 0 < spec.min_warm_rate <= 1:
-        raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
-    check_out_dir(spec.out, OUTPUTS, force=spec.force, holds="an earlier run")
-    load = spec.load
-    if spec.rate_share is not None:
-        if load.rate is not None:
-            raise ConfigError("give a rate or a share of capacity, not both", field="--rate")
-        # Until the capacity is measured (once the target is up) any rate checks the other inputs.
-        load = dataclasses.replace(load, rate=spec.rate_share * (spec.capacity or 1.0))
-    opts = load.options()
-    # The load stage's own checks and arrival rules: what is planned here is what the replay sends.
-    inputs = Inputs.load(opts, ladder=False)
-    planned = inputs.planned() or []
-    if not planned:
-        raise ConfigError(
-            "the schedule sends no request (check --duration / --max-requests)", field="--duration"
-        )
-    refs: dict[str, InputRef] = {}
-    assert opts.corpus is not None  # Inputs.load refuses a run without one
-    corpus_file = opts.corpus / "corpus.jsonl" if opts.corpus.is_dir() else opts.corpus
-    refs["corpus"] = InputRef.of(corpus_file)
-    requests = inputs.requests
-    if opts.schedule is not None:
-        refs["schedule"] = InputRef.of(opts.schedule)
-    ladder_requests = None
-    if spec.plan is not None:
-        # A plan in shares of capacity is checked against a stand-in until the capacity is known.
-        plan = read_plan(spec.plan, capacity=spec.capacity or (1.0 if spec.plan_shares() else None))
-        ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
-        refs["plan"] = InputRef.of(spec.plan)
-    if spec.preload is not None:
-        check_preload(spec.preload)
-        refs["preload"] = InputRef.of(spec.preload)
-    baseline = None
-    if spec.gate is not None:
-        baseline = read_baseline(spec.gate)
-        refs["baseline"] = InputRef.of(spec.gate)
-    serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
-    phase_load = _precision_per_phase(spec, baseline)
-    return Prepared(requests, planned, ladder_requests, serve_args, refs, phase_load)
-
-
-def _precision_per_phase(spec: PairedSpec, baseline: Baseline | None) -> dict[str, dict[str, Any]]:
-    """With ``--until-precision`` and ``--gate`` but no ``--precision-on``: each phase watches the
-    percentiles its gates judge, at the baseline's confidence and ``min_samples``, so it stops as
-    soon as those gates can judge it. A phase with no percentile gate watches the load default."""
-    from harness.gates.baseline import precision_min_samples, precision_targets
-    from harness.load.precision import format_precision_on
-
-    load = spec.load
-    if load.until_precision is None or baseline is None:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for phase in ("cold", "warm"):
-        opts: dict[str, Any] = {}
-        targets = precision_targets(baseline, phase)
-        if load.precision_on is None and targets:
-            opts["precision_on"] = format_precision_on(targets)
-        if load.precision_confidence is None:
-            opts["precision_confidence"] = baseline.confidence
-        floor = precision_min_samples(baseline, phase)
-        if load.precision_min_samples is None and floor is not None:
-            opts["precision_min_samples"] = floor
-        out[phase] = opts
-    return out
-
-
-# ------------------------------------------------------------------------------------------ record
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TargetRecord(_Strict):
-    url: str
-    model: str | None = None
-    started: bool
-    """Whether this run started the server (``harness serve``) or used ``--url``."""
-    serve_args: list[str] | None = None
-    log: str | None = None
-
-
-class PhaseRecord(_Strict):
-    """One load run of the paired run."""
-
-    dir: str
-    exit_code: int
-    """The load run's exit code (docs/exit-codes.md: 1 requests failed or the ladder stopped)."""
-    seconds: float
-    requests: int | None = None
-    errors: int | None = None
-    interrupted: bool | None = None
-    client_bound: bool | None = None
-    stop_reason: str | None = None
-    """Why the phase stopped sending (``--until-precision`` / ``--max-duration`` runs)."""
-
-
-class FlushRecord(_Strict):
-    level: str
-    status: str
-    detail: str
-    answer: dict[str, Any] | None = None
-
-    @classmethod
-    def of(cls, f: FlushOutcome) -> FlushRecord:
-        return cls(level=f.level, status=f.status, detail=f.detail, answer=f.answer)
-
-
-class GateRecord(_Strict):
-    verdict: str
-    exit_code: int
-    headline: str
-    junit: str
-    verdict_json: str
-
-
-class CapacityRecord(_Strict):
-    """The capacity a run's load was set relative to (``--rate 50%``, plan stages in shares)."""
-
-    capacity_rps: float
-    source: Literal["measured", "given"]
-    """Measured first by this run (``OUT/capacity``) or given with ``--capacity``."""
-    low: float | None = None
-    high: float | None = None
-    bounded: bool | None = None
-    """``false``: every probe passed, the capacity is at least ``capacity_rps``."""
-    file: str | None = None
-    """The measurement's ``capacity.json``."""
-    rate_share: float | None = None
-    rate_rps: float | None = None
-    """The absolute constant rate both phases used (``rate_share × capacity_rps``)."""
-    plan_shares: bool = False
-    """Whether the ladder plan's shares were resolved with it (``--capacity`` to the ladder)."""
-
-
-class PairedRun(_Strict):
-    """``OUT/run.json``: what the paired run did, rewritten after every step."""
-
-    schema_version: int = 1
-    started_at: str
-    finished_at: str | None = None
-    out: str
-    inputs: dict[str, InputRef] = Field(default_factory=dict)
-    load: dict[str, Any] = Field(default_factory=dict)
-    """The load options both phases used (as ``locust`` arguments)."""
-    target: TargetRecord | None = None
-    flush: list[FlushRecord] = Field(default_factory=list)
-    preload: dict[str, Any] | None = None
-    """The target's answer to ``POST /cache/preload`` (or why it was skipped)."""
-    phases: dict[str, PhaseRecord] = Field(default_factory=dict)
-    warm_check: WarmCheck | None = None
-    comparison: str | None = None
-    gate: GateRecord | None = None
-    exit_code: int | None = None
-    message: str | None = None
-    """Why the run ended with its exit code."""
-    interrupted: bool = False
-    skipped_levels: list[str] = Field(default_factory=list)
-    """Cache levels the target does not expose (404), so this run could neither flush nor check them."""
-    capacity: CapacityRecord | None = None
-    """The capacity the load was relative to (only with ``--rate N%`` or a plan in shares)."""
-
-
-def exit_code_of(warm: WarmCheck | None, gate: GateReport | None) -> tuple[ExitCode, str]:
-    """The run's exit code and why: a proven regression (1) outranks cannot-judge (6: the warm phase
-    was not warm, or a gate could not judge), which outranks pass (0)."""
-    if gate is not None and gate.exit_code == int(ExitCode.CHECK_FAILED):
-        return ExitCode.CHECK_FAILED, f"gate: {gate.headline()}"
-    reasons = []
-    if warm is not None and not warm.warm:
-        reasons.append(f"the warm phase cannot be called warm ({warm.reason})")
-    if gate is not None and gate.exit_code == int(ExitCode.UNJUDGEABLE):
-        reasons.append(f"gate: {gate.headline()}")
-    if reasons:
-        return ExitCode.UNJUDGEABLE, "; ".join(reasons)
-    return (
-        ExitCode.OK,
-        f"gate: {gate.headline()}" if gate is not None else "both phases measured, target warm",
-    )
-
+from harness.gates.paired_spec import PairedSpec, Prepared, prepare
+from harness.gates.target import NotExposed, Target, flush_all
+from harness.gates.warmcheck import check_warm
+from harness.load.arrivals import RequestSpec
+from harness.load.results import RECORDS_FILE, read_summary
+from harness.load.runner import LoadSpec, run_locust
 
 # ------------------------------------------------------------------------------------------ running
 
@@ -443,13 +139,11 @@ class PairedRunner:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _template(self, host: str) -> LoadSpec:
-        return dataclasses.replace(self.spec.load, host=host)
-
     def _record_load(self) -> None:
-        args = self._template("").options().to_args()
+        opts = self.spec.load.options
+        args = opts.to_args()
         at = args.index("--results-dir") if "--results-dir" in args else -1
-        access = self.spec.load.options().credentials().describe()  # which are set, never the values
+        access = opts.credentials().describe()  # which are set, never the values
         self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args, "access": access}
 
     def _resolve_capacity(self, target: Target, prep: Prepared) -> None:
@@ -464,16 +158,16 @@ class PairedRunner:
         record = CapacityRecord(capacity_rps=0.0, source="given", rate_share=spec.rate_share)
         if cap is None:
             source = "measured"
-            probe_load = dataclasses.replace(
-                spec.load, rate=None, duration=None, max_requests=None, schedule=None, speedup=None,
-                start_delay=None, extra_args=(),
+            probe_load = spec.load.replace(
+                rate=None, duration=None, max_requests=None, schedule=None, speedup=None, start_delay=None,
+                extra_args=(),
             )  # fmt: skip
             cspec = CapacitySpec(
                 out=self.out / CAPACITY_DIR, load=probe_load, slo=spec.slo or DEFAULT_SLO, url=target.url,
                 confidence=spec.confidence, **spec.capacity_options,
             )  # fmt: skip
             self.ui.say(f"[dim]measuring capacity first (SLO {escape(cspec.slo)}) → {cspec.out}[/]")
-            result = CapacityRunner(cspec, ui=self.ui).measure(target)
+            result = CapacityRunner(cspec, ui=self.ui).measure(target, requests=prep.inputs.requests)
             cap = result.capacity_rps
             record = CapacityRecord(
                 capacity_rps=cap, source="measured", low=result.low, high=result.high, bounded=result.bounded,
@@ -488,27 +182,28 @@ class PairedRunner:
         assert cap is not None
         load = spec.load
         if spec.rate_share is not None:
-            load = dataclasses.replace(load, rate=float(f"{spec.rate_share * cap:.4g}"))
+            load = load.replace(rate=float(f"{spec.rate_share * cap:.4g}"))
         shares = spec.plan_shares()
         if shares or spec.rate_share is not None:
             # The phases' recipes then record the share (summary.json: recipe.rate_of_capacity), which
             # a baseline compares instead of the absolute rate.
-            load = dataclasses.replace(load, capacity=cap)
+            load = load.replace(capacity=cap)
         self.spec = spec = dataclasses.replace(spec, load=load, capacity=cap)
+        rate_rps = load.options.rate if spec.rate_share is not None else None
         record = record.model_copy(
-            update={"capacity_rps": cap, "source": source, "rate_rps": load.rate if spec.rate_share else None,
-                    "plan_shares": shares}
-        )  # fmt: skip
+            update={"capacity_rps": cap, "source": source, "rate_rps": rate_rps, "plan_shares": shares}
+        )
         self.record.capacity = record
-        # What the phases send follows from the rate now known.
-        prep.planned = Inputs.load(load.options(), ladder=False).planned() or []
+        # What the phases send follows from the rate now known (the corpus read once, in prepare).
+        prep.inputs = prep.inputs.with_options(load.options)
+        prep.planned = prep.inputs.planned() or []
         if spec.plan is not None:
             plan = read_plan(spec.plan, capacity=cap)
             prep.ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
         self._record_load()
         self.save()
         at_least = "at least " if record.bounded is False else ""
-        rate = f": --rate {spec.rate_share:.0%} → {load.rate:g} req/s" if spec.rate_share is not None else ""
+        rate = f": --rate {spec.rate_share:.0%} → {rate_rps:g} req/s" if rate_rps is not None else ""
         ladder = "; the ladder's stages in shares of it" if shares else ""
         self.ui.say(f"[green]✓[/] capacity {at_least}{cap:.4g} req/s ({source}){rate}{ladder}")
 
@@ -516,7 +211,7 @@ class PairedRunner:
     def _target(self, prep: Prepared) -> Iterator[Target]:
         spec = self.spec
         log_dir = self.out / SERVER_DIR
-        creds = spec.load.options().credentials()
+        creds = spec.load.options.credentials()
         with open_target(
             spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s, credentials=creds
         ) as target:
@@ -542,23 +237,23 @@ class PairedRunner:
 
         # The phases' own admin call (a plan's preload) uses the target's token: a server started
         # here has one only this run knows.
-        replay = dataclasses.replace(self._template(target.url), admin_token=target.credentials.admin_token)
-        cold = dataclasses.replace(replay, stage="cold", **prep.phase_load.get("cold", {}))
+        replay = spec.load.replace(host=target.url, admin_token=target.credentials.admin_token)
+        cold = replay.replace(stage="cold", **prep.phase_load.get("cold", {}))
         self._phase("cold", cold, len(prep.planned))
         if spec.preload is not None:
             self._preload(target, spec.preload)
         if spec.plan is not None:
-            ladder = dataclasses.replace(
-                replay, locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None,
-                duration=None, max_requests=None, speedup=None, until_precision=None, max_duration=None,
-                precision_on=None, precision_confidence=None, precision_min_samples=None,
+            ladder = replay.replace(
+                locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None, duration=None,
+                max_requests=None, speedup=None, until_precision=None, max_duration=None, precision_on=None,
+                precision_confidence=None, precision_min_samples=None,
             )  # fmt: skip
             self._phase("ladder", ladder, prep.ladder_requests)
         sample = self._probe_sample(prep)
         with self.ui.step(f"warm check: {len(sample)} probe requests"):
             check = check_warm(
                 target, sample, min_warm_rate=spec.min_warm_rate, confidence=spec.confidence,
-                concurrency=min(4, spec.load.concurrency or 4),
+                concurrency=min(4, spec.load.options.concurrency),
             )  # fmt: skip
         write_json(self.out / WARM_CHECK_FILE, check.model_dump(mode="json"))
         self.record.warm_check = check.model_copy(update={"probes": []})  # the probes are in warm-check.json
@@ -570,7 +265,7 @@ class PairedRunner:
         else:
             self.ui.say(f"[bold red]✗ not calling this run warm[/]: {escape(check.reason)} (measured anyway)")
         self.save()
-        warm = dataclasses.replace(replay, stage="warm", **prep.phase_load.get("warm", {}))
+        warm = replay.replace(stage="warm", **prep.phase_load.get("warm", {}))
         self._phase("warm", warm, len(prep.planned))
 
     def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
@@ -579,7 +274,7 @@ class PairedRunner:
         k = min(self.spec.probes, len(distinct))
         rng = np.random.default_rng(self.spec.seed)
         picked = sorted(rng.choice(len(distinct), size=k, replace=False).tolist())
-        return [prep.requests[distinct[i]] for i in picked]
+        return [prep.inputs.requests[distinct[i]] for i in picked]
 
     def _preload(self, target: Target, path: Path) -> None:
         with self.ui.step(f"preloading {path.name}"):
@@ -595,7 +290,7 @@ class PairedRunner:
 
     def _phase(self, name: str, load: LoadSpec, total: int | None) -> None:
         results = self.out / name
-        load = dataclasses.replace(load, results_dir=results)
+        load = load.replace(results_dir=results)
         started = time.monotonic()
         self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
         try:

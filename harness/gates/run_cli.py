@@ -9,19 +9,13 @@ gate could not judge; 2 bad command line; 3 bad input file; 4 bad option or ``--
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from harness.common.auth import (
-    AdminTokenOption,
-    ApiKeyOption,
-    CaBundleOption,
-    HeaderOption,
-    InsecureOption,
-)
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+from harness.load.options import typer_options
 
 stderr = Console(stderr=True)
 
@@ -29,10 +23,23 @@ _LOAD = "Load (both phases)"
 _WARM = "Warm-up and warm check"
 
 
-def run(  # noqa: PLR0917 - typer maps parameters to options
-    corpus: Annotated[
-        Path, typer.Option("--corpus", help="corpus.jsonl or its directory.", rich_help_panel=_LOAD)
-    ],
+@typer_options(
+    "corpus", "schedule", "duration", "max_requests", "arrival", "speedup", "max_tokens_cap", "concurrency",
+    "processes", "api", "model", "token_counting", "tokenizer", "start_delay", "until_precision",
+    "max_duration", "precision_on", "api_key", "admin_token", "header", "ca_bundle", "insecure",
+    required={"corpus"},
+    panel=_LOAD,
+    help_for={
+        "until_precision": "Each phase sends until its watched percentiles are known to within this "
+        "relative half-width (10% or 0.1); with --gate they are the baseline's percentile gates.",
+        "max_duration": "Seconds each phase sends at most (bounds --until-precision).",
+        "precision_on": "Percentiles --until-precision watches, FIELD:Q,… (default: the baseline's, "
+        "else ttft_ms:95,tpot_ms:95).",
+    },
+)  # fmt: skip
+def run(
+    *,
+    load: dict[str, Any],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for every result.")] = Path("runs/run"),
     serve_args: Annotated[
         str | None,
@@ -45,79 +52,11 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         str | None,
         typer.Option("--url", help="Use this running OpenAI-compatible server instead of starting one."),
     ] = None,
-    schedule: Annotated[
-        Path | None, typer.Option("--schedule", help="Arrival schedule JSONL.", rich_help_panel=_LOAD)
-    ] = None,
     rate: Annotated[
         str | None,
         typer.Option(
             "--rate",
             help="Constant arrivals/s (no schedule), or a share of capacity: 50%.",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    duration: Annotated[
-        float | None, typer.Option("--duration", help="Seconds of schedule to send.", rich_help_panel=_LOAD)
-    ] = None,
-    max_requests: Annotated[
-        int | None, typer.Option("--max-requests", help="Send at most this many.", rich_help_panel=_LOAD)
-    ] = None,
-    arrival: Annotated[
-        str | None,
-        typer.Option("--arrival", help="constant or poisson (with --rate).", rich_help_panel=_LOAD),
-    ] = None,
-    speedup: Annotated[
-        float | None, typer.Option("--speedup", help="Divide schedule times by this.", rich_help_panel=_LOAD)
-    ] = None,
-    max_tokens_cap: Annotated[
-        int | None, typer.Option("--max-tokens-cap", help="Cap every max_tokens.", rich_help_panel=_LOAD)
-    ] = None,
-    concurrency: Annotated[
-        int | None, typer.Option("--concurrency", help="Users per Locust process.", rich_help_panel=_LOAD)
-    ] = None,
-    processes: Annotated[
-        int | None, typer.Option("--processes", help="Locust worker processes.", rich_help_panel=_LOAD)
-    ] = None,
-    api: Annotated[
-        str | None, typer.Option("--api", help="auto, chat or completions.", rich_help_panel=_LOAD)
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="`model` sent with every request.", rich_help_panel=_LOAD)
-    ] = None,
-    token_counting: Annotated[
-        str | None,
-        typer.Option("--token-counting", help="auto, usage, logprobs, tokenizer …", rich_help_panel=_LOAD),
-    ] = None,
-    tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer.json for counting.", rich_help_panel=_LOAD)
-    ] = None,
-    start_delay: Annotated[
-        float | None,
-        typer.Option("--start-delay", help="Seconds before the first arrival.", rich_help_panel=_LOAD),
-    ] = None,
-    until_precision: Annotated[
-        str | None,
-        typer.Option(
-            "--until-precision",
-            help="Each phase sends until its watched percentiles are known to within this relative "
-            "half-width (10% or 0.1); with --gate they are the baseline's percentile gates.",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    max_duration: Annotated[
-        float | None,
-        typer.Option(
-            "--max-duration",
-            help="Seconds each phase sends at most (bounds --until-precision).",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    precision_on: Annotated[
-        str | None,
-        typer.Option(
-            "--precision-on",
-            help="Percentiles --until-precision watches, FIELD:Q,… (default: the baseline's, else "
-            "ttft_ms:95,tpot_ms:95).",
             rich_help_panel=_LOAD,
         ),
     ] = None,
@@ -167,11 +106,6 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
             rich_help_panel=_LOAD,
         ),
     ] = None,
-    api_key: ApiKeyOption = None,
-    admin_token: AdminTokenOption = None,
-    header: HeaderOption = None,
-    ca_bundle: CaBundleOption = None,
-    insecure: InsecureOption = False,
 ) -> None:
     """Paired cold/warm run: replay cold, warm up, check warm, replay warm; compare and gate.
 
@@ -182,11 +116,10 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
     from harness.gates.compare import comparison_table
     from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.gates.output import gate_table
-    from harness.gates.paired import PairedRunner, PairedSpec
+    from harness.gates.paired import PairedRunner
+    from harness.gates.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
-    if arrival is not None and arrival not in ("constant", "poisson"):
-        raise ConfigError(f"{arrival!r} is not constant or poisson", field="--arrival")
     if url is not None and serve_args is not None:
         raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
     rate_rps, rate_share = parse_rate(rate)
@@ -196,36 +129,11 @@ def run(  # noqa: PLR0917 - typer maps parameters to options
         from harness.gates.capacity import parse_slo
 
         parse_slo(slo)
-    load = LoadSpec(
-        host="",
-        results_dir=out,
-        corpus=corpus,
-        schedule=schedule,
-        rate=rate_rps,
-        duration=duration,
-        max_requests=max_requests,
-        speedup=speedup,
-        max_tokens_cap=max_tokens_cap,
-        concurrency=concurrency,
-        processes=processes,
-        api=api,
-        model=model,
-        token_counting=token_counting,
-        tokenizer=tokenizer,
-        start_delay=start_delay,
-        until_precision=until_precision,
-        max_duration=max_duration,
-        precision_on=precision_on,
-        extra_args=("--arrival", arrival) if arrival else (),
-        api_key=api_key,
-        admin_token=admin_token,
-        header=tuple(header or ()),
-        ca_bundle=ca_bundle,
-        insecure=insecure or None,
-    )
+    # The load options, validated once here; --rate is this command's own (a share of capacity too).
+    spec_load = LoadSpec(host="", results_dir=out, rate=rate_rps, **load)
     spec = PairedSpec(
         out=out,
-        load=load,
+        load=spec_load,
         serve_args=parse_serve_args(serve_args) if serve_args is not None else DEFAULT_SERVE_ARGS,
         url=url,
         plan=plan,

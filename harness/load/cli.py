@@ -15,13 +15,14 @@ ladder stopped on a failed stage or requests failed, 3/4/5 bad input, configurat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from harness.common.errors import InputError
+from harness.load.options import LoadOptions, typer_options
 from harness.load.results import (
     SUMMARY_FILE,
     RunSummary,
@@ -32,6 +33,7 @@ from harness.load.results import (
     summary_table,
     write_summary,
 )
+from harness.load.runner import LoadSpec, run_locust
 
 app = typer.Typer(
     help="Replay corpora open-loop, run warmup ladders, summarize load runs.", no_args_is_help=True
@@ -122,110 +124,38 @@ def summarize_cmd(
 
 
 HOST = Annotated[str, typer.Option("--host", help="Target base URL (any OpenAI-compatible server).")]
-CORPUS = Annotated[Path, typer.Option("--corpus", help="corpus.jsonl or its directory.")]
-RESULTS = Annotated[Path, typer.Option("--results-dir", help="Where records.jsonl and summary.json go.")]
-PROCESSES = Annotated[int | None, typer.Option("--processes", help="Locust worker processes (one master).")]
-CONCURRENCY = Annotated[int | None, typer.Option("--concurrency", help="Users (max in flight) per process.")]
-CAP = Annotated[int | None, typer.Option("--max-tokens-cap", help="Cap every request's max_tokens.")]
-PRELOAD = Annotated[Path | None, typer.Option("--preload", help="JSONL for POST /cache/preload first.")]
+LADDER_ONLY = frozenset({"plan", "capacity"})
+"""Options of the warmup ladder (``locustfiles/warmup.py``), not of a replay."""
+REPLAY_ONLY = frozenset(
+    {"schedule", "rate", "arrival", "duration", "max_requests", "speedup", "stage"}
+    | {"until_precision", "max_duration", "precision_on", "precision_confidence", "precision_min_samples"}
+)
+"""Options that mean nothing to a ladder, or that it refuses: its plan sets the stages (and names
+them), their rates and lengths."""
+REPLAY_OPTIONS = ("processes", *(n for n in LoadOptions.model_fields if n not in LADDER_ONLY))
+LADDER_OPTIONS = ("processes", *(n for n in LoadOptions.model_fields if n not in REPLAY_ONLY))
 
 
-def _launch(spec: object) -> None:
-    from harness.load.runner import LoadSpec, run_locust
-
-    assert isinstance(spec, LoadSpec)
+def _launch(spec: LoadSpec) -> None:
     console.print(" ".join(spec.command()[1:]), style="dim", highlight=False)
     code = run_locust(spec)
-    if (Path(spec.results_dir) / SUMMARY_FILE).exists():
-        print_summary(read_summary(spec.results_dir), str(spec.results_dir))
+    results = spec.options.results_dir
+    if (results / SUMMARY_FILE).exists():
+        print_summary(read_summary(results), str(results))
     else:
-        console.print(f"no summary written; see {Path(spec.results_dir) / 'locust.log'}")
+        console.print(f"no summary written; see {results / 'locust.log'}")
     raise typer.Exit(code)
 
 
 @app.command("replay")
-def replay_cmd(  # noqa: PLR0917  (typer options)
-    host: HOST,
-    corpus: CORPUS,
-    results_dir: RESULTS,
-    schedule: Annotated[Path | None, typer.Option("--schedule", help="Arrival schedule JSONL.")] = None,
-    rate: Annotated[float | None, typer.Option("--rate", help="Constant arrivals/s (no schedule).")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="Seconds of schedule to send.")] = None,
-    stage: Annotated[str, typer.Option("--stage", help="X-Traffic-Stage label.")] = "replay",
-    speedup: Annotated[float, typer.Option("--speedup", help="Divide schedule times by this.")] = 1.0,
-    processes: PROCESSES = None,
-    concurrency: CONCURRENCY = None,
-    max_tokens_cap: CAP = None,
-    preload: PRELOAD = None,
-    bypass_fraction: Annotated[
-        float | None,
-        typer.Option("--bypass-fraction", help="Share of requests sent with Cache-Control: no-cache."),
-    ] = None,
-    until_precision: Annotated[
-        str | None,
-        typer.Option("--until-precision", help="Stop once the watched percentiles are this precise (10%)."),
-    ] = None,
-    max_duration: Annotated[
-        float | None, typer.Option("--max-duration", help="Seconds of sending at most.")
-    ] = None,
-    precision_on: Annotated[
-        str | None, typer.Option("--precision-on", help="Percentiles to watch (ttft_ms:95,tpot_ms:95).")
-    ] = None,
-) -> None:
+@typer_options(*REPLAY_OPTIONS, required={"corpus", "results_dir"})
+def replay_cmd(host: HOST, *, load: dict[str, Any]) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
-    from harness.load.runner import LoadSpec
-
-    _launch(
-        LoadSpec(
-            host=host,
-            corpus=corpus,
-            results_dir=results_dir,
-            schedule=schedule,
-            rate=rate,
-            duration=duration,
-            stage=stage,
-            speedup=speedup,
-            processes=processes,
-            concurrency=concurrency,
-            max_tokens_cap=max_tokens_cap,
-            preload=preload,
-            bypass_fraction=bypass_fraction,
-            until_precision=until_precision,
-            max_duration=max_duration,
-            precision_on=precision_on,
-        )
-    )
+    _launch(LoadSpec(host=host, **load))
 
 
 @app.command("ladder")
-def ladder_cmd(  # noqa: PLR0917  (typer options)
-    host: HOST,
-    corpus: CORPUS,
-    plan: Annotated[Path, typer.Option("--plan", help="Ladder plan YAML (fixtures/plans/seed.yaml).")],
-    results_dir: RESULTS,
-    processes: PROCESSES = None,
-    concurrency: CONCURRENCY = None,
-    max_tokens_cap: CAP = None,
-    preload: PRELOAD = None,
-    capacity: Annotated[
-        float | None,
-        typer.Option("--capacity", help="Target capacity, requests/s: resolves stages given as qps: 50%."),
-    ] = None,
-) -> None:
+@typer_options(*LADDER_OPTIONS, required={"corpus", "plan", "results_dir"})
+def ladder_cmd(host: HOST, *, load: dict[str, Any]) -> None:
     """Run the staged warmup ladder with rollback (headless Locust, locustfiles/warmup.py)."""
-    from harness.load.runner import LoadSpec
-
-    _launch(
-        LoadSpec(
-            host=host,
-            corpus=corpus,
-            locustfile="warmup",
-            plan=plan,
-            results_dir=results_dir,
-            processes=processes,
-            concurrency=concurrency,
-            max_tokens_cap=max_tokens_cap,
-            preload=preload,
-            capacity=capacity,
-        )
-    )
+    _launch(LoadSpec(host=host, locustfile="warmup", **load))

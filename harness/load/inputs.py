@@ -2,7 +2,9 @@
 
 :meth:`Inputs.load` reads the corpus, schedule and plan a run's options name and checks them the
 way the run will use them, so a mistake is a :class:`~harness.common.errors.HarnessError` before any
-request is sent. :meth:`Inputs.source` gives one worker's arrival source (its share of a schedule, or
+request is sent; :meth:`Inputs.with_options` checks a variant of the options (another rate) against
+the files already read, so a process reads its corpus once and hands it on.
+:meth:`Inputs.source` gives one worker's arrival source (its share of a schedule, or
 of a rate); :meth:`Inputs.planned` the whole run's sequence of requests. The Locust plugin
 (:mod:`harness.load.plugin`) and callers outside Locust (``harness run``) share this module, so they
 apply the same rules; it imports nothing that patches gevent.
@@ -60,13 +62,44 @@ class Inputs:
         records = list(read_corpus(opts.corpus))
         if not records:
             raise InputError("the corpus has no records", file=opts.corpus)
-        requests = prepare_requests(
-            records,
-            api=opts.api,
-            model=opts.model,
-            max_tokens_cap=opts.max_tokens_cap,
-            token_counting=opts.token_counting,
+        schedule = _read_schedule(opts.schedule) if opts.schedule is not None else None
+        return cls._checked(opts, records, schedule, None, ladder=ladder, posts_preload=posts_preload)
+
+    def with_options(self, opts: LoadOptions, *, ladder: bool = False, posts_preload: bool = True) -> Inputs:
+        """The inputs of a variant of this run's options (another rate, a phase's precision
+        options …), checked as :meth:`load` checks them, without reading the corpus and schedule
+        again: they are handed on (the same files: a variant naming others is refused)."""
+        if opts.corpus != self.opts.corpus or opts.schedule != self.opts.schedule:
+            raise ValueError("with_options keeps the corpus and schedule; Inputs.load reads others")
+        same_requests = all(
+            getattr(opts, k) == getattr(self.opts, k)
+            for k in ("api", "model", "max_tokens_cap", "token_counting")
         )
+        requests = self.requests if same_requests else None
+        return self._checked(
+            opts, self.records, self.schedule, requests, ladder=ladder, posts_preload=posts_preload
+        )
+
+    @classmethod
+    def _checked(
+        cls,
+        opts: LoadOptions,
+        records: list[CorpusRecord],
+        schedule: list[ScheduleEntry] | None,
+        requests: list[RequestSpec] | None,
+        *,
+        ladder: bool,
+        posts_preload: bool,
+    ) -> Inputs:
+        """The run's rules applied to inputs already read."""
+        if requests is None:
+            requests = prepare_requests(
+                records,
+                api=opts.api,
+                model=opts.model,
+                max_tokens_cap=opts.max_tokens_cap,
+                token_counting=opts.token_counting,
+            )
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")
         if ladder and (opts.until_precision is not None or opts.max_duration is not None):
@@ -74,7 +107,6 @@ class Inputs:
             # stage short and make its verdict mean nothing.
             flag = "--until-precision" if opts.until_precision is not None else "--max-duration"
             raise ConfigError("does not apply to the warmup ladder (its plan sets the stages)", field=flag)
-        schedule = _read_schedule(opts.schedule) if opts.schedule is not None else None
         plan = None
         if ladder:
             if opts.plan is None:

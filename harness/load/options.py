@@ -6,14 +6,23 @@ They are added to Locust's own parser through ``events.init_command_line_parser`
 UI's start form. :class:`LoadOptions` validates what arrived (``extra="forbid"``: a misspelt field in
 code is an error) and :meth:`LoadOptions.to_args` turns options back into arguments for the
 launcher (:mod:`harness.load.runner`), so both spell every option the same way.
+
+The harness's own commands that launch load (``harness run``, ``harness capacity``, ``harness load
+replay|ladder``) take the same options through :func:`typer_options`: flag, type, help (one table,
+``_HELP``) and default come from here, so an option is declared once for Locust and every command.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
+import typer
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -28,6 +37,8 @@ from harness.common.auth import API_KEY_ENV, Credentials, parse_header, secrets_
 from harness.common.errors import ConfigError
 from harness.load.arrivals import ApiChoice, ArrivalProcess
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
+
+_R = TypeVar("_R")
 
 DEFAULT_STAGE = "replay"
 DEFAULT_PRECISION_ON = "ttft_ms:95,tpot_ms:95"
@@ -160,8 +171,28 @@ class LoadOptions(BaseModel):
         )
 
     @classmethod
+    def validated(cls, raw: Mapping[str, Any]) -> LoadOptions:
+        """Validate ``raw`` (field name → value; ``None`` or an empty list is left unset): the one place
+        a bad option becomes a :class:`ConfigError` naming its flag (a secret's value never shown)."""
+        given = {
+            k: v for k, v in raw.items() if v is not None and not (isinstance(v, list | tuple) and not v)
+        }
+        try:
+            return cls.model_validate(given)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err.get("loc") else "?"
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            got = "" if name in SECRET_FIELDS or name not in given else f" (got {given[name]!r})"
+            raise ConfigError(f"{msg}{got}", field=f"--{name.replace('_', '-')}") from None
+
+    @classmethod
     def from_namespace(cls, ns: object) -> LoadOptions:
-        """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included)."""
+        """Validate the matching attributes of Locust's ``parsed_options`` (web UI strings included).
+
+        The same values (Locust's init, then every test start) are validated once per process: the
+        last result is kept and handed out again while the values are unchanged (the web UI's start
+        form changes them between runs, and then they are validated anew)."""
         # Secrets a launcher handed over through the environment, never argv; then the command line.
         raw: dict[str, Any] = secrets_from_env()
         for name in cls.model_fields:
@@ -171,14 +202,27 @@ class LoadOptions(BaseModel):
             raw[name] = value
         if "api_key" not in raw and os.environ.get(API_KEY_ENV):
             raw["api_key"] = os.environ[API_KEY_ENV]
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            name = str(err["loc"][0]) if err.get("loc") else "?"
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            got = "" if name in SECRET_FIELDS else f" (got {raw.get(name)!r})"
-            raise ConfigError(f"{msg}{got}", field=f"--{name.replace('_', '-')}") from None
+        last = _LAST_NAMESPACE.get("raw")
+        if last is not None and last == raw:
+            return _LAST_NAMESPACE["options"]  # type: ignore[no-any-return]
+        opts = cls.validated(raw)
+        _LAST_NAMESPACE.update(raw=raw, options=opts)
+        return opts
+
+    def evolve(self, **changes: Any) -> LoadOptions:
+        """These options with ``changes`` (a value of ``None`` puts the option back to its default,
+        unset), validated: a launcher's per-phase or per-probe variant of the options it was given."""
+        now: dict[str, Any] = {name: getattr(self, name) for name in self.model_fields_set}
+        raw = {k: v for k, v in {**now, **changes}.items() if v is not None and v != []}
+        if raw == now:
+            return self  # nothing changes: these options were validated already
+        return type(self).validated(raw)
+
+    def is_set(self, name: str) -> bool:
+        """Whether ``name`` was given (not left at its default): a launcher picks its own default then."""
+        if name not in type(self).model_fields:
+            raise KeyError(name)
+        return name in self.model_fields_set
 
     def to_args(self) -> list[str]:
         """Command-line arguments that reproduce these options (defaults omitted). The secrets are
@@ -195,6 +239,8 @@ class LoadOptions(BaseModel):
 
 SECRET_FIELDS: frozenset[str] = frozenset({"api_key", "admin_token", "header"})
 """Options never written to a command line, a results file or the web UI (they go by environment)."""
+_LAST_NAMESPACE: dict[str, Any] = {}
+""":meth:`LoadOptions.from_namespace`'s last raw values and their validated options."""
 
 
 _HELP: dict[str, str] = {
@@ -273,3 +319,116 @@ def add_arguments(parser: Any) -> None:
         if isinstance(default, Path):
             kwargs["default"] = str(default)
         parser.add_argument(flag, dest=name, **kwargs)
+
+
+# ---- the same options on the harness's own commands (typer) ---------------------------------------
+
+LAUNCHER_HELP: dict[str, str] = {"processes": "Locust worker processes (one master)"}
+"""Options of the launcher (:class:`harness.load.runner.LoadSpec`), not of the Locust run itself,
+that every command launching load offers too."""
+
+
+def _typer_type(name: str, ann: Any) -> Any:
+    """The type a typer option of this field takes (``None``: not given)."""
+    if name in _TEXT or get_origin(ann) is Literal:
+        return str | None  # LoadOptions parses and checks them, one error message for every command
+    for base in (Path, float, int, str):
+        if ann in (base, base | None):
+            return base | None
+    raise TypeError(f"no command-line type for LoadOptions.{name}: {ann}")
+
+
+def _credential_options() -> dict[str, Any]:
+    from harness.common import auth
+
+    # Declared once in harness.common.auth for every command that talks to a target (its panel,
+    # its environment variables); the load options take them as they are.
+    return {
+        "api_key": (auth.ApiKeyOption, None),
+        "admin_token": (auth.AdminTokenOption, None),
+        "header": (auth.HeaderOption, None),
+        "ca_bundle": (auth.CaBundleOption, None),
+        "insecure": (auth.InsecureOption, False),
+    }
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` is the option's unset value, by type too (an ``--insecure`` left off is
+    ``False``; a ``--seed 0`` is the default seed, not a flag left off, though ``0 == False``)."""
+    if value in ([], ()):
+        value = None  # a repeatable option given no times
+    if value is None or default is None or isinstance(default, bool):
+        return value is default
+    return type(value) is type(default) and bool(value == default)
+
+
+def typer_options(
+    *names: str,
+    required: frozenset[str] | set[str] = frozenset(),
+    panel: str | None = None,
+    help_for: Mapping[str, str] | None = None,
+) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+    """Give a typer command the load options ``names`` (fields of :class:`LoadOptions`, or
+    :data:`LAUNCHER_HELP`'s): one ``--flag`` each, named, typed and helped as Locust's parser has them
+    (:func:`add_arguments`), with the option's default shown. The command takes a ``load`` parameter:
+    a dict of the options given (those at their default left out: unset, as a launcher that picks
+    its own default wants them), ready for ``LoadSpec(host=…, **load)``, which validates them once.
+
+    ``required``: options the command cannot run without (no default); ``help_for``: a command's own
+    help where the option means more there (``harness capacity``'s ``--concurrency``).
+    """
+    credentials = _credential_options()
+    fields = LoadOptions.model_fields
+
+    own_help = help_for or {}
+    unset: dict[str, Any] = {}
+    """The value of each option when it is not given (the command cannot tell the two apart)."""
+
+    def param(name: str) -> inspect.Parameter:
+        kind = inspect.Parameter.KEYWORD_ONLY
+        if name in credentials:
+            annotation, default = credentials[name]
+            unset[name] = default
+            return inspect.Parameter(name, kind, annotation=annotation, default=default)
+        if name in LAUNCHER_HELP:
+            text, typ, default = LAUNCHER_HELP[name], int | None, None
+        else:
+            info = fields[name]
+            text, typ = _HELP[name], _typer_type(name, info.annotation)
+            # The option's own default, shown in the help; where the command gives the option a
+            # meaning of its own (its help says so) "not given" stays None, for it to decide.
+            default = None if name in own_help else info.get_default(call_default_factory=True)
+        text = own_help.get(name) or text.replace("%%", "%")
+        option = typer.Option(
+            f"--{name.replace('_', '-')}",
+            help=text + ("" if text.endswith(".") else "."),
+            rich_help_panel=panel,
+        )
+        if name in required:
+            base = get_args(typ)[0] if get_origin(typ) in (UnionType, Union) else typ
+            return inspect.Parameter(name, kind, annotation=Annotated[base, option])
+        unset[name] = default
+        return inspect.Parameter(name, kind, annotation=Annotated[typ, option], default=default)
+
+    generated = [param(n) for n in names]
+
+    def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "load"]
+        assert "load" in sig.parameters, f"{func.__name__} takes the options as `load`"
+        clash = {p.name for p in own} & set(names)
+        assert not clash, f"{func.__name__} declares load options itself: {clash}"
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> _R:
+            load = {n: kwargs.pop(n) for n in names}
+            given = {n: v for n, v in load.items() if n not in unset or not _same(v, unset[n])}
+            return func(**kwargs, load=given)
+
+        params = [*own, *generated]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__  # typer reads the signature above, not the function's own
+        return command
+
+    return decorate

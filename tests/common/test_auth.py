@@ -90,7 +90,7 @@ def test_load_options_keep_secrets_off_the_command_line_and_hand_them_over_by_en
         host="http://127.0.0.1:1", results_dir="r", corpus="fixtures", rate=1, duration=1,
         api_key=KEY, admin_token=TOKEN, header=("X-Org: research",), insecure=True,
     )  # fmt: skip
-    opts = spec.options()
+    opts = spec.options
     cmd = spec.command()
     assert all(KEY not in a and TOKEN not in a and "research" not in a for a in cmd)
     assert "--insecure" in cmd

@@ -181,7 +181,8 @@ def test_bad_slo_and_an_unreachable_target_exit_before_probing(tmp_path: Path, c
 
 @pytest.mark.slow
 def test_run_at_half_of_the_capacity_it_measures_first(tmp_path: Path, corpus: Path) -> None:
-    from harness.gates.paired import PairedRunner, PairedSpec
+    from harness.gates.paired import PairedRunner
+    from harness.gates.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
     out = tmp_path / "run"

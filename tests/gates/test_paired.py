@@ -24,12 +24,9 @@ from harness.common.auth import Credentials
 from harness.common.errors import ExitCode
 from harness.corpus.model import CorpusRecord
 from harness.gates.compare import compare
-from harness.gates.paired import (
-    PairedSpec,
-    check_serve_args,
-    exit_code_of,
-    prepare,
-)
+from harness.gates.driver import check_serve_args
+from harness.gates.paired_record import exit_code_of
+from harness.gates.paired_spec import PairedSpec, prepare
 from harness.gates.runs import load_result_set
 from harness.gates.target import Target, flush_all
 from harness.gates.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
@@ -343,11 +340,11 @@ def test_planned_requests_are_the_load_stages_own(tmp_path):
     """What harness run plans (its warm probes) is what the replay sends: the load stage's Inputs."""
     corpus = write_corpus(tmp_path / "c.jsonl", 3)
     spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, rate=2, duration=4)
-    assert Inputs.load(spec.options(), ladder=False).planned() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert Inputs.load(spec.options, ladder=False).planned() == [0, 1, 2, 0, 1, 2, 0, 1]
     sched = tmp_path / "s.jsonl"
     sched.write_text("".join(json.dumps({"offset_s": t, "scenario": "s1"}) + "\n" for t in (0, 1, 2)))
     spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, schedule=sched)
-    assert Inputs.load(spec.options(), ladder=False).planned() == [1, 1, 1]  # scenario s1: record r1
+    assert Inputs.load(spec.options, ladder=False).planned() == [1, 1, 1]  # scenario s1: record r1
     prep = prepare(PairedSpec(out=tmp_path / "out", load=spec))
     assert prep.planned == [1, 1, 1]
 
@@ -401,3 +398,66 @@ def test_comparison_difference_intervals_cover_and_say_which_way(tmp_path):
     unchanged = {r.metric: r for r in compare(cold, same).rows}
     assert unchanged["ttft_p95"].verdict == "no clear change"
     assert unchanged["ttft_p95"].difference.lo < 0 < unchanged["ttft_p95"].difference.hi
+
+
+def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_path, monkeypatch):
+    """In ``harness run``'s own process the corpus is read once and handed on (the capacity share
+    turned into a rate, the ladder, the warm check's probes), and the load options are validated once:
+    the command validates the user's, each phase's variant is validated once when made, and launching
+    a phase validates nothing. The phases' Locust processes read their own (not counted here)."""
+    import harness.load.inputs as inputs_module
+    from harness.gates import paired
+    from harness.load.options import LoadOptions
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL_PLAN)
+    reads: list[Path] = []
+    read_corpus = inputs_module.read_corpus
+    monkeypatch.setattr(inputs_module, "read_corpus", lambda path: reads.append(path) or read_corpus(path))
+    validated: list[str] = []
+    validate = LoadOptions.validated.__func__
+
+    def key(raw):
+        return repr(sorted((k, repr(v)) for k, v in raw.items() if v is not None and v != []))
+
+    def counting(cls, raw):
+        validated.append(key(raw))
+        return validate(cls, raw)
+
+    monkeypatch.setattr(LoadOptions, "validated", classmethod(counting))
+
+    class FakeTarget:
+        url, model, server, credentials = "http://127.0.0.1:9", "m", None, Credentials()
+
+    @contextlib.contextmanager
+    def fake_target(*_args, **_kw):
+        yield FakeTarget()
+
+    launched = []
+
+    def fake_locust(load, timeout_s=None):
+        launched.append(load)
+        before = len(validated)
+        load.command()
+        assert len(validated) == before  # a launch validates nothing: the options are
+        make_run(load.options.results_dir, 60, seed=len(launched))
+        return 0
+
+    monkeypatch.setattr(paired, "open_target", fake_target)
+    monkeypatch.setattr(paired, "flush_all", lambda target: [])
+    monkeypatch.setattr(paired, "check_warm", lambda *_a, **_kw: _check(True))
+    monkeypatch.setattr(paired, "run_locust", fake_locust)
+    out = tmp_path / "out"
+    code = run_main(
+        "--url", FakeTarget.url, "--corpus", str(corpus), "--rate", "50%", "--capacity", "8",
+        "--duration", "2", "--plan", str(plan), "--probes", "2", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    assert reads == [corpus]
+    assert validated.count(validated[0]) == 1  # the command line's options
+    for spec in launched:  # each phase's, validated when it was made, not again to launch it
+        assert validated.count(key({n: getattr(spec.options, n) for n in spec.options.model_fields_set})) == 1
+    assert [spec.options.stage for spec in launched] == ["cold", "replay", "warm"]
+    assert [spec.options.rate for spec in launched] == [4.0, None, 4.0]  # 50 % of 8 req/s
+    assert read(out / "run.json")["load"]["args"][:4] == ["--corpus", str(corpus), "--rate", "4.0"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.gates.baseline import precision_min_samples, precision_targets, read_baseline
-from harness.gates.paired import PairedSpec, prepare
+from harness.gates.paired_spec import PairedSpec, prepare
 from harness.load.precision import parse_precision_on
 from harness.load.runner import LoadSpec
 from tests.gates.factory import ROOT
@@ -54,10 +54,10 @@ def test_prepare_gives_each_phase_its_gates_to_watch(tmp_path: Path) -> None:
                  "precision_min_samples": 200},
     }  # fmt: skip
     # An explicit --precision-on wins; without --until-precision nothing changes.
-    load.precision_on = "ttft_ms:50"
+    load = load.replace(precision_on="ttft_ms:50")
     prep = prepare(PairedSpec(out=tmp_path / "out", load=load, gate=tmp_path / "b.yaml"))
     assert "precision_on" not in prep.phase_load["cold"]
-    load.until_precision = None
+    load = load.replace(until_precision=None)
     assert prepare(PairedSpec(out=tmp_path / "out", load=load, gate=tmp_path / "b.yaml")).phase_load == {}
 
 

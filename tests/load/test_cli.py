@@ -48,3 +48,70 @@ def test_summarize_a_missing_directory_is_an_input_error(
     with pytest.raises(SystemExit) as ex:
         main(["load", "summarize", str(tmp_path / "nope")])
     assert ex.value.code == 3
+
+
+# ---- the load options on the harness's commands: declared once (harness.load.options) ------------
+
+
+def test_commands_that_launch_load_take_the_load_options_from_one_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.load.options import _HELP
+
+    monkeypatch.setenv("COLUMNS", "250")
+    shared = ("max_tokens_cap", "api", "model", "token_counting", "tokenizer")
+    for command in (["run"], ["capacity"], ["load", "replay"], ["load", "ladder"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = capsys.readouterr().out
+        for name in (*shared, "corpus", "processes", "api_key", "header", "insecure"):
+            assert f"--{name.replace('_', '-')}" in shown, (command, name)
+        for name in shared:  # the same words on every command (the table's, as Locust shows them)
+            assert _HELP[name].split(" (")[0] in shown, (command, name)
+    for command in (["analysis", "plan"], ["analysis", "decay-sweep"]):  # the same flags, their own words
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = capsys.readouterr().out
+        assert all(f"--{flag}" in shown for flag in ("max-tokens-cap", "api", "model")), command
+
+
+def test_a_generated_command_gets_only_the_options_given() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from harness.load.options import typer_options
+
+    got: list[dict[str, object]] = []
+    app = typer.Typer()
+
+    @app.command()
+    @typer_options(
+        "concurrency", "seed", "until_precision", "header", "insecure", "corpus", required={"corpus"}
+    )
+    def cmd(name: str, *, load: dict[str, object]) -> None:
+        got.append({"name": name, **load})
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["x", "--corpus", "c"]).exit_code == 0
+    assert got.pop() == {"name": "x", "corpus": Path("c")}  # unset options are left out
+    args = ["y", "--corpus", "c", "--seed", "1", "--concurrency", "8", "--until-precision", "10%"]
+    assert runner.invoke(app, [*args, "-H", "A:1", "--insecure"]).exit_code == 0
+    assert got.pop() == {
+        "name": "y", "corpus": Path("c"), "seed": 1, "concurrency": 8, "until_precision": "10%",
+        "header": ["A:1"], "insecure": True,
+    }  # fmt: skip
+    # An option given its default is the same run as one not given (the launcher's default applies).
+    assert runner.invoke(app, ["w", "--corpus", "c", "--seed", "0", "--concurrency", "64"]).exit_code == 0
+    assert got.pop() == {"name": "w", "corpus": Path("c")}
+    assert runner.invoke(app, ["z"]).exit_code == 2  # --corpus is required
+
+
+def test_replay_refuses_a_bad_option_before_launching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["load", "replay", "--host", "http://127.0.0.1:9", "--corpus", "c", "--results-dir",
+              str(tmp_path / "r"), "--rate", "2", "--duration", "1", "--arrival", "sometimes"])  # fmt: skip
+    assert ex.value.code == 4  # a bad option (docs/exit-codes.md), named
+    assert "--arrival" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing launched

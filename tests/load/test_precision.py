@@ -245,3 +245,32 @@ def test_arrivals_end_is_known_ahead(corpus: Path, tmp_path: Path) -> None:
     assert end(rate=10, max_requests=5, arrival="poisson") == math.inf
     sched = make_schedule(tmp_path / "s.jsonl", [0.0, 1.0, 7.5])
     assert end(schedule=sched) == 7.5 and end(schedule=sched, max_duration=5) == 1.0
+
+
+def test_load_spec_validates_once_and_its_variants_evolve_the_options() -> None:
+    spec = LoadSpec(host="http://x", results_dir="r", corpus="c", rate=5, duration=10, concurrency=8)
+    assert spec.options.is_set("concurrency") and not spec.options.is_set("start_delay")
+    with pytest.raises(ConfigError) as err:  # a bad value is refused when the spec is made
+        LoadSpec(host="http://x", corpus="c", rate=-1)
+    assert err.value.field == "--rate"
+    variant = spec.replace(host="http://y", stage="cold", concurrency=None, processes=2)
+    assert (variant.host, variant.processes, variant.options.stage) == ("http://y", 2, "cold")
+    assert variant.options.concurrency == 64 and not variant.options.is_set("concurrency")  # None: default
+    assert spec.options.concurrency == 8  # the original is untouched
+    assert spec.replace(processes=3).options is spec.options  # launcher fields only: no new options
+    assert spec.options.evolve(rate=5) is spec.options  # nothing changes: nothing to validate
+    with pytest.raises(ConfigError) as err:
+        spec.replace(until_precision="150%")
+    assert err.value.field == "--until-precision"
+
+
+def test_locusts_options_are_validated_once_per_process_until_they_change() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(["--corpus", "c", "--rate", "5", "--duration", "1"])
+    first = LoadOptions.from_namespace(ns)
+    assert LoadOptions.from_namespace(ns) is first  # Locust's init, then the test start
+    ns.rate = 7.0  # the web UI's start form changed it
+    assert LoadOptions.from_namespace(ns).rate == 7.0
