@@ -445,6 +445,9 @@ class _State:
     run: LoadRun | None = None
     runs: int = 0
     """Tests started in this process (a web UI session may run several)."""
+    checked: Inputs | None = None
+    """The inputs ``init`` read and checked: the first test start hands them on instead of reading
+    the corpus and schedule again (a web UI start with other files reads those)."""
 
 
 STATE = _State()
@@ -482,7 +485,8 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     role = _role(env)
     if role != "worker" and getattr(env.parsed_options, "corpus", None):
         try:  # fail before any load, with the documented exit code
-            Inputs.load(LoadOptions.from_namespace(env.parsed_options), ladder=_is_ladder(env))
+            opts = LoadOptions.from_namespace(env.parsed_options)
+            STATE.checked = Inputs.load(opts, ladder=_is_ladder(env))
         except HarnessError as exc:
             sys.stderr.write(f"harness: error: {exc}\n")
             sys.exit(int(exc.exit_code))
@@ -530,7 +534,17 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     role = _role(env)
     try:
         opts = LoadOptions.from_namespace(env.parsed_options)
-        inputs = Inputs.load(opts, ladder=_is_ladder(env), posts_preload=role != "worker")
+        ladder, posts = _is_ladder(env), role != "worker"
+        # Once: a later test of a web UI session reads the files again (they may have been rebuilt).
+        checked, STATE.checked = STATE.checked, None
+        same_files = checked is not None and (opts.corpus, opts.schedule) == (
+            checked.opts.corpus,
+            checked.opts.schedule,
+        )
+        if checked is not None and same_files:
+            inputs = checked.with_options(opts, ladder=ladder, posts_preload=posts)
+        else:
+            inputs = Inputs.load(opts, ladder=ladder, posts_preload=posts)
     except HarnessError as exc:
         STATE.run = None
         _fail(env, exc)
