@@ -47,6 +47,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from harness.common import console as cons
 from harness.common.auth import ADMIN_TOKEN_ENV, SERVER_ADMIN_TOKEN_ENV
 from harness.common.errors import ExitCode, HarnessError
 from harness.common.io import write_json
@@ -368,7 +369,7 @@ class ServedSteps:
 
 def run_demo(config: DemoConfig | None = None, steps: Sequence[Step] | None = None) -> DemoContext:
     """Run the demo's steps in order; every server it starts is stopped on every exit path."""
-    console = Console()
+    console = cons.out()
     cfg = config or DemoConfig(out_dir=HarnessSettings().run_dir / "demo")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     ctx = DemoContext(cfg, console)
@@ -384,10 +385,10 @@ def main() -> None:
     try:
         run_demo()
     except HarnessError as exc:
-        Console(stderr=True).print(f"[bold red]demo: error:[/] {escape(str(exc))}", highlight=False)
+        cons.err().print(f"[bold red]demo: error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
-        Console(stderr=True).print("demo: interrupted (every server it started was stopped)")
+        cons.err().print("demo: interrupted (every server it started was stopped)")
         sys.exit(int(ExitCode.INTERRUPTED))
 
 

@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.common import console as cons
 from harness.common.errors import ConfigError, ExitCode, UnavailableError
 from harness.common.io import write_json
 from harness.common.stats import percentile, percentile_interval
@@ -886,7 +887,7 @@ class CapacityRunner:
         self.spec = spec
         self.out = spec.out.resolve()
         # ``harness run`` passes its own progress display (rich allows one live display at a time).
-        self.ui = ui or Ui(console or Console(stderr=True))
+        self.ui = ui or Ui(console or cons.err())
         self.terms = check_spec(spec)
         self.started_at = datetime.now(UTC).isoformat()
         self.result: CapacityResult | None = None

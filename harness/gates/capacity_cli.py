@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
 from harness.load.options import typer_options
 
-stderr = Console(stderr=True)
+stderr = cons.err()
 
 _LOAD = "Load (every probe)"
 _SEARCH = "Search"
@@ -166,7 +166,7 @@ def capacity(
     result = CapacityRunner(spec, stderr).run()
     if json_path is not None:
         write_json(json_path, result.model_dump(mode="json"))
-    Console(width=max(Console().width, 150)).print(result_table(result))
+    cons.wide(150).print(result_table(result))
     where = f"{out / 'capacity.json'}" + (f" and {json_path}" if json_path is not None else "")
     stderr.print(f"results in {out} ({where}; probes/NN-<rate>rps/)", highlight=False, soft_wrap=True)
     line = answer_line(result)

@@ -56,6 +56,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
+from harness.common import console as cons
 from harness.common.errors import ExitCode, HarnessError, UnavailableError
 from harness.common.io import write_json
 from harness.gates.compare import Comparison
@@ -96,7 +97,7 @@ class PairedRunner:
         # Absolute: the server runs in its log directory, so a relative ready-file path given to it
         # would be resolved there (harness.server.launch passes the path through as it is).
         self.out = spec.out.resolve()
-        self.ui = Ui(console or Console(stderr=True))
+        self.ui = Ui(console or cons.err())
         self.record = PairedRun(started_at=datetime.now(UTC).isoformat(), out=str(spec.out))
         self.gate_report: GateReport | None = None
         self.comparison: Comparison | None = None

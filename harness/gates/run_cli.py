@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
 from harness.load.options import typer_options
 
-stderr = Console(stderr=True)
+stderr = cons.err()
 
 _LOAD = "Load (both phases)"
 _WARM = "Warm-up and warm check"
@@ -150,7 +150,7 @@ def run(
     )
     runner = PairedRunner(spec, stderr)
     record = runner.run()
-    console = Console(width=max(Console().width, 150))
+    console = cons.wide(150)
     if runner.comparison is not None:
         console.print(comparison_table(runner.comparison))
     if runner.gate_report is not None:

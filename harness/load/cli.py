@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from harness.common import console as cons
 from harness.common.errors import InputError
 from harness.load.options import LoadOptions, typer_options
 from harness.load.results import (
@@ -38,7 +38,7 @@ from harness.load.runner import LoadSpec, run_locust
 app = typer.Typer(
     help="Replay corpora open-loop, run warmup ladders, summarize load runs.", no_args_is_help=True
 )
-console = Console()
+console = cons.out()
 
 
 RECOMPUTED_WARNINGS = ("client-bound", "client jitter", "saturated", "ITL/TPOT approximate")
