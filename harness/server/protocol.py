@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
-from harness.common.openai import ChatCompletionRequest, CompletionRequest, Endpoint
+from harness.common.openai import ChatCompletionRequest, CompletionRequest, Endpoint, HarnessUsage
 from harness.engine.api import RequestMetrics, SamplingParams, TokenEvent, Tokenizer, TopLogprob
 from harness.server.errors import APIError, bad_request, unsupported
 
@@ -457,6 +457,11 @@ def token_counts_usage(counts: TokenCounts) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+ENGINE_USAGE_FIELDS: tuple[str, ...] = tuple(f for f in HarnessUsage.model_fields if f != "cache")
+"""``usage.harness``'s fields that the engine measures (:class:`~harness.engine.api.RequestMetrics`
+has each by the same name; the wire type, :class:`~harness.common.openai.HarnessUsage`, lists them)."""
+
+
 def usage_dict(
     *,
     prompt_tokens: int,
@@ -474,21 +479,14 @@ def usage_dict(
 
     ``mean_entropy`` is the engine's (``metrics.mean_entropy``) when it ran, else the given one
     (a cache hit passes its entry's)."""
-    m = metrics
-    harness = {
-        "prefill_ms": m.prefill_ms if m else 0.0,
-        "prefill_kv_bytes": m.prefill_kv_bytes if m else 0,
-        "prefill_peak_bytes": m.prefill_peak_bytes if m else 0,
-        "peak_measured": m.peak_measured if m else False,
-        "device": m.device if m else device,
-        "ttft_ms": m.ttft_ms if m else ttft_ms,
-        "tpot_ms": m.tpot_ms if m else tpot_ms,
-        "queued_ms": m.queued_ms if m else 0.0,
-        "e2e_ms": m.e2e_ms if m else e2e_ms,
-        "preemptions": m.preemptions if m else 0,
-        "cache": cache_status,
-        "mean_entropy": m.mean_entropy if m else mean_entropy,
-    }
+    if metrics is not None:  # the engine ran: every field is its measurement
+        harness: dict[str, Any] = {f: getattr(metrics, f) for f in ENGINE_USAGE_FIELDS}
+    else:  # a cache hit: the server's own timings of the replayed stream, the rest zero
+        harness = {f: HarnessUsage.model_fields[f].default for f in ENGINE_USAGE_FIELDS}
+        harness.update(
+            device=device, ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, mean_entropy=mean_entropy
+        )
+    harness["cache"] = cache_status
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

@@ -432,3 +432,27 @@ def test_usage_mean_entropy_from_engine_or_cache():
     assert usage_dict(metrics=m, **common)["harness"]["mean_entropy"] == 1.25
     assert usage_dict(metrics=None, mean_entropy=0.5, **common)["harness"]["mean_entropy"] == 0.5
     assert usage_dict(metrics=None, **common)["harness"]["mean_entropy"] is None
+
+
+def test_usage_harness_fields_are_the_wire_types_and_the_engine_measures_each() -> None:
+    """``usage.harness`` is built from one field list (HarnessUsage's): the engine's RequestMetrics
+    has every one of them, and what the server sends validates as the wire type, hit or miss."""
+    from dataclasses import fields
+
+    from harness.common.openai import HarnessUsage
+    from harness.engine.api import RequestMetrics
+    from harness.server.protocol import ENGINE_USAGE_FIELDS, usage_dict
+
+    assert set(ENGINE_USAGE_FIELDS) <= {f.name for f in fields(RequestMetrics)}
+    m = RequestMetrics(prefill_kv_bytes=4096, ttft_ms=12.0, device="cuda", mean_entropy=1.5)
+    miss = usage_dict(prompt_tokens=3, completion_tokens=2, cached_tokens=0, metrics=m, cache_status="MISS",
+                      ttft_ms=0.0, tpot_ms=0.0, e2e_ms=0.0, device="cpu")  # fmt: skip
+    hit = usage_dict(prompt_tokens=3, completion_tokens=2, cached_tokens=3, metrics=None,
+                     cache_status="HIT-L1", ttft_ms=1.0, tpot_ms=0.5, e2e_ms=2.0, device="cpu",
+                     mean_entropy=0.7)  # fmt: skip
+    assert HarnessUsage.model_validate(miss["harness"]) == HarnessUsage(
+        prefill_kv_bytes=4096, ttft_ms=12.0, device="cuda", mean_entropy=1.5, cache="MISS"
+    )
+    assert HarnessUsage.model_validate(hit["harness"]) == HarnessUsage(
+        ttft_ms=1.0, tpot_ms=0.5, e2e_ms=2.0, mean_entropy=0.7, cache="HIT-L1"
+    )
