@@ -419,7 +419,7 @@ async def _phase(
                     prefill_peak_bytes=extra.get("prefill_peak_bytes"),
                     peak_measured=extra.get("peak_measured"),
                 )
-            records.append(RequestRecord.model_validate(rec))
+            records.append(RequestRecord.parse(rec))
 
         await asyncio.gather(*(one(i, d, t) for i, (d, t) in enumerate(prompts)))
     return sorted(records, key=lambda r: r.intended_s)
@@ -462,9 +462,7 @@ def record(args: argparse.Namespace) -> None:
                     client_cpu_pct=round(cpu_pct, 1),
                 )
                 d = out / stage
-                write_jsonl(
-                    d / "records.jsonl", [r.model_dump(mode="json", exclude_none=True) for r in records]
-                )
+                write_jsonl(d / "records.jsonl", [r.to_dict() for r in records])
                 write_json(d / "summary.json", summary.model_dump(mode="json"))
                 ttft = summary.metrics["ttft_ms"]
                 print(

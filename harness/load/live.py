@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from harness.common.headers import CACHE_STATUSES
 from harness.common.stats import Distribution
-from harness.load.results import LATENCY_FIELDS, request_ok
+from harness.load.results import LATENCY_FIELDS, RequestRecord
 
 LIVE_WINDOW = 5000
 """Records the live view (web UI) keeps: the most recent ones."""
@@ -27,21 +26,21 @@ name the records do not have would silently show an empty row)."""
 class Live:
     """What the web UI and the ladder need while the run goes: recent records and per-window counts."""
 
-    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LIVE_WINDOW))
+    recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=LIVE_WINDOW))
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
     """``(intended_s, ok)`` of every completed request (the ladder's window statistics)."""
     cache: Counter[str] = field(default_factory=Counter)
     requests: int = 0
     errors: int = 0
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.recent.append(row)
-        ok = request_ok(row["status"], row["error"])
-        self.outcomes.append((row["intended_s"], ok))
+    def add(self, rec: RequestRecord) -> None:
+        self.recent.append(rec)
+        ok = rec.ok
+        self.outcomes.append((rec.intended_s, ok))
         self.requests += 1
         self.errors += not ok
-        if row.get("cache"):
-            self.cache[row["cache"]] += 1
+        if rec.cache:
+            self.cache[rec.cache] += 1
 
     def window(self, start_s: float, end_s: float) -> tuple[int, int]:
         completed = failed = 0
@@ -54,7 +53,7 @@ class Live:
     def distributions(self) -> dict[str, Distribution]:
         out: dict[str, Distribution] = {}
         for name in LIVE_FIELDS:  # itl_ms is a list per record: every gap is a sample
-            values = [v for r in self.recent if (v := r.get(name)) is not None]
+            values = [v for r in self.recent if (v := getattr(r, name)) is not None]
             out[name] = Distribution.of([x for v in values for x in v] if name == "itl_ms" else values)
         return out
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from locust.runners import MasterRunner, Runner
 
 from harness.load.arrivals import Segment
-from harness.load.results import WorkerShare
+from harness.load.results import RequestRecord, WorkerShare
 
 Role = Literal["local", "master", "worker"]
 """A process's part in a run: a single local process, or the master or a worker of a distributed one."""
@@ -55,7 +55,7 @@ class Batch:
     """A worker's records since its last batch, and its progress (``harness_records``)."""
 
     worker: int
-    rows: list[dict[str, Any]]
+    records: list[RequestRecord]
     sent: int
     """Arrivals the worker's pacer released so far."""
     scheduled: int | None
@@ -67,7 +67,7 @@ class Batch:
     def to_wire(self) -> dict[str, Any]:
         return {
             "worker": self.worker,
-            "rows": self.rows,
+            "rows": [r.to_dict() for r in self.records],
             "sent": self.sent,
             "scheduled": self.scheduled,
             "cpu_pct": self.cpu_pct,
@@ -79,7 +79,8 @@ class Batch:
         sched = data.get("scheduled")
         return cls(
             worker=int(data["worker"]),
-            rows=data.get("rows") or [],
+            # A worker's records, made by our own code: rebuilt as they were, not validated again.
+            records=[RequestRecord(**row) for row in data.get("rows") or []],
             sent=int(data.get("sent") or 0),
             scheduled=int(sched) if sched is not None else None,
             cpu_pct=data.get("cpu_pct"),
@@ -196,7 +197,7 @@ class Workers:
         ws = self.states.get(batch.worker)
         if ws is None:
             return  # a worker that joined after the start has no share
-        ws.recorded += len(batch.rows)
+        ws.recorded += len(batch.records)
         ws.sent = batch.sent
         ws.scheduled = batch.scheduled
         ws.cpu_pct = batch.cpu_pct

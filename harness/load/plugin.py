@@ -87,6 +87,7 @@ from harness.load.results import (
     RECORDS_FILE,
     SUMMARY_FILE,
     RecordWriter,
+    RequestRecord,
     RunSummary,
     read_records,
     write_summary,
@@ -124,7 +125,7 @@ class LoadRun:
         self.pacer: Pacer | None = None
         self.source: ArrivalSource | None = None
         self.writer: RecordWriter | None = None
-        self.outbox: list[dict[str, Any]] = []
+        self.outbox: list[RequestRecord] = []
         self.tracing: Tracing | None = None
         self.tokenize: Tokenize | None = None
         self.epoch_unix = math.nan
@@ -272,35 +273,35 @@ class LoadRun:
     def now_s(self) -> float:
         return time.perf_counter() - self.epoch
 
-    def record(self, row: dict[str, Any]) -> None:
+    def record(self, rec: RequestRecord) -> None:
         """A finished request (called by the users)."""
-        row["worker"] = self.worker_index
+        rec.worker = self.worker_index
         if self.role == "worker":
-            self.outbox.append(row)
+            self.outbox.append(rec)
         else:
             assert self.writer is not None
-            self.writer.write(row)
-        self.live.add(row)
+            self.writer.write(rec)
+        self.live.add(rec)
         if self.precision is not None:
-            self.precision.add(row)
+            self.precision.add(rec)
 
     def receive(self, batch: Batch) -> None:
         """Master: a worker's batch of records and its progress."""
-        rows = batch.rows
+        records = batch.records
         if self.writer is not None and not self.finalized:
-            self.writer.write_many(rows)
-        for row in rows:
-            self.live.add(row)
+            self.writer.write_many(records)
+        for rec in records:
+            self.live.add(rec)
         if self.precision is not None:
-            self.precision.add_many(rows)
+            self.precision.add_many(records)
         self.workers.receive(batch)
 
     def _send_batch(self, done: bool = False) -> None:
         assert self.env.runner is not None
-        rows, self.outbox = self.outbox, []
+        records, self.outbox = self.outbox, []
         batch = Batch(
             worker=self.worker_index,
-            rows=rows,
+            records=records,
             sent=self.pacer.taken if self.pacer else 0,
             scheduled=self.scheduled,
             cpu_pct=self.measure_cpu(),

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from harness.common.stats import interval_ranks, min_samples_for_interval, relative_half_width
-from harness.load.results import LATENCY_FIELDS, PrecisionState, request_ok
+from harness.load.results import LATENCY_FIELDS, PrecisionState, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ class _Buffer:
 class PrecisionTracker:
     """The samples of the watched fields, and whether each watched percentile is known well enough.
 
-    ``add`` every finished request's record (a dict with :class:`~harness.load.results.RequestRecord`'s
-    fields); failed requests and absent or non-finite values are skipped, as the gates skip them.
+    ``add`` every finished request's :class:`~harness.load.results.RequestRecord`; failed requests
+    and absent or non-finite values are skipped, as the gates skip them.
     """
 
     def __init__(
@@ -128,11 +128,11 @@ class PrecisionTracker:
         }
         self._cache: dict[str, PrecisionState] | None = None
 
-    def add(self, row: Mapping[str, Any]) -> None:
-        if not request_ok(row.get("status") or 0, row.get("error")):
+    def add(self, rec: RequestRecord) -> None:
+        if not rec.ok:
             return
         for name, buf in self._buffers.items():
-            value = row.get(name)
+            value = getattr(rec, name)
             if value is None:
                 continue
             for x in value if isinstance(value, list) else (value,):
@@ -141,9 +141,9 @@ class PrecisionTracker:
                     buf.append(xf)
         self._cache = None
 
-    def add_many(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        for row in rows:
-            self.add(row)
+    def add_many(self, records: Iterable[RequestRecord]) -> None:
+        for rec in records:
+            self.add(rec)
 
     def min_n(self, target: PrecisionTarget) -> int:
         """Samples ``target`` needs before it can be judged at all."""

@@ -33,11 +33,12 @@ import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
@@ -87,8 +88,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RequestRecord(_Strict):
+@with_config(ConfigDict(extra="forbid"))
+@dataclass(slots=True)
+class RequestRecord:
     """One request as the client saw it (one line of ``records.jsonl``).
+
+    The one type from the user to the summary: the replay user fills one as its request goes (a slots
+    dataclass: cheap to build and set on the send path, no validation there), :class:`RecordWriter`
+    writes it once (orjson serializes it natively), and :func:`read_records` reads it back validated
+    (the same class through a pydantic ``TypeAdapter``: :meth:`parse`; an unknown field is an error).
 
     Latency fields are ``None`` when they do not exist for this request (no first token: no TTFT;
     one token: no TPOT), never 0. ``status`` is the HTTP status, or 0 when no response arrived
@@ -97,19 +105,20 @@ class RequestRecord(_Strict):
 
     id: str
     """The corpus record id (several records of a run may share it when the corpus wraps)."""
-    scenario: str | None = None
     stage: str
     """Traffic stage: ``replay``, ``cold``, ``warm``, or a ladder stage name."""
     intended_s: float
     sent_s: float
-    lateness_ms: float = Field(ge=0.0)
+    lateness_ms: Annotated[float, Field(ge=0.0)]
     """``sent_s − intended_s``, in ms: how late the client was in sending."""
-    queue_wait_ms: float | None = Field(default=None, ge=0.0)
+    status: Annotated[int, Field(ge=0)]
+    scenario: str | None = None
+    queue_wait_ms: Annotated[float | None, Field(ge=0.0)] = None
     """The part of ``lateness_ms`` spent waiting for a free user because every user was busy (target
     backpressure); 0 when a user was free. ``None``: not recorded (files from before it existed)."""
     ttft_ms: float | None = None
     ttft_from_intended_ms: float | None = None
-    itl_ms: list[float] = Field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
     tpot_ms: float | None = None
     e2e_ms: float | None = None
     e2e_from_intended_ms: float | None = None
@@ -129,7 +138,6 @@ class RequestRecord(_Strict):
     mean_entropy: float | None = None
     """Mean output entropy (nats/token) from the target's ``usage.harness.mean_entropy`` (our server;
     on a cache hit, the stored completion's); ``None`` when the target does not report it (vLLM …)."""
-    status: int = Field(ge=0)
     error: str | None = None
     worker: int = 0
     """Index of the worker process that sent it (0 for a single-process run)."""
@@ -148,6 +156,20 @@ class RequestRecord(_Strict):
         """The client's own lateness: ``lateness_ms − queue_wait_ms`` (≥ 0). Without a recorded queue
         wait all of it counts as the client's (conservative)."""
         return client_lateness(self.lateness_ms, self.queue_wait_ms)
+
+    @classmethod
+    def parse(cls, obj: object) -> RequestRecord:
+        """A record from a JSON object (a ``records.jsonl`` line, a test's dict), validated: raises
+        pydantic's ``ValidationError`` naming the field."""
+        return _RECORD.validate_python(obj)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's fields as a dict (the JSON object of its line; a worker's message)."""
+        return {f: getattr(self, f) for f in RECORD_FIELDS}
+
+
+_RECORD: TypeAdapter[RequestRecord] = TypeAdapter(RequestRecord)
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
 
 class InputRef(_Strict):
@@ -470,8 +492,8 @@ def summarize(
 class RecordWriter:
     """Appends records to ``records.jsonl`` as they complete; :meth:`flush` makes them visible.
 
-    Rows are plain dicts with :class:`RequestRecord`'s fields, serialized with orjson (the hot path
-    builds no pydantic model; :func:`read_records` validates every line on the way back in). The
+    Records are serialized with orjson, which writes a dataclass natively (the hot path validates
+    nothing; :func:`read_records` validates every line on the way back in). The
     caller flushes at least once a second (the load stage runs a ticker), so a crash loses at most
     the last second and a reader tailing the file sees the run progress.
     """
@@ -482,14 +504,13 @@ class RecordWriter:
         self._fh = self.path.open("ab" if append else "wb")
         self.count = 0
 
-    def write(self, row: dict[str, object]) -> None:
-        self._fh.write(orjson.dumps(row))
-        self._fh.write(b"\n")
+    def write(self, record: RequestRecord) -> None:
+        self._fh.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
         self.count += 1
 
-    def write_many(self, rows: Iterable[dict[str, object]]) -> None:
-        for row in rows:
-            self.write(row)
+    def write_many(self, records: Iterable[RequestRecord]) -> None:
+        for record in records:
+            self.write(record)
 
     def flush(self) -> None:
         if not self._fh.closed:
@@ -545,7 +566,7 @@ def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
     if not isinstance(obj, dict):
         raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
     try:
-        return RequestRecord.model_validate(obj)
+        return RequestRecord.parse(obj)
     except ValidationError as exc:
         raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
 

@@ -117,10 +117,7 @@ def _final_precision(
         confidence=watched.confidence,
         min_samples=watched.min_samples,
     )
-    names = {t.field for t in final.targets}
-    final.add_many(
-        {"status": r.status, "error": r.error, **{f: getattr(r, f) for f in names}} for r in records
-    )
+    final.add_many(records)
     return final.states()
 
 

@@ -26,6 +26,7 @@ percentile the harness reports is computed from ``records.jsonl``.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,12 +48,13 @@ from harness.load.client import (
     read_sse,
     stream_headers,
 )
+from harness.load.results import RequestRecord
 from harness.load.wire import Connection
 
 
 @dataclass(slots=True)
 class _Request:
-    """One request in flight: what the finish step needs besides the record's row."""
+    """One request in flight: what the finish step needs besides its record."""
 
     path: str
     span: Any
@@ -143,104 +145,97 @@ class ReplayUser(User):
         else:  # only the trace context on the wire: no span object to build and end
             span = None
             tracing.inject_new_context(hdrs)
-        row: dict[str, Any] = {
-            "id": spec.id,
-            "scenario": a.scenario or spec.scenario,
-            "stage": stage,
-            "intended_s": a.intended_s,
-            "tenant": spec.tenant,
-            "trace_id": trace_id,
-            "status": 0,
-            "error": None,
-            "cache": None,
-            "bypass": bypass,
-            "itl_ms": [],
-        }
+        # The record, prepared with the request (sent_s and lateness_ms are stamped at the send).
+        rec = RequestRecord(
+            id=spec.id, stage=stage, intended_s=a.intended_s, sent_s=math.nan, lateness_ms=0.0, status=0,
+            scenario=a.scenario or spec.scenario, tenant=spec.tenant, trace_id=trace_id, bypass=bypass,
+        )  # fmt: skip
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)
         req = _Request(spec.path, span, time.time(), clock())
-        row["sent_s"] = req.sent - run.epoch
-        row["lateness_ms"] = max(0.0, (row["sent_s"] - a.intended_s) * 1000.0)
+        rec.sent_s = req.sent - run.epoch
+        rec.lateness_ms = max(0.0, (rec.sent_s - a.intended_s) * 1000.0)
         if queue_wait_s is not None:  # never more than the lateness it is part of
-            row["queue_wait_ms"] = min(row["lateness_ms"], queue_wait_s * 1000.0)
+            rec.queue_wait_ms = min(rec.lateness_ms, queue_wait_s * 1000.0)
         resp: Any = None
         try:
             resp = self._conn.post(spec.path, hdrs, spec.body)
             status = resp.status_code
-            row["status"] = status
-            row["cache"] = resp.get(H.CACHE_STATUS)
+            rec.status = status
+            cache = resp.get(H.CACHE_STATUS)
+            rec.cache = cache if isinstance(cache, str) else None
             if status == 200:
                 # readline returns as soon as a whole line is in
                 read_sse(iter(partial(resp.readline, b"\n"), b""), req.body, clock)
             else:
-                row["error"] = http_error(status, resp.read(MAX_ERROR_BODY), run.credentials)
+                rec.error = http_error(status, resp.read(MAX_ERROR_BODY), run.credentials)
         except GreenletExit:
-            row["error"] = "interrupted: the run stopped while this request was in flight"
-            self._finish(run, row, req, clock())
+            rec.error = "interrupted: the run stopped while this request was in flight"
+            self._finish(run, rec, req, clock())
             raise
         except Exception as exc:  # refused, reset, timeout, mid-stream: the record says what happened
-            row["error"] = run.credentials.redact(f"{type(exc).__name__}: {exc}")
+            rec.error = run.credentials.redact(f"{type(exc).__name__}: {exc}")
         finally:
             if resp is not None:
                 resp.release()  # back to the pool (closed if the body was not read to its end)
-        self._finish(run, row, req, clock())
+        self._finish(run, rec, req, clock())
 
-    def _finish(self, run: plugin.LoadRun, row: dict[str, Any], req: _Request, end: float) -> None:
+    def _finish(self, run: plugin.LoadRun, rec: RequestRecord, req: _Request, end: float) -> None:
         """Parse the stream, fill the record's latencies and tokens, record and report it."""
-        intended_abs = run.epoch + row["intended_s"]
+        intended_abs = run.epoch + rec.intended_s
         sent = req.sent
         mode_used: str | None = None
         lines = req.body.lines
         if lines:
             out = read_response(lines, run.opts.token_counting, run.tokenize)
-            row["error"] = row["error"] or out.error
+            rec.error = rec.error or out.error
             usage = out.usage
-            row["prompt_tokens"] = usage.prompt_tokens
-            row["cached_tokens"] = usage.cached_tokens
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.cached_tokens = usage.cached_tokens
             hx = usage.harness
             if hx is not None:
-                row["prefill_kv_bytes"] = hx.prefill_kv_bytes
-                row["prefill_peak_bytes"] = hx.prefill_peak_bytes
-                row["peak_measured"] = hx.peak_measured
-                row["mean_entropy"] = hx.mean_entropy
+                rec.prefill_kv_bytes = hx.prefill_kv_bytes
+                rec.prefill_peak_bytes = hx.prefill_peak_bytes
+                rec.peak_measured = hx.peak_measured
+                rec.mean_entropy = hx.mean_entropy
             tm = out.timing
             if tm is not None:
                 mode_used = tm.mode
                 if tm.first_token_t is not None:
-                    row["ttft_ms"] = (tm.first_token_t - sent) * 1000.0
-                    row["ttft_from_intended_ms"] = (tm.first_token_t - intended_abs) * 1000.0
-                row["itl_ms"] = tm.itl_ms
-                row["tpot_ms"] = tm.tpot_ms
-                row["completion_tokens"] = tm.completion_tokens if tm.mode else usage.completion_tokens
-        row["token_counting"] = mode_used
-        if row["error"] is None or lines:
-            row["e2e_ms"] = (end - sent) * 1000.0
-            row["e2e_from_intended_ms"] = (end - intended_abs) * 1000.0
-        run.record(row)
+                    rec.ttft_ms = (tm.first_token_t - sent) * 1000.0
+                    rec.ttft_from_intended_ms = (tm.first_token_t - intended_abs) * 1000.0
+                rec.itl_ms = tm.itl_ms
+                rec.tpot_ms = tm.tpot_ms
+                rec.completion_tokens = tm.completion_tokens if tm.mode else usage.completion_tokens
+        rec.token_counting = mode_used
+        if rec.error is None or lines:
+            rec.e2e_ms = (end - sent) * 1000.0
+            rec.e2e_from_intended_ms = (end - intended_abs) * 1000.0
+        run.record(rec)
         if req.span is not None and run.tracing is not None:
             run.tracing.end(
                 req.span,
                 attributes={
-                    "http.response.status_code": row["status"],
-                    "harness.cache": row["cache"] or "",
-                    "harness.completion_tokens": row.get("completion_tokens") or 0,
-                    "harness.lateness_ms": row["lateness_ms"],
+                    "http.response.status_code": rec.status,
+                    "harness.cache": rec.cache or "",
+                    "harness.completion_tokens": rec.completion_tokens or 0,
+                    "harness.lateness_ms": rec.lateness_ms,
                 },
-                error=row["error"],
+                error=rec.error,
                 end_ns=time.time_ns(),
             )
-        self._report(row, req)
+        self._report(rec, req)
 
-    def _report(self, row: dict[str, Any], req: _Request) -> None:
+    def _report(self, rec: RequestRecord, req: _Request) -> None:
         """One truthful entry in Locust's own statistics (its UI and ``--csv``) per request.
 
         TTFT and TPOT are not fired as extra request events: Locust counts every event as a request,
         and its RPS, request count and failure ratio would triple. They are in the "LLM load" tab
         and in ``summary.json``."""
-        err = row["error"]
+        err = rec.error
         self.environment.events.request.fire(
-            request_type="POST", name=req.path, response_time=row.get("e2e_ms") or 0.0,
+            request_type="POST", name=req.path, response_time=rec.e2e_ms or 0.0,
             response_length=req.body.nbytes, exception=RuntimeError(err) if err is not None else None,
             context={}, response=None, start_time=req.start_time, url=(self.host or "") + req.path,
         )  # fmt: skip

@@ -23,7 +23,7 @@ def record(i: int, **kw: Any) -> RequestRecord:
         "status": 200,
     }
     base.update(kw)
-    return RequestRecord.model_validate(base)
+    return RequestRecord.parse(base)
 
 
 def write_run(
@@ -34,7 +34,7 @@ def write_run(
     duration_s: float = 10.0,
 ) -> Path:
     """A load run directory (records.jsonl + summary.json) as the load stage writes it."""
-    write_jsonl(run / "records.jsonl", (r.model_dump() for r in records))
+    write_jsonl(run / "records.jsonl", (r.to_dict() for r in records))
     summary = summarize(
         list(records),
         started_at="2026-12-01T00:00:00Z",

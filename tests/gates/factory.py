@@ -100,7 +100,7 @@ def make_records(n: int, seed: int = 0, shape: Shape | None = None, **overrides:
                 prefill_peak_bytes=0 if hit else kv + 3 * prompt * 512,
                 peak_measured=False if hit else s.peak_measured,
             )
-        out.append(RequestRecord.model_validate(rec))
+        out.append(RequestRecord.parse(rec))
     return out
 
 
@@ -115,7 +115,9 @@ def write_run(
 ) -> Path:
     """Write ``records.jsonl`` and (unless ``summary=False``) ``summary.json`` like the load stage."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(run_dir / "records.jsonl", [r.model_dump(mode="json", exclude_none=True) for r in records])
+    write_jsonl(
+        run_dir / "records.jsonl", [{k: v for k, v in r.to_dict().items() if v is not None} for r in records]
+    )
     if summary:
         duration = max((r.sent_s for r in records), default=0.0)
         s = summarize(

@@ -3,6 +3,7 @@ estimated peak, missing summary, missing metric, missing phase; JUnit and JSON o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -262,7 +263,7 @@ def test_jitter_comparable_to_the_margin_is_inconclusive() -> None:
 
 def test_the_reason_says_the_interval_was_widened(tmp_path: Path) -> None:
     recs = [
-        r.model_copy(update={"lateness_ms": 6.1, "queue_wait_ms": 0.0, "sent_s": r.intended_s + 0.0061})
+        dataclasses.replace(r, lateness_ms=6.1, queue_wait_ms=0.0, sent_s=r.intended_s + 0.0061)
         for r in make_records(2000, 1)
     ]
     rs = load_result_set(write_run(tmp_path / "jittery", recs))
@@ -277,12 +278,13 @@ def test_a_saturated_target_is_judged_and_a_proven_regression_fails(tmp_path: Pa
     """Every request waited ~2 s for a free user (the target did not keep up), 0.2 ms of the client's
     own lateness: the run is judged like any other; its from-intended latencies carry the wait."""
     recs = [
-        r.model_copy(
-            update={
+        dataclasses.replace(
+            r,
+            **{
                 "lateness_ms": 2000.2,
                 "queue_wait_ms": 2000.0,
                 "ttft_from_intended_ms": (r.ttft_ms or 0.0) + 2000.2,
-            }
+            },
         )
         for r in make_records(2000, 1)
     ]
@@ -325,7 +327,9 @@ def test_estimated_peak_where_measured_is_required(tmp_path: Path) -> None:
 
 def test_missing_metric_and_empty_selection(tmp_path: Path) -> None:
     recs = [
-        r.model_copy(update={"prefill_kv_bytes": None, "prefill_peak_bytes": None, "peak_measured": None})
+        dataclasses.replace(
+            r, **{"prefill_kv_bytes": None, "prefill_peak_bytes": None, "peak_measured": None}
+        )
         for r in make_records(500, 1)
     ]
     rs = load_result_set(write_run(tmp_path / "vllm", recs))
@@ -371,7 +375,7 @@ def test_fail_outranks_cannot_judge(tmp_path: Path) -> None:
 def test_stage_selector(tmp_path: Path) -> None:
     recs = make_records(1200, 1, stages=("stage-1", "stage-2"))
     recs = [
-        r.model_copy(update={"tpot_ms": r.tpot_ms * 2}) if r.stage == "stage-2" and r.tpot_ms else r
+        dataclasses.replace(r, tpot_ms=r.tpot_ms * 2) if r.stage == "stage-2" and r.tpot_ms else r
         for r in recs
     ]
     rs = load_result_set(write_run(tmp_path / "ladder", recs))

@@ -7,14 +7,23 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.load.results import RecordWriter, TargetInfo, read_summary, summarize, write_summary
+from harness.load.results import (
+    RecordWriter,
+    RequestRecord,
+    TargetInfo,
+    read_summary,
+    summarize,
+    write_summary,
+)
 
 
-def rows(n: int) -> list[dict[str, object]]:
+def rows(n: int) -> list[RequestRecord]:
     return [
-        {"id": f"r{i}", "stage": "replay", "intended_s": i * 0.1, "sent_s": i * 0.1, "lateness_ms": 0.1,
-         "ttft_ms": float(i + 1), "itl_ms": [1.0, 2.0], "e2e_ms": 10.0 + i, "status": 200, "cache": "HIT-L1",
-         "completion_tokens": 3, "token_counting": "usage"}
+        RequestRecord.parse({
+            "id": f"r{i}", "stage": "replay", "intended_s": i * 0.1, "sent_s": i * 0.1, "lateness_ms": 0.1,
+            "ttft_ms": float(i + 1), "itl_ms": [1.0, 2.0], "e2e_ms": 10.0 + i, "status": 200,
+            "cache": "HIT-L1", "completion_tokens": 3, "token_counting": "usage",
+        })
         for i in range(n)
     ]  # fmt: skip
 

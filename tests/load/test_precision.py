@@ -18,11 +18,20 @@ from harness.common.stats import (
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions, add_arguments
 from harness.load.precision import PrecisionTarget, PrecisionTracker, describe, parse_precision_on
+from harness.load.results import RequestRecord
 from harness.load.runner import LoadSpec
 
 
-def _row(**values: object) -> dict[str, object]:
-    return {"status": 200, "error": None, **values}
+def _row(**values: object) -> RequestRecord:
+    """A finished request's record with these values (status 200 unless given)."""
+    base: dict[str, object] = {
+        "id": "r",
+        "stage": "replay",
+        "intended_s": 0.0,
+        "sent_s": 0.0,
+        "lateness_ms": 0.0,
+    }
+    return RequestRecord.parse({"status": 200, **base, **values})
 
 
 def _first_met(samples: np.ndarray, q: float, target: float) -> int:
@@ -62,8 +71,8 @@ def test_identical_samples_are_judged_as_soon_as_the_interval_exists() -> None:
 
 def test_failed_requests_and_missing_values_do_not_count() -> None:
     tracker = PrecisionTracker(parse_precision_on("ttft_ms:95,itl_ms:50"), 0.5)
-    tracker.add({"status": 503, "error": "HTTP 503", "ttft_ms": 1.0, "itl_ms": [1.0]})
-    tracker.add({"status": 0, "error": "timeout", "ttft_ms": None, "itl_ms": []})
+    tracker.add(_row(status=503, error="HTTP 503", ttft_ms=1.0, itl_ms=[1.0]))
+    tracker.add(_row(status=0, error="timeout", ttft_ms=None, itl_ms=[]))
     tracker.add(_row(ttft_ms=None, itl_ms=[2.0, 3.0, float("nan")]))
     states = tracker.states()
     assert states["ttft_ms:95"].n == 0 and not states["ttft_ms:95"].met
@@ -214,8 +223,8 @@ def test_summarize_keeps_and_prints_the_stop_reason(
     from harness.cli import main
     from harness.load.results import RecordWriter, TargetInfo, read_summary, summarize, write_summary
 
-    rows = [{"id": f"r{i}", "stage": "replay", "intended_s": i * 0.1, "sent_s": i * 0.1, "lateness_ms": 0.1,
-             "ttft_ms": float(i + 1), "status": 200} for i in range(100)]  # fmt: skip
+    rows = [_row(id=f"r{i}", intended_s=i * 0.1, sent_s=i * 0.1, lateness_ms=0.1, ttft_ms=float(i + 1))
+            for i in range(100)]  # fmt: skip
     w = RecordWriter(tmp_path / "records.jsonl")
     w.write_many(rows)
     w.close()

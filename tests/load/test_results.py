@@ -36,7 +36,7 @@ def record(i: int, **kw: object) -> RequestRecord:
         "status": 200,
     }
     base.update(kw)
-    return RequestRecord.model_validate(base)
+    return RequestRecord.parse(base)
 
 
 def test_summary_metrics_come_from_the_records() -> None:
@@ -90,14 +90,14 @@ def test_the_clients_own_lateness_warns_of_jitter_without_marking_the_run() -> N
 
 def test_round_trip_and_bad_lines_name_file_line_field(tmp_path: Path) -> None:
     recs = [record(i) for i in range(3)]
-    write_jsonl(tmp_path / "records.jsonl", [r.model_dump(mode="json") for r in recs])
+    write_jsonl(tmp_path / "records.jsonl", [r.to_dict() for r in recs])
     s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="u"))
     write_json(tmp_path / "summary.json", s.model_dump(mode="json"))
     assert list(read_records(tmp_path)) == recs
     assert read_summary(tmp_path) == s
     bad = tmp_path / "bad"
     bad.mkdir()
-    rows = [r.model_dump(mode="json") for r in recs]
+    rows = [r.to_dict() for r in recs]
     rows[1]["lateness_ms"] = -1
     (bad / "records.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
     with pytest.raises(InputError) as err:
@@ -111,8 +111,8 @@ def test_round_trip_and_bad_lines_name_file_line_field(tmp_path: Path) -> None:
 
 def test_bypass_and_mean_entropy_default_for_older_records_and_other_targets() -> None:
     # Records written before the fields existed (and by targets that report no entropy) still read.
-    old = {k: v for k, v in record(0).model_dump(mode="json").items() if k not in ("bypass", "mean_entropy")}
-    r = RequestRecord.model_validate(old)
+    old = {k: v for k, v in record(0).to_dict().items() if k not in ("bypass", "mean_entropy")}
+    r = RequestRecord.parse(old)
     assert r.bypass is False and r.mean_entropy is None
     assert record(1, bypass=True, mean_entropy=2.5).mean_entropy == 2.5
 
@@ -128,7 +128,7 @@ def test_the_one_reader_keeps_a_nan_literal_as_a_broken_sample_and_reads_an_empt
 
     from harness.gates.runs import load_result_set
 
-    rows = [record(i).model_dump(mode="json") for i in range(3)]
+    rows = [record(i).to_dict() for i in range(3)]
     rows[1]["tpot_ms"] = math.nan
     (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     got = list(read_records(tmp_path))

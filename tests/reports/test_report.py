@@ -117,8 +117,8 @@ def test_unpaired_and_dataless_plots_say_why(run_dirs: dict[str, Path], tmp_path
     from tests.gates.factory import make_records, write_run
 
     recs = [
-        RequestRecord.model_validate(
-            {**r.model_dump(), "prefill_kv_bytes": None, "prefill_peak_bytes": None, "peak_measured": None}
+        RequestRecord.parse(
+            {**r.to_dict(), "prefill_kv_bytes": None, "prefill_peak_bytes": None, "peak_measured": None}
         )
         for r in make_records(300, 9)
     ]
