@@ -21,6 +21,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.common.model import StrictModel
+
 Endpoint = Literal["completions", "chat.completions"]
 """The two generation endpoints, named by the ``object`` prefix of their responses."""
 
@@ -37,11 +39,7 @@ error and the response cache never stores it."""
 # requests
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool | None = None
     """Send one last chunk with ``usage`` and empty ``choices`` before ``[DONE]``."""
     continuous_usage_stats: bool | None = None
@@ -51,12 +49,12 @@ class StreamOptions(_Strict):
     """OpenAI extension (padding against side channels); accepted and ignored."""
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"] = "text"
     json_schema: dict[str, Any] | None = None
 
 
-class ContentPart(_Strict):
+class ContentPart(StrictModel):
     """One part of a chat message's content; only ``text`` parts can be served by a text model."""
 
     type: Literal["text", "image_url", "input_audio", "file", "refusal"]
@@ -67,7 +65,7 @@ class ContentPart(_Strict):
     refusal: str | None = None
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -78,7 +76,7 @@ class ChatMessage(_Strict):
     reasoning_content: str | None = None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """Fields both endpoints accept."""
 
     model: str | None = None

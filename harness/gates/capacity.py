@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -57,6 +56,7 @@ from rich.table import Table
 from harness.common import console as cons
 from harness.common.errors import ConfigError, ExitCode, UnavailableError
 from harness.common.io import write_json
+from harness.common.model import StrictModel
 from harness.common.stats import percentile, percentile_interval
 from harness.gates.driver import (
     ERRORS_BY_CODE,
@@ -107,11 +107,7 @@ _QUANTILES = (50, 90, 95, 99)
 _TERM = re.compile(r"^\s*([a-z_0-9]+)\s*<=\s*([^\s]+?)\s*$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SloTerm(_Strict):
+class SloTerm(StrictModel):
     """One ``metric<=value`` term of an SLO."""
 
     text: str
@@ -301,7 +297,7 @@ class ProbeSamples:
         return self.columns[column]
 
 
-class TermResult(_Strict):
+class TermResult(StrictModel):
     """One SLO term on one probe."""
 
     term: str
@@ -319,7 +315,7 @@ class TermResult(_Strict):
     attainment_hi: float | None = None
 
 
-class ProbeResult(_Strict):
+class ProbeResult(StrictModel):
     """One probe: its offered rate, what it sent, and each term's verdict."""
 
     index: int
@@ -538,7 +534,7 @@ def crossing(
 # ------------------------------------------------------------------------------------------ result
 
 
-class Calibration(_Strict):
+class Calibration(StrictModel):
     """The sequential calibration that picked the start rate."""
 
     requests: int
@@ -547,7 +543,7 @@ class Calibration(_Strict):
     start_rate: float
 
 
-class CapacityResult(_Strict):
+class CapacityResult(StrictModel):
     """``OUT/capacity.json`` (and ``--json``): the answer, its interval and every probe."""
 
     schema_version: int = 1

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
 from harness.gates.runs import RunFrame
@@ -50,11 +51,7 @@ SEED_WARM_RATE = 0.92
 LevelStatus = Literal["warm", "partial", "cold", "skipped"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Rate(_Strict):
+class Rate(StrictModel):
     """A share with its exact interval (``value`` is ``None`` when nothing could be counted)."""
 
     value: float | None
@@ -75,7 +72,7 @@ class Rate(_Strict):
         return f"{format_value(self.value, 'ratio')} of {self.n} [{self.lo:.0%}, {self.hi:.0%}]"
 
 
-class LevelCheck(_Strict):
+class LevelCheck(StrictModel):
     """One level's answer."""
 
     level: str
@@ -84,7 +81,7 @@ class LevelCheck(_Strict):
     rate: Rate | None = None
 
 
-class ProbeRow(_Strict):
+class ProbeRow(StrictModel):
     """One probe request as recorded in ``warm-check.json``."""
 
     id: str
@@ -97,7 +94,7 @@ class ProbeRow(_Strict):
     error: str | None
 
 
-class WarmCheck(_Strict):
+class WarmCheck(StrictModel):
     """``warm-check.json``: the levels, the warm rate and the verdict."""
 
     warm: bool

@@ -24,9 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import typer
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -35,6 +33,7 @@ from pydantic import (
 
 from harness.common.auth import API_KEY_ENV, Credentials, parse_header, secrets_from_env
 from harness.common.errors import ConfigError
+from harness.common.model import StrictModel
 from harness.load.arrivals import ApiChoice, ArrivalProcess
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
 
@@ -64,10 +63,8 @@ def _in_unit(value: float) -> float:
 RelativeWidth = Annotated[float, BeforeValidator(_relative), Field(allow_inf_nan=False)]
 
 
-class LoadOptions(BaseModel):
+class LoadOptions(StrictModel):
     """Everything a replay or ladder run is configured with (besides Locust's own ``--host`` etc.)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     corpus: Path | None = None
     """``corpus.jsonl`` (or its directory) from ``harness corpus build``."""

@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.io import check_input_file, validation_input_error, write_json
+from harness.common.model import StrictModel
 from harness.common.stats import Distribution, percentile
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -82,10 +83,6 @@ CLIENT_BOUND_LATENESS_MS = 5.0
 the run client-bound: the gates widen each latency interval by the client's own lateness instead."""
 CLIENT_BOUND_CPU_PCT = 90.0
 """Client CPU above this marks the run ``client_bound`` (its measurements are suspect)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -172,7 +169,7 @@ _RECORD: TypeAdapter[RequestRecord] = TypeAdapter(RequestRecord)
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
 
-class InputRef(_Strict):
+class InputRef(StrictModel):
     """A file a run read, identified by content."""
 
     path: str
@@ -187,7 +184,7 @@ class InputRef(_Strict):
         return cls(path=str(path), sha256=h.hexdigest())
 
 
-class TargetInfo(_Strict):
+class TargetInfo(StrictModel):
     url: str
     model: str | None = None
     api: Literal["chat", "completions"] = "chat"
@@ -233,7 +230,7 @@ def target_identity(models_answer: Any) -> dict[str, Any] | None:
     return {"models": models}
 
 
-class Recipe(_Strict):
+class Recipe(StrictModel):
     """What load a run offered, from its options: equal recipes make comparable latencies.
 
     ``rate_of_capacity`` is for runs whose rate was given relative to a measured capacity: when two
@@ -256,7 +253,7 @@ class Recipe(_Strict):
     bypass_fraction: float | None = None
 
 
-class StageOutcome(_Strict):
+class StageOutcome(StrictModel):
     """One stage of a staged run (the warmup ladder), as it ended."""
 
     name: str
@@ -273,7 +270,7 @@ class StageOutcome(_Strict):
     """The stage the ladder went back to, when this one exceeded its tolerance."""
 
 
-class WorkerShare(_Strict):
+class WorkerShare(StrictModel):
     """What one worker of a distributed run was given and what came back from it."""
 
     worker: int
@@ -283,7 +280,7 @@ class WorkerShare(_Strict):
     """The worker was lost; its share's unsent requests are not in the records."""
 
 
-class PrecisionState(_Strict):
+class PrecisionState(StrictModel):
     """How precisely one watched percentile is known (``--until-precision``, docs/load.md).
 
     The interval is :func:`harness.common.stats.percentile_interval` over the run's OK records;
@@ -310,7 +307,7 @@ class PrecisionState(_Strict):
     met: bool
 
 
-class RunSummary(_Strict):
+class RunSummary(StrictModel):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
