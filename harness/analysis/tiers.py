@@ -108,14 +108,14 @@ class Query:
 
 
 def _fp_chat(messages: list[dict[str, str]]) -> str:
-    from harness.server.protocol import prompt_fingerprint
+    from harness.server.prepare import prompt_fingerprint
 
     # What the server fingerprints for a chat request: role/content pairs, generation prompt on.
     return prompt_fingerprint(([{"role": m["role"], "content": m["content"]} for m in messages], True))
 
 
 def _fp_prompt(prompt: str) -> str:
-    from harness.server.protocol import prompt_fingerprint
+    from harness.server.prepare import prompt_fingerprint
 
     return prompt_fingerprint(prompt)
 

@@ -154,7 +154,7 @@ class TierEntry(StrictModel):
 
     tier: Tier
     prompt_fp: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
-    """``harness.server.protocol.prompt_fingerprint`` of the prompt (32 hex digits)."""
+    """``harness.server.prepare.prompt_fingerprint`` of the prompt (32 hex digits)."""
     key: str | None = None
     """An exact cache key ``<tenant>:<32 hex>`` (as in the ``x-cache-key`` response header)."""
     query: str | None = None

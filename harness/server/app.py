@@ -12,7 +12,8 @@ changes together, and no module imports the one that imports it:
 * :mod:`~harness.server.admin_routes`: ``/health``, ``/metrics`` and the ``/cache/*`` admin API;
 * :mod:`~harness.server.preload`: ``POST /cache/preload``'s validation and generation;
 * :mod:`~harness.server.asgi`: body reading, disconnect watching and the guarded stream;
-* :mod:`~harness.server.protocol`: OpenAI request → engine parameters, and the response shapes.
+* :mod:`~harness.server.prepare`: OpenAI request → engine parameters and the cache body;
+* :mod:`~harness.server.formats`: the response and chunk shapes, ``usage``;
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A request goes through:
 
 0. the credentials (401 / 403 before the body is read, see :mod:`harness.server.auth`);
 1. body read with a size cap (413), JSON parse and strict validation (400 naming the field);
-2. :func:`~harness.server.protocol.prepare`: tokenize, check the context length (400), build
+2. :func:`~harness.server.prepare.prepare`: tokenize, check the context length (400), build
    :class:`SamplingParams` and the cache body;
 3. the cache's ``begin_nowait`` / ``begin`` (tenant from the API key, or from ``X-Tenant-ID`` on a
    server without keys: :meth:`~harness.server.auth.AuthPolicy.tenant`; ``Cache-Control: no-cache``
@@ -51,17 +51,15 @@ from harness.common.openai import (
 from harness.engine.api import EngineError, EngineFull, InvalidPrompt, PromptTooLong, TokenEvent
 from harness.server.asgi import ClientGone, GuardedStream, parse_json, read_body, until_disconnect
 from harness.server.errors import APIError, bad_request, from_validation_error, retry_after_header
-from harness.server.protocol import (
+from harness.server.formats import (
     CompletionsFormat,
-    Prepared,
     TokenLog,
-    check_context,
     formatter,
     replay_progress,
     split_tokens,
-    tokenize_prepared,
     usage_dict,
 )
+from harness.server.prepare import Prepared, check_context, tokenize_prepared
 from harness.server.state import Outcome, ServerState, cached_completion, log, new_id
 
 

@@ -27,7 +27,7 @@ from harness.common.errors import InputError
 from harness.common.io import parse_jsonl_line
 from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
 from harness.server.errors import APIError, bad_request, from_validation_error
-from harness.server.protocol import Prepared
+from harness.server.prepare import Prepared
 from harness.server.state import Outcome, ServerState, cached_completion
 
 _MAX_ERRORS = 20

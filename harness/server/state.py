@@ -24,8 +24,9 @@ from harness.common import headers as H
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
 from harness.server.auth import AuthPolicy
+from harness.server.formats import TokenLog
 from harness.server.metrics import EngineCollector, ServerMetrics
-from harness.server.protocol import Prepared, TokenLog, prepare
+from harness.server.prepare import Prepared, prepare
 from harness.server.settings import ServerSettings
 
 log = logging.getLogger("harness.server")
@@ -156,7 +157,7 @@ class ServerState:
         return m
 
     def prepare(self, req: CompletionRequest | ChatCompletionRequest, *, tokenize: bool = True) -> Prepared:
-        """:func:`~harness.server.protocol.prepare` with this server's tokenizer, model and limits."""
+        """:func:`~harness.server.prepare.prepare` with this server's tokenizer, model and limits."""
         return prepare(
             req,
             tokenizer=self.engine.tokenizer,

@@ -21,7 +21,7 @@ from harness.analysis.tiers import (
 from harness.cache.policy import load_tier_file
 from harness.common.errors import InputError
 from harness.common.io import write_json, write_jsonl
-from harness.server.protocol import prompt_fingerprint
+from harness.server.prepare import prompt_fingerprint
 
 from .conftest import corpus_record, record, write_corpus, write_run
 

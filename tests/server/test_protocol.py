@@ -23,7 +23,8 @@ from harness.common.openai import (
 from harness.engine.api import RequestMetrics, TokenEvent, TopLogprob
 from harness.engine.tokenizer import preset_tokenizer
 from harness.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
-from harness.server.protocol import TokenLog, formatter, prepare, replay_progress, split_tokens, usage_dict
+from harness.server.formats import TokenLog, formatter, replay_progress, split_tokens, usage_dict
+from harness.server.prepare import prepare
 from tests.server.sse import sse_payloads, typed_chunk
 
 
@@ -441,7 +442,7 @@ def test_usage_harness_fields_are_the_wire_types_and_the_engine_measures_each() 
 
     from harness.common.openai import HarnessUsage
     from harness.engine.api import RequestMetrics
-    from harness.server.protocol import ENGINE_USAGE_FIELDS, usage_dict
+    from harness.server.formats import ENGINE_USAGE_FIELDS, usage_dict
 
     assert set(ENGINE_USAGE_FIELDS) <= {f.name for f in fields(RequestMetrics)}
     m = RequestMetrics(prefill_kv_bytes=4096, ttft_ms=12.0, device="cuda", mean_entropy=1.5)
