@@ -57,7 +57,7 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from harness.common.errors import ExitCode, HarnessError
+from harness.common.errors import ConfigError, ExitCode, HarnessError
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
@@ -484,6 +484,9 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     if env.parsed_options is None:
         return
     role = _role(env)
+    if role != "worker" and env.parsed_options.headless and not env.host:
+        sys.stderr.write("harness: error: --host: no target: give its base URL (http://127.0.0.1:8000)\n")
+        sys.exit(int(ExitCode.CONFIG))
     if role != "worker" and getattr(env.parsed_options, "corpus", None):
         try:  # fail before any load, with the documented exit code
             opts = LoadOptions.from_namespace(env.parsed_options)
@@ -534,6 +537,10 @@ def _on_test_start(environment: Environment, **_kw: Any) -> None:
     env = environment
     role = _role(env)
     try:
+        if role != "worker" and not env.host:  # the web UI's form may leave it empty too
+            raise ConfigError(
+                "no target: give its base URL with --host (http://127.0.0.1:8000)", field="--host"
+            )
         opts = LoadOptions.from_namespace(env.parsed_options)
         ladder, posts = _is_ladder(env), role != "worker"
         # Once: a later test of a web UI session reads the files again (they may have been rebuilt).

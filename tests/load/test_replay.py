@@ -220,6 +220,10 @@ def test_bad_input_fails_before_any_load_with_the_documented_code(tmp_path: Path
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
 
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "replay.py"), "--headless",
+           "--corpus", str(corpus), "--rate", "1", "--duration", "1"]  # fmt: skip
+    no_host = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert no_host.returncode == 4 and "--host: no target" in no_host.stderr
     missing = run("--corpus", str(tmp_path / "nope.jsonl"), "--rate", "1", "--duration", "1")
     assert missing.returncode == 3 and "nope.jsonl: no such file" in missing.stderr
     no_when = run("--corpus", str(corpus))
