@@ -255,7 +255,11 @@ InsecureOption = Annotated[
     typer.Option("--insecure", help="Do not verify the target's TLS certificate.", rich_help_panel=_PANEL),
 ]
 
-_SECRET_FLAGS = frozenset({"--api-key", "--admin-token", "--header", "-H"})
+SECRET_OPTIONS: tuple[str, ...] = ("api_key", "admin_token", "header")
+"""The options whose values are secrets (the one list: load options, flags, ``--serve-args``)."""
+SECRET_VALUE_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-token"})
+"""Flags whose value is one secret (``harness serve`` has these two as well)."""
+_SECRET_FLAGS = frozenset({f"--{n.replace('_', '-')}" for n in SECRET_OPTIONS} | {"-H"})
 
 
 def redact_args(args: Sequence[str]) -> list[str]:

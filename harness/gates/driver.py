@@ -30,13 +30,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from harness.common.auth import Credentials
+from harness.common.auth import SECRET_VALUE_FLAGS, Credentials
 from harness.common.errors import ConfigError, ExitCode, HarnessError, InputError, UnavailableError
 from harness.gates.target import NotExposed, Target
 
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
-SECRET_SERVE_FLAGS = frozenset({"--api-key", "--admin-token"})
-"""``harness serve`` options whose value is a secret: never on the child's command line."""
 
 ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
     int(ExitCode.INPUT): InputError,
@@ -64,7 +62,7 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
 
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if flag in SECRET_SERVE_FLAGS:
+        if flag in SECRET_VALUE_FLAGS:  # harness serve's secrets: never on the child's command line
             raise ConfigError(
                 f"{flag} does not belong in --serve-args: give it to this command itself, which hands "
                 "it to the server it starts through the environment (a command line is recorded in "

@@ -31,7 +31,7 @@ from pydantic import (
     field_validator,
 )
 
-from harness.common.auth import API_KEY_ENV, Credentials, parse_header, secrets_from_env
+from harness.common.auth import API_KEY_ENV, SECRET_OPTIONS, Credentials, parse_header, secrets_from_env
 from harness.common.errors import ConfigError
 from harness.common.model import StrictModel
 from harness.load.arrivals import ApiChoice, ArrivalProcess
@@ -234,7 +234,7 @@ class LoadOptions(StrictModel):
         return args
 
 
-SECRET_FIELDS: frozenset[str] = frozenset({"api_key", "admin_token", "header"})
+SECRET_FIELDS: frozenset[str] = frozenset(SECRET_OPTIONS)
 """Options never written to a command line, a results file or the web UI (they go by environment)."""
 _LAST_NAMESPACE: dict[str, Any] = {}
 """:meth:`LoadOptions.from_namespace`'s last raw values and their validated options."""
