@@ -10,7 +10,11 @@ usage chunk, ``[DONE]``), so the client, not the server, is what is measured:
    same body and reading the response. Goal ≥ 1.0. Both counted by requests completed per second,
    and, because wall-clock throughput on a shared machine follows the other processes' load, also
    by the Locust process's CPU time per request (test start to stop, the same way on both sides):
-   the throughput one core can give.
+   the throughput one core can give. The CPU is counted twice: over the whole test (start-up and
+   drain included, as each process counts it itself) and over its steady state (from 2 s after the
+   first response to 1 s before the last, sampled from outside both processes the same way:
+   :class:`CpuSampler`, and responses completed in that window). Fixed start-up costs weigh more per
+   request when a busy machine lets fewer requests through; the steady state is the cost per request.
 2. Open-loop precision at 200, 500 and 1000 requests/s in one process: p99 lateness (goal ≤ 1 ms)
    and achieved ÷ target rate (goal ≥ 99.5 %), from ``summary.json``.
 
@@ -22,15 +26,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import itertools
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +47,7 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402
-from harness.load.results import read_summary  # noqa: E402
+from harness.load.results import read_records, read_summary  # noqa: E402
 from harness.load.runner import LoadSpec, free_port, run_locust  # noqa: E402
 
 CHUNK = (
@@ -58,22 +66,31 @@ RESPONSE = (
 )
 
 BARE = """
-import json, os
+import json, os, time
+import gevent
 import psutil
 from locust import FastHttpUser, constant, events, task
 BODY = {body!r}
 _proc = psutil.Process()
 _cpu0 = [0.0]
+_counts = []
+
+def _count(environment):
+    # Completed requests over time (for the steady-state window); 4 wake-ups a second.
+    while True:
+        _counts.append((time.time(), environment.stats.total.num_requests))
+        gevent.sleep(0.25)
 
 @events.test_start.add_listener
 def _start(environment, **kw):
     _cpu0[0] = sum(_proc.cpu_times()[:2])
+    gevent.spawn(_count, environment)
 
 @events.test_stop.add_listener
 def _stop(environment, **kw):
     cpu = sum(_proc.cpu_times()[:2]) - _cpu0[0]
     with open(os.environ["BENCH_CPU_OUT"], "w") as fh:
-        json.dump({{"cpu_s": cpu, "requests": environment.stats.total.num_requests}}, fh)
+        json.dump({{"cpu_s": cpu, "requests": environment.stats.total.num_requests, "counts": _counts}}, fh)
 
 class Bare(FastHttpUser):
     wait_time = constant(0)
@@ -123,8 +140,61 @@ def corpus(path: Path) -> Path:
     return make_corpus(path, 50)
 
 
-def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> tuple[float, float]:
-    """Requests/s (Locust's count) and CPU µs per request of a bare FastHttpUser run."""
+class CpuSampler:
+    """A child process's CPU seconds (user + system, its own children included), sampled every
+    50 ms from this process: both sides of the throughput pair are measured the same way, from
+    outside, without adding work to either."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._proc = psutil.Process(popen.pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self._proc, *self._proc.children(recursive=True)]
+                cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
+            except psutil.Error:
+                return
+            self.samples.append((time.time(), cpu))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, t: float) -> float:
+        """CPU seconds at wall time ``t`` (linear between the samples around it)."""
+        for (t0, c0), (t1, c1) in itertools.pairwise(self.samples):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+        raise ValueError(f"no CPU sample around {t}")
+
+
+def steady_us(cpu: CpuSampler, done_at: list[float]) -> float:
+    """CPU µs per response over the steady state: 2 s after the first response to 1 s before the
+    last (responses completed at ``done_at``, wall times)."""
+    a, b = min(done_at) + 2.0, max(done_at) - 1.0
+    n = sum(1 for t in done_at if a <= t <= b)
+    return (cpu.at(b) - cpu.at(a)) / max(1, n) * 1e6
+
+
+def _run_sampled(cmd: list[str], env: dict[str, str] | None = None) -> CpuSampler:
+    popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    sampler = CpuSampler(popen)
+    _, err = popen.communicate()
+    sampler.stop()
+    if popen.returncode not in (0, 1):  # 1: Locust's "some requests failed"
+        raise SystemExit(f"{cmd[:4]} exited {popen.returncode}: {err.decode(errors='replace')[-2000:]}")
+    return sampler
+
+
+def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> tuple[float, float, float]:
+    """Requests/s (Locust's count), CPU µs per request over the whole test and over the steady state
+    of a bare FastHttpUser run."""
     body = json.dumps({"messages": [{"role": "user", "content": "question 0"}], "max_tokens": 16,
                        "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
     lf = tmp / "bare.py"
@@ -133,11 +203,20 @@ def bare_rps(host: str, tmp: Path, users: int, seconds: int) -> tuple[float, flo
     cmd = [sys.executable, "-m", "locust", "-f", str(lf), "--headless", "--host", host, "-u", str(users),
            "-r", str(users), "-t", f"{seconds}s", "--csv", str(prefix), "--only-summary"]  # fmt: skip
     out = tmp / "bare_cpu.json"
-    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "BENCH_CPU_OUT": str(out)})
+    sampler = _run_sampled(cmd, env={**os.environ, "BENCH_CPU_OUT": str(out)})
     with open(f"{prefix}_stats.csv", newline="") as fh:
         rows = {r["Name"]: r for r in csv.DictReader(fh)}
     cpu = json.loads(out.read_text())
-    return float(rows["Aggregated"]["Requests/s"]), cpu["cpu_s"] / max(1, cpu["requests"]) * 1e6
+    # Locust counts requests, not completion times: a response time is spread over each 250 ms
+    # count step (at most 4 per second of error on a window of several seconds' thousands).
+    done_at: list[float] = []
+    for (t0, n0), (t1, n1) in itertools.pairwise(cpu["counts"]):
+        done_at.extend(t0 + (t1 - t0) * (i + 1) / (n1 - n0) for i in range(n1 - n0))
+    return (
+        float(rows["Aggregated"]["Requests/s"]),
+        cpu["cpu_s"] / max(1, cpu["requests"]) * 1e6,
+        steady_us(sampler, done_at),
+    )
 
 
 def replay(
@@ -147,7 +226,12 @@ def replay(
     spec = LoadSpec(host=host, corpus=tmp / "corpus.jsonl", rate=rate, duration=seconds, results_dir=results,
                     concurrency=users, start_delay=2.0,
                     run_time=f"{seconds + 2:g}s" if cap else None)  # fmt: skip
-    code = run_locust(spec, timeout_s=seconds + 120)
+    sampler = None
+    if cap:  # the throughput pair: sample the Locust process from outside, as the bare one
+        sampler = _run_sampled(spec.command(), env={**os.environ, **spec.options.credentials().to_env()})
+        code = 0
+    else:
+        code = run_locust(spec, timeout_s=seconds + 120)
     s = read_summary(results)
     sent = s.metrics["lateness_ms"]
     return {
@@ -162,7 +246,14 @@ def replay(
         "cpu": s.client_cpu_pct or 0.0,
         # CPU of the Locust process from test start to the end (the pacer's idle spin left out).
         "cpu_us_per_request": (s.client_cpu_pct or 0.0) / 100 * s.duration_s / max(1, s.requests) * 1e6,
+        "steady_us_per_request": steady_us(sampler, _done_at(results, s.started_at)) if sampler else 0.0,
     }
+
+
+def _done_at(results: Path, started_at: str) -> list[float]:
+    """Wall times at which the run's responses completed (its epoch + sent + E2E)."""
+    epoch = datetime.fromisoformat(started_at).timestamp()
+    return [epoch + r.sent_s + (r.e2e_ms or 0.0) / 1000 for r in read_records(results)]
 
 
 def main() -> None:
@@ -191,18 +282,23 @@ def main() -> None:
         ours_runs: list[float] = []
         bare_cpu: list[float] = []
         ours_cpu: list[float] = []
+        bare_steady: list[float] = []
+        ours_steady: list[float] = []
         for i in range(args.rounds):
-            rps, cpu = bare_rps(host, tmp, args.users, args.seconds)
+            rps, cpu, steady = bare_rps(host, tmp, args.users, args.seconds)
             bares.append(rps)
             bare_cpu.append(cpu)
+            bare_steady.append(steady)
             # An unreachable rate: the pacer always has an arrival due, so users send back to back.
             sat = replay(
                 host, tmp, f"saturated{i}", rate=100_000, seconds=args.seconds, users=args.users, cap=True
             )
             ours_runs.append(sat["achieved"])  # requests sent per second of the send window
             ours_cpu.append(sat["cpu_us_per_request"])
+            ours_steady.append(sat["steady_us_per_request"])
         bare, ours = percentile(bares, 50), percentile(ours_runs, 50)
         bare_us, ours_us = percentile(bare_cpu, 50), percentile(ours_cpu, 50)
+        bare_st, ours_st = percentile(bare_steady, 50), percentile(ours_steady, 50)
         precision = [
             (r, replay(host, tmp, f"rate{r}", rate=float(r), seconds=args.seconds, users=64))
             for r in map(int, args.rates.split(","))
@@ -221,7 +317,11 @@ def main() -> None:
         ("… each round: replay / bare", " / ".join(f"{x:,.0f}" for x in ours_runs),
          " / ".join(f"{x:,.0f}" for x in bares), "—"),
         ("client CPU per request (median: throughput per core)", f"{ours_us:.0f} µs",
-         f"{bare_us:.0f} µs (bare FastHttpUser)", f"{bare_us / ours_us:.2f}× per core (goal ≥ 1.0)"),
+         f"{bare_us:.0f} µs (bare FastHttpUser)", f"{bare_us / ours_us:.2f}× (whole test)"),
+        ("client CPU per request, steady state (median: throughput per core)", f"{ours_st:.0f} µs",
+         f"{bare_st:.0f} µs (bare FastHttpUser)", f"{bare_st / ours_st:.2f}× per core (goal ≥ 1.0)"),
+        ("… each round, steady state: replay / bare", " / ".join(f"{x:.0f}" for x in ours_steady),
+         " / ".join(f"{x:.0f}" for x in bare_steady), "—"),
     ]  # fmt: skip
     for r, m in precision:
         ok_late = "✓" if m["lateness_p99"] <= 1.0 else "✗"
