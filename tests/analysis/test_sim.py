@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from harness.analysis.references import RefTrace
 from harness.analysis.sim import (
     NEVER,
+    history_preload,
     hitrate_report,
     next_use,
-    history_preload,
     optimal_preload,
     simulate,
     simulate_lfu,

@@ -120,7 +120,7 @@ def test_the_backtest_plans_without_the_window(tmp_path: Path) -> None:
 def test_protection_keeps_the_hot_set_where_lru_loses_it(tmp_path: Path) -> None:
     # History: h is the hot prompt. Window: four one-off prompts, then h: LRU at capacity 2 has
     # flushed h before its use; protecting the preload until its first hit keeps it.
-    ids = ["h", "x", "h", "y", "h"] + ["o1", "o2", "o3", "o4", "h"]
+    ids = ["h", "x", "h", "y", "h", "o1", "o2", "o3", "o4", "h"]
     refs = load_refs(
         write_run(tmp_path / "run", [record(i, id=x, sent_s=float(i)) for i, x in enumerate(ids)])
     )
