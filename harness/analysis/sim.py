@@ -69,6 +69,16 @@ def optimal_preload(keys: IntArray, capacity: int) -> list[int]:
     return [int(k) for k in uniq[order]]
 
 
+def history_preload(keys: IntArray, seen: IntArray, capacity: int) -> list[int]:
+    """The ``capacity`` keys of ``seen`` with the earliest first use in ``keys``: MIN's best warm
+    start among keys a history has seen (the history ceiling's preload; see module doc)."""
+    uniq, idx = np.unique(keys, return_index=True)
+    allowed = np.isin(uniq, seen)
+    uniq, idx = uniq[allowed], idx[allowed]
+    order = np.argsort(idx, kind="stable")[:capacity]
+    return [int(k) for k in uniq[order]]
+
+
 @dataclass(slots=True)
 class Counts:
     hits: int
@@ -152,6 +162,38 @@ def simulate_lru(keys: IntArray, capacity: int, initial: Sequence[int] = (), fla
     return Counts(hits, len(kl), hit_flags)
 
 
+@SIMULATORS.register("lru-protect")
+def simulate_lru_protect(
+    keys: IntArray, capacity: int, initial: Sequence[int] = (), flags: bool = False
+) -> Counts:
+    """LRU whose warm start is protected until its first hit (``initial``: least valuable first).
+
+    A miss evicts the least recently used unprotected entry; only when every entry is a protected,
+    never-hit preload does the least valuable of them go.
+    """
+    start = list(initial)[-capacity:]
+    protected: OrderedDict[int, None] = OrderedDict((k, None) for k in start)
+    cache: OrderedDict[int, None] = OrderedDict()
+    kl = keys.tolist()
+    hit_flags = _flags(len(kl), flags)
+    hits = 0
+    for i, k in enumerate(kl):
+        if k in protected:
+            del protected[k]  # its first hit: an ordinary entry from now on
+            cache[k] = None
+        elif k in cache:
+            cache.move_to_end(k)
+        else:
+            cache[k] = None
+            if len(cache) + len(protected) > capacity:
+                (cache if len(cache) > 1 else protected).popitem(last=False)
+            continue
+        hits += 1
+        if hit_flags is not None:
+            hit_flags[i] = 1
+    return Counts(hits, len(kl), hit_flags)
+
+
 @SIMULATORS.register("lfu")
 def simulate_lfu(keys: IntArray, capacity: int, initial: Sequence[int] = (), flags: bool = False) -> Counts:
     """Least frequently used (counts since admission), least recent first among equals.
@@ -199,7 +241,8 @@ class PolicyResult(StrictModel):
     policy: str
     capacity: int
     warm: str | None = None
-    """What the cache started with: ``None`` (empty), ``optimal`` (MIN's best preload) or ``plan``."""
+    """What the cache started with: ``None`` (empty), ``optimal`` (MIN's best preload), ``history``
+    (MIN's best preload among keys a history has seen) or ``plan``."""
     refs: int
     hits: int
     hit_rate: float

@@ -3,24 +3,30 @@
 1. **Predict reuse.** Every key (a prompt, or a KV block of a prefix) gets a predicted value from
    the history by a predictor from :data:`PREDICTORS`:
 
-   * ``replay`` (default): the history *is* the traffic about to come (the trace the load stage
-     will replay): a reference at offset ``t`` from the start weighs ``exp(−t/τ)``, so keys used
-     soon and often rank first, which is what a cache that starts empty misses most;
-   * ``recent``: the history ended just before the cold start (yesterday's log): a reference weighs
-     ``exp(−(T − t)/τ)`` from the end ``T`` (an exponentially weighted request rate);
-   * ``frequency``: plain counts.
+   * ``recent`` (default): the history ended just before the cold start (yesterday's log): a
+     reference weighs ``exp(−(T − t)/τ)`` from the end ``T`` (an exponentially weighted request
+     rate; ``τ`` defaults to the evaluation window's span);
+   * ``frequency``: plain counts;
+   * ``replay``: the history *is* the traffic about to come (the trace the load stage will replay):
+     a reference at offset ``t`` from the start weighs ``exp(−t/τ)``. It only makes sense in
+     sample (see 3).
 
 2. **Pick the preload set.** The ``capacity`` best keys, in the trace's unit. For KV blocks the
    server can only be warmed by sending prompts, so the plan also picks the requests whose prompts
    cover the chosen blocks (each prompt brings its whole prefix chain).
 
-3. **Expected hit rate.** The evaluation window (by default the first 10 % of the history, the
-   cold-start window of a replay) is simulated with the cache starting from the preload, under the
-   target cache's replacement policy (LRU by default: L1, Redis ``allkeys-lru`` and the engine's
-   prefix cache all are). It is reported beside the **Belady ceiling**: MIN from the optimal warm
-   start (:func:`harness.analysis.sim.optimal_preload`), the best hit rate any warmup with any
-   replacement policy could reach at that capacity. ``plan + MIN`` separates the plan's choice
-   from the replacement policy's losses.
+3. **Judge it out of sample.** A plan is built from a history and meets the traffic *after* it, so
+   that is how it is judged: by default the history's last 10 % is the evaluation window and the
+   same procedure (predictor, capacity) plans from the requests before it (a backtest); with
+   another trace as the window (``--eval``) the plan from the whole history is judged on it. The
+   window is simulated from the preload under the target cache's replacement policy (LRU by
+   default: L1, Redis ``allkeys-lru`` and the engine's prefix cache all are) and reported beside
+   two ceilings: the **history ceiling** (MIN from the best preload of keys the history has seen,
+   :func:`harness.analysis.sim.history_preload`: the best any plan from that history with any
+   replacement policy can reach) and **Belady's** (MIN from the optimal preload, which knows the
+   window). ``plan + MIN`` separates the plan's choice from the replacement policy's losses, and
+   the report measures what limits the rest (:class:`Limits`). In sample (the window is the
+   history's first 10 %, which the plan has seen) the numbers are an upper bound, labelled so.
 
 4. **Outputs.** ``preload.jsonl`` in the format ``POST /cache/preload`` accepts (one OpenAI request
    body per line, the body the load stage sends for that record, optional ``tenant``; no
@@ -36,13 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from harness.analysis.references import FloatArray, IntArray, RefTrace
-from harness.analysis.sim import optimal_preload, simulate
+from harness.analysis.sim import history_preload, optimal_preload, simulate
 from harness.common.errors import InputError
 from harness.common.io import write_jsonl
 from harness.common.model import StrictModel
@@ -181,8 +187,27 @@ def ladder_plan(
 # --------------------------------------------------------------------------- the plan
 
 
+Mode = Literal["out_of_sample", "in_sample"]
+
+
+class Limits(StrictModel):
+    """What keeps a plan from the history ceiling, measured on the evaluation window."""
+
+    refs_unseen: float
+    """Share of the window's references to keys the history never saw (new documents and
+    conversations): no plan from this history can preload them."""
+    refs_one_off: float
+    """Share of the window's references to keys used once in the window and never before (one-off
+    documents): a miss for every cache, and under LRU they push useful entries out."""
+    preload_used: float
+    """Share of the plan's preload the window references at all; the rest is popularity drift
+    (keys hot in the history, cold after it)."""
+    preload_overlap: float
+    """Share of the history ceiling's preload the plan also chose."""
+
+
 class PlanReport(StrictModel):
-    """``plan.json``: the preload set and its expected hit rate against the Belady ceiling."""
+    """``plan.json``: the preload set and its hit rate on the window after its history."""
 
     source: str
     unit: str
@@ -191,6 +216,11 @@ class PlanReport(StrictModel):
     tau_s: float
     policy: str
     """Replacement policy of the cache being warmed, used for the expected hit rate."""
+    mode: Mode
+    """``out_of_sample``: the evaluated plan never saw the window; ``in_sample``: the window is part
+    of the history the plan was built from, so every figure is an upper bound."""
+    history_requests: int
+    """Requests the evaluated plan was built from."""
     window_requests: int
     window_refs: int
     window_distinct: int
@@ -200,17 +230,38 @@ class PlanReport(StrictModel):
     preload_lines_written: int = 0
     """Of those, lines written (a request needs a corpus record with its text)."""
     expected_hit_rate: float
-    """The evaluation window simulated under ``policy`` from the preload."""
+    """The evaluation window simulated under ``policy`` from the evaluated plan's preload."""
+    protected_hit_rate: float
+    """The same preload protected until its first hit, then LRU (``lru-protect``): a tier that
+    honours preload priorities."""
     plan_min_hit_rate: float
     """MIN from the plan's preload: what the preload allows with a perfect replacement policy."""
+    history_ceiling: float
+    """MIN from the best preload of keys the history has seen: the best any plan from this history
+    and any policy can do here."""
+    history_preload_hit_rate: float
+    """The history ceiling's own preload under ``policy``: the best history preload, served by the
+    real eviction."""
     ceiling: float
-    """MIN from the optimal preload: the best any warmup and any policy can do here."""
+    """Belady: MIN from the optimal preload (knows the window): the best any warmup can do."""
     ratio: float
+    """``expected_hit_rate / history_ceiling``: the goal measure."""
+    ratio_belady: float
     """``expected_hit_rate / ceiling``."""
     cold: dict[str, float]
     """Hit rates from an empty cache: ``min``, ``lru``, ``lfu``."""
+    limits: Limits
     top: list[dict[str, Any]] = Field(default_factory=list)
-    """The best keys with their predicted reuse (at most 20), for people."""
+    """The best keys of the written plan with their predicted reuse (at most 20), for people."""
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
+def _choose(history: RefTrace, capacity: int, predictor: str, tau: float) -> tuple[IntArray, FloatArray]:
+    scores = PREDICTORS.get(predictor)(history, tau)
+    return rank_keys(history, predictor, tau)[:capacity], scores
 
 
 def plan_warmup(
@@ -218,34 +269,54 @@ def plan_warmup(
     capacity: int,
     *,
     window: RefTrace | None = None,
-    predictor: str = "replay",
+    window_fraction: float = 0.1,
+    in_sample: bool = False,
+    predictor: str = "recent",
     tau_s: float | None = None,
     policy: str = "lru",
 ) -> tuple[PlanReport, list[int], list[int]]:
-    """Plan a warmup; returns the report, the preload key ids (best first) and the covering requests.
+    """Plan a warmup from ``history``; returns the report, the preload key ids (best first) and the
+    covering requests of the plan built from the whole history (what gets written).
 
-    ``window`` is the traffic the warm cache will meet (default: the first 10 % of ``history``);
-    it may come from another source with the same kind of keys (labels are matched). ``tau_s``
-    defaults to a tenth of the window's span (at least one second).
+    The evaluation (module doc, 3): ``window`` (another trace with the same kind of keys; labels
+    are matched) judges the plan from the whole history; without it the last ``window_fraction`` of
+    the history is the window and the plan judged on it is built from the requests before it. With
+    ``in_sample`` the window is the first ``window_fraction`` of the history and the plan is built
+    from all of it (an upper bound). ``tau_s`` defaults to the window's span (a tenth of it in
+    sample, where ``replay`` weighs the window's own references), at least one second.
     """
     if capacity < 1:
         raise InputError(f"capacity must be at least 1, got {capacity}", field="capacity")
-    win = window if window is not None else history.head(0.1)
+    if not 0.0 < window_fraction < 1.0:
+        raise InputError(f"window fraction {window_fraction} is not in (0, 1)", field="window")
+    past = history
+    if window is not None:
+        win = window
+    elif in_sample:
+        win = history.head(window_fraction)
+    else:
+        if history.n_requests < 2:
+            raise InputError("a backtest needs at least two requests in the history", file=history.source)
+        cut = history.n_requests - max(1, int(history.n_requests * window_fraction))
+        past, win = history.window(0, cut), history.window(cut, history.n_requests)
     if win.n_refs == 0:
         raise InputError("the evaluation window has no references", file=win.source)
     span = float(win.arrival_s[-1]) if win.n_requests else 0.0
-    tau = tau_s if tau_s is not None else max(span / 10.0, 1.0)
-    ranked = rank_keys(history, predictor, tau)
-    chosen = ranked[:capacity]
-    scores = PREDICTORS.get(predictor)(history, tau)
-    requests = covering_requests(history, chosen.tolist())
-    labels = [history.labels[k] for k in chosen.tolist()]
+    tau = tau_s if tau_s is not None else max(span / 10.0 if in_sample else span, 1.0)
+    judged, _ = _choose(past, capacity, predictor, tau)
     # LRU/LFU evict the front of the initial order first: least valuable first.
-    initial = list(reversed(ids_in(labels, win)))
+    initial = list(reversed(ids_in([past.labels[k] for k in judged.tolist()], win)))
+    seen = np.asarray(ids_in(_seen_labels(past), win), dtype=np.int64)
+    best_history = history_preload(win.keys, seen, capacity)
     expected = simulate(win, capacity, policy, initial=initial, warm="plan")
+    protected = simulate(win, capacity, "lru-protect", initial=initial, warm="plan")
     plan_min = simulate(win, capacity, "min", initial=initial, warm="plan")
+    hist_ceiling = simulate(win, capacity, "min", initial=best_history, warm="history")
+    hist_policy = simulate(win, capacity, policy, initial=list(reversed(best_history)), warm="history")
     ceiling = simulate(win, capacity, "min", initial=optimal_preload(win.keys, capacity), warm="optimal")
     cold = {p: simulate(win, capacity, p).hit_rate for p in ("min", "lru", "lfu")}
+    chosen, scores = _choose(history, capacity, predictor, tau)
+    requests = covering_requests(history, chosen.tolist())
     report = PlanReport(
         source=history.source,
         unit=history.unit,
@@ -253,21 +324,49 @@ def plan_warmup(
         predictor=predictor,
         tau_s=tau,
         policy=policy,
+        mode="in_sample" if in_sample else "out_of_sample",
+        history_requests=past.n_requests,
         window_requests=win.n_requests,
         window_refs=win.n_refs,
         window_distinct=win.distinct,
         preload_keys=len(chosen),
         preload_requests=len(requests),
         expected_hit_rate=expected.hit_rate,
+        protected_hit_rate=protected.hit_rate,
         plan_min_hit_rate=plan_min.hit_rate,
+        history_ceiling=hist_ceiling.hit_rate,
+        history_preload_hit_rate=hist_policy.hit_rate,
         ceiling=ceiling.hit_rate,
-        ratio=expected.hit_rate / ceiling.hit_rate if ceiling.hit_rate > 0 else 1.0,
+        ratio=_ratio(expected.hit_rate, hist_ceiling.hit_rate),
+        ratio_belady=_ratio(expected.hit_rate, ceiling.hit_rate),
         cold=cold,
+        limits=limits(win, seen, initial, best_history),
         top=[
             {"key": _label_json(history.labels[k]), "score": float(scores[k])} for k in chosen[:20].tolist()
         ],
     )
     return report, chosen.tolist(), requests
+
+
+def _seen_labels(trace: RefTrace) -> list[Hashable]:
+    return [trace.labels[k] for k in np.unique(trace.keys).tolist()]
+
+
+def limits(window: RefTrace, seen: IntArray, preload: Sequence[int], best: Sequence[int]) -> Limits:
+    """:class:`Limits` of a preload (ids in ``window``'s space) against the history ceiling's."""
+    keys = window.keys
+    n = max(1, keys.size)
+    unseen = ~np.isin(keys, seen)
+    counts = np.bincount(keys, minlength=int(keys.max()) + 1 if keys.size else 0)
+    one_off = unseen & (counts[keys] == 1)
+    used = set(np.unique(keys).tolist())
+    pre = set(preload)
+    return Limits(
+        refs_unseen=float(unseen.sum()) / n,
+        refs_one_off=float(one_off.sum()) / n,
+        preload_used=len(pre & used) / len(pre) if pre else 0.0,
+        preload_overlap=len(pre & set(best)) / len(best) if best else 1.0,
+    )
 
 
 def _label_json(label: Hashable) -> Any:

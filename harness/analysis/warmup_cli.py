@@ -93,14 +93,28 @@ def plan(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("warmup-plan"),
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     window: Annotated[
-        float, typer.Option("--window", help="Evaluation window: first fraction of the history.")
+        float,
+        typer.Option(
+            "--window",
+            help="Evaluation window: the history's last fraction; the plan judged on it is built from "
+            "the requests before it (with --eval: the eval trace's first fraction).",
+        ),
     ] = 0.1,
     eval_trace: Annotated[
-        Path | None, typer.Option("--eval", help="Evaluate on this trace instead (out of sample).")
+        Path | None, typer.Option("--eval", help="Evaluate on this trace (it follows the history).")
     ] = None,
-    predictor: Annotated[str, typer.Option("--predictor", help="replay, recent or frequency.")] = "replay",
+    in_sample: Annotated[
+        bool,
+        typer.Option(
+            "--in-sample", help="Window = the history's first fraction, which the plan sees (upper bound)."
+        ),
+    ] = False,
+    predictor: Annotated[str, typer.Option("--predictor", help="recent, frequency or replay.")] = "recent",
     tau_s: Annotated[
-        float | None, typer.Option("--tau-s", help="Decay time of the predictor (default: window span / 10).")
+        float | None,
+        typer.Option(
+            "--tau-s", help="Decay time of the predictor (default: the window's span; in sample / 10)."
+        ),
     ] = None,
     policy: Annotated[str, typer.Option("--policy", help="Replacement policy of the warmed cache.")] = "lru",
     corpus: Annotated[
@@ -133,9 +147,22 @@ def plan(
     sends = LoadOptions.validated(load)  # what the replay will send: its options, its defaults
     u = _check_unit(unit)
     history = load_refs(trace, u)
-    win = load_refs(eval_trace, u).head(window) if eval_trace is not None else history.head(window)
+    if eval_trace is not None and in_sample:
+        raise typer.BadParameter(
+            "--in-sample evaluates on the history itself, not --eval", param_hint="--eval"
+        )
+    if not 0.0 < window < 1.0:
+        raise typer.BadParameter(f"{window} is not in (0, 1)", param_hint="--window")
+    win = load_refs(eval_trace, u).head(window) if eval_trace is not None else None
     report, _, requests = plan_warmup(
-        history, capacity, window=win, predictor=predictor, tau_s=tau_s, policy=policy
+        history,
+        capacity,
+        window=win,
+        window_fraction=window,
+        in_sample=in_sample,
+        predictor=predictor,
+        tau_s=tau_s,
+        policy=policy,
     )
     out.mkdir(parents=True, exist_ok=True)
     preload_name: str | None = None
@@ -176,19 +203,28 @@ def plan(
     if as_json:
         echo_json(report.model_dump())
         return
+    label = "in sample: an upper bound" if report.mode == "in_sample" else "out of sample"
     table = Table(
-        title=f"warmup plan — capacity {capacity:,} {unit}, window {report.window_requests:,} requests"
+        title=f"warmup plan — capacity {capacity:,} {unit}; judged on {report.window_requests:,} requests "
+        f"after a history of {report.history_requests:,} ({label})"
     )
     table.add_column("measure")
     table.add_column("hit rate", justify="right")
     table.add_row(f"expected: preload + {policy.upper()}", pct(report.expected_hit_rate))
+    table.add_row("preload protected until first hit, then LRU", pct(report.protected_hit_rate))
     table.add_row("preload + MIN (plan quality)", pct(report.plan_min_hit_rate))
+    table.add_row("history ceiling (best preload the history allows + MIN)", pct(report.history_ceiling))
+    table.add_row(f"best history preload + {policy.upper()}", pct(report.history_preload_hit_rate))
     table.add_row("Belady ceiling (optimal preload + MIN)", pct(report.ceiling))
     for p, v in report.cold.items():
         table.add_row(f"cold {p.upper()}", pct(v))
     console.print(table)
+    lim = report.limits
     console.print(
-        f"expected / ceiling = {report.ratio:.3f}; preload {report.preload_keys:,} {unit} via "
+        f"expected / history ceiling = {report.ratio:.3f} (/ Belady {report.ratio_belady:.3f}); window "
+        f"references to keys the history never saw {pct(lim.refs_unseen)} (one-off {pct(lim.refs_one_off)}); "
+        f"preload used in the window {pct(lim.preload_used)}\n"
+        f"preload {report.preload_keys:,} {unit} (from the whole history) via "
         f"{report.preload_requests:,} requests; wrote {out}/plan.json, {out}/ladder.yaml"
         + (f", {out}/preload.jsonl ({report.preload_lines_written} lines)" if preload_name else ""),
         highlight=False,

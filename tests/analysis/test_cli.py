@@ -72,7 +72,8 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert rc == 0
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan == json.loads(out)
-    assert plan["expected_hit_rate"] <= plan["ceiling"] and plan["window_requests"] == 20
+    assert plan["expected_hit_rate"] <= plan["history_ceiling"] <= plan["ceiling"]
+    assert plan["mode"] == "out_of_sample" and plan["window_requests"] == plan["history_requests"] == 20
     ladder = read_plan(tmp_path / "ladder.yaml")  # the load stage's plan model reads it
     assert ladder.stages and ladder.preload is None  # no corpus: no preload file
     assert not (tmp_path / "preload.jsonl").exists()
@@ -99,6 +100,22 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         (["analysis", "decay"], 2, "--points"),
         (["analysis", "tiers"], 2, "--corpus"),
         (["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--api", "grpc"], 2, "grpc"),
+        (
+            [
+                "analysis",
+                "plan",
+                "--trace",
+                str(SAMPLE),
+                "--capacity",
+                "5",
+                "--in-sample",
+                "--eval",
+                str(SAMPLE),
+            ],
+            2,
+            "--eval",
+        ),
+        (["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--window", "1"], 2, "--window"),
         (
             ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", "/nope.jsonl"],
             3,

@@ -52,7 +52,8 @@ def test_plan_outputs_drive_the_warmup_ladder_and_the_cache_cli(
     )
     out = tmp_path / "plan"
     rc, _, err = run(capsys, "analysis", "plan", "--trace", str(history), "--capacity", "3", "--corpus",
-                     str(corpus), "--stage-s", "2", "--max-tokens-cap", "8", "-o", str(out))  # fmt: skip
+                     str(corpus), "--predictor", "frequency", "--stage-s", "2", "--max-tokens-cap", "8",
+                     "-o", str(out))  # fmt: skip
     assert rc == 0, err
     plan = read_plan(out / "ladder.yaml")  # what locustfiles/warmup.py reads
     preload = plan_preload(plan, out / "ladder.yaml")

@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from harness.analysis.references import RefTrace
 from harness.analysis.sim import (
     NEVER,
+    history_preload,
     hitrate_report,
     next_use,
     optimal_preload,
     simulate,
     simulate_lfu,
     simulate_lru,
+    simulate_lru_protect,
     simulate_min,
 )
 
@@ -81,6 +83,21 @@ def test_warm_start_by_hand() -> None:
     assert simulate_lfu(keys("AB"), 1, [1]).hits == 0
 
 
+def test_history_preload_and_lru_protect_by_hand() -> None:
+    seq = keys("CABCD")
+    # Only A, B and D were seen: the best two of them are those used first, A and B.
+    assert history_preload(seq, np.array([0, 1, 3]), 2) == [0, 1]
+    assert simulate_min(seq, 2, [0, 1]).hits == 2  # C is new to the history: a miss either way
+    # Preload A, capacity 2. LRU: Y flushes A, then X and Y hit, A misses. Protected: X and Y
+    # fight over the one unprotected slot (no hit), and A is still there for its use.
+    lru = simulate_lru(keys("XYXYA"), 2, [0], True)
+    prot = simulate_lru_protect(keys("XYXYA"), 2, [0], True)
+    assert lru.hit_refs is not None and lru.hit_refs.tolist() == [0, 0, 1, 1, 0]
+    assert prot.hits == 1 and prot.hit_refs is not None and prot.hit_refs.tolist() == [0, 0, 0, 0, 1]
+    # With every slot protected and unused, the least valuable preload goes first.
+    assert simulate_lru_protect(keys("XCB"), 2, [1, 2]).hits == 1
+
+
 def _brute_force(seq: list[int], capacity: int, initial: frozenset[int] = frozenset()) -> int:
     """Best hit count over every admission and eviction choice (exponential: tiny inputs only)."""
     best = 0
@@ -121,12 +138,31 @@ def test_min_equals_exhaustive_search(seq: list[int], capacity: int) -> None:
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=9), st.integers(1, 3), st.sets(st.integers(0, 4)))
+def test_history_preload_is_the_best_allowed_warm_start(
+    seq: list[int], capacity: int, seen: set[int]
+) -> None:
+    arr = np.asarray(seq, dtype=np.int64)
+    warm = simulate_min(arr, capacity, history_preload(arr, np.array(sorted(seen), dtype=np.int64), capacity))
+    best = max(
+        _brute_force(seq, capacity, frozenset(s))
+        for n in range(min(capacity, len(seen)) + 1)
+        for s in itertools.combinations(sorted(seen), n)
+    )
+    assert warm.hits == best
+
+
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.integers(1, 5))
 def test_min_is_a_ceiling(seq: list[int], capacity: int) -> None:
     arr = np.asarray(seq, dtype=np.int64)
     m = simulate_min(arr, capacity).hits
     assert simulate_lru(arr, capacity).hits <= m
     assert simulate_lfu(arr, capacity).hits <= m
+    assert (
+        simulate_lru_protect(arr, capacity, list(range(capacity))).hits
+        <= simulate_min(arr, capacity, list(range(capacity))).hits
+    )
     assert m <= len(seq) - len(set(seq))  # compulsory misses
 
 

@@ -73,25 +73,66 @@ def test_replay_predictor_ranks_soon_and_often_first(tmp_path: Path) -> None:
     assert ranked[0] == ("", "b")
 
 
-def test_plan_is_bounded_by_the_ceiling_and_beats_a_cold_cache() -> None:
+@pytest.mark.parametrize("in_sample", [False, True])
+def test_plan_is_bounded_by_the_ceilings_and_beats_a_cold_cache(in_sample: bool) -> None:
     blocks = load_refs(SAMPLE, "blocks")
-    window = blocks.head(0.5)
     for cap in (20, 100, 400):
-        report, chosen, requests = plan_warmup(blocks, cap, window=window)
+        report, chosen, requests = plan_warmup(blocks, cap, window_fraction=0.5, in_sample=in_sample)
+        assert report.mode == ("in_sample" if in_sample else "out_of_sample")
+        assert report.history_requests == (40 if in_sample else 20) and report.window_requests == 20
         assert len(chosen) <= cap
         assert report.expected_hit_rate <= report.plan_min_hit_rate + 1e-12
-        assert report.plan_min_hit_rate <= report.ceiling + 1e-12
+        assert report.protected_hit_rate <= report.plan_min_hit_rate + 1e-12
+        assert report.plan_min_hit_rate <= report.history_ceiling + 1e-12
+        assert report.history_preload_hit_rate <= report.history_ceiling + 1e-12
+        assert report.history_ceiling <= report.ceiling + 1e-12
         assert report.ceiling >= report.cold["min"] >= report.cold["lru"] - 1e-12
         assert report.expected_hit_rate >= report.cold["lru"]
         # Every chosen block is carried by one of the covering requests.
         carried = {k for r in requests for k in blocks.keys[blocks.req == r].tolist()}
         assert set(chosen) <= carried
         assert covering_requests(blocks, chosen) == requests
+        if in_sample:  # the plan saw every key of the window
+            assert report.history_ceiling == report.ceiling and report.limits.refs_unseen == 0
+
+
+def test_the_backtest_plans_without_the_window(tmp_path: Path) -> None:
+    # History: a and b alternate; the window (last 40 %): c and d, never seen before.
+    ids = ["a", "b"] * 3 + ["c", "d"] * 2
+    refs = load_refs(
+        write_run(tmp_path / "run", [record(i, id=x, sent_s=float(i)) for i, x in enumerate(ids)])
+    )
+    report, chosen, _ = plan_warmup(refs, 2, window_fraction=0.4, predictor="frequency")
+    assert report.history_requests == 6 and report.window_requests == 4
+    # Nothing the history saw comes back: no plan can help, the history ceiling is a cold MIN.
+    assert report.history_ceiling == report.cold["min"] == 0.5 and report.plan_min_hit_rate == 0.5
+    assert report.ceiling == 1.0  # Belady preloads c and d: it knows the window
+    assert report.limits.refs_unseen == 1.0 and report.limits.refs_one_off == 0.0
+    assert report.limits.preload_used == 0.0
+    # The written plan comes from the whole history, whose most frequent keys are a and b (3 uses
+    # each; c and d 2): it is not the evaluated plan.
+    assert sorted(refs.labels[k] for k in chosen) == [("", "a"), ("", "b")]
+    # In sample the window is the history's head (a, b, a, b): a plan that saw it is perfect.
+    upper, _, _ = plan_warmup(refs, 2, window_fraction=0.4, in_sample=True, predictor="frequency")
+    assert upper.mode == "in_sample" and upper.expected_hit_rate == upper.history_ceiling == 1.0
+
+
+def test_protection_keeps_the_hot_set_where_lru_loses_it(tmp_path: Path) -> None:
+    # History: h is the hot prompt. Window: four one-off prompts, then h: LRU at capacity 2 has
+    # flushed h before its use; protecting the preload until its first hit keeps it.
+    ids = ["h", "x", "h", "y", "h", "o1", "o2", "o3", "o4", "h"]
+    refs = load_refs(
+        write_run(tmp_path / "run", [record(i, id=x, sent_s=float(i)) for i, x in enumerate(ids)])
+    )
+    report, _, _ = plan_warmup(refs, 2, window_fraction=0.5, predictor="frequency")
+    assert report.expected_hit_rate == 0.0 and report.protected_hit_rate == 0.2
+    assert report.history_ceiling == 0.2 and report.ratio == 0.0
+    assert report.limits.refs_one_off == 0.8 and report.limits.preload_used == 0.5
 
 
 def test_preload_lines_are_what_post_cache_preload_accepts(tmp_path: Path) -> None:
     blocks = load_refs(SAMPLE, "blocks")
-    _, _, requests = plan_warmup(blocks, 60, window=blocks.head(0.5))
+    _, _, requests = plan_warmup(blocks, 60, window_fraction=0.5)
     # A corpus generated from the trace: record i reproduces trace line i + 1; every third has a tenant.
     corpus = write_corpus(
         tmp_path / "corpus.jsonl",
@@ -152,11 +193,18 @@ def test_preload_lines_follow_the_replays_request_options(tmp_path: Path) -> Non
 
 
 @pytest.mark.realdata
-def test_mooncake_plan_reaches_the_ceiling_at_half_the_window(realdata: Path) -> None:
+def test_mooncake_plan_in_and_out_of_sample(realdata: Path) -> None:
     trace = realdata / "mooncake" / "synthetic_trace.jsonl"
     blocks = load_refs(trace, "blocks")
-    window = blocks.head(0.1)
-    cap = window.distinct // 2
-    report, _, _ = plan_warmup(blocks, cap, window=window)
-    assert report.ratio >= 0.95, report
-    assert report.expected_hit_rate > 5 * report.cold["lru"]
+    cap = blocks.head(0.1).distinct // 2
+    # In sample (labelled upper bound): the replay plan reaches the ceiling at half the window.
+    upper, _, _ = plan_warmup(blocks, cap, in_sample=True, predictor="replay")
+    assert upper.ratio_belady >= 0.95, upper
+    assert upper.expected_hit_rate > 5 * upper.cold["lru"]
+    # Out of sample: planned from the first 90 %, judged on the last 10 %.
+    cap = blocks.window(int(blocks.n_requests * 0.9), blocks.n_requests).distinct // 2
+    report, _, _ = plan_warmup(blocks, cap)
+    assert report.mode == "out_of_sample" and report.history_requests == blocks.n_requests - 399
+    assert report.expected_hit_rate > report.cold["lru"]
+    assert report.plan_min_hit_rate <= report.history_ceiling <= report.ceiling
+    assert 0 < report.limits.preload_used < 1
