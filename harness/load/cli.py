@@ -129,6 +129,7 @@ LADDER_ONLY = frozenset({"plan", "capacity"})
 REPLAY_ONLY = frozenset(
     {"schedule", "rate", "arrival", "duration", "max_requests", "speedup", "stage"}
     | {"until_precision", "max_duration", "precision_on", "precision_confidence", "precision_min_samples"}
+    | {"history"}
 )
 """Options that mean nothing to a ladder, or that it refuses: its plan sets the stages (and names
 them), their rates and lengths."""
