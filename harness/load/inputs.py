@@ -230,7 +230,8 @@ class Inputs:
         return offsets
 
     def source(self, slot: int, n: int) -> tuple[ArrivalSource, int | None]:
-        """This worker's arrival source and how many arrivals it holds (``None``: open-ended rate)."""
+        """This worker's arrival source and how many requests it will send (``None``: open-ended rate;
+        for a session corpus, every turn of the sessions its arrivals start)."""
         o = self.opts
         _, requests = self.units()
         if self.ladder is not None:
@@ -245,6 +246,8 @@ class Inputs:
             return src, None
         arrivals = self._arrivals(window)
         mine = share(arrivals, requests, slot, n)
+        if self.sessions is not None:  # what the worker will record: every turn of its sessions
+            return ListArrivals(mine), sum(len(self.sessions[a.request].turns) for a in mine)
         return ListArrivals(mine), len(mine)
 
     def planned(self) -> list[int] | None:

@@ -91,7 +91,9 @@ def test_a_rate_starts_sessions_and_a_plan_lists_their_turns(tmp_path: Path) -> 
     timed = _corpus(
         tmp_path / "t.jsonl", [_turn("a", 1, offset=0.0), _turn("a", 2), _turn("b", 1, offset=1.0)]
     )
-    assert Inputs.load(LoadOptions(corpus=timed), ladder=False).planned() == [0, 1, 2]
+    timed_inputs = Inputs.load(LoadOptions(corpus=timed), ladder=False)
+    assert timed_inputs.planned() == [0, 1, 2]
+    assert timed_inputs.source(0, 1)[1] == 3  # requests it will send: every turn of its two sessions
 
 
 def test_the_summary_breaks_ttft_and_cached_tokens_down_by_turn() -> None:
