@@ -21,6 +21,9 @@ WARMUP_ID = "X-Warmup-ID"
 PREHEAT = "x-env"
 """``x-env: preheat`` marks warmup traffic for mesh routing (Istio) apart from user traffic."""
 REQUEST_ID = "X-Request-Id"
+SESSION_ID = "X-Session-ID"
+"""The conversation a request is a turn of (session corpora): a router may keep a session on one
+replica, a server may key its prefix cache by it."""
 
 CACHE_STATUS = "x-cache"
 """Response header carrying a :data:`CacheStatus`."""

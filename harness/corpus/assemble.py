@@ -52,12 +52,14 @@ def load_template(path: Path, renderer: PromptRenderer) -> PromptTemplate:
         parts: list[tuple[str, str | None]] = []
         for i, m in enumerate(spec["messages"]):
             role = m.get("role") if isinstance(m, dict) else None
-            if role not in ("system", "user", "assistant", "fewshot"):
+            if role not in ("system", "user", "assistant", "fewshot", "history"):
                 raise TemplateError(
-                    "role must be system, user, assistant or fewshot", file=path, field=f"messages[{i}].role"
+                    "role must be system, user, assistant, fewshot or history",
+                    file=path,
+                    field=f"messages[{i}].role",
                 )
             tmpl = m.get("template")
-            if role != "fewshot" and not isinstance(tmpl, str):
+            if role not in ("fewshot", "history") and not isinstance(tmpl, str):
                 raise TemplateError(
                     "a message needs a 'template' name", file=path, field=f"messages[{i}].template"
                 )

@@ -9,7 +9,7 @@ import orjson
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import CheckFailed, InputError
+from harness.common.errors import CheckFailed, ConfigError, InputError
 
 app = typer.Typer(
     help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
@@ -74,6 +74,23 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Fail (exit 1) when quality misses a threshold.")
     ] = True,
+    sessions: Annotated[
+        bool,
+        typer.Option(
+            "--sessions",
+            help="Whole conversations from dialogue logs (--fewshot: CrossWOZ or a JSONL dialogue log; "
+            "default the bundled CrossWOZ sample), one record per user turn; --n counts sessions, "
+            "--trace gives session starts and think times (a JSONL trace with session ids).",
+        ),
+    ] = False,
+    think_time: Annotated[
+        str | None,
+        typer.Option(
+            "--think-time",
+            help="With --sessions: think times where the log has no timestamps: lognormal:MEDIAN,SIGMA "
+            "(default lognormal:8,0.8), exponential:MEAN or constant:SECONDS.",
+        ),
+    ] = None,
 ) -> None:
     """Build a corpus; deterministic for a seed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -102,6 +119,11 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         trace_format=trace_format,
         template_roots=list(template_root or []),
     )
+    if sessions:
+        _build_sessions(out, template, n, fewshot, trace, template_root, think_time, settings, check)
+        return
+    if think_time is not None:
+        raise ConfigError("--think-time applies to --sessions only", field="--think-time")
     tasks: dict[str, TaskID] = {}
     with Progress(
         TextColumn("{task.description:>14}"),
@@ -131,6 +153,56 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         raise CheckFailed(
             "corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json")
         )
+
+
+def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to sessions
+    out: Path,
+    template: Path,
+    n: int | None,
+    logs: list[Path] | None,
+    trace: Path | None,
+    template_root: list[Path] | None,
+    think_time: str | None,
+    settings: object,
+    check: bool,
+) -> None:
+    from rich.table import Table
+
+    from harness.corpus.sessions import (
+        DEFAULT_SESSION_TEMPLATE,
+        SessionBuildInputs,
+        ThinkTime,
+        build_sessions,
+    )
+    from harness.corpus.settings import CorpusSettings
+
+    assert isinstance(settings, CorpusSettings)
+    inputs = SessionBuildInputs(
+        out=out,
+        logs=list(logs) if logs else None,
+        template=DEFAULT_SESSION_TEMPLATE if template == DEFAULT_TEMPLATE else template,
+        n=n,
+        think_time=ThinkTime.parse(think_time) if think_time else ThinkTime(),
+        trace=trace,
+        template_roots=list(template_root or []),
+    )
+    result = build_sessions(inputs, settings)
+    t = Table(title="sessions")
+    t.add_column("metric")
+    t.add_column("value")
+    for k, v in result.metrics.items():
+        t.add_row(k, str(v))
+    cons.out().print(t)
+    console.print(
+        f"wrote {result.metrics['sessions']} sessions, {len(result.records)} turns to {out} "
+        f"({result.dropped} sessions dropped: first turn a near-duplicate)"
+    )
+    for ex in result.examples[:3]:
+        console.print(f"  dropped {ex['dropped']!r} ≈ kept {ex['kept']!r} ({ex['cosine']})", highlight=False)
+    for line in result.failures:
+        console.print(f"[yellow]quality:[/] {line}", highlight=False)
+    if check and result.failures:
+        raise CheckFailed("session corpus: " + "; ".join(result.failures), file=str(out / "quality.json"))
 
 
 @app.command()

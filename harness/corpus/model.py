@@ -104,6 +104,34 @@ class Provenance(StrictModel):
     """Where in the log: ``line 12``, ``test[3]`` or ``"10312".messages[4]``."""
 
 
+class SessionTurn(StrictModel):
+    """A record's place in a conversation (``harness corpus build --sessions``).
+
+    The record's body holds the turn as the corpus rendered it: the system prompt and retrieved
+    context, the history of turns ``1 … turn−1`` from ``history_source``, then ``user``. A replay with
+    live history (:mod:`harness.load.sessions`) swaps ``history_at`` for the turns the target answered.
+    """
+
+    session_id: str
+    turn: int = Field(ge=1)
+    """1-based position in the session."""
+    turns: int = Field(ge=1)
+    """Turns of the session in this corpus."""
+    user: str = Field(min_length=1)
+    """This turn's user message, verbatim from the log."""
+    think_time_s: float = Field(ge=0.0)
+    """Seconds between the previous turn's answer and this turn (0 for the first turn)."""
+    think_source: str
+    """Where ``think_time_s`` came from: ``log`` (timestamps) or the stated distribution."""
+    history_source: Literal["live", "log"] = "log"
+    """Whose answers the history in this body holds: the log's (as built) or the target's (replayed)."""
+    history_at: tuple[int, int]
+    """Where the history sits in the body: a message index range (chat) or a character range of the
+    prompt (completions), end exclusive; empty for the first turn."""
+    log_reply: str | None = None
+    """The log's answer to this turn (what ``history_source: log`` puts in later turns)."""
+
+
 class CorpusRecord(StrictModel):
     """One synthetic request; exactly one of ``prompt`` / ``messages`` is set."""
 
@@ -127,6 +155,8 @@ class CorpusRecord(StrictModel):
     intent: str
     variables: RequestVariables | None = None
     provenance: Provenance
+    session: SessionTurn | None = None
+    """Set on session corpora (``--sessions``): the turn of a conversation this record is."""
 
     @model_validator(mode="after")
     def _one_body(self) -> CorpusRecord:

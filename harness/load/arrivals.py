@@ -85,7 +85,13 @@ def prepare_requests(
         body["stream_options"] = opts
         if token_counting == "logprobs":
             body["logprobs"] = True if ep == "chat.completions" else 1
-        session = rec.variables.session.session_id if rec.variables is not None else None
+        session = (
+            rec.session.session_id
+            if rec.session is not None
+            else rec.variables.session.session_id
+            if rec.variables is not None
+            else None
+        )
         out.append(
             RequestSpec(
                 id=rec.id,

@@ -103,6 +103,18 @@ def print_summary(s: RunSummary, title: str) -> None:
     for w in s.workers:
         if w.missing:
             console.print(f"  worker {w.worker}: LOST, {w.recorded} of {w.scheduled} recorded")
+    if s.turns:
+        turns = Table(title=f"per turn ({s.sessions} sessions)")
+        for col in ("turn", "requests", "errors", "TTFT p50", "TTFT p95", "cached share", "prefix hits"):
+            turns.add_column(col, justify="right")
+        for t in s.turns:
+            p50, p95, share, prefix = t.ttft_ms.p50, t.ttft_ms.p95, t.cached_share, t.hit_rate.get("prefix")
+            turns.add_row(
+                str(t.turn), str(t.requests), str(t.errors),
+                "–" if p50 is None else f"{p50:.1f}", "–" if p95 is None else f"{p95:.1f}",
+                "–" if share is None else f"{share:.1%}", "–" if prefix is None else f"{prefix:.1%}",
+            )  # fmt: skip
+        console.print(turns)
     for text in s.warnings:
         console.print(f"[yellow]warning:[/] {text}", highlight=False)
 
@@ -129,6 +141,7 @@ LADDER_ONLY = frozenset({"plan", "capacity"})
 REPLAY_ONLY = frozenset(
     {"schedule", "rate", "arrival", "duration", "max_requests", "speedup", "stage"}
     | {"until_precision", "max_duration", "precision_on", "precision_confidence", "precision_min_samples"}
+    | {"history"}
 )
 """Options that mean nothing to a ladder, or that it refuses: its plan sets the stages (and names
 them), their rates and lengths."""

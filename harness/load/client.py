@@ -42,6 +42,7 @@ from harness.load.stream import (
     DATA,
     DONE_LINE,
     NOT_DONE,
+    ParsedStream,
     StreamTiming,
     TokenCounting,
     Tokenize,
@@ -182,6 +183,11 @@ class StreamOutcome:
     usage: StreamUsage
     timing: StreamTiming | None
     """``None`` when the forced token counting mode does not apply (``error`` says so)."""
+    parsed: ParsedStream | None = None
+
+    def text(self) -> str:
+        """The generated text (joined only when asked: a session's live history needs it)."""
+        return "".join(c.text for c in self.parsed.chunks) if self.parsed is not None else ""
 
 
 def read_response(
@@ -198,7 +204,7 @@ def read_response(
         tm = None
     if error is None and not parsed.done:
         error = NOT_DONE
-    return StreamOutcome(error=error, usage=StreamUsage.of(parsed.usage), timing=tm)
+    return StreamOutcome(error=error, usage=StreamUsage.of(parsed.usage), timing=tm, parsed=parsed)
 
 
 # ------------------------------------------------------------------------------------ admin calls

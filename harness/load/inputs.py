@@ -34,6 +34,7 @@ from harness.load.arrivals import (
 )
 from harness.load.options import LoadOptions
 from harness.load.plan import Ladder, plan_preload, read_plan
+from harness.load.sessions import SessionPlan, plan_sessions
 from harness.traces.model import ScheduleEntry
 
 
@@ -52,6 +53,9 @@ class Inputs:
     ladder: Ladder | None
     preload: Path | None = None
     """The JSONL to post to ``/cache/preload`` first: ``--preload``, else the plan's ``preload``."""
+    sessions: list[SessionPlan] | None = None
+    """A session corpus's conversations (:mod:`harness.load.sessions`): then an arrival's ``request``
+    is a session index, and the arrival starts that whole conversation."""
 
     @classmethod
     def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
@@ -102,6 +106,20 @@ class Inputs:
             )
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")
+        sessions = plan_sessions(records, file=opts.corpus)
+        if sessions is not None and ladder:
+            raise ConfigError(
+                "the warmup ladder replays single requests, not a session corpus", field="--corpus"
+            )
+        if sessions is not None and opts.history == "live" and opts.api != "auto":
+            shape = "chat" if records[0].messages is not None else "completions"
+            if opts.api != shape:
+                raise ConfigError(
+                    f"live history edits the corpus's {shape} bodies; --api {opts.api} would send another "
+                    "shape (build the corpus with the other template, or use --history log)",
+                    field="--api",
+                )
+        starts = [records[s.turns[0]] for s in sessions] if sessions is not None else records
         if ladder and (opts.until_precision is not None or opts.max_duration is not None):
             # The ladder's plan decides its stages and their lengths; a run-wide stop would cut a
             # stage short and make its verdict mean nothing.
@@ -114,7 +132,7 @@ class Inputs:
                     "the warmup ladder needs a plan", field="--plan", hint="fixtures/plans/tiny.yaml"
                 )
             plan = Ladder(read_plan(opts.plan, capacity=opts.capacity))
-        elif schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in records):
+        elif schedule is None and opts.rate is None and any(r.arrival_offset_s is None for r in starts):
             raise ConfigError(
                 "nothing says when to send: give --schedule or --rate, or a corpus with arrival offsets",
                 field="--schedule",
@@ -146,7 +164,14 @@ class Inputs:
                 raise InputError(
                     f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
                 )
-        return cls(opts, records, requests, schedule, plan, preload_file)
+        return cls(opts, records, requests, schedule, plan, preload_file, sessions)
+
+    def units(self) -> tuple[list[CorpusRecord], list[RequestSpec]]:
+        """What one arrival starts: a record and its request, or a session's first turn's."""
+        if self.sessions is None:
+            return self.records, self.requests
+        first = [s.turns[0] for s in self.sessions]
+        return [self.records[i] for i in first], [self.requests[i] for i in first]
 
     def send_window(self) -> float | None:
         """Seconds of schedule to send: ``--duration`` cut by ``--max-duration`` (``None``: all)."""
@@ -185,17 +210,18 @@ class Inputs:
     def _arrivals(self, duration_s: float | None) -> list[Arrival]:
         """The whole run's arrivals from a schedule or the corpus offsets (not a rate)."""
         o = self.opts
+        records, requests = self.units()
         if self.schedule is not None:
             return from_schedule(
                 self.schedule,
-                self.requests,
+                requests,
                 speedup=o.speedup,
                 duration_s=duration_s,
                 max_requests=o.max_requests,
             )
         offsets = from_corpus_offsets(
-            self.records,
-            self.requests,
+            records,
+            requests,
             speedup=o.speedup,
             duration_s=duration_s,
             max_requests=o.max_requests,
@@ -204,20 +230,24 @@ class Inputs:
         return offsets
 
     def source(self, slot: int, n: int) -> tuple[ArrivalSource, int | None]:
-        """This worker's arrival source and how many arrivals it holds (``None``: open-ended rate)."""
+        """This worker's arrival source and how many requests it will send (``None``: open-ended rate;
+        for a session corpus, every turn of the sessions its arrivals start)."""
         o = self.opts
+        _, requests = self.units()
         if self.ladder is not None:
-            return RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed), None
+            return RateArrivals(len(requests), process=o.arrival, slot=slot, n=n, seed=o.seed), None
         window = self.send_window()
         if self.schedule is None and o.rate is not None:
-            src = RateArrivals(len(self.requests), process=o.arrival, slot=slot, n=n, seed=o.seed)
+            src = RateArrivals(len(requests), process=o.arrival, slot=slot, n=n, seed=o.seed)
             end = window if window is not None else math.inf
             src.set_segments([Segment(0.0, end, o.rate, None)], final=True)
             if o.max_requests is not None:
                 return _Capped(src, o.max_requests, slot, n), None
             return src, None
         arrivals = self._arrivals(window)
-        mine = share(arrivals, self.requests, slot, n)
+        mine = share(arrivals, requests, slot, n)
+        if self.sessions is not None:  # what the worker will record: every turn of its sessions
+            return ListArrivals(mine), sum(len(self.sessions[a.request].turns) for a in mine)
         return ListArrivals(mine), len(mine)
 
     def planned(self) -> list[int] | None:
@@ -229,7 +259,8 @@ class Inputs:
         src, _ = self.source(0, 1)
         out: list[int] = []
         while src.peek() is not None:
-            out.append(src.pop().request)
+            unit = src.pop().request
+            out.extend(self.sessions[unit].turns if self.sessions is not None else (unit,))
         return out
 
 

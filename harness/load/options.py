@@ -133,6 +133,12 @@ class LoadOptions(StrictModel):
         parse_precision_on(v)  # raises ValueError naming the bad item
         return v
 
+    history: Literal["live", "log"] = "live"
+    """Session corpora: turn k+1's history holds what the target answered (``live``) or the corpus
+    log's answers (``log``, the bodies as built)."""
+    salt_per_pass: bool = False
+    """Repeated passes over the corpus start with a distinct salt (pass ``p ≥ 1``), so no pass reuses
+    another's prefixes."""
     capacity: float | None = Field(default=None, gt=0)
     """The target's capacity in requests/s (``harness capacity``): resolves ladder stages given as a
     share of it (``qps: 50%``)."""
@@ -276,6 +282,8 @@ _HELP: dict[str, str] = {
     "precision_on": "percentiles --until-precision watches, FIELD:Q,… (default ttft_ms:95,tpot_ms:95)",
     "precision_confidence": "confidence of the watched percentile intervals (default 0.95)",
     "precision_min_samples": "--until-precision also waits for this many samples of each watched field",
+    "history": "session corpora: history of the target's answers (live) or the log's (log)",
+    "salt_per_pass": "give each repeated pass over the corpus a distinct prefix (a salt at the very start)",
     "capacity": "the target's capacity, requests/s (harness capacity): resolves plan stages like qps: 50%%",
     "api_key": f"Bearer key on every request (default: ${API_KEY_ENV}; never written to results)",
     "admin_token": "Bearer token for the admin routes (preload); default: the API key",
@@ -329,6 +337,8 @@ def _typer_type(name: str, ann: Any) -> Any:
     """The type a typer option of this field takes (``None``: not given)."""
     if name in _TEXT or get_origin(ann) is Literal:
         return str | None  # LoadOptions parses and checks them, one error message for every command
+    if ann is bool:
+        return bool
     for base in (Path, float, int, str):
         if ann in (base, base | None):
             return base | None

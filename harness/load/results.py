@@ -143,6 +143,12 @@ class RequestRecord:
     """The source trace, when the record came from one."""
     token_counting: str | None = None
     """How this response's tokens were counted (:mod:`harness.load.stream`); ``None``: no content."""
+    session_id: str | None = None
+    """The conversation this request is a turn of (session corpora); ``None`` otherwise."""
+    turn: int | None = None
+    """1-based turn of ``session_id``."""
+    history_source: Literal["live", "log"] | None = None
+    """Whose answers the sent history held: the target's (``live``) or the corpus log's (``log``)."""
 
     @property
     def ok(self) -> bool:
@@ -307,6 +313,48 @@ class PrecisionState(StrictModel):
     met: bool
 
 
+class TurnSummary(StrictModel):
+    """One turn index of a session run: how TTFT, cached tokens and hits go as conversations grow."""
+
+    turn: int
+    requests: int
+    errors: int
+    ttft_ms: Distribution
+    prompt_tokens: Distribution
+    cached_tokens: Distribution
+    cached_share: float | None = None
+    """Sum of cached tokens / sum of prompt tokens over the turn's requests that reported both."""
+    hit_rate: dict[str, float] = Field(default_factory=dict)
+    """As :attr:`RunSummary.hit_rate`, over this turn's requests."""
+
+
+def turn_summaries(records: Iterable[RequestRecord]) -> list[TurnSummary]:
+    """Per turn index, over the records that carry one (``[]`` for a run without sessions)."""
+    by_turn: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.turn is not None:
+            by_turn.setdefault(r.turn, []).append(r)
+    out: list[TurnSummary] = []
+    for turn in sorted(by_turn):
+        rs = by_turn[turn]
+        both = [
+            (r.prompt_tokens, r.cached_tokens) for r in rs if r.prompt_tokens and r.cached_tokens is not None
+        ]
+        out.append(
+            TurnSummary(
+                turn=turn,
+                requests=len(rs),
+                errors=sum(not r.ok for r in rs),
+                ttft_ms=Distribution.of(metric_values(rs, "ttft_ms")),
+                prompt_tokens=Distribution.of(metric_values(rs, "prompt_tokens")),
+                cached_tokens=Distribution.of(metric_values(rs, "cached_tokens")),
+                cached_share=sum(c for _, c in both) / sum(p for p, _ in both) if both else None,
+                hit_rate=hit_rates(rs),
+            )
+        )
+    return out
+
+
 class RunSummary(StrictModel):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
@@ -353,6 +401,10 @@ class RunSummary(StrictModel):
     precision: …``); ``None`` for other runs."""
     precision: dict[str, PrecisionState] | None = None
     """Each watched percentile (``"ttft_ms:95"`` …) over every OK record of the run, as it ended."""
+    sessions: int | None = None
+    """Sessions the records hold (a session corpus); ``None`` otherwise."""
+    turns: list[TurnSummary] = Field(default_factory=list)
+    """Per turn index (a session corpus): TTFT, prompt and cached tokens, hit rates."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -483,6 +535,8 @@ def summarize(
         recipe=recipe,
         stop_reason=stop_reason,
         precision=precision,
+        sessions=len({r.session_id for r in records if r.session_id is not None}) or None,
+        turns=turn_summaries(records),
     )
 
 

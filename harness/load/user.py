@@ -43,12 +43,15 @@ from harness.load.arrivals import Arrival, bypasses
 from harness.load.client import (
     MAX_ERROR_BODY,
     StreamBody,
+    StreamOutcome,
     http_error,
     read_response,
     read_sse,
     stream_headers,
 )
+from harness.load.pacer import IDLE_AFTER_S, IDLE_LEAD_S, MAX_NAP_S
 from harness.load.results import RequestRecord
+from harness.load.sessions import salted_body, turn_body
 from harness.load.wire import Connection
 
 
@@ -106,16 +109,78 @@ class ReplayUser(User):
         if taken is None:
             gevent.sleep(1.0)  # the share is done; the shape ends the test
             return
+        a = taken.arrival
         try:
-            self.send(run, taken.arrival, queue_wait_s=taken.queue_wait_s)
+            if run.inputs.sessions is not None:
+                self.play_session(run, a, taken.queue_wait_s)
+            elif run.opts.salt_per_pass:
+                reqs = run.inputs.requests
+                body = salted_body(reqs[a.request].body, a.seq // len(reqs))
+                self.send(run, a, queue_wait_s=taken.queue_wait_s, body=body)
+            else:
+                self.send(run, a, queue_wait_s=taken.queue_wait_s)
         finally:
             pacer.done()
 
-    def send(self, run: plugin.LoadRun, a: Arrival, *, queue_wait_s: float | None = None) -> None:
-        """Send one arrival's request, read its stream line by line as it arrives, record it.
+    def play_session(self, run: plugin.LoadRun, a: Arrival, queue_wait_s: float | None) -> None:
+        """One whole conversation (:mod:`harness.load.sessions`): turn ``k+1`` is sent ``think_time_s``
+        after turn ``k``'s stream ended, with the history the target answered (``--history live``)."""
+        inputs = run.inputs
+        assert inputs.sessions is not None
+        plan = inputs.sessions[a.request]
+        live = run.opts.history == "live"
+        pass_index = a.seq // len(inputs.sessions) if run.opts.salt_per_pass else 0
+        history: list[tuple[str, str]] = []
+        intended_s = a.intended_s
+        for k, ri in enumerate(plan.turns):
+            rec = inputs.records[ri]
+            st = rec.session
+            assert st is not None
+            # Built before the think time: when it ends only the send is left to do.
+            body = turn_body(rec, inputs.requests[ri].body, history if live and k else None, pass_index)
+            if k:
+                self._nap_until(run, intended_s, st.think_time_s)
+            end, out = self.send(
+                run, Arrival(a.seq, intended_s, ri, stage=a.stage),
+                queue_wait_s=queue_wait_s if k == 0 else 0.0, body=body,
+                session=(plan.id, st.turn, run.opts.history),
+            )  # fmt: skip
+            # A failed turn's answer is what arrived of it (maybe nothing): the user goes on, as a
+            # person facing an error would, and the record says the turn failed.
+            history.append((st.user, out.text() if out is not None else ""))
+            if k + 1 < len(plan.turns):
+                nxt = inputs.records[plan.turns[k + 1]].session
+                assert nxt is not None
+                intended_s = (end - run.epoch) + nxt.think_time_s
+
+    @staticmethod
+    def _nap_until(run: plugin.LoadRun, intended_s: float, think_s: float) -> None:
+        """Sleep through a think time up to the lead before ``intended_s``; :meth:`send` then yields
+        until it is due (:meth:`Pacer.wait_until`). A long gevent sleep overshoots by ~3 % of its
+        length, so the nap halves what is left each time rather than sleeping it in one go."""
+        pacer = run.pacer
+        lead = pacer.lead_s if pacer is not None else 0.003
+        if think_s >= IDLE_AFTER_S:  # after idleness the first milliseconds run slow (pacer.py)
+            lead = max(lead, IDLE_LEAD_S)
+        due = run.epoch + intended_s - lead
+        while (left := due - time.perf_counter()) > 0:
+            gevent.sleep(left if left <= 2 * MAX_NAP_S else left / 2)
+
+    def send(
+        self,
+        run: plugin.LoadRun,
+        a: Arrival,
+        *,
+        queue_wait_s: float | None = None,
+        body: bytes | None = None,
+        session: tuple[str, int, str] | None = None,
+    ) -> tuple[float, StreamOutcome | None]:
+        """Send one arrival's request, read its stream line by line as it arrives, record it; the
+        ``perf_counter`` time its stream ended and the parsed response (``None``: no body).
 
         ``queue_wait_s``: how long the arrival waited for a free user (:meth:`Pacer.take_handover`);
-        ``None`` when there is no pacer to say."""
+        ``None`` when there is no pacer to say. ``body``: other bytes than the prepared ones (a
+        session turn, a salted pass); ``session``: (session id, turn, history source)."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         trace_id = a.trace_id or spec.trace_id
@@ -124,6 +189,8 @@ class ReplayUser(User):
             stage=stage, tenant=spec.tenant, extra=run.request_headers, warmup_id=run.warmup_id,
             trace_id=trace_id, bypass=bypass,
         )  # fmt: skip
+        if session is not None:
+            hdrs[H.SESSION_ID] = session[0]
         tracing = run.tracing
         assert tracing is not None and self._conn is not None
         if tracing.recording:
@@ -150,6 +217,8 @@ class ReplayUser(User):
             id=spec.id, stage=stage, intended_s=a.intended_s, sent_s=math.nan, lateness_ms=0.0, status=0,
             scenario=a.scenario or spec.scenario, tenant=spec.tenant, trace_id=trace_id, bypass=bypass,
         )  # fmt: skip
+        if session is not None:
+            rec.session_id, rec.turn, rec.history_source = session  # type: ignore[assignment]
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)
@@ -160,7 +229,7 @@ class ReplayUser(User):
             rec.queue_wait_ms = min(rec.lateness_ms, queue_wait_s * 1000.0)
         resp: Any = None
         try:
-            resp = self._conn.post(spec.path, hdrs, spec.body)
+            resp = self._conn.post(spec.path, hdrs, spec.body if body is None else body)
             status = resp.status_code
             rec.status = status
             cache = resp.get(H.CACHE_STATUS)
@@ -179,14 +248,18 @@ class ReplayUser(User):
         finally:
             if resp is not None:
                 resp.release()  # back to the pool (closed if the body was not read to its end)
-        self._finish(run, rec, req, clock())
+        end = clock()
+        return end, self._finish(run, rec, req, end)
 
-    def _finish(self, run: plugin.LoadRun, rec: RequestRecord, req: _Request, end: float) -> None:
+    def _finish(
+        self, run: plugin.LoadRun, rec: RequestRecord, req: _Request, end: float
+    ) -> StreamOutcome | None:
         """Parse the stream, fill the record's latencies and tokens, record and report it."""
         intended_abs = run.epoch + rec.intended_s
         sent = req.sent
         mode_used: str | None = None
         lines = req.body.lines
+        out: StreamOutcome | None = None
         if lines:
             out = read_response(lines, run.opts.token_counting, run.tokenize)
             rec.error = rec.error or out.error
@@ -226,6 +299,7 @@ class ReplayUser(User):
                 end_ns=time.time_ns(),
             )
         self._report(rec, req)
+        return out
 
     def _report(self, rec: RequestRecord, req: _Request) -> None:
         """One truthful entry in Locust's own statistics (its UI and ``--csv``) per request.

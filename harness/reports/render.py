@@ -24,7 +24,7 @@ from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
 from harness.reports.plots import CAPACITY_PLOT, PLOTS, Plot, capacity_plot, pair, to_png_base64
-from harness.reports.tables import Table, overview, per_scenario, speedup
+from harness.reports.tables import Table, overview, per_scenario, per_turn, speedup
 
 Tick = Callable[[str], None]
 
@@ -88,7 +88,7 @@ _TEMPLATE = """<!doctype html>
 {%- if not loop.last %}, {% endif %}{% endfor %}.</p>
 <div id="verdict" class="verdict verdict-{{ verdict_class }}">{{ verdict_text }}</div>
 <nav><a href="#runs">Runs</a><a href="#plots">Plots</a><a href="#scenarios">Per scenario</a>
-<a href="#gate">Gate</a></nav>
+{% if turns %}<a href="#turns">Per turn</a>{% endif %}<a href="#gate">Gate</a></nav>
 </header>
 
 <section id="runs">
@@ -119,6 +119,13 @@ _TEMPLATE = """<!doctype html>
 <h2>Per scenario</h2>
 {{ scenarios }}
 </section>
+
+{% if turns %}<section id="turns">
+<h2>Per turn</h2>
+<p class="meta">Session runs: each turn index of the conversations. With live history a turn's prompt
+extends the previous one's, so a prefix cache shows as falling TTFT and a rising cached share.</p>
+{{ turns }}
+</section>{% endif %}
 
 <section id="gate">
 <h2>Gate</h2>
@@ -238,6 +245,7 @@ def render_html(
 ) -> str:
     """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first."""
     plots = render_plots(sets, tick)
+    turn_table = per_turn(sets)
     if capacity is not None:
         drawn = capacity_plot(capacity)
         cap = (
@@ -258,6 +266,7 @@ def render_html(
         verdict_class=cls,
         overview=_markup(overview(sets)),
         scenarios=_markup(per_scenario(sets), left=2),
+        turns=_markup(turn_table, left=2) if turn_table.rows else "",
         plots=plots,
         speedups=_speedups(sets),
         run_notes=_run_notes(sets),
@@ -305,6 +314,9 @@ def render_markdown(
     ups = _speedups(sets)
     if ups:
         lines += ["", f"Cold → warm: {ups}."]
+    turns = per_turn(sets)
+    if turns.rows:
+        lines += ["", "### Per turn", "", *_md_table(turns)]
     if gate is not None:
         rows = gate_rows(gate)
         not_passed = [r for r, g in zip(rows.rows, gate.gates, strict=True) if g.verdict != "pass"]

@@ -115,6 +115,43 @@ def per_scenario(sets: Sequence[ResultSet]) -> Table:
     return Table(SCENARIO_COLUMNS, rows)
 
 
+TURN_COLUMNS = (
+    "run", "turn", "requests", "errors", "TTFT P50", "TTFT P95", "prompt tokens P50",
+    "cached tokens P50", "cached share", "prefix hits", "hit rate",
+)  # fmt: skip
+
+
+def per_turn(sets: Sequence[ResultSet]) -> Table:
+    """One row per run and turn index of a session run (``summary.json``'s ``turns``): a warm KV
+    cache shows as TTFT falling and the cached share rising over the turns. Empty without sessions."""
+
+    def num(v: float | None, unit: str = "") -> str:
+        return "—" if v is None else f"{v:.1f}{unit}" if unit else f"{v:.0f}"
+
+    def share(v: float | None) -> str:
+        return "—" if v is None else f"{100 * v:.1f} %"
+
+    rows: list[tuple[str, ...]] = []
+    for rs in sets:
+        for t in rs.summary.turns if rs.summary is not None else []:
+            rows.append(
+                (
+                    rs.label,
+                    str(t.turn),
+                    str(t.requests),
+                    str(t.errors),
+                    num(t.ttft_ms.p50, " ms"),
+                    num(t.ttft_ms.p95, " ms"),
+                    num(t.prompt_tokens.p50),
+                    num(t.cached_tokens.p50),
+                    share(t.cached_share),
+                    share(t.hit_rate.get("prefix")),
+                    share(t.hit_rate.get("any")),
+                )
+            )
+    return Table(TURN_COLUMNS, rows)
+
+
 def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> float:
     """``cold Pq / warm Pq`` of a latency column (NaN when either has no samples)."""
     a = cold.frame.col(column)

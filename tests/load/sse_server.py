@@ -46,6 +46,9 @@ class Behaviour:
     fail_above_rps: float | None = None
     preload_s: float = 0.0
     """How long ``POST /cache/preload`` takes to answer (a target generating the entries)."""
+    tag_replies: bool = False
+    """Every reply's text is unique to its request (``served.reply``): a test can find it in the history
+    a later request carries."""
 
 
 @dataclass
@@ -60,6 +63,10 @@ class Served:
     status: int = 200
     writes: list[float] = field(default_factory=list)
     """Times each content chunk was written."""
+    reply: str = ""
+    """The text written (every content chunk's, joined)."""
+    done: float | None = None
+    """When the stream's last byte was written."""
 
     @property
     def first_token_ms(self) -> float | None:
@@ -133,7 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
         i = 0
         while sent < b.tokens:
             k = min(b.tokens_per_chunk, b.tokens - sent)
-            text = "".join(f" t{sent + j}" for j in range(k))
+            tag = f"r{served.index}." if b.tag_replies else "t"
+            text = "".join(f" {tag}{sent + j}" for j in range(k))
+            served.reply += text
             choice: dict[str, Any] = (
                 {"index": 0, "delta": {"content": text}, "finish_reason": None}
                 if chat
@@ -167,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"data: " + json.dumps(final).encode() + b"\n\n")
         self._chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        served.done = time.perf_counter()
 
 
 class _Server(ThreadingHTTPServer):

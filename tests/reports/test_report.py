@@ -248,3 +248,39 @@ def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_pat
     page = _parse(out)
     assert page.figures["fig-capacity"]["src"].startswith("data:image/png;base64,")
     assert "capacity:" in out.read_text() and result.probes[0].dir.endswith("warm")
+
+
+def test_a_session_run_gets_a_per_turn_section(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from harness.gates import load_result_sets
+    from harness.reports.render import render_html, render_markdown
+    from harness.reports.tables import per_turn
+    from tests.gates.factory import make_records, write_run
+
+    recs = make_records(40, 3, stages=("replay",))
+    # Ten conversations of four turns: TTFT falls and the cached share grows as the history does.
+    turned = [
+        replace(
+            r,
+            session_id=f"s{i // 4}",
+            turn=i % 4 + 1,
+            history_source="live",
+            ttft_ms=100.0 - 20 * (i % 4),
+            prompt_tokens=100 * (i % 4 + 1),
+            cached_tokens=100 * (i % 4),
+        )
+        for i, r in enumerate(recs)
+    ]
+    sets = load_result_sets([("sessions", write_run(tmp_path / "s", turned))])
+    html = render_html(sets)
+    assert 'id="turns"' in html and "Per turn" in html
+    md = render_markdown(sets)
+    section = md.split("### Per turn", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| sessions | ")]
+    assert [row.split(" | ")[1] for row in rows] == ["1", "2", "3", "4"]
+    assert (
+        rows[3].startswith("| sessions | 4 | 10 | ") and "75.0 %" in rows[3]
+    )  # turn 4: 300 of 400 prompt tokens were cached
+    plain = load_result_sets([("plain", write_run(tmp_path / "p", recs))])
+    assert per_turn(plain).rows == [] and "### Per turn" not in render_markdown(plain)

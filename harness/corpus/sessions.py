@@ -1,0 +1,770 @@
+"""Session corpora: whole conversations from dialogue logs, one record per user turn (``--sessions``).
+
+A session record is a turn ``k`` of a conversation: the log's user message verbatim, the think time
+before it, the session's system prompt and retrieved context, and the history of turns ``1 … k−1``
+(the log's answers; a replay with live history swaps in the target's, :mod:`harness.load.sessions`).
+The history reaches the template as user/assistant messages (a ``.messages.json`` spec with a
+``history`` part) or as a rendered transcript (``{{ transcript }}`` in a ``.j2`` prompt, rendered by
+:func:`transcript`, the one transcript format, which the live replay uses too).
+
+Dialogue logs (registry :data:`SESSION_READERS`, detected from content):
+
+* ``crosswoz`` — CrossWOZ dialogues (``.json`` / ``.json.zip``): every non-empty user message is a
+  turn, the system message after it its reply; the venues either side named are the session's
+  retrieved context (entries of the bundled CrossWOZ venue catalogue), stable for the whole session
+  so that each turn's prompt extends the previous one (the prefix a KV cache reuses);
+* ``jsonl`` — one :class:`SessionLogLine` a line: ``session_id``, ``turn``, ``text``, optional
+  ``response``, ``ts`` and ``replied_at`` (seconds or ISO), ``lang``, ``domain``, ``intent``.
+
+Think time before turn ``k > 1``: from the log's timestamps where it has them (``ts_k − replied_at_{k−1}``,
+else ``ts_k − ts_{k−1}``), or from a Mooncake-style timing trace (``--trace``: JSONL with
+``timestamp`` in ms and a ``session_id`` / ``chat_id`` / ``conversation_id``; session ``i`` of the
+trace times dialogue ``i``), else drawn from a stated distribution (:class:`ThinkTime`), seeded per
+session and turn. Dedup (cosine ≥ the threshold, the corpus's per-language judges) judges each
+session's FIRST user turn, so that whole conversations are kept or dropped together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+from pydantic import Field, ValidationError
+
+from harness.common.errors import ConfigError, InputError
+from harness.common.io import parse_jsonl_line
+from harness.common.model import StrictModel
+from harness.common.registry import Registry
+from harness.common.stats import percentile
+from harness.corpus import catalog
+from harness.corpus import dedup as dedup_mod
+from harness.corpus.assemble import PromptTemplate, load_template
+from harness.corpus.logs import (
+    CROSSWOZ_DOMAINS,
+    _json_doc,
+    _most_common_first,
+    _payload,
+    crosswoz_intent,
+    detect_lang,
+)
+from harness.corpus.manifest import file_sha256, write_corpus_files
+from harness.corpus.model import (
+    CorpusRecord,
+    Manifest,
+    Message,
+    Provenance,
+    Sampling,
+    SessionTurn,
+    TemplateInfo,
+)
+from harness.corpus.sandbox import PromptRenderer, TemplateError
+from harness.corpus.settings import CorpusSettings
+from harness.corpus.tokens import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SESSION_LOGS = (REPO / "fixtures" / "corpus" / "crosswoz_sample.json.zip",)
+DEFAULT_SESSION_TEMPLATE = REPO / "templates" / "prompts" / "session.messages.json"
+HISTORY_MARK = "\u27e6history\u27e7"
+"""Rendered in place of ``{{ transcript }}`` to find where the history sits in a prompt."""
+SESSION_FIELDS = ("session_id", "chat_id", "conversation_id")
+"""Names a timing trace's session id may go by."""
+MAX_OUTPUT_TOKENS = 1024
+
+
+# ------------------------------------------------------------------------------------ dialogues
+
+
+@dataclass(frozen=True, slots=True)
+class DialogueTurn:
+    user: str
+    reply: str | None
+    ts: float | None = None
+    """Seconds (any origin) the user message was sent, when the log says."""
+    replied_at: float | None = None
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialogue:
+    id: str
+    source: str
+    """``format:file`` it was read from."""
+    lang: str
+    domain: str
+    intent: str
+    turns: tuple[DialogueTurn, ...]
+    venues: tuple[str, ...] = ()
+    """Venues the conversation names (CrossWOZ), in order: the session's retrieved context."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReader:
+    name: str
+    description: str
+    sniff: Callable[[str, bytes], bool]
+    read: Callable[[Path, bytes], list[Dialogue]]
+    priority: int = 50
+
+
+SESSION_READERS: Registry[SessionReader] = Registry("dialogue log format")
+
+
+def detect_session_format(path: Path) -> str:
+    name, data = _payload(path)
+    for reader in sorted((r for _, r in SESSION_READERS.items()), key=lambda r: r.priority):
+        if reader.sniff(name, data[:4096]):
+            return reader.name
+    raise InputError(
+        "unrecognised dialogue log; expected one of " + ", ".join(SESSION_READERS.names()),
+        file=path,
+        hint="see docs/corpus.md (sessions)",
+    )
+
+
+def read_dialogues(paths: Sequence[Path]) -> list[Dialogue]:
+    """Every dialogue of every log, in file order; ids prefixed by the file's position when several."""
+    out: list[Dialogue] = []
+    for k, p in enumerate(paths):
+        fmt = detect_session_format(p)
+        _, data = _payload(p)
+        got = SESSION_READERS.get(fmt).read(p, data)
+        if not got:
+            raise InputError(f"no dialogues with a user turn in this {fmt} log", file=p)
+        for d in got:
+            out.append(d if len(paths) == 1 else Dialogue(f"{k}:{d.id}", *_rest(d)))
+    return out
+
+
+def _rest(d: Dialogue) -> tuple[Any, ...]:
+    return (d.source, d.lang, d.domain, d.intent, d.turns, d.venues)
+
+
+def _sniff_crosswoz(name: str, head: bytes) -> bool:
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    return (
+        text.startswith(b"{") and b'"messages"' in head and (b'"sys-usr"' in head or b'"dialog_act"' in head)
+    )
+
+
+def _read_crosswoz(path: Path, data: bytes) -> list[Dialogue]:
+    doc = _json_doc(path, data, "CrossWOZ dialogues (id → dialogue)")
+    if not isinstance(doc, dict):
+        raise InputError("expected an object of dialogue id → dialogue", file=path)
+    out: list[Dialogue] = []
+    src = f"crosswoz:{path.name}"
+    for did, dialogue in doc.items():
+        msgs = dialogue.get("messages") if isinstance(dialogue, dict) else None
+        if not isinstance(msgs, list):
+            raise InputError(
+                "expected a dialogue with a 'messages' list", file=path, field=f'"{did}".messages'
+            )
+        turns: list[DialogueTurn] = []
+        domains: list[str] = []
+        first_acts: list[tuple[str, str, str, str]] | None = None
+        venues: list[str] = []
+        for t, m in enumerate(msgs):
+            where = f'"{did}".messages[{t}]'
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+                raise InputError("expected a turn with 'content' and 'role'", file=path, field=where)
+            acts = [
+                (a[0], a[1], a[2], a[3])
+                for a in m.get("dialog_act") or []
+                if isinstance(a, list) and len(a) == 4 and all(isinstance(x, str) for x in a)
+            ]
+            real = [a for a in acts if a[0] != "General" and a[1] in CROSSWOZ_DOMAINS]
+            for kind, _dom, slot, value in real:
+                if (
+                    kind == "Inform"
+                    and slot == "名称"
+                    and value not in ("", "none", "无")
+                    and value not in venues
+                ):
+                    venues.append(value)
+            text = m["content"].strip()
+            if m.get("role") == "usr":
+                if not text:
+                    continue
+                domains += [a[1] for a in real]
+                if first_acts is None and real:
+                    first_acts = real
+                turns.append(DialogueTurn(user=text, reply=None, where=where))
+            elif m.get("role") == "sys" and turns and turns[-1].reply is None and text:
+                last = turns[-1]
+                turns[-1] = DialogueTurn(last.user, text, last.ts, last.replied_at, last.where)
+        if not turns:
+            continue
+        domain = CROSSWOZ_DOMAINS[_most_common_first(domains)] if domains else "chat"
+        out.append(
+            Dialogue(
+                id=str(did),
+                source=src,
+                lang=detect_lang(turns[0].user),
+                domain=domain,
+                intent=crosswoz_intent(first_acts or []),
+                turns=tuple(turns),
+                venues=tuple(venues),
+            )
+        )
+    return out
+
+
+class SessionLogLine(StrictModel):
+    """One line of a JSONL dialogue log (``--sessions``)."""
+
+    session_id: str = Field(min_length=1)
+    turn: int = Field(ge=1)
+    text: str = Field(min_length=1)
+    response: str | None = None
+    ts: float | datetime | None = None
+    """When the user sent it (epoch seconds or ISO 8601)."""
+    replied_at: float | datetime | None = None
+    """When the answer to it had arrived (epoch seconds or ISO 8601)."""
+    lang: Literal["en", "zh"] | None = None
+    domain: str | None = None
+    intent: str | None = None
+
+
+def _seconds(v: float | datetime | None) -> float | None:
+    if v is None:
+        return None
+    return v.timestamp() if isinstance(v, datetime) else float(v)
+
+
+def _sniff_jsonl(name: str, head: bytes) -> bool:
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and {"session_id", "turn", "text"} <= obj.keys()
+
+
+def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
+    by_session: dict[str, list[tuple[int, SessionLogLine]]] = {}
+    for n, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = parse_jsonl_line(line, n, SessionLogLine, file=path, expected="a dialogue log line")
+        by_session.setdefault(row.session_id, []).append((n, row))
+    out: list[Dialogue] = []
+    src = f"jsonl:{path.name}"
+    for sid, rows in by_session.items():
+        rows.sort(key=lambda x: x[1].turn)
+        turns: list[DialogueTurn] = []
+        for k, (n, row) in enumerate(rows, start=1):
+            if row.turn != k:
+                raise InputError(
+                    f"session {sid!r} has turn {row.turn} where turn {k} was expected (1, 2, 3 …)",
+                    file=path,
+                    line=n,
+                    field="turn",
+                )
+            turns.append(
+                DialogueTurn(row.text, row.response, _seconds(row.ts), _seconds(row.replied_at), f"line {n}")
+            )
+        first = rows[0][1]
+        out.append(
+            Dialogue(
+                id=sid,
+                source=src,
+                lang=first.lang or detect_lang(first.text),
+                domain=first.domain or "chat",
+                intent=first.intent or "chat",
+                turns=tuple(turns),
+            )
+        )
+    return out
+
+
+SESSION_READERS.register("crosswoz")(
+    SessionReader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
+)
+SESSION_READERS.register("jsonl")(
+    SessionReader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
+)
+
+
+# ----------------------------------------------------------------------------------- think time
+
+
+class ThinkTime(StrictModel):
+    """The stated distribution of think times where a log has no timestamps (``--think-time``).
+
+    ``lognormal:MEDIAN,SIGMA`` (seconds; default ``lognormal:8,0.8``: a median user reads and types
+    for 8 s), ``exponential:MEAN`` or ``constant:SECONDS``; draws are clipped to ``[lo, hi]``."""
+
+    kind: Literal["lognormal", "exponential", "constant"] = "lognormal"
+    a: float = Field(default=8.0, ge=0.0)
+    b: float = Field(default=0.8, ge=0.0)
+    lo: float = Field(default=0.0, ge=0.0)
+    hi: float = Field(default=120.0, gt=0.0)
+
+    @classmethod
+    def parse(cls, spec: str) -> ThinkTime:
+        kind, _, args = spec.partition(":")
+        try:
+            nums = [float(x) for x in args.split(",") if x.strip()]
+            if kind == "lognormal" and len(nums) == 2:
+                return cls(kind="lognormal", a=nums[0], b=nums[1])
+            if kind in ("exponential", "constant") and len(nums) == 1:
+                return cls(kind=kind, a=nums[0], b=0.0)
+        except (ValueError, ValidationError):
+            pass
+        raise ConfigError(
+            f"not a think-time distribution: {spec!r}",
+            field="--think-time",
+            hint="lognormal:MEDIAN,SIGMA, exponential:MEAN or constant:SECONDS",
+        )
+
+    def describe(self) -> str:
+        if self.kind == "lognormal":
+            return f"lognormal(median {self.a:g} s, sigma {self.b:g}) clipped to [{self.lo:g}, {self.hi:g}] s"
+        if self.kind == "exponential":
+            return f"exponential(mean {self.a:g} s) clipped to [{self.lo:g}, {self.hi:g}] s"
+        return f"constant {self.a:g} s"
+
+    def draw(self, seed: int, session_id: str, turn: int) -> float:
+        """A seeded draw for one turn (the same seed, session and turn give the same time)."""
+        if self.kind == "constant":
+            return self.a
+        digest = hashlib.blake2b(f"think:{seed}:{session_id}:{turn}".encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "big"))
+        x = (
+            rng.lognormal(math.log(max(self.a, 1e-9)), self.b)
+            if self.kind == "lognormal"
+            else rng.exponential(self.a)
+        )
+        return float(min(max(x, self.lo), self.hi))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTiming:
+    """A timing trace's session: its start and its turns' think times (``None``: not in the trace)."""
+
+    start_s: float
+    think_s: tuple[float, ...]
+
+
+def read_timing_trace(path: Path) -> list[SessionTiming]:
+    """Sessions of a Mooncake-style JSONL trace with session ids, by start time."""
+    _, data = _payload(path)
+    rows: dict[str, list[float]] = {}
+    seen_session = False
+    for n, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
+            raise InputError(
+                "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
+            )
+        sid = next((obj[f] for f in SESSION_FIELDS if obj.get(f) is not None), None)
+        if sid is None:
+            continue
+        seen_session = True
+        rows.setdefault(str(sid), []).append(float(obj["timestamp"]) / 1000.0)
+    if not seen_session:
+        raise InputError(
+            f"no line has a session id ({', '.join(SESSION_FIELDS)}): sessions and think times cannot be "
+            "taken from this trace",
+            file=path,
+            hint="give --sessions a dialogue log only (think times then come from --think-time)",
+        )
+    sessions = [sorted(ts) for ts in rows.values()]
+    sessions.sort(key=lambda ts: ts[0])
+    t0 = sessions[0][0]
+    return [SessionTiming(ts[0] - t0, tuple(b - a for a, b in pairwise(ts))) for ts in sessions]
+
+
+def think_times(
+    d: Dialogue, timing: SessionTiming | None, dist: ThinkTime, seed: int
+) -> tuple[list[float], list[str]]:
+    """Think time before each turn of ``d`` (0 before the first) and where each came from."""
+    times, sources = [0.0], ["none"]
+    for k in range(1, len(d.turns)):
+        cur, prev = d.turns[k], d.turns[k - 1]
+        if cur.ts is not None and (prev.replied_at is not None or prev.ts is not None):
+            base = prev.replied_at if prev.replied_at is not None else prev.ts
+            assert base is not None
+            times.append(max(0.0, cur.ts - base))
+            sources.append("log")
+        elif timing is not None and k - 1 < len(timing.think_s):
+            times.append(timing.think_s[k - 1])
+            sources.append("trace")
+        else:
+            times.append(dist.draw(seed, d.id, k + 1))
+            sources.append(dist.describe())
+    return times, sources
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+TRANSCRIPT_LABELS = {"zh": ("用户", "助手"), "en": ("User", "Assistant")}
+
+
+def transcript(pairs: Sequence[tuple[str, str]], lang: str) -> str:
+    """The one rendered transcript of a history (completions API): ``User: …\\nAssistant: …\\n`` per turn."""
+    user, assistant = TRANSCRIPT_LABELS.get(lang, TRANSCRIPT_LABELS["en"])
+    return "".join(f"{user}: {u}\n{assistant}: {a}\n" for u, a in pairs)
+
+
+def retrieved_context(d: Dialogue) -> list[dict[str, Any]]:
+    """Catalogue entries of the venues the dialogue names (stable for the whole session)."""
+    cat = catalog.load_catalog()
+    out: list[dict[str, Any]] = []
+    for name in d.venues:
+        v = cat.venue_by_name.get(name)
+        if v is None:
+            continue
+        entry = {
+            "name": v.name,
+            "domain": v.domain,
+            "district": v.district,
+            "subway": v.subway,
+            "rating": v.rating,
+            "price": v.price,
+            "type": v.type,
+            "dishes": list(v.dishes),
+        }
+        out.append({k: val for k, val in entry.items() if val not in (None, [])})
+    return out
+
+
+def _context(d: Dialogue, k: int, query: str, transcript_text: str) -> dict[str, Any]:
+    ctx = retrieved_context(d)
+    return {
+        "lang": d.lang,
+        "domain": d.domain,
+        "domain_label": catalog.label(d.domain, d.lang),
+        "intent": d.intent,
+        "query": query,
+        "session_id": d.id,
+        "turn": k,
+        "context": ctx,
+        "context_text": "\n".join(
+            "- " + "; ".join(f"{k}={'、'.join(v) if isinstance(v, list) else v}" for k, v in e.items())
+            for e in ctx
+        ),
+        "transcript": transcript_text,
+    }
+
+
+def render_turn(
+    tmpl: PromptTemplate, renderer: PromptRenderer, d: Dialogue, k: int, pairs: list[tuple[str, str]]
+) -> tuple[str | None, list[Message] | None, tuple[int, int]]:
+    """Turn ``k`` (1-based) with ``pairs`` as its history: (prompt, messages, history_at)."""
+    query = d.turns[k - 1].user
+    if tmpl.kind == "prompt":
+        text = renderer.render(tmpl.name, _context(d, k, query, HISTORY_MARK))
+        if text.count(HISTORY_MARK) != 1:
+            raise TemplateError(
+                "a session prompt template must show {{ transcript }} exactly once", file=tmpl.files[0]
+            )
+        head, tail = text.split(HISTORY_MARK)
+        body = transcript(pairs, d.lang)
+        return head + body + tail, None, (len(head), len(head) + len(body))
+    msgs: list[Message] = []
+    at = (0, 0)
+    ctx = _context(d, k, query, transcript(pairs, d.lang))
+    for role, name in tmpl.parts:
+        if role == "history":
+            start = len(msgs)
+            for u, a in pairs:
+                msgs += [Message(role="user", content=u), Message(role="assistant", content=a)]
+            at = (start, len(msgs))
+        elif role == "fewshot":
+            continue  # a session's examples are its own history
+        else:
+            assert name is not None
+            # A template's final newline is not part of a message (the user's text stays verbatim).
+            msgs.append(Message(role=role, content=renderer.render(name, ctx).rstrip("\n")))
+    if not any(role == "history" for role, _ in tmpl.parts):
+        raise TemplateError('a session messages spec needs a {"role": "history"} part', file=tmpl.files[0])
+    return None, msgs, at
+
+
+# ---------------------------------------------------------------------------------------- build
+
+
+@dataclass
+class SessionBuildInputs:
+    out: Path
+    logs: list[Path] | None = None
+    """Dialogue logs; ``None``: the bundled CrossWOZ sample."""
+    template: Path = DEFAULT_SESSION_TEMPLATE
+    n: int | None = None
+    """Sessions to keep (``None``: every distinct one)."""
+    think_time: ThinkTime = field(default_factory=ThinkTime)
+    trace: Path | None = None
+    template_roots: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class SessionBuildResult:
+    records: list[CorpusRecord]
+    manifest: Manifest
+    metrics: dict[str, Any]
+    sessions: list[dict[str, Any]]
+    dropped: int
+    examples: list[dict[str, object]]
+    failures: list[str]
+
+
+def _dedup_first_turns(
+    dialogues: list[Dialogue], settings: CorpusSettings, tick: Callable[[str, int, int], None]
+) -> tuple[list[int], dict[int, tuple[int, float]], dict[str, dict[str, object]]]:
+    """Indices of the dialogues kept (greedy, in order) and, for each dropped one, (kept, cosine)."""
+    from harness.corpus.build import _judges  # the corpus's one way to make its per-language judges
+
+    langs = sorted({d.lang for d in dialogues})
+    missing = [lang for lang in langs if lang not in settings.dedup_judges]
+    if missing:
+        raise ConfigError(
+            f"no dedup judge for language(s) {', '.join(missing)}", field="HARNESS__CORPUS__DEDUP_JUDGES"
+        )
+    reference = [_Utt(t.user, d.lang) for d in dialogues for t in d.turns]
+    judges = _judges(settings, reference, langs, tick)  # type: ignore[arg-type]
+    threshold = settings.dedup_threshold
+    kept: list[int] = []
+    dropped: dict[int, tuple[int, float]] = {}
+    described: dict[str, dict[str, object]] = {}
+    for lang in langs:
+        idx = [i for i, d in enumerate(dialogues) if d.lang == lang]
+        judge = judges[lang]
+        vecs = judge.vectors([dialogues[i].turns[0].user for i in idx])
+        i_arr, j_arr, s_arr = judge.pairs(vecs, threshold - dedup_mod.MARGIN)
+        alive = np.ones(len(idx), dtype=bool)
+        for a, b, s in sorted(
+            zip(i_arr.tolist(), j_arr.tolist(), s_arr.tolist(), strict=True), key=lambda x: (x[1], x[0])
+        ):
+            if alive[a] and alive[b]:  # the later one goes, the first-come one stays
+                alive[b] = False
+                dropped[idx[b]] = (idx[a], float(s))
+        kept += [idx[p] for p in np.flatnonzero(alive)]
+        described[lang] = {
+            **judge.describe(),
+            "threshold": threshold,
+            "on": "first turn",
+            "sessions": len(idx),
+            "dropped": int((~alive).sum()),
+        }
+    return sorted(kept), dropped, described
+
+
+@dataclass(frozen=True, slots=True)
+class _Utt:
+    """What a lexical judge's reference needs of an utterance."""
+
+    text: str
+    lang: str
+
+
+def build_sessions(
+    inputs: SessionBuildInputs,
+    settings: CorpusSettings,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SessionBuildResult:
+    """Build a session corpus into ``inputs.out``; deterministic for a seed."""
+    tick = progress or (lambda phase, done, total: None)
+    if not inputs.template.is_file():
+        raise TemplateError("template file not found", file=inputs.template)
+    renderer = PromptRenderer(
+        [inputs.template.resolve().parent, *inputs.template_roots],
+        max_output_chars=settings.max_output_chars,
+        max_render_s=settings.max_render_s,
+    )
+    tmpl = load_template(inputs.template, renderer)
+    logs = list(inputs.logs) if inputs.logs else list(DEFAULT_SESSION_LOGS)
+    for p in logs:
+        detect_session_format(p)  # an unknown format fails before anything is read in full
+    timing = read_timing_trace(inputs.trace) if inputs.trace is not None else None
+    tok = load_tokenizer(str(settings.tokenizer) if settings.tokenizer else None, settings.seed)
+    tick("read logs", 0, 1)
+    dialogues = read_dialogues(logs)
+    tick("read logs", 1, 1)
+    # A seeded order: --n takes a sample, not the head of the file; first-come dedup follows it.
+    order = np.random.default_rng([settings.seed, 0x5E55]).permutation(len(dialogues))
+    dialogues = [dialogues[i] for i in order]
+    kept, dropped, judged = _dedup_first_turns(dialogues, settings, tick)
+    n = inputs.n if inputs.n is not None else len(kept)
+    chosen = kept[:n]
+    template_sha = file_sha256(tmpl.files)
+    records: list[CorpusRecord] = []
+    per_session: list[dict[str, Any]] = []
+    for s, di in enumerate(chosen):
+        d = dialogues[di]
+        timing_s = timing[s % len(timing)] if timing else None
+        thinks, sources = think_times(d, timing_s, inputs.think_time, settings.seed)
+        pairs: list[tuple[str, str]] = []
+        sid = f"s{settings.seed}-{s:05d}"
+        rng = np.random.default_rng([settings.seed, s, 0x7E])
+        history_tokens: list[int] = []
+        for k, turn in enumerate(d.turns, start=1):
+            prompt, msgs, at = render_turn(tmpl, renderer, d, k, pairs)
+            reply_tokens = tok.count(turn.reply) if turn.reply else 0
+            out_tokens = min(MAX_OUTPUT_TOKENS, max(32, math.ceil(reply_tokens * 1.5)))
+            if prompt is not None:
+                hist = tok.count(prompt[at[0] : at[1]]) if at[1] > at[0] else 0
+            else:
+                assert msgs is not None
+                hist = sum(tok.count(m.content) for m in msgs[at[0] : at[1]])
+            history_tokens.append(hist)
+            records.append(
+                CorpusRecord(
+                    id=f"{sid}-t{k:02d}",
+                    tenant=settings.tenant,
+                    prompt=prompt,
+                    messages=msgs,
+                    sampling=Sampling(temperature=settings.temperature, seed=int(rng.integers(2**31))),
+                    max_tokens=out_tokens,
+                    expected_output_tokens=reply_tokens,
+                    arrival_offset_s=timing_s.start_s if (timing_s is not None and k == 1) else None,
+                    prefix_group=sid,
+                    lang=d.lang,
+                    domain=d.domain,
+                    intent=d.intent if k == 1 else "follow_up",
+                    provenance=Provenance(
+                        seed=settings.seed,
+                        candidate=int(order[di]),
+                        template=tmpl.name,
+                        template_sha256=template_sha,
+                        query_source=d.source,
+                        query_id=f"{d.id}-{k}",
+                        query_at=turn.where or None,
+                    ),
+                    session=SessionTurn(
+                        session_id=sid,
+                        turn=k,
+                        turns=len(d.turns),
+                        user=turn.user,
+                        think_time_s=round(thinks[k - 1], 6),
+                        think_source=sources[k - 1],
+                        history_at=at,
+                        log_reply=turn.reply,
+                    ),
+                )
+            )
+            pairs.append((turn.user, turn.reply or ""))
+        per_session.append(
+            {
+                "session_id": sid,
+                "dialogue": d.id,
+                "lang": d.lang,
+                "turns": len(d.turns),
+                "history_tokens_max": max(history_tokens),
+                "history_tokens_mean": round(sum(history_tokens) / len(history_tokens), 1),
+            }
+        )
+        tick("render", s + 1, len(chosen))
+    counts = tok.count_batch([r.text() for r in records])
+    for r, c in zip(records, counts, strict=True):
+        r.prompt_tokens = c
+    metrics = session_metrics(records, per_session)
+    metrics.update(
+        requested=n, shortfall=max(0, n - len(chosen)), candidates=len(dialogues), dropped=len(dropped)
+    )
+    failures: list[str] = []
+    if inputs.n is not None and len(chosen) < inputs.n:
+        failures.append(
+            f"only {len(chosen)} distinct sessions were possible from the dialogue logs "
+            f"({len(dialogues)} dialogues, first turns at cosine < {settings.dedup_threshold}); "
+            f"asked for {inputs.n}"
+        )
+    examples = [
+        {"kept": dialogues[k].turns[0].user, "dropped": dialogues[b].turns[0].user, "cosine": round(c, 4)}
+        for b, (k, c) in sorted(dropped.items())[:5]
+    ]
+    manifest = Manifest(
+        created_at=datetime.now(UTC).isoformat(),
+        seed=settings.seed,
+        n=len(records),
+        templates=[TemplateInfo(path=str(p), sha256=file_sha256([p])) for p in tmpl.files],
+        embedder="none",
+        embedder_dim=0,
+        tokenizer=str(tok.path),
+        block_size=settings.block_size,
+        dedup={
+            "threshold": settings.dedup_threshold,
+            "on": "first turn",
+            "candidates": len(dialogues),
+            "dropped": len(dropped),
+        },
+        dedup_judges=judged,
+        counts={
+            "sessions": len(chosen),
+            "records": len(records),
+            "candidates": len(dialogues),
+            "dropped": len(dropped),
+        },
+        inputs={
+            "template": str(inputs.template),
+            "fewshot": ", ".join(map(str, logs)),
+            "trace": str(inputs.trace) if inputs.trace else None,
+            "think_time": inputs.think_time.describe(),
+        },
+        sources=[
+            {"file": str(p), "format": detect_session_format(p), "sha256": file_sha256([p])} for p in logs
+        ],
+        settings={
+            "sessions": True,
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump().items()},
+        },
+    )
+    quality_doc = {
+        "metrics": metrics,
+        "failures": failures,
+        "sessions": per_session,
+        "dedup_judges": judged,
+        "dedup_examples": examples,
+    }
+    write_corpus_files(inputs.out, records, manifest, quality_doc)
+    return SessionBuildResult(records, manifest, metrics, per_session, len(dropped), examples, failures)
+
+
+def session_metrics(records: Sequence[CorpusRecord], per_session: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Corpus-wide session metrics: sessions, turns per session, history and prompt tokens."""
+    turns = [int(s["turns"]) for s in per_session]
+    hist = [int(s["history_tokens_max"]) for s in per_session]
+    thinks = [r.session.think_time_s for r in records if r.session is not None and r.session.turn > 1]
+    prompt = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
+    by_source = Counter(
+        ("log" if r.session.think_source in ("log", "trace") else "distribution")
+        for r in records
+        if r.session is not None and r.session.turn > 1
+    )
+
+    def pct(xs: Sequence[float], q: float) -> float | None:
+        return round(float(percentile(list(xs), q)), 3) if xs else None
+
+    return {
+        "sessions": len(per_session),
+        "records": len(records),
+        "turns_mean": round(sum(turns) / len(turns), 2) if turns else None,
+        "turns_p50": pct(turns, 50),
+        "turns_max": max(turns, default=None),
+        "history_tokens_max_p50": pct(hist, 50),
+        "history_tokens_max_p95": pct(hist, 95),
+        "history_tokens_max": max(hist, default=None),
+        "prompt_tokens_p50": pct(prompt, 50),
+        "prompt_tokens_max": max(prompt, default=None),
+        "think_time_s_p50": pct(thinks, 50),
+        "think_time_s_p95": pct(thinks, 95),
+        "think_times_from": dict(by_source),
+    }
+
+
+def session_table(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """(metric, value) rows for the console."""
+    return [(k, str(v)) for k, v in metrics.items()]

@@ -1,0 +1,140 @@
+"""Session corpora (``harness corpus build --sessions``): dialogues in, one record per user turn out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from harness.common.errors import ConfigError, InputError
+from harness.common.settings import load_settings
+from harness.corpus.model import read_corpus
+from harness.corpus.sessions import (
+    SessionBuildInputs,
+    ThinkTime,
+    build_sessions,
+    read_timing_trace,
+    transcript,
+)
+from harness.corpus.settings import CorpusSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _log(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def _dialogues(path: Path) -> Path:
+    rows: list[dict[str, object]] = []
+    for sid, first, t0 in (("a", "我想订一家海淀区的酒店", 100.0), ("b", "我想订一家海淀区的酒店", 500.0),
+                           ("c", "故宫的门票多少钱", 900.0)):  # fmt: skip
+        rows += [
+            {
+                "session_id": sid,
+                "turn": 1,
+                "text": first,
+                "response": f"{sid}答一",
+                "ts": t0,
+                "replied_at": t0 + 2,
+            },
+            {
+                "session_id": sid,
+                "turn": 2,
+                "text": f"{sid}的第二个问题",
+                "response": f"{sid}答二",
+                "ts": t0 + 9.5,
+            },
+            {"session_id": sid, "turn": 3, "text": f"{sid}的第三个问题", "ts": t0 + 20},
+        ]
+    return _log(path, rows)
+
+
+def _settings() -> CorpusSettings:
+    return load_settings(CorpusSettings, seed=1)
+
+
+def test_sessions_keep_turns_verbatim_with_think_times_from_the_log(tmp_path: Path) -> None:
+    log = _dialogues(tmp_path / "d.jsonl")
+    got = build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[log]), _settings())
+    recs = list(read_corpus(tmp_path / "c"))
+    # "a" and "b" open with the same request: one whole conversation goes, never a part of one.
+    assert got.dropped == 1 and got.metrics["sessions"] == 2 and len(recs) == 6
+    for r in recs:
+        st = r.session
+        assert st is not None and r.messages is not None
+        assert r.messages[-1].content == st.user  # the user turn verbatim, last
+        a, b = st.history_at
+        assert b - a == 2 * (st.turn - 1)
+        assert [m.role for m in r.messages[a:b]] == ["user", "assistant"] * (st.turn - 1)
+    by_turn = {(r.session.session_id, r.session.turn): r.session for r in recs if r.session}
+    sid = recs[0].session.session_id if recs[0].session else ""
+    assert by_turn[(sid, 1)].think_time_s == 0.0
+    assert by_turn[(sid, 2)].think_time_s == pytest.approx(7.5)  # ts − the previous reply's time
+    assert by_turn[(sid, 3)].think_time_s == pytest.approx(10.5)  # no reply time: ts − previous ts
+    assert by_turn[(sid, 3)].think_source == "log"
+    quality = orjson.loads((tmp_path / "c" / "quality.json").read_bytes())
+    assert [s["turns"] for s in quality["sessions"]] == [3, 3]
+    assert all(s["history_tokens_max"] > 0 for s in quality["sessions"])
+
+
+def test_a_completions_template_gets_the_transcript_and_says_where_it_is(tmp_path: Path) -> None:
+    log = _dialogues(tmp_path / "d.jsonl")
+    inputs = SessionBuildInputs(
+        out=tmp_path / "c", logs=[log], template=ROOT / "templates/prompts/session.j2"
+    )
+    build_sessions(inputs, _settings())
+    third = next(r for r in read_corpus(tmp_path / "c") if r.session and r.session.turn == 3)
+    assert third.prompt is not None and third.session is not None
+    a, b = third.session.history_at
+    d = third.session.user[0]  # the dialogue's id ("a", "c"), as the log's texts carry it
+    assert third.prompt[a:b] == transcript([(_first(d), f"{d}答一"), (f"{d}的第二个问题", f"{d}答二")], "zh")
+    assert third.prompt.rstrip().endswith("助手:")
+
+
+def _first(sid: str) -> str:
+    return "我想订一家海淀区的酒店" if sid in "ab" else "故宫的门票多少钱"
+
+
+def test_crosswoz_sample_builds_whole_dialogues_with_a_stated_think_time(tmp_path: Path) -> None:
+    got = build_sessions(
+        SessionBuildInputs(out=tmp_path / "c", n=3, think_time=ThinkTime.parse("lognormal:6,0.5")),
+        _settings(),
+    )
+    recs = list(read_corpus(tmp_path / "c"))
+    assert got.metrics["sessions"] == 3 and len({r.session.session_id for r in recs if r.session}) == 3
+    later = [r.session for r in recs if r.session and r.session.turn > 1]
+    assert later and all(s.think_source.startswith("lognormal(median 6 s") for s in later)
+    again = build_sessions(
+        SessionBuildInputs(out=tmp_path / "d", n=3, think_time=ThinkTime.parse("lognormal:6,0.5")),
+        _settings(),
+    )
+    assert [r.model_dump() for r in again.records] == [r.model_dump() for r in got.records]  # seeded
+
+
+def test_think_time_specs_and_timing_traces(tmp_path: Path) -> None:
+    assert ThinkTime.parse("constant:2").draw(0, "s", 2) == 2.0
+    assert ThinkTime.parse("exponential:3").draw(0, "s", 2) == ThinkTime.parse("exponential:3").draw(
+        0, "s", 2
+    )
+    with pytest.raises(ConfigError, match="think-time"):
+        ThinkTime.parse("normal:1")
+    plain = _log(
+        tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}]
+    )
+    with pytest.raises(InputError, match="no line has a session id"):
+        read_timing_trace(plain)
+    timed = _log(tmp_path / "s.jsonl", [{"timestamp": 5000, "chat_id": 7}, {"timestamp": 9000, "chat_id": 8},
+                                        {"timestamp": 6500, "chat_id": 7}])  # fmt: skip
+    got = read_timing_trace(timed)
+    assert [(s.start_s, s.think_s) for s in got] == [(0.0, (1.5,)), (4.0, ())]
+
+
+def test_a_dialogue_log_with_a_gap_in_its_turns_is_refused(tmp_path: Path) -> None:
+    log = _log(tmp_path / "d.jsonl", [{"session_id": "a", "turn": 1, "text": "你好"},
+                                      {"session_id": "a", "turn": 3, "text": "再见"}])  # fmt: skip
+    with pytest.raises(InputError, match="turn 3 where turn 2") as err:
+        build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[log]), _settings())
+    assert err.value.line == 2

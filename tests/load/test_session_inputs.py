@@ -1,0 +1,111 @@
+"""Session corpora in the load stage, without Locust: plans, live-history bodies, salts, per-turn summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from harness.common.errors import ConfigError, InputError
+from harness.corpus.model import CorpusRecord
+from harness.corpus.sessions import transcript
+from harness.load.arrivals import prepare_requests
+from harness.load.inputs import Inputs
+from harness.load.options import LoadOptions
+from harness.load.results import RequestRecord, turn_summaries
+from harness.load.sessions import plan_sessions, salted_body, turn_body
+
+
+def _turn(sid: str, k: int, *, chat: bool = True, offset: float | None = None) -> CorpusRecord:
+    pairs = [(f"{sid} q{j}", f"{sid} log answer {j}") for j in range(1, k)]
+    rec: dict[str, object] = {
+        "id": f"{sid}-t{k}", "max_tokens": 8, "expected_output_tokens": 4, "lang": "en", "domain": "d",
+        "intent": "i", "arrival_offset_s": offset,
+        "provenance": {"seed": 0, "candidate": 0, "template": "t", "template_sha256": "0" * 64},
+    }  # fmt: skip
+    if chat:
+        msgs = [{"role": "system", "content": "SYS"}]
+        for u, a in pairs:
+            msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        rec["messages"] = [*msgs, {"role": "user", "content": f"{sid} q{k}"}]
+        at = (1, 1 + 2 * len(pairs))
+    else:
+        hist = transcript(pairs, "en")
+        rec["prompt"] = "SYS\n" + hist + f"User: {sid} q{k}\nAssistant:"
+        at = (4, 4 + len(hist))
+    rec["session"] = {"session_id": sid, "turn": k, "turns": 3, "user": f"{sid} q{k}", "think_time_s": 0.5,
+                      "think_source": "log", "history_at": at}  # fmt: skip
+    return CorpusRecord.model_validate(rec)
+
+
+def _corpus(path: Path, records: list[CorpusRecord]) -> Path:
+    path.write_bytes(
+        b"".join(orjson.dumps(r.model_dump(mode="json", exclude_none=True)) + b"\n" for r in records)
+    )
+    return path
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_live_history_replaces_the_logs_answers(chat: bool) -> None:
+    rec = _turn("s", 3, chat=chat)
+    (spec,) = prepare_requests([rec])
+    live = [("s q1", "LIVE-1"), ("s q2", "LIVE-2")]
+    body = orjson.loads(turn_body(rec, spec.body, live))
+    if chat:
+        assert [m["content"] for m in body["messages"]] == ["SYS", "s q1", "LIVE-1", "s q2", "LIVE-2", "s q3"]
+    else:
+        assert body["prompt"] == "SYS\n" + transcript(live, "en") + "User: s q3\nAssistant:"
+    assert body["stream"] is True and body["max_tokens"] == 8  # the rest of the body as prepared
+    assert turn_body(rec, spec.body, None) == spec.body  # log history: the bytes as built
+
+
+def test_a_salt_starts_every_pass_after_the_first() -> None:
+    (spec,) = prepare_requests([_turn("s", 1)])
+    assert salted_body(spec.body, 0) == spec.body
+    first = orjson.loads(salted_body(spec.body, 2))["messages"][0]["content"]
+    assert first == "[pass 2] SYS"
+    (plain,) = prepare_requests([_turn("s", 1, chat=False)])
+    assert orjson.loads(salted_body(plain.body, 1))["prompt"].startswith("[pass 1] SYS\n")
+
+
+def test_session_plans_and_their_checks() -> None:
+    recs = [_turn("a", 2), _turn("b", 1), _turn("a", 1)]
+    plans = plan_sessions(recs)
+    assert plans is not None and [(p.id, p.turns) for p in plans] == [("a", (2, 0)), ("b", (1,))]
+    assert plan_sessions([r.model_copy(update={"session": None}) for r in recs]) is None
+    with pytest.raises(InputError, match="turns \\[2\\]"):
+        plan_sessions([_turn("a", 2)])
+    with pytest.raises(InputError, match="not a session turn"):
+        plan_sessions([_turn("a", 1), _turn("b", 1).model_copy(update={"session": None})])
+
+
+def test_a_rate_starts_sessions_and_a_plan_lists_their_turns(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c.jsonl", [_turn("a", 1), _turn("a", 2), _turn("b", 1)])
+    inputs = Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3), ladder=False)
+    assert inputs.sessions is not None and len(inputs.sessions) == 2
+    assert inputs.planned() == [0, 1, 2, 0, 1]  # session a, b, a again: each start plays its turns
+    with pytest.raises(ConfigError, match="--api"):
+        Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3, api="completions"), ladder=False)
+    # Offsets on the first turns are enough to schedule the starts.
+    timed = _corpus(
+        tmp_path / "t.jsonl", [_turn("a", 1, offset=0.0), _turn("a", 2), _turn("b", 1, offset=1.0)]
+    )
+    timed_inputs = Inputs.load(LoadOptions(corpus=timed), ladder=False)
+    assert timed_inputs.planned() == [0, 1, 2]
+    assert timed_inputs.source(0, 1)[1] == 3  # requests it will send: every turn of its two sessions
+
+
+def test_the_summary_breaks_ttft_and_cached_tokens_down_by_turn() -> None:
+    def rec(turn: int, ttft: float, cached: int) -> RequestRecord:
+        return RequestRecord(
+            id="x", stage="s", intended_s=0.0, sent_s=0.0, lateness_ms=0.0, status=200, ttft_ms=ttft,
+            prompt_tokens=100, cached_tokens=cached, session_id="a", turn=turn,
+        )  # fmt: skip
+
+    turns = turn_summaries([rec(1, 50.0, 0), rec(2, 20.0, 80), rec(2, 30.0, 60), rec(1, 40.0, 0)])
+    assert [(t.turn, t.requests, t.ttft_ms.p50, t.cached_share) for t in turns] == [
+        (1, 2, 40.0, 0.0),
+        (2, 2, 20.0, 0.7),
+    ]
+    assert turns[1].hit_rate["prefix"] == 1.0
