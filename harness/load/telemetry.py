@@ -61,6 +61,8 @@ log = logging.getLogger("harness.load")
 
 SERVER_METRICS_FILE = "server_metrics.jsonl"
 METRICS_PATH = "/metrics"
+NO_METRICS = (404, 405, 501)
+"""Answers that mean the target has no ``/metrics`` at all: not asked again."""
 SCRAPE_TIMEOUT_S = 5.0
 """How long one scrape may take; a slower one counts as failed (the next goes on schedule)."""
 
@@ -346,7 +348,8 @@ class SampleWriter:
     def write(self, sample: ServerSample) -> None:
         if self._fh.closed:
             return
-        self._fh.write(orjson.dumps(sample.model_dump(exclude_none=True), option=orjson.OPT_APPEND_NEWLINE))
+        doc = sample.model_dump(exclude_none=True, exclude=None if sample.gpu else {"gpu"})
+        self._fh.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
         self._fh.flush()
 
     def close(self) -> None:
@@ -439,9 +442,9 @@ class Scraper:
         except Exception as exc:  # refused, timed out, reset: the server may come back
             self._failure(t, self.creds.redact(f"{type(exc).__name__}: {exc}"), final=False)
             return None
-        if status == 404:
+        if status in NO_METRICS:
             self._failure(
-                t, f"GET {self.url_path} answered 404: the target has no Prometheus metrics", final=True
+                t, f"GET {self.url_path} answered {status}: the target has no Prometheus metrics", final=True
             )
             return None
         if status in (401, 403):
