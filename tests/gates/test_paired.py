@@ -246,7 +246,14 @@ def test_paired_run_against_a_url_without_cache_says_not_warm_and_writes_everyth
         "embedding": "skipped", "kv": "cold", "response": "skipped",
     }  # fmt: skip
     for phase in ("cold", "warm"):
-        assert read(out / phase / "summary.json")["requests"] == 8
+        summary = read(out / phase / "summary.json")
+        assert summary["requests"] == 8
+        # The target's own counters, scraped through each phase: they moved by what the phase sent.
+        assert (out / phase / "server_metrics.jsonl").is_file()
+        (counted,) = summary["server_metrics"]["phases"]
+        records = [json.loads(line) for line in (out / phase / "records.jsonl").read_text().splitlines()]
+        assert counted["name"] == phase and counted["prefix_hits"] == 0  # one-block prompts never hit
+        assert counted["prefix_queries"] == sum(r["prompt_tokens"] for r in records) > 0
     assert (out / "comparison.json").is_file()
 
 
