@@ -158,8 +158,10 @@ def test_our_server_is_detected_first_and_unknown_names_are_refused() -> None:
     assert detect_kind(["up", "process_cpu_seconds_total"]) is None
     with pytest.raises(UnknownServer, match="none of the known servers' names"):
         normalise("# TYPE up gauge\nup 1\n", 0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(UnknownServer):  # a login page where /metrics should be
         normalise("<html>not metrics</html>\n", 0.0)
+    with pytest.raises(ValueError):  # a wanted sample that is not one
+        normalise("vllm:num_requests_running{model_name=\"m\"} lots\n", 0.0)
     assert {"harness", "vllm", "sglang", "llamacpp", "tgi"} <= set(SERVER_KINDS.names())
 
 
