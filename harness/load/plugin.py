@@ -25,6 +25,10 @@ listeners on Locust's global ``events``:
     ``interrupted`` unless every arrival was sent and answered (or the ladder ended); the exit code
     goes to ``environment.process_exit_code``.
 
+The target's own telemetry: the local process or the master also scrapes the target's ``/metrics``
+once a second into ``server_metrics.jsonl`` (:mod:`harness.load.telemetry`), takes a last scrape when
+it finalizes and puts the counters' deltas per phase in ``summary.json`` (``server_metrics``).
+
 Records flow: a local run writes them itself; workers batch them and send them to the master once a
 second (custom message ``harness_records``), with their progress; the master writes the single
 ``records.jsonl``. A worker the master loses (missed heartbeats) is reported and its share marked
