@@ -161,7 +161,7 @@ def test_our_server_is_detected_first_and_unknown_names_are_refused() -> None:
     with pytest.raises(UnknownServer):  # a login page where /metrics should be
         normalise("<html>not metrics</html>\n", 0.0)
     with pytest.raises(ValueError):  # a wanted sample that is not one
-        normalise("vllm:num_requests_running{model_name=\"m\"} lots\n", 0.0)
+        normalise('vllm:num_requests_running{model_name="m"} lots\n', 0.0)
     assert {"harness", "vllm", "sglang", "llamacpp", "tgi"} <= set(SERVER_KINDS.names())
 
 
