@@ -172,7 +172,7 @@ def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, f
     at_most = metric.direction == "at_most"
     threshold = max(values) if at_most else min(values)
     spread = max(values) - min(values)
-    if metric.kind == "max":
+    if metric.kind in ("max", "counter"):
         half = 0.0
     elif at_most:
         half = max(c.m.hi - c.m.value for c in cands)

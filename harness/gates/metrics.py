@@ -13,7 +13,11 @@ Three kinds of statistic, each with its own interval:
 - **rates** (``error_rate``, ``hit_rate_*``, ``warm_rate``): ``k`` of ``n`` requests, with the exact
   (Clopper–Pearson) binomial interval;
 - **maxima** (``prefill_peak_bytes_max``): the largest value seen; a run's own peak has no sampling
-  interval, so its interval is the point.
+  interval, so its interval is the point;
+- **server counters** (``server_prefix_hit_rate``): the target's own counters over the phase, from
+  ``summary.json``'s ``server_metrics`` (:mod:`harness.load.telemetry`). The server counted every
+  token, so there is no sampling interval either: the interval is the point, ``n`` the tokens
+  counted. Server-wide: a gate by stage takes that phase's deltas; one by scenario cannot be judged.
 
 Samples that were NaN or infinite in the file make the metric unjudgeable (never dropped quietly).
 
@@ -92,7 +96,7 @@ class Metric:
     """The natural direction: which side of the threshold is good."""
     description: str
     compute: Callable[[RunFrame, MetricContext], Measurement]
-    kind: Literal["percentile", "rate", "max", "relative"]
+    kind: Literal["percentile", "rate", "max", "relative", "counter"]
     q: float | None = None
     """The percentile, for percentile metrics."""
     default_phase: str | None = None
@@ -320,6 +324,30 @@ def _rate(hit: Counts) -> Callable[[RunFrame, MetricContext], Measurement]:
     return compute
 
 
+def _server_prefix_hit_rate(frame: RunFrame, ctx: MetricContext) -> Measurement:
+    """``prefix_hits / prefix_queries`` of the server's own counters over the frame's phase."""
+    nan = math.nan
+    if frame.server is None:
+        why = "the run has no server metrics (summary.json: server_metrics; --server-metrics-interval 0?)"
+        return Measurement(nan, nan, nan, 0, (why,))
+    if frame.server_scenario is not None:
+        why = f"the server's counters are not split by scenario (asked for {frame.server_scenario!r})"
+        return Measurement(nan, nan, nan, 0, (why,))
+    phase = frame.server.phase(frame.server_stage)
+    if phase is None:
+        return Measurement(nan, nan, nan, 0, (f"no server metrics for stage {frame.server_stage!r}",))
+    if phase.prefix_queries is None or phase.prefix_hits is None:
+        kind = frame.server.kind or "unknown"
+        why = f"the target ({kind}) reports no prefix-cache counters" + (
+            f" ({frame.server.error})" if frame.server.error else ""
+        )
+        return Measurement(nan, nan, nan, 0, (why,))
+    if phase.prefix_queries <= 0:
+        return Measurement(nan, nan, nan, 0)
+    rate = phase.prefix_hits / phase.prefix_queries
+    return Measurement(rate, rate, rate, int(phase.prefix_queries))
+
+
 def _errors(frame: RunFrame) -> tuple[int, int]:
     return int((~frame.ok).sum()), frame.n
 
@@ -502,6 +530,18 @@ _register(
         counts=_warm_share,
         kind="rate",
         default_phase="warm",
+    )
+)
+_register(
+    Metric(
+        name="server_prefix_hit_rate",
+        unit="ratio",
+        direction="at_least",
+        description="the target's own prefix hit rate: prompt tokens its prefix cache served over tokens "
+        "looked up, from its /metrics counters over the phase (summary.json: server_metrics); for "
+        "targets that report no cached_tokens",
+        compute=_server_prefix_hit_rate,
+        kind="counter",
     )
 )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from harness.load.results import (
     TOKEN_FIELDS,
     RequestRecord,
     RunSummary,
+    ServerTelemetry,
     read_records,
     read_summary,
 )
@@ -80,6 +81,13 @@ class RunFrame:
     """1 measured, 0 estimated, -1 not reported."""
     worker: npt.NDArray[np.int64]
     nonfinite: dict[str, BoolArray] = field(default_factory=dict)
+    server: ServerTelemetry | None = None
+    """The target's own counters during the run (``summary.json``: ``server_metrics``); ``None``: not
+    scraped. Server-wide: a selection by stage picks that phase's, one by scenario has none."""
+    server_stage: str | None = None
+    """The stage :meth:`select` narrowed to (``None``: the whole run)."""
+    server_scenario: str | None = None
+    """The scenario :meth:`select` narrowed to: server counters cannot be split by it."""
 
     @property
     def n(self) -> int:
@@ -104,6 +112,9 @@ class RunFrame:
             peak_measured=self.peak_measured[rows],
             worker=self.worker[rows],
             nonfinite={k: v[rows] for k, v in self.nonfinite.items()},
+            server=self.server,
+            server_stage=self.server_stage,
+            server_scenario=self.server_scenario,
         )
 
     def sample(self, rng: np.random.Generator, n: int) -> RunFrame:
@@ -119,7 +130,12 @@ class RunFrame:
             mask &= self.text["scenario"] == scenario
         if stage is not None:
             mask &= self.text["stage"] == stage
-        return self.take(mask)
+        picked = self.take(mask)
+        return replace(
+            picked,
+            server_stage=stage if stage is not None else self.server_stage,
+            server_scenario=scenario if scenario is not None else self.server_scenario,
+        )
 
     def cache_told(self) -> BoolArray:
         """Rows whose response carried an ``x-cache`` header."""
@@ -297,6 +313,8 @@ def load_result_set(path: str | Path, label: str | None = None) -> ResultSet:
     problems: list[str] = []
     if records_path.exists():
         frame = RunFrame.from_records(read_records(records_path))
+        if summary is not None and summary.server_metrics is not None:
+            frame = replace(frame, server=summary.server_metrics)
     else:
         frame = RunFrame.from_records([])
         problems.append(f"no {RECORDS_FILE}: nothing to measure")

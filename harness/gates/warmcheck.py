@@ -9,7 +9,12 @@ warm only when none of them is cold and the **warm rate** reaches the seed's 92 
     flight are waited for first (``POST /cache/drain``).
 ``kv``
     the engine's prefix cache: probe requests sent with ``Cache-Control: no-cache`` (past any
-    response cache, and storing nothing there) report ``cached_tokens > 0``.
+    response cache, and storing nothing there) report ``cached_tokens > 0``. A target that reports
+    no ``cached_tokens`` but whose ``/metrics`` has prefix-cache counters (:mod:`harness.load.telemetry`:
+    vLLM without ``--enable-prompt-tokens-details``, SGLang) is probed one request at a time instead,
+    its counters read before and after each: a request's hit tokens are the counter's growth during
+    its probe (so no other traffic may reach the target meanwhile). The level's ``evidence`` says
+    which signal was used: ``cached_tokens`` or ``server_counter``.
 ``response``
     the response cache: the same probe requests, sent normally, come back with ``x-cache: HIT-*``.
 
@@ -35,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import numpy as np
 from pydantic import Field
 
@@ -44,11 +50,14 @@ from harness.gates.metrics import METRICS, Measurement, MetricContext, format_va
 from harness.gates.runs import RunFrame
 from harness.gates.target import NotExposed, ProbeResult, Target
 from harness.load.arrivals import RequestSpec
+from harness.load.telemetry import METRICS_PATH, SCRAPE_TIMEOUT_S, normalise
 
 SEED_WARM_RATE = 0.92
 """The seed's baseline: at least 92 % of requests served warm."""
 
 LevelStatus = Literal["warm", "partial", "cold", "skipped"]
+Evidence = Literal["cached_tokens", "server_counter"]
+"""What a KV verdict rests on: the probes' own ``cached_tokens``, or the server's prefix-hit counter."""
 
 
 class Rate(StrictModel):
@@ -79,6 +88,8 @@ class LevelCheck(StrictModel):
     status: LevelStatus
     detail: str
     rate: Rate | None = None
+    evidence: Evidence | None = None
+    """The KV level: which signal its rate was counted from."""
 
 
 class ProbeRow(StrictModel):
@@ -92,6 +103,9 @@ class ProbeRow(StrictModel):
     prompt_tokens: int | None
     ttft_ms: float | None
     error: str | None
+    server_hit_tokens: float | None = None
+    """KV probes on a target without ``cached_tokens``: how much its prefix-hit counter grew during
+    this probe."""
 
 
 class WarmCheck(StrictModel):
@@ -105,6 +119,8 @@ class WarmCheck(StrictModel):
     warm_rate: Rate
     levels: list[LevelCheck]
     probes: list[ProbeRow] = Field(default_factory=list)
+    kv_evidence: Evidence | None = None
+    """What the KV signal of the warm rate rests on (``None``: the target gave none)."""
 
 
 @dataclass
@@ -118,6 +134,14 @@ class CheckContext:
     concurrency: int = 4
     kv_probes: list[ProbeResult] = field(default_factory=list)
     response_probes: list[ProbeResult] = field(default_factory=list)
+    kv_server_hits: list[float | None] | None = None
+    """Per KV probe, the server's prefix-hit counter growth (``None``: its ``cached_tokens`` was used)."""
+
+    def kv_cached(self) -> list[float | None]:
+        """Each KV probe's hit tokens: ``cached_tokens``, or the server counter's growth."""
+        if self.kv_server_hits is not None:
+            return list(self.kv_server_hits)
+        return [None if p.cached_tokens is None else float(p.cached_tokens) for p in self.kv_probes]
 
 
 LevelFn = Callable[[CheckContext], LevelCheck]
@@ -125,11 +149,13 @@ WARM_LEVELS: Registry[LevelFn] = Registry("warm-check level")
 """The levels in the order they are checked (the seed's: embedding → KV → response)."""
 
 
-def _frame(probes: Sequence[ProbeResult]) -> RunFrame:
-    ok = [p for p in probes if p.ok]
-    cached = np.array([np.nan if p.cached_tokens is None else p.cached_tokens for p in ok], dtype=np.float64)
+def _frame(probes: Sequence[ProbeResult], hits: Sequence[float | None] | None = None) -> RunFrame:
+    """The probes as records; ``hits`` replaces their ``cached_tokens`` (the server counter's evidence)."""
+    given = hits if hits is not None else [p.cached_tokens for p in probes]
+    ok = [(p, h) for p, h in zip(probes, given, strict=True) if p.ok]
+    cached = np.array([np.nan if h is None else h for _, h in ok], dtype=np.float64)
     return RunFrame.from_columns(
-        len(ok), floats={"cached_tokens": cached}, text={"cache": [p.cache for p in ok]}
+        len(ok), floats={"cached_tokens": cached}, text={"cache": [p.cache for p, _ in ok]}
     )
 
 
@@ -142,19 +168,20 @@ def _warm_frame(ctx: CheckContext) -> RunFrame:
     probed). A request is warm when either level already held it — the gates' ``warm_rate``."""
     n = len(ctx.sample)
     kv = ctx.kv_probes if len(ctx.kv_probes) == n else [None] * n
+    kv_hits = ctx.kv_cached() if len(ctx.kv_probes) == n else [None] * n
     resp = ctx.response_probes if len(ctx.response_probes) == n else [None] * n
     cached: list[float] = []
     cache: list[str | None] = []
-    for k, r in zip(kv, resp, strict=True):
-        cached.append(
-            float(k.cached_tokens) if k is not None and k.ok and k.cached_tokens is not None else np.nan
-        )
+    for k, h, r in zip(kv, kv_hits, resp, strict=True):
+        cached.append(h if k is not None and k.ok and h is not None else np.nan)
         cache.append(r.cache if r is not None and r.ok else None)
     return RunFrame.from_columns(n, floats={"cached_tokens": np.array(cached)}, text={"cache": cache})
 
 
-def _rate(metric: str, probes: Sequence[ProbeResult], confidence: float) -> Rate:
-    return Rate.of(METRICS.get(metric).compute(_frame(probes), MetricContext(confidence=confidence)))
+def _rate(
+    metric: str, probes: Sequence[ProbeResult], confidence: float, hits: Sequence[float | None] | None = None
+) -> Rate:
+    return Rate.of(METRICS.get(metric).compute(_frame(probes, hits), MetricContext(confidence=confidence)))
 
 
 def _grade(level: str, probes: Sequence[ProbeResult], rate: Rate, what: str, minimum: float) -> LevelCheck:
@@ -201,12 +228,62 @@ def _embedding(ctx: CheckContext) -> LevelCheck:
     )
 
 
+def server_prefix_hits(target: Target) -> float | None:
+    """The target's prefix-hit counter now (tokens, from its ``/metrics``); ``None`` when it has no
+    ``/metrics``, refuses it, or reports no prefix-cache counters."""
+    creds = target.credentials
+    try:
+        resp = httpx.get(
+            target.url.rstrip("/") + METRICS_PATH,
+            headers=creds.admin_headers(),
+            timeout=SCRAPE_TIMEOUT_S,
+            verify=creds.httpx_verify(),
+        )
+        if resp.status_code != 200:
+            return None
+        sample = normalise(resp.text, 0.0)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return sample.prefix_hits if sample.prefix_queries is not None else None
+
+
+def _growth(before: float | None, after: float | None) -> float | None:
+    """A counter's growth; ``None`` when a reading is missing or it went back (the server restarted)."""
+    if before is None or after is None or after < before:
+        return None
+    return after - before
+
+
 @WARM_LEVELS.register("kv")
 def _kv(ctx: CheckContext) -> LevelCheck:
-    ctx.kv_probes = ctx.target.probe(ctx.sample, no_cache=True, concurrency=ctx.concurrency)
-    rate = _rate("hit_rate_prefix", ctx.kv_probes, ctx.confidence)
-    what = "prefix-cache hits (cached_tokens > 0, response cache bypassed)"
-    return _grade("kv", ctx.kv_probes, rate, what, ctx.min_warm_rate)
+    before = server_prefix_hits(ctx.target)
+    # The first probe alone: does the target report cached_tokens? Then the rest go in parallel.
+    head = ctx.target.probe(ctx.sample[:1], no_cache=True, concurrency=1)
+    reports = any(p.ok and p.cached_tokens is not None for p in head)
+    if reports or before is None:
+        ctx.kv_probes = head + ctx.target.probe(ctx.sample[1:], no_cache=True, concurrency=ctx.concurrency)
+        rate = _rate("hit_rate_prefix", ctx.kv_probes, ctx.confidence)
+        what = "prefix-cache hits (cached_tokens > 0, response cache bypassed)"
+        check = _grade("kv", ctx.kv_probes, rate, what, ctx.min_warm_rate)
+        return check.model_copy(update={"evidence": "cached_tokens"}) if rate.n else check
+    # No cached_tokens, but the server counts its prefix hits: one probe at a time, read around each.
+    after = server_prefix_hits(ctx.target)
+    hits = [_growth(before, after)]
+    probes = list(head)
+    for spec in ctx.sample[1:]:
+        before = after
+        probes += ctx.target.probe([spec], no_cache=True, concurrency=1)
+        after = server_prefix_hits(ctx.target)
+        hits.append(_growth(before, after))
+    ctx.kv_probes, ctx.kv_server_hits = probes, hits
+    rate = _rate("hit_rate_prefix", probes, ctx.confidence, hits)
+    what = (
+        "prefix-cache hits by the server's own counter (its /metrics prefix hits grew during the probe; "
+        "the target reports no cached_tokens; response cache bypassed)"
+    )
+    return _grade("kv", probes, rate, what, ctx.min_warm_rate).model_copy(
+        update={"evidence": "server_counter"}
+    )
 
 
 @WARM_LEVELS.register("response")
@@ -254,14 +331,27 @@ def check_warm(
             f" (not observable here: {', '.join(skipped)})" if skipped else ""
         )
     warm = not cold and warm_rate.value is not None and warm_rate.value >= min_warm_rate
-    rows = [_row(p, "kv") for p in ctx.kv_probes] + [_row(p, "response") for p in ctx.response_probes]
+    server_hits = ctx.kv_server_hits or [None] * len(ctx.kv_probes)
+    rows = [_row(p, "kv", h) for p, h in zip(ctx.kv_probes, server_hits, strict=True)]
+    rows += [_row(p, "response") for p in ctx.response_probes]
+    kv_level = next((lv for lv in levels if lv.level == "kv"), None)
+    kv_evidence = kv_level.evidence if kv_level is not None else None
+    if kv_evidence == "server_counter":
+        reason += " (KV evidence: the server's prefix-hit counter; the target reports no cached_tokens)"
     return WarmCheck(
-        warm=warm, reason=reason, min_warm_rate=min_warm_rate, warm_rate=warm_rate, levels=levels, probes=rows
+        warm=warm,
+        reason=reason,
+        min_warm_rate=min_warm_rate,
+        warm_rate=warm_rate,
+        levels=levels,
+        probes=rows,
+        kv_evidence=kv_evidence,
     )
 
 
-def _row(p: ProbeResult, kind: Literal["kv", "response"]) -> ProbeRow:
+def _row(p: ProbeResult, kind: Literal["kv", "response"], server_hits: float | None = None) -> ProbeRow:
     return ProbeRow(
+        server_hit_tokens=server_hits,
         id=p.id,
         kind=kind,
         status=p.status,

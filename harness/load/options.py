@@ -152,6 +152,9 @@ class LoadOptions(StrictModel):
     """PEM CA bundle to verify an ``https://`` target against (default: the system's CAs)."""
     insecure: bool = False
     """Do not verify the target's TLS certificate."""
+    server_metrics_interval: float = Field(default=1.0, ge=0)
+    """Seconds between scrapes of the target's ``/metrics`` into ``server_metrics.jsonl``
+    (:mod:`harness.load.telemetry`); 0 turns scraping off."""
 
     @field_validator("header")
     @classmethod
@@ -290,6 +293,9 @@ _HELP: dict[str, str] = {
     "header": "extra request header NAME:VALUE (repeatable; values never written to results)",
     "ca_bundle": "PEM CA bundle to verify an https:// target against",
     "insecure": "do not verify the target's TLS certificate",
+    "server_metrics_interval": (
+        "seconds between scrapes of the target's /metrics into server_metrics.jsonl (0: off)"
+    ),
 }
 _TEXT: frozenset[str] = frozenset({"until_precision"})
 """Options given as text whatever their type (``10%``): the model parses them."""

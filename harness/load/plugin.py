@@ -25,6 +25,10 @@ listeners on Locust's global ``events``:
     ``interrupted`` unless every arrival was sent and answered (or the ladder ended); the exit code
     goes to ``environment.process_exit_code``.
 
+The target's own telemetry: the local process or the master also scrapes the target's ``/metrics``
+once a second into ``server_metrics.jsonl`` (:mod:`harness.load.telemetry`), takes a last scrape when
+it finalizes and puts the counters' deltas per phase in ``summary.json`` (``server_metrics``).
+
 Records flow: a local run writes them itself; workers batch them and send them to the master once a
 second (custom message ``harness_records``), with their progress; the master writes the single
 ``records.jsonl``. A worker the master loses (missed heartbeats) is reported and its share marked
@@ -89,11 +93,13 @@ from harness.load.results import (
     RecordWriter,
     RequestRecord,
     RunSummary,
+    ServerTelemetry,
     read_records,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
 from harness.load.summary import build_summary
+from harness.load.telemetry import Scraper, run_phases
 from harness.load.tracing import Tracing
 from harness.load.web import mount
 
@@ -152,6 +158,8 @@ class LoadRun:
         self.drain_deadline: float | None = None
         self.preload_result: dict[str, int] | None = None
         self.warnings: list[str] = []
+        self.scraper: Scraper | None = None
+        """Local / master: the target's ``/metrics`` into ``server_metrics.jsonl``."""
         self._proc = psutil.Process()
         self._cpu0 = 0.0
         self._wall0 = 0.0
@@ -223,6 +231,16 @@ class LoadRun:
             self.results_dir.mkdir(parents=True, exist_ok=True)
             (self.results_dir / SUMMARY_FILE).unlink(missing_ok=True)
             self.writer = RecordWriter(self.results_dir / RECORDS_FILE)
+            if self.opts.server_metrics_interval > 0:
+                self.scraper = Scraper(
+                    self.env.host or "",
+                    self.credentials,
+                    self.results_dir,
+                    interval_s=self.opts.server_metrics_interval,
+                    now=self.now_s,
+                    warn=self._warn,
+                )
+                self.scraper.start()
         if self.role in ("local", "worker"):
             if self.opts.tokenizer is not None:
                 self.tokenize = load_tokenizer(str(self.opts.tokenizer))
@@ -255,6 +273,10 @@ class LoadRun:
             self.epoch_unix - time.time(),
             self.results_dir,
         )
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        log.warning("harness load: %s", msg)
 
     def _cpu_s(self) -> float:
         t = self._proc.cpu_times()
@@ -410,6 +432,7 @@ class LoadRun:
         duration = time.perf_counter() - self._wall0  # nor is the identity's wait below the run's
         assert self.writer is not None
         self.writer.close()
+        server = self._server_telemetry()
         records = (
             list(read_records(self.results_dir)) if (self.results_dir / RECORDS_FILE).stat().st_size else []
         )
@@ -431,12 +454,21 @@ class LoadRun:
             warnings=self.warnings,
             warmup_id=self.warmup_id,
             preload=self.preload_result,
+            server_metrics=server,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
             log.warning("harness load: %s", w)
         log.info("harness load: %d records, summary in %s", summary.requests, self.results_dir / SUMMARY_FILE)
         return summary
+
+    def _server_telemetry(self) -> ServerTelemetry | None:
+        """The last scrape, then the counters' deltas per phase (the ladder's stages, else the run)."""
+        if self.scraper is None:
+            return None
+        self.scraper.stop()
+        stages = [(a.name, a.started_s, a.ended_s) for a in self.ladder.outcomes()] if self.ladder else None
+        return self.scraper.summary(run_phases(self.opts.stage, stages))
 
 
 # ---------------------------------------------------------------------------------------- process state

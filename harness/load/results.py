@@ -355,6 +355,61 @@ def turn_summaries(records: Iterable[RequestRecord]) -> list[TurnSummary]:
     return out
 
 
+class ServerPhase(StrictModel):
+    """The target's own counters over one phase of a run (``summary.json``: ``server_metrics``).
+
+    Deltas of the prefix-cache counters from the last scrape at or before the phase's start to the
+    last at or before its end (:func:`harness.load.telemetry.counter_delta`): exact as the server
+    counted them, with the phase's edges known to one scrape interval. ``None``: the server does not
+    report it, or fewer than two scrapes fell in reach."""
+
+    name: str
+    """The phase: the run's stage label (``cold``, ``warm``, ``replay``), a ladder stage, or ``run``."""
+    started_s: float | None = None
+    """Seconds since the epoch (``None``: the run's first scrape)."""
+    ended_s: float | None = None
+    """``None``: the run's last scrape."""
+    scrapes: int = 0
+    prefix_queries: float | None = None
+    """Prompt tokens the server looked up in its prefix cache during the phase."""
+    prefix_hits: float | None = None
+    """Of those, the tokens its prefix cache held."""
+    prefix_hit_rate: float | None = None
+    """``prefix_hits / prefix_queries``: the server's prefix hit rate (token-weighted)."""
+    running_max: float | None = None
+    waiting_max: float | None = None
+    kv_usage_max: float | None = None
+    """The KV cache's largest used share (0–1) seen."""
+
+
+class ServerTelemetry(StrictModel):
+    """What the target's ``/metrics`` said during the run (:mod:`harness.load.telemetry`)."""
+
+    file: str
+    """The scrapes, one a line, beside ``records.jsonl`` (``server_metrics.jsonl``)."""
+    kind: str | None = None
+    """The server kind detected (``harness``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``); ``None``:
+    no scrape succeeded."""
+    interval_s: float
+    scrapes: int = 0
+    """Scrapes attempted."""
+    failed: int = 0
+    error: str | None = None
+    """The first failure (404: no ``/metrics``; a refused credential …)."""
+    gpu: bool = False
+    """Lines carry the local GPUs (NVML)."""
+    total: ServerPhase
+    """The whole run."""
+    phases: list[ServerPhase] = Field(default_factory=list)
+    """The run's phases: its stage label, or the ladder's stages."""
+
+    def phase(self, name: str | None) -> ServerPhase | None:
+        """The phase called ``name`` (``None``: the whole run)."""
+        if name is None:
+            return self.total
+        return next((p for p in self.phases if p.name == name), None)
+
+
 class RunSummary(StrictModel):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
@@ -405,6 +460,9 @@ class RunSummary(StrictModel):
     """Sessions the records hold (a session corpus); ``None`` otherwise."""
     turns: list[TurnSummary] = Field(default_factory=list)
     """Per turn index (a session corpus): TTFT, prompt and cached tokens, hit rates."""
+    server_metrics: ServerTelemetry | None = None
+    """The target's own telemetry (``server_metrics.jsonl``) summed up per phase; ``None``: not
+    scraped (``--server-metrics-interval 0``, or a summary from before it)."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -468,6 +526,7 @@ def summarize(
     recipe: Recipe | None = None,
     stop_reason: str | None = None,
     precision: dict[str, PrecisionState] | None = None,
+    server_metrics: ServerTelemetry | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` (the client's CPU was
     saturated) and warns about client jitter and a saturated target."""
@@ -537,6 +596,7 @@ def summarize(
         precision=precision,
         sessions=len({r.session_id for r in records if r.session_id is not None}) or None,
         turns=turn_summaries(records),
+        server_metrics=server_metrics,
     )
 
 

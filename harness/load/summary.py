@@ -25,6 +25,7 @@ from harness.load.results import (
     Recipe,
     RequestRecord,
     RunSummary,
+    ServerTelemetry,
     TargetInfo,
     WorkerShare,
     summarize,
@@ -46,6 +47,7 @@ def build_summary(
     warnings: list[str],
     warmup_id: str,
     preload: dict[str, int] | None,
+    server_metrics: ServerTelemetry | None = None,
 ) -> RunSummary:
     """The run's summary (local / master), its records read back from ``records.jsonl``."""
     o = inputs.opts
@@ -82,6 +84,7 @@ def build_summary(
         recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,
+        server_metrics=server_metrics,
     )
 
 

@@ -32,6 +32,7 @@ from harness.gates.capacity import CapacityResult
 from harness.gates.metrics import format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet
 from harness.load.results import CLIENT_BOUND_LATENESS_MS
+from harness.load.telemetry import SERVER_METRICS_FILE, ServerSample, read_server_metrics
 
 MAX_POINTS = 20_000
 DPI = 100
@@ -252,6 +253,98 @@ def latency_over_time(sets: Sequence[ResultSet]) -> Drawn:
             ax.set_title(f"{rs.label}: {name} over time")
             ax.set_xlabel("send time since the run's start (s)")
             ax.set_ylabel(f"{name} (ms)")
+            ax.grid(alpha=0.3)
+    _figure_legend(fig, list(axes.flat))
+    return fig
+
+
+# --------------------------------------------------------------------------- the server's telemetry
+
+
+def server_samples(rs: ResultSet) -> list[ServerSample]:
+    """The scrapes of a run's ``server_metrics.jsonl`` that carry server values (``[]``: none)."""
+    path = rs.path / SERVER_METRICS_FILE
+    if not path.is_file():
+        return []
+    return [s for s in read_server_metrics(path) if s.kind is not None]
+
+
+def _interval_hit_rate(samples: Sequence[ServerSample]) -> tuple[FloatArray, FloatArray]:
+    """The server's prefix hit rate between consecutive scrapes (hits grown / queries grown), at the
+    interval's end; intervals with no lookups (or a counter reset) are skipped."""
+    xs, ys = [], []
+    prev: ServerSample | None = None
+    for s in samples:
+        if s.prefix_queries is None or s.prefix_hits is None:
+            continue
+        if prev is not None and prev.prefix_queries is not None and prev.prefix_hits is not None:
+            dq, dh = s.prefix_queries - prev.prefix_queries, s.prefix_hits - prev.prefix_hits
+            if dq > 0 and dh >= 0:
+                xs.append(s.t_s)
+                ys.append(100.0 * dh / dq)
+        prev = s
+    return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+def _series(samples: Sequence[ServerSample], field: str) -> tuple[FloatArray, FloatArray]:
+    pts = [(s.t_s, v) for s in samples if (v := getattr(s, field)) is not None]
+    return np.asarray([p[0] for p in pts]), np.asarray([p[1] for p in pts])
+
+
+@_plot(
+    "fig-server-metrics",
+    "The target's own metrics over time, beside TTFT",
+    "Per run, on one time axis in seconds since the run's start: each request's time to first token in "
+    "milliseconds with its P95 per time bin; the requests the server was running and queueing; and the "
+    "server's prefix-cache hit rate per scrape interval and KV cache usage in percent, from its /metrics "
+    "scraped during the run, with dashed lines where stages start.",
+)
+def server_metrics_over_time(sets: Sequence[ResultSet]) -> Drawn:
+    scraped = [(i, rs, server_samples(rs)) for i, rs in enumerate(sets)]
+    shown = [(i, rs, ss) for i, rs, ss in scraped if ss]
+    if not shown:
+        return (
+            f"No run has server metrics ({SERVER_METRICS_FILE}): the target had no Prometheus /metrics, "
+            "or the runs were made with --server-metrics-interval 0 or before it existed."
+        )
+    fig = Figure(figsize=(13, 3.0 * len(shown) + 0.6), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(len(shown), 3, squeeze=False, sharex="row"))
+    missing = [rs.label for _, rs, ss in scraped if not ss]
+    note = f"; no server metrics for {', '.join(missing)}" if missing else ""
+    fig.suptitle(f"The target's own metrics (scraped /metrics) on the requests' time axis{note}")
+    for row, (i, rs, ss) in enumerate(shown):
+        kind = ss[0].kind
+        c = colour(rs, i)
+        ttft, running, cache = axes[row]
+        t, v = rs.frame.col("sent_s"), rs.frame.col("ttft_ms")
+        idx = _thin(rs.frame.n)
+        ok = np.isfinite(v[idx]) & np.isfinite(t[idx])
+        ttft.scatter(t[idx][ok], v[idx][ok], s=4, alpha=0.35, color=c, label=f"{rs.label}: requests")
+        bx, by = _binned_percentile(t, v, 95)
+        if bx.size:
+            ttft.plot(bx, by, color="black", linewidth=1.4, label="P95 per time bin")
+        ttft.set_title(f"{rs.label}: TTFT")
+        ttft.set_ylabel("TTFT (ms)")
+        for field, style, name in (("running", "-", "running"), ("waiting", "--", "waiting")):
+            x, y = _series(ss, field)
+            if x.size:
+                running.step(x, y, where="post", linestyle=style, color=c, label=f"server: {name}")
+        running.set_title(f"{rs.label}: requests at the server ({kind})")
+        running.set_ylabel("requests (count)")
+        hx, hy = _interval_hit_rate(ss)
+        if hx.size:
+            cache.plot(hx, hy, marker="o", markersize=3, color="#9467bd", label="server prefix hit rate")
+        kx, ky = _series(ss, "kv_usage")
+        if kx.size:
+            cache.plot(kx, 100.0 * ky, color="#8c564b", linestyle="--", label="KV cache usage")
+        if not hx.size and not kx.size:
+            _no_data(cache, f"the target ({kind}) reports no prefix counters or KV usage")
+        cache.set_title(f"{rs.label}: prefix cache and KV usage")
+        cache.set_ylabel("share (%)")
+        cache.set_ylim(-2, 102)
+        for ax in (ttft, running, cache):
+            _mark_stages(ax, rs)
+            ax.set_xlabel("time since the run's start (s)")
             ax.grid(alpha=0.3)
     _figure_legend(fig, list(axes.flat))
     return fig

@@ -34,6 +34,7 @@ from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.runner import LoadSpec
 from tests.gates.factory import ROOT, make_run
+from tests.load.sse_server import Behaviour, SSEServer
 from tests.server.conftest import harness_server
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
@@ -199,6 +200,30 @@ def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cach
     assert warm.warm_rate.value == 1.0 and warm.warm_rate.n == len(reqs)
 
 
+def test_warm_check_takes_the_servers_prefix_counter_where_cached_tokens_is_absent(tmp_path):
+    # A vLLM-like target that reports no cached_tokens (no usage at all) but counts its prefix hits
+    # on /metrics: each KV probe's hits are the counter's growth while it ran.
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
+    reqs = prepare_requests(
+        CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
+    )
+    with SSEServer(Behaviour(tokens=2, usage="none", metrics=True, x_cache=None)) as srv:
+        target = Target(srv.url)
+        cold = check_warm(target, reqs)
+        warm = check_warm(target, reqs)  # the cold check's probes filled the prefix cache
+    kv = {c.level: c for c in cold.levels}["kv"]
+    assert kv.status == "cold" and kv.evidence == "server_counter" and "server's own counter" in kv.detail
+    assert not cold.warm and cold.kv_evidence == "server_counter"
+    assert [p.server_hit_tokens for p in cold.probes if p.kind == "kv"] == [0.0] * 4
+    assert all(p.cached_tokens is None for p in cold.probes)
+    assert warm.warm and warm.warm_rate.value == 1.0 and warm.warm_rate.n == 4, warm.reason
+    assert "KV evidence: the server's prefix-hit counter" in warm.reason
+    assert [p.server_hit_tokens for p in warm.probes if p.kind == "kv"] == [5.0] * 4
+    with SSEServer(Behaviour(tokens=2, usage="none", x_cache=None)) as srv:  # neither signal: cannot tell
+        neither = check_warm(Target(srv.url), reqs)
+    assert not neither.warm and neither.kv_evidence is None and "cannot tell" in neither.reason
+
+
 @pytest.mark.slow
 def test_paired_run_against_a_url_without_cache_says_not_warm_and_writes_everything(tmp_path):
     # Short prompts fit in one KV block, which no prefix cache can hit, and without --cache there is
@@ -221,7 +246,14 @@ def test_paired_run_against_a_url_without_cache_says_not_warm_and_writes_everyth
         "embedding": "skipped", "kv": "cold", "response": "skipped",
     }  # fmt: skip
     for phase in ("cold", "warm"):
-        assert read(out / phase / "summary.json")["requests"] == 8
+        summary = read(out / phase / "summary.json")
+        assert summary["requests"] == 8
+        # The target's own counters, scraped through each phase: they moved by what the phase sent.
+        assert (out / phase / "server_metrics.jsonl").is_file()
+        (counted,) = summary["server_metrics"]["phases"]
+        records = [json.loads(line) for line in (out / phase / "records.jsonl").read_text().splitlines()]
+        assert counted["name"] == phase and counted["prefix_hits"] == 0  # one-block prompts never hit
+        assert counted["prefix_queries"] == sum(r["prompt_tokens"] for r in records) > 0
     assert (out / "comparison.json").is_file()
 
 

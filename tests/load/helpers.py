@@ -9,8 +9,11 @@ import orjson
 from harness.corpus.model import CorpusRecord
 
 
-def make_corpus(path: Path, n: int = 20, *, chat: bool = True, offsets_s: list[float] | None = None) -> Path:
-    """Write ``n`` minimal corpus records (chat or completions) to ``path``."""
+def make_corpus(
+    path: Path, n: int = 20, *, chat: bool = True, offsets_s: list[float] | None = None, prefix: str = ""
+) -> Path:
+    """Write ``n`` minimal corpus records (chat or completions) to ``path``; ``prefix`` goes before
+    every prompt (a shared prefix the target's prefix cache can serve)."""
     rows = []
     for i in range(n):
         rec: dict[str, object] = {
@@ -28,9 +31,9 @@ def make_corpus(path: Path, n: int = 20, *, chat: bool = True, offsets_s: list[f
                            "source_trace_id": f"{i + 1:032x}"},
         }  # fmt: skip
         if chat:
-            rec["messages"] = [{"role": "user", "content": f"question {i}"}]
+            rec["messages"] = [{"role": "user", "content": f"{prefix}question {i}"}]
         else:
-            rec["prompt"] = f"question {i}"
+            rec["prompt"] = f"{prefix}question {i}"
         if offsets_s is not None:
             rec["arrival_offset_s"] = offsets_s[i]
         rows.append(CorpusRecord.model_validate(rec).model_dump(mode="json", exclude_none=True))

@@ -12,7 +12,11 @@ written (``first_write - received``) and the gaps between token writes. Behaviou
 * ``stall_request`` / ``stall_s``: the N-th request (0-based) waits ``stall_s`` before its first token;
 * ``fail_above_rps``: answer 503 while requests arrive faster than this (over the last 0.5 s);
 * every request's headers and body are kept (``requests``) for header assertions; ``POST
-  /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``).
+  /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``), other
+  ``/cache/*`` routes with 404 (no response cache);
+* ``metrics``: answer ``GET /metrics`` as vLLM does, with a prefix cache that counts 5 prompt tokens
+  queried per request and 5 hit when the same body came before (else GET answers 501, as a server
+  without it does).
 
 Times are absolute targets from the request's arrival (no drift across tokens); TCP_NODELAY is on so
 that small writes leave at once.
@@ -49,6 +53,9 @@ class Behaviour:
     tag_replies: bool = False
     """Every reply's text is unique to its request (``served.reply``): a test can find it in the history
     a later request carries."""
+    metrics: bool = False
+    x_cache: str | None = "MISS"
+    """The ``x-cache`` header of every answer (``None``: none, as vLLM sends)."""
 
 
 @dataclass
@@ -107,9 +114,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(out)
             return
+        if self.path.startswith("/cache/"):
+            self._answer(404, b'{"detail": "Not Found"}')
+            return
         body = json.loads(raw or b"{}")
         b = srv.behaviour
         with srv.lock:
+            srv.prefix_queries += 5
+            srv.prefix_hits += 5 if raw in srv.seen else 0
+            srv.seen.add(raw)
             served = Served(len(srv.requests), self.path, dict(self.headers.items()), body, received)
             srv.requests.append(served)
             srv.arrivals.append(received)
@@ -131,7 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("x-cache", "MISS")
+        if b.x_cache is not None:
+            self.send_header("x-cache", b.x_cache)
         self.end_headers()
         start = received + b.first_token_s
         if b.stall_request is not None and served.index == b.stall_request:
@@ -179,6 +193,33 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         served.done = time.perf_counter()
 
+    def _answer(self, status: int, out: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self) -> None:
+        srv = self.server
+        if not srv.behaviour.metrics:
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
+        if self.path != "/metrics":
+            self._answer(404, b'{"detail": "Not Found"}')
+            return
+        with srv.lock:
+            q, h = srv.prefix_queries, srv.prefix_hits
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="test"} 0.0\n'
+            "# TYPE vllm:prefix_cache_queries_total counter\n"
+            f'vllm:prefix_cache_queries_total{{model_name="test"}} {q}\n'
+            "# TYPE vllm:prefix_cache_hits_total counter\n"
+            f'vllm:prefix_cache_hits_total{{model_name="test"}} {h}\n'
+        )
+        self._answer(200, text.encode(), "text/plain; version=0.0.4")
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -194,6 +235,9 @@ class _Server(ThreadingHTTPServer):
         self.requests: list[Served] = []
         self.arrivals: deque[float] = deque()
         self.preloads: list[bytes] = []
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.seen: set[bytes] = set()
 
 
 class SSEServer:

@@ -43,6 +43,7 @@ def test_master_and_two_workers_each_send_half_into_one_results_dir(tmp_path: Pa
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
         "locust.log",
         "records.jsonl",
+        "server_metrics.jsonl",  # the master's scrapes (the stub has no /metrics: one error line)
         "summary.json",
     ]
 

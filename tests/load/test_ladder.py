@@ -26,12 +26,13 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
 ) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
-    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12)
+    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=3, fail_above_rps=12, metrics=True)
     with SSEServer(behaviour) as srv:
         spec = LoadSpec(host=srv.url, corpus=corpus, locustfile="warmup", plan=plan,
                         results_dir=tmp_path / "r", start_delay=0.5, concurrency=16)  # fmt: skip
         code = run_locust(spec, timeout_s=180)
         stages_seen = {h.get("X-Traffic-Stage") for h in (x.headers for x in srv.requests)}
+        served = len(srv.requests)
     assert code == 1  # the ladder stopped (policy: stop) after holding the safe stage
     s = read_summary(tmp_path / "r")
     assert [(o.name, o.verdict) for o in s.stages] == [
@@ -49,6 +50,13 @@ def test_a_server_failing_above_a_rate_triggers_rollback_to_the_previous_stage(
     assert len(by_stage["high"]) == pytest.approx(30 * high_span, abs=2)
     assert len(by_stage["low:rollback"]) == pytest.approx(16, abs=1)
     assert s.plan is not None and s.plan.path == str(plan)
+    # The target's counters (a vLLM-like /metrics: 5 tokens looked up per request) per stage.
+    sm = s.server_metrics
+    assert sm is not None and sm.kind == "vllm" and sm.failed == 0
+    assert [p.name for p in sm.phases] == ["low", "high", "low:rollback"]
+    assert sm.total.prefix_queries == 5 * served  # from the baseline before the epoch to the last answer
+    low, _, hold = sm.phases  # "high" may be shorter than a scrape interval: it may have no delta
+    assert low.prefix_queries and hold.prefix_queries and low.prefix_hits == 0 < hold.prefix_hits
 
 
 def test_the_plans_preload_file_is_posted_first(tmp_path: Path, corpus: Path) -> None:

@@ -22,6 +22,7 @@ from harness.common.stats import percentile
 from harness.load.arrivals import bypass_offset, bypasses
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.telemetry import read_server_metrics
 from tests.load.sse_server import Behaviour, SSEServer
 
 pytestmark = pytest.mark.slow
@@ -211,6 +212,13 @@ def test_headers_preload_and_trace_context_arrive(tmp_path: Path, corpus: Path) 
         traces.add(trace_id)
         assert x.body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert len(traces) == 10  # a new client trace per request
+    # The stub has no /metrics (it answers GET with 501): recorded once, warned, the run unharmed.
+    (line,) = read_server_metrics(tmp_path / "r")
+    assert line.error is not None and "answered 501" in line.error and line.kind is None
+    assert s.server_metrics is not None and s.server_metrics.kind is None and s.server_metrics.failed == 1
+    assert [w for w in s.warnings if w.startswith("server metrics:")] == [f"server metrics: {line.error} "
+            "(not scraped any more; the run goes on)"]  # fmt: skip
+    assert s.server_metrics.phases[0].name == "cold" and s.server_metrics.phases[0].prefix_queries is None
 
 
 def test_bad_input_fails_before_any_load_with_the_documented_code(tmp_path: Path, corpus: Path) -> None:

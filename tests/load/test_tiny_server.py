@@ -9,16 +9,23 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.gates.metrics import METRICS, MetricContext
+from harness.gates.runs import load_result_set
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.telemetry import SERVER_METRICS_FILE, read_server_metrics
 from harness.server.launch import running_server
 from tests.load.helpers import make_corpus
 
 pytestmark = pytest.mark.slow
 
 
+SHARED = "You are a careful assistant. Answer briefly and exactly, in plain words. " * 3
+"""A shared prefix longer than a few KV blocks: the prefix cache serves it to every request but the first."""
+
+
 def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
-    chat = make_corpus(tmp_path / "chat.jsonl", 6)
+    chat = make_corpus(tmp_path / "chat.jsonl", 6, prefix=SHARED)
     with running_server(["--preset", "tiny"], log_dir=tmp_path / "server") as server:
         spec = LoadSpec(host=server.url, corpus=chat, rate=2, duration=3, results_dir=tmp_path / "r",
                         max_tokens_cap=8, start_delay=0.5, stage="cold")  # fmt: skip
@@ -54,6 +61,31 @@ def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
     assert s.recipe is not None and s.recipe.rate == 2 and s.recipe.max_tokens_cap == 8
     assert s.recipe.corpus_sha256 == s.corpus.sha256 if s.corpus else False
     assert read_summary(tmp_path / "c").recipe.api == "completions"  # type: ignore[union-attr]
+    check_server_metrics(tmp_path / "r", "cold")
+
+
+def check_server_metrics(run: Path, stage: str) -> None:
+    """The target's own telemetry of a run: scraped through it into server_metrics.jsonl, its counters'
+    deltas in summary.json equal to what the requests' usage says, and gateable."""
+    samples = list(read_server_metrics(run / SERVER_METRICS_FILE))
+    assert len(samples) >= 2 and all(x.kind == "harness" and x.error is None for x in samples), samples
+    assert samples[0].t_s < 0 <= samples[-1].t_s  # the baseline before the epoch, the last after the run
+    hits = [x.prefix_hits for x in samples]
+    assert all(h is not None for h in hits) and hits == sorted(hits)  # type: ignore[type-var]
+    assert samples[-1].raw["harness_engine_prefix_cache_hit_tokens_total"] == hits[-1]
+    sm = read_summary(run).server_metrics
+    assert sm is not None and sm.kind == "harness" and sm.failed == 0 and sm.error is None
+    (phase,) = sm.phases
+    assert phase.name == stage and phase.prefix_hits == sm.total.prefix_hits
+    records = list(read_records(run))
+    # Nothing else reached the engine between the first scrape and the last: the server's counters
+    # moved by exactly what the responses' usage reported (the engine counts what it reports).
+    assert phase.prefix_queries == sum(r.prompt_tokens or 0 for r in records)
+    assert phase.prefix_hits == sum(r.cached_tokens or 0 for r in records) > 0  # repeated prefixes hit
+    assert phase.prefix_hit_rate == pytest.approx(phase.prefix_hits / phase.prefix_queries)
+    assert phase.kv_usage_max is not None and 0 <= phase.kv_usage_max <= 1
+    m = METRICS.get("server_prefix_hit_rate").compute(load_result_set(run).frame, MetricContext())
+    assert m.value == pytest.approx(phase.prefix_hit_rate) and m.n == phase.prefix_queries and not m.problems
 
 
 def wait_for_writebacks(url: str, n: int, deadline_s: float = 120.0) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from harness.gates import ResultSet, load_result_sets
 from harness.load.results import StageOutcome
+from harness.load.telemetry import SERVER_METRICS_FILE, ServerSample
 from tests.gates.factory import make_records, make_run, write_run
 
 
@@ -31,13 +32,29 @@ def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         StageOutcome(name="stage-3", target_rate=10, started_s=20, ended_s=30, requests=300),
     ]
-    return {
+    dirs = {
         "cold": make_run(
             d / "cold", 600, 1, ttft_ms=250, hit_l1=0, hit_l2=0, hit_l3=0, prefix_hit=0.0, stages=("cold",)
         ),
         "warm": make_run(d / "warm", 600, 2, stages=("warm",)),
         "ladder": write_run(d / "ladder", ladder, stages=stages),
     }
+    for name, hit in (("cold", 0.0), ("warm", 0.8), ("ladder", 0.5)):
+        write_server_metrics(dirs[name], 30, hit)
+    return dirs
+
+
+def write_server_metrics(run: Path, seconds: int, hit: float) -> None:
+    """A scrape a second, as the load stage writes them: 100 prompt tokens looked up per second,
+    ``hit`` of them served by the prefix cache."""
+    lines = [
+        ServerSample(t_s=t - 0.5, kind="vllm", prefix_queries=100.0 * t, prefix_hits=100.0 * hit * t,
+                     running=float(t % 4), waiting=float(t % 3 == 0), kv_usage=min(1.0, t / seconds))
+        for t in range(seconds + 1)
+    ]  # fmt: skip
+    (run / SERVER_METRICS_FILE).write_text(
+        "".join(x.model_dump_json(exclude_none=True) + "\n" for x in lines)
+    )
 
 
 @pytest.fixture(scope="session")

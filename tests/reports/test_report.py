@@ -112,6 +112,21 @@ def test_stage_boundaries_and_rollbacks_are_marked(paired: list[ResultSet]) -> N
     assert {"stage start", "rolled-back stage"} <= labels
 
 
+def test_server_metrics_share_the_requests_time_axis(paired: list[ResultSet]) -> None:
+    fig = PLOTS.get("fig-server-metrics").draw(paired)
+    assert isinstance(fig, Figure)
+    rows = [fig.axes[i : i + 3] for i in range(0, len(fig.axes), 3)]
+    assert len(rows) == 3
+    for ttft, _running, cache in rows:
+        assert ttft.get_shared_x_axes().joined(ttft, cache)  # one time axis per run
+        (hit,) = [ln for ln in cache.get_lines() if ln.get_label() == "server prefix hit rate"]
+        assert len(hit.get_xdata()) == 30  # one rate per scrape interval
+    warm_rates = next(ln for ln in rows[1][2].get_lines() if ln.get_label() == "server prefix hit rate")
+    assert list(warm_rates.get_ydata()) == pytest.approx([80.0] * 30)
+    texts = {t.get_text() for ax in rows[2] for t in ax.texts}
+    assert {"stage-1", "stage-2", "stage-3"} <= texts  # the ladder's stages on every panel
+
+
 def test_unpaired_and_dataless_plots_say_why(run_dirs: dict[str, Path], tmp_path: Path) -> None:
     from harness.load.results import RequestRecord
     from tests.gates.factory import make_records, write_run
@@ -130,6 +145,8 @@ def test_unpaired_and_dataless_plots_say_why(run_dirs: dict[str, Path], tmp_path
     assert "empty" in cw["class"] and "cold=DIR warm=DIR" in cw["text"] and "src" not in cw
     kv = page.figures["fig-kv-bytes"]
     assert "empty" in kv["class"] and "prefill_kv_bytes" in kv["text"]
+    server = page.figures["fig-server-metrics"]
+    assert "empty" in server["class"] and "server_metrics.jsonl" in server["text"]
     assert "Gate: not run" in files.html.read_text()
 
 

@@ -1,0 +1,672 @@
+"""The target's own telemetry during a run: its Prometheus ``/metrics`` into ``server_metrics.jsonl``.
+
+A client sees latencies; only the server sees why: how many requests it runs and queues, how full
+its KV cache is, and how many prompt tokens its prefix cache served. The load stage's local or
+master process scrapes ``GET /metrics`` once a second (``--server-metrics-interval``) for the whole
+run, beside ``records.jsonl``:
+
+``server_metrics.jsonl``
+    one :class:`ServerSample` a line: ``t_s`` (seconds since the run's epoch, the records' time
+    base, so both share an axis), the server kind detected, five normalised values and the raw
+    samples they came from; with NVML (:mod:`pynvml`, optional, ``pip install nvidia-ml-py``) the
+    local GPUs' memory, utilisation and power in the same line. Each line is flushed as it is
+    written: a crash loses nothing already scraped.
+
+**Server kinds** (:data:`SERVER_KINDS`, a registry): each names the metric families that identify
+it and where each normalised value comes from. The kind is detected from the names a scrape holds,
+in registry order. The normalised values:
+
+``prefix_queries`` / ``prefix_hits`` (counters)
+    prompt tokens looked up in / served from the prefix cache; their deltas per phase give the
+    server's prefix hit rate (``summary.json``: ``server_metrics``);
+``running`` / ``waiting`` (gauges)
+    requests running in the batch / queued;
+``kv_usage`` (gauge)
+    the KV cache's used share, 0–1.
+
+A kind that does not report a value leaves it ``None`` (llama.cpp counts prompt tokens evaluated,
+not looked up: it has no prefix counters; TGI reports no KV usage). Label sets (one per model,
+device or data-parallel rank) are summed, except ``kv_usage``, which is averaged.
+
+**Failures** never fail the run: a target without ``/metrics`` (404), one that refuses the
+credentials, or one whose names are none of the known kinds is recorded once (an ``error`` line in
+the file, a warning in ``summary.json``) and no longer scraped; a scrape that fails otherwise
+(timeout, refused) is recorded once and retried each interval.
+
+This module imports neither gevent nor Locust at module level: the parser and the per-phase deltas
+are used by the gates too (:mod:`harness.gates.warmcheck`); :class:`Scraper` imports
+``geventhttpclient`` when it starts, inside a Locust process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import orjson
+from pydantic import Field, ValidationError
+
+from harness.common.auth import Credentials
+from harness.common.errors import InputError
+from harness.common.io import check_input_file, validation_input_error
+from harness.common.model import StrictModel
+from harness.common.registry import Registry
+from harness.load.results import ServerPhase, ServerTelemetry
+
+log = logging.getLogger("harness.load")
+
+SERVER_METRICS_FILE = "server_metrics.jsonl"
+METRICS_PATH = "/metrics"
+NO_METRICS = (404, 405, 501)
+"""Answers that mean the target has no ``/metrics`` at all: not asked again."""
+SCRAPE_TIMEOUT_S = 5.0
+"""How long one scrape may take; a slower one counts as failed (the next goes on schedule)."""
+
+Normalised = Literal["prefix_queries", "prefix_hits", "running", "waiting", "kv_usage"]
+NORMALISED: tuple[Normalised, ...] = ("prefix_queries", "prefix_hits", "running", "waiting", "kv_usage")
+COUNTERS: tuple[Normalised, ...] = ("prefix_queries", "prefix_hits")
+
+
+# ------------------------------------------------------------------------------------ server kinds
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """One server's metric names: how to recognise it and where each normalised value comes from."""
+
+    name: str
+    detect: tuple[str, ...]
+    """Sample names whose presence identifies this kind (any one of them)."""
+    sources: dict[Normalised, tuple[str, ...]]
+    """Normalised value → the sample names it may come from, first present wins (older releases
+    spell some differently)."""
+    keep: tuple[str, ...] = ()
+    """Further samples kept raw in each line (context, not normalised)."""
+    doc: str = ""
+    """Where the names come from."""
+
+    def wanted(self) -> frozenset[str]:
+        """Every sample name a line keeps raw."""
+        return frozenset(n for names in self.sources.values() for n in names) | frozenset(self.keep)
+
+
+SERVER_KINDS: Registry[ServerKind] = Registry("server kind")
+"""The server kinds, in detection order."""
+
+
+def _kind(kind: ServerKind) -> None:
+    SERVER_KINDS.register(kind.name)(kind)
+
+
+_kind(
+    ServerKind(
+        name="harness",
+        detect=("harness_engine_running_requests",),
+        sources={
+            "prefix_queries": ("harness_engine_prefix_cache_query_tokens_total",),
+            "prefix_hits": ("harness_engine_prefix_cache_hit_tokens_total",),
+            "running": ("harness_engine_running_requests",),
+            "waiting": ("harness_engine_waiting_requests",),
+            "kv_usage": ("harness_engine_kv_usage_ratio",),
+        },
+        keep=("harness_engine_preemptions_total", "harness_server_requests_in_flight"),
+        doc="harness serve (harness/server/metrics.py)",
+    )
+)
+_kind(
+    ServerKind(
+        name="vllm",
+        detect=("vllm:num_requests_running",),
+        sources={
+            # V1 engine: counters of tokens; the first V1 releases prefixed them gpu_.
+            "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+            "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            "running": ("vllm:num_requests_running",),
+            "waiting": ("vllm:num_requests_waiting",),
+            # A share 0–1 despite the name; gpu_cache_usage_perc before it.
+            "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        },
+        keep=("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total"),
+        doc="https://docs.vllm.ai/en/v0.32.0/usage/metrics/ (vLLM production metrics)",
+    )
+)
+_kind(
+    ServerKind(
+        name="sglang",
+        detect=("sglang:num_running_reqs", "sglang:token_usage"),
+        sources={
+            # Prompt tokens prefilled, and of them those the radix cache held (cache_source labels
+            # device / host / storage: summed).
+            "prefix_queries": ("sglang:prompt_tokens_total",),
+            "prefix_hits": ("sglang:cached_tokens_total",),
+            "running": ("sglang:num_running_reqs",),
+            "waiting": ("sglang:num_queue_reqs",),
+            "kv_usage": ("sglang:token_usage",),
+        },
+        keep=("sglang:generation_tokens_total", "sglang:cache_hit_rate"),
+        doc="https://docs.sglang.io/references/production_metrics.html (--enable-metrics)",
+    )
+)
+_kind(
+    ServerKind(
+        name="llamacpp",
+        detect=("llamacpp:requests_processing",),
+        sources={
+            # No prefix counters: prompt_tokens_total counts tokens evaluated, not looked up.
+            "running": ("llamacpp:requests_processing",),
+            "waiting": ("llamacpp:requests_deferred",),
+            "kv_usage": ("llamacpp:kv_cache_usage_ratio",),
+        },
+        keep=("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:kv_cache_tokens"),
+        doc="llama.cpp tools/server/README.md, GET /metrics (llama-server --metrics)",
+    )
+)
+_kind(
+    ServerKind(
+        name="tgi",
+        detect=("tgi_queue_size",),
+        sources={"running": ("tgi_batch_current_size",), "waiting": ("tgi_queue_size",)},
+        keep=("tgi_request_count",),
+        doc="https://huggingface.co/docs/text-generation-inference/reference/metrics",
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+
+def parse_exposition(text: str, names: frozenset[str] | None = None) -> dict[str, float]:
+    """Prometheus text exposition → sample name → value, summed over label sets. Only the samples
+    ``names`` lists are read (``None``: every registered kind's, :func:`known_names`). Parsed by
+    ``prometheus_client``'s text parser; raises ``ValueError`` for text that is not an exposition."""
+    sums, _ = _label_sets(text, known_names() if names is None else names)
+    return sums
+
+
+def known_names() -> frozenset[str]:
+    """Every sample name some registered kind detects by or reads."""
+    out: set[str] = set()
+    for _, kind in SERVER_KINDS.items():
+        out |= kind.wanted() | set(kind.detect)
+    return frozenset(out)
+
+
+def _wanted_lines(text: str, names: frozenset[str]) -> str:
+    """The sample lines of ``names`` only. The scrape runs in the Locust process that paces the
+    arrivals, where a scrape's CPU delays them: a server's exposition is mostly histogram buckets
+    (ours: 200 lines, 14 kB), and parsing all of it took 10 ms on a busy 2-core machine; the few
+    lines wanted parse in a fraction of that. Comment lines go too: the samples' own names are all
+    that is read (a counter's ``_total`` included)."""
+    keep: list[str] = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        cut = len(line)
+        for sep in ("{", " "):
+            i = line.find(sep)
+            if 0 <= i < cut:
+                cut = i
+        if line[:cut] in names:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def _label_sets(text: str, names: frozenset[str]) -> tuple[dict[str, float], dict[str, int]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(_wanted_lines(text, names)):
+        for s in family.samples:
+            sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
+            counts[s.name] = counts.get(s.name, 0) + 1
+    return sums, counts
+
+
+def detect_kind(names: Iterable[str]) -> ServerKind | None:
+    """The first registered kind whose identifying names appear among ``names``."""
+    present = set(names)
+    for _, kind in SERVER_KINDS.items():
+        if any(n in present for n in kind.detect):
+            return kind
+    return None
+
+
+class GpuSample(StrictModel):
+    """One local GPU as NVML saw it at a scrape."""
+
+    index: int
+    name: str | None = None
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_pct: float | None = None
+    power_w: float | None = None
+
+
+class ServerSample(StrictModel):
+    """One line of ``server_metrics.jsonl``: a scrape (or the one record of why scraping stopped)."""
+
+    t_s: float
+    """Seconds since the run's epoch (the records' ``sent_s`` base); negative before it."""
+    kind: str | None = None
+    """The server kind detected (:data:`SERVER_KINDS`); ``None`` on an error line or a GPU-only one."""
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    raw: dict[str, float] = Field(default_factory=dict)
+    """The samples the normalised values came from, and the kind's ``keep`` ones, as scraped."""
+    gpu: list[GpuSample] = Field(default_factory=list)
+    error: str | None = None
+    """Why this scrape gave nothing (recorded once per kind of failure)."""
+
+    def value(self, name: Normalised) -> float | None:
+        v: float | None = getattr(self, name)
+        return v
+
+
+def normalise(text: str, t_s: float, kind: ServerKind | None = None) -> ServerSample:
+    """One scrape's text as a :class:`ServerSample` (``kind`` detected when not given). Raises
+    ``ValueError`` for text that is not an exposition, :class:`UnknownServer` for one with none of
+    the known names."""
+    sums, counts = _label_sets(text, kind.wanted() | set(kind.detect) if kind else known_names())
+    kind = kind or detect_kind(sums)
+    if kind is None:
+        raise UnknownServer(
+            f"{METRICS_PATH} holds none of the known servers' names "
+            f"({', '.join(name for name, _ in SERVER_KINDS.items())})"
+        )
+    values: dict[str, float | None] = {}
+    for field, names in kind.sources.items():
+        name = next((n for n in names if n in sums), None)
+        if name is None:
+            values[field] = None
+        elif field == "kv_usage":
+            values[field] = sums[name] / counts[name]
+        else:
+            values[field] = sums[name]
+    raw = {n: sums[n] for n in sorted(kind.wanted()) if n in sums}
+    return ServerSample(t_s=round(t_s, 4), kind=kind.name, raw=raw, **values)
+
+
+class UnknownServer(ValueError):
+    """The target's ``/metrics`` answers, but with none of the registered kinds' names."""
+
+
+# ------------------------------------------------------------------------------------------- NVML
+
+
+class Nvml:
+    """The local GPUs through NVML, when ``pynvml`` (``nvidia-ml-py``) is installed and a driver
+    answers; otherwise :attr:`available` is ``False`` and :attr:`why` says why. It measures the machine
+    the load runs on: the target's GPUs only when the target runs here too."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.why = ""
+        self._handles: list[Any] = []
+        try:
+            import pynvml
+        except ImportError:
+            self.why = "pynvml not installed (pip install nvidia-ml-py)"
+            return
+        self._nv: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as exc:
+            self.why = f"NVML: {exc}"
+            return
+        if not self._handles:
+            self.why = "NVML sees no GPU"
+            return
+        self.available = True
+
+    def sample(self) -> list[GpuSample]:
+        """Every GPU now; a value NVML refuses (power on some boards) is left ``None``."""
+        nv = self._nv
+        out: list[GpuSample] = []
+        for i, h in enumerate(self._handles):
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            util = _nvml_or_none(nv.nvmlDeviceGetUtilizationRates, h, nv)
+            milliwatts = _nvml_or_none(nv.nvmlDeviceGetPowerUsage, h, nv)
+            name = _nvml_or_none(nv.nvmlDeviceGetName, h, nv)
+            out.append(
+                GpuSample(
+                    index=i,
+                    name=name.decode() if isinstance(name, bytes) else name,
+                    memory_used_bytes=int(mem.used),
+                    memory_total_bytes=int(mem.total),
+                    utilization_pct=float(util.gpu) if util is not None else None,
+                    power_w=milliwatts / 1000.0 if milliwatts is not None else None,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        if self.available:
+            self._nv.nvmlShutdown()
+            self.available = False
+
+
+def _nvml_or_none(call: Callable[[Any], Any], handle: Any, nv: Any) -> Any:
+    try:
+        return call(handle)
+    except nv.NVMLError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- the scraper
+
+
+class SampleWriter:
+    """Appends :class:`ServerSample` lines, each flushed as written (a crash loses nothing scraped)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: IO[bytes] = path.open("wb")
+
+    def write(self, sample: ServerSample) -> None:
+        if self._fh.closed:
+            return
+        doc = sample.model_dump(exclude_none=True, exclude=None if sample.gpu else {"gpu"})
+        self._fh.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+class Scraper:
+    """Scrapes the target's ``/metrics`` every ``interval_s`` (a greenlet of the local / master
+    process) into ``server_metrics.jsonl``; :meth:`stop` takes a last scrape, so the final counters
+    include the run's last requests, and closes the file.
+
+    ``now`` gives seconds since the run's epoch (:meth:`harness.load.plugin.LoadRun.now_s`). The
+    scrape uses the run's credentials' admin headers: ``harness serve --protect-metrics`` takes the
+    admin token or an API key, and :meth:`Credentials.admin_headers` sends the token, else the key."""
+
+    def __init__(
+        self,
+        host: str,
+        creds: Credentials,
+        results_dir: Path,
+        *,
+        interval_s: float,
+        now: Callable[[], float],
+        warn: Callable[[str], None],
+    ) -> None:
+        from harness.load.client import base_path
+
+        self.host = host
+        self.creds = creds
+        self.interval_s = interval_s
+        self.now = now
+        self.warn = warn
+        self.path = results_dir / SERVER_METRICS_FILE
+        self.url_path = base_path(host) + METRICS_PATH
+        self.writer = SampleWriter(self.path)
+        self.samples: list[ServerSample] = []
+        """The scrapes so far (what the file holds), for the summary's per-phase deltas."""
+        self.kind: ServerKind | None = None
+        self.scrapes = 0
+        self.failed = 0
+        self.first_error: str | None = None
+        self.server_off = False
+        """Scraping stopped for good (404, refused credentials, unknown names)."""
+        self._errors_seen: set[str] = set()
+        self.nvml = Nvml()
+        self._client: Any = None
+        self._greenlet: Any = None
+        self._stopped = False
+
+    def start(self) -> None:
+        """Scrape once now (the baseline, before the epoch) and then every interval."""
+        import gevent
+
+        self._greenlet = gevent.spawn(self._loop)
+
+    def _loop(self) -> None:
+        import gevent
+
+        while not self._stopped:
+            due = self.now() + self.interval_s
+            try:
+                self.scrape()
+            except Exception:  # a bug here must never end the run
+                log.exception("harness load: server metrics scrape failed")
+            gevent.sleep(max(0.0, due - self.now()))
+
+    def scrape(self) -> None:
+        """One scrape: a line in the file (a GPU-only line when the server is no longer scraped)."""
+        if self.writer is None:
+            return
+        t = self.now()
+        gpu = self.nvml.sample() if self.nvml.available else []
+        sample: ServerSample | None = None
+        if not self.server_off:
+            sample = self._scrape_server(t)
+        if sample is None:
+            if not gpu:
+                return
+            sample = ServerSample(t_s=round(t, 4))
+        if gpu:
+            sample = sample.model_copy(update={"gpu": gpu})
+        self.samples.append(sample)
+        self.writer.write(sample)
+
+    def _scrape_server(self, t: float) -> ServerSample | None:
+        self.scrapes += 1
+        try:
+            status, body = self._get()
+        except Exception as exc:  # refused, timed out, reset: the server may come back
+            self._failure(t, self.creds.redact(f"{type(exc).__name__}: {exc}"), final=False)
+            return None
+        if status in NO_METRICS:
+            self._failure(
+                t, f"GET {self.url_path} answered {status}: the target has no Prometheus metrics", final=True
+            )
+            return None
+        if status in (401, 403):
+            self._failure(
+                t,
+                f"GET {self.url_path} answered {status}: "
+                "give the token /metrics takes (--admin-token or --api-key)",
+                final=True,
+            )
+            return None
+        if status != 200:
+            self._failure(t, f"GET {self.url_path} answered {status}", final=False)
+            return None
+        try:
+            sample = normalise(body.decode("utf-8", "replace"), t, self.kind)
+        except UnknownServer as exc:
+            self._failure(t, str(exc), final=True)
+            return None
+        except ValueError as exc:
+            self._failure(t, f"GET {self.url_path}: not a Prometheus exposition ({exc})", final=False)
+            return None
+        if self.kind is None:
+            self.kind = SERVER_KINDS.get(sample.kind or "")
+            log.info("harness load: scraping %s every %g s (%s)", self.url_path, self.interval_s, sample.kind)
+        return sample
+
+    def _get(self) -> tuple[int, bytes]:
+        if self._client is None:
+            from harness.load.client import gevent_client
+
+            self._client = gevent_client(
+                self.host, self.creds, network_timeout=SCRAPE_TIMEOUT_S, connection_timeout=SCRAPE_TIMEOUT_S
+            )
+        try:
+            resp = self._client.get(self.url_path, headers=self.creds.admin_headers())
+            return int(resp.status_code), bytes(resp.read())
+        except Exception:
+            self._client.close()
+            self._client = None  # a fresh connection next time
+            raise
+
+    def _failure(self, t: float, error: str, *, final: bool) -> None:
+        """Record a failure once per kind of error (a line, a warning); ``final`` stops scraping."""
+        self.failed += 1
+        self.first_error = self.first_error or error
+        self.server_off = self.server_off or final
+        key = error.split(":", 1)[0]
+        if key in self._errors_seen:
+            return
+        self._errors_seen.add(key)
+        what = "not scraped any more" if final else "retried every interval"
+        self.warn(f"server metrics: {error} ({what}; the run goes on)")
+        self.writer.write(ServerSample(t_s=round(t, 4), error=error))
+
+    def stop(self) -> None:
+        """The last scrape, then close the file. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._greenlet is not None:
+            self._greenlet.kill(block=True, timeout=SCRAPE_TIMEOUT_S)
+        if self._client is not None:
+            # A scrape the kill interrupted may have left its connection checked out: start afresh.
+            self._client.close()
+            self._client = None
+        try:
+            self.scrape()
+        except Exception:
+            log.exception("harness load: the last server metrics scrape failed")
+        self.writer.close()
+        if self._client is not None:
+            self._client.close()
+        self.nvml.close()
+
+    def summary(self, phases: Sequence[tuple[str, float, float]]) -> ServerTelemetry:
+        """``summary.json``'s ``server_metrics``: per phase ``(name, start_s, end_s)`` deltas."""
+        return summarize_samples(
+            self.samples,
+            phases,
+            interval_s=self.interval_s,
+            scrapes=self.scrapes,
+            failed=self.failed,
+            error=self.first_error,
+            gpu=self.nvml.available or any(s.gpu for s in self.samples),
+        )
+
+
+# ------------------------------------------------------------------------------- per-phase deltas
+
+
+def counter_delta(points: Sequence[tuple[float, float]], start_s: float, end_s: float) -> float | None:
+    """How much a counter grew over ``[start_s, end_s]`` from its scrapes ``(t_s, value)`` (in time
+    order). From the last scrape at or before the start (the first one after it when none is
+    before) to the last at or before the end; a drop is a counter reset (the server restarted):
+    counting goes on from 0. ``None`` with fewer than two scrapes in reach."""
+    if not points:
+        return None
+    before = [i for i, (t, _) in enumerate(points) if t <= start_s]
+    first = before[-1] if before else 0
+    upto = [i for i, (t, _) in enumerate(points) if t <= end_s]
+    last = upto[-1] if upto else -1
+    if last <= first:
+        return None
+    total = 0.0
+    prev = points[first][1]
+    for _, v in points[first + 1 : last + 1]:
+        total += v - prev if v >= prev else v
+        prev = v
+    return total
+
+
+def phase_of(samples: Sequence[ServerSample], name: str, start_s: float, end_s: float) -> ServerPhase:
+    """One phase's counter deltas and gauge maxima over ``[start_s, end_s]`` (±inf: open ends)."""
+
+    def points(field: Normalised) -> list[tuple[float, float]]:
+        return [(s.t_s, v) for s in samples if (v := s.value(field)) is not None]
+
+    queries = counter_delta(points("prefix_queries"), start_s, end_s)
+    hits = counter_delta(points("prefix_hits"), start_s, end_s)
+    inside = [s for s in samples if start_s <= s.t_s <= end_s and s.kind is not None]
+
+    def peak(field: Normalised) -> float | None:
+        vals = [v for s in inside if (v := s.value(field)) is not None]
+        return max(vals) if vals else None
+
+    rate = hits / queries if queries and hits is not None else None
+    return ServerPhase(
+        name=name,
+        started_s=start_s if math.isfinite(start_s) else None,
+        ended_s=end_s if math.isfinite(end_s) else None,
+        scrapes=len(inside),
+        prefix_queries=queries,
+        prefix_hits=hits,
+        prefix_hit_rate=rate,
+        running_max=peak("running"),
+        waiting_max=peak("waiting"),
+        kv_usage_max=peak("kv_usage"),
+    )
+
+
+def summarize_samples(
+    samples: Sequence[ServerSample],
+    phases: Sequence[tuple[str, float, float]],
+    *,
+    interval_s: float,
+    scrapes: int,
+    failed: int,
+    error: str | None,
+    gpu: bool,
+) -> ServerTelemetry:
+    """The run's :class:`ServerTelemetry`: the whole run and each phase."""
+    kind = next((s.kind for s in samples if s.kind is not None), None)
+    return ServerTelemetry(
+        file=SERVER_METRICS_FILE,
+        kind=kind,
+        interval_s=interval_s,
+        scrapes=scrapes,
+        failed=failed,
+        error=error,
+        gpu=gpu,
+        total=phase_of(samples, "run", -math.inf, math.inf),
+        phases=[phase_of(samples, name, a, b) for name, a, b in phases],
+    )
+
+
+def run_phases(
+    stage: str, stages: Sequence[tuple[str, float, float]] | None
+) -> list[tuple[str, float, float]]:
+    """A run's phases for the deltas: a ladder's stages (the last one open-ended, so that requests
+    answered after its verdict count), else the whole run under its stage label."""
+    if not stages:
+        return [(stage, -math.inf, math.inf)]
+    out = [(n, a, b) for n, a, b in stages]
+    name, a, _ = out[-1]
+    out[-1] = (name, a, math.inf)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def read_server_metrics(run_dir: str | Path) -> Iterator[ServerSample]:
+    """The validated lines of a run's ``server_metrics.jsonl`` (or of that file)."""
+    p = Path(run_dir)
+    if p.is_dir():
+        p = p / SERVER_METRICS_FILE
+    p = check_input_file(p, allow_empty=True)
+    with p.open("rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield ServerSample.model_validate_json(line)
+            except ValidationError as exc:
+                raise validation_input_error(
+                    exc, file=p, line=lineno, expected="a server metrics sample"
+                ) from None
+            except ValueError as exc:
+                raise InputError(f"not JSON: {exc}", file=p, line=lineno) from None
