@@ -80,7 +80,8 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
             "--sessions",
             help="Whole conversations from dialogue logs (--fewshot: CrossWOZ or a JSONL dialogue log; "
             "default the bundled CrossWOZ sample), one record per user turn; --n counts sessions, "
-            "--trace gives session starts and think times (a JSONL trace with session ids).",
+            "--trace gives session starts and think times (a JSONL trace with session ids, "
+            "or Mooncake hash_ids: sessions inferred from growing prefixes).",
         ),
     ] = False,
     think_time: Annotated[
