@@ -20,9 +20,10 @@ Think time before turn ``k > 1``: from the log's timestamps where it has them (`
 else ``ts_k − ts_{k−1}``), or from a Mooncake-style timing trace (``--trace``: JSONL with
 ``timestamp`` in ms and a ``session_id`` / ``chat_id`` / ``conversation_id``, or without any, sessions
 inferred from growing ``hash_ids`` prefixes, :func:`chain_by_prefix`; session ``i`` of the trace times
-dialogue ``i``, turns by the gaps between arrivals), else drawn from a stated distribution (:class:`ThinkTime`), seeded per
-session and turn. Dedup (cosine ≥ the threshold, the corpus's per-language judges) judges each
-session's FIRST user turn, so that whole conversations are kept or dropped together.
+dialogue ``i``, turns by the gaps between arrivals), else drawn from a stated distribution
+(:class:`ThinkTime`), seeded per session and turn. Dedup (cosine ≥ the threshold, the corpus's
+per-language judges) judges each session's FIRST user turn, so that whole conversations are kept or
+dropped together.
 """
 
 from __future__ import annotations
@@ -748,7 +749,6 @@ def build_sessions(
     chosen = kept[:n]
     template_sha = file_sha256(tmpl.files)
     records: list[CorpusRecord] = []
-    per_session: list[dict[str, Any]] = []
     for s, di in enumerate(chosen):
         d = dialogues[di]
         timing_s = timing.sessions[s % len(timing.sessions)] if timing else None
@@ -758,17 +758,10 @@ def build_sessions(
         pairs: list[tuple[str, str]] = []
         sid = f"s{settings.seed}-{s:05d}"
         rng = np.random.default_rng([settings.seed, s, 0x7E])
-        history_tokens: list[int] = []
         for k, turn in enumerate(d.turns, start=1):
             prompt, msgs, at = render_turn(tmpl, renderer, d, k, pairs)
             reply_tokens = tok.count(turn.reply) if turn.reply else 0
             out_tokens = min(MAX_OUTPUT_TOKENS, max(32, math.ceil(reply_tokens * 1.5)))
-            if prompt is not None:
-                hist = tok.count(prompt[at[0] : at[1]]) if at[1] > at[0] else 0
-            else:
-                assert msgs is not None
-                hist = sum(tok.count(m.content) for m in msgs[at[0] : at[1]])
-            history_tokens.append(hist)
             records.append(
                 CorpusRecord(
                     id=f"{sid}-t{k:02d}",
@@ -805,20 +798,11 @@ def build_sessions(
                 )
             )
             pairs.append((turn.user, turn.reply or ""))
-        per_session.append(
-            {
-                "session_id": sid,
-                "dialogue": d.id,
-                "lang": d.lang,
-                "turns": len(d.turns),
-                "history_tokens_max": max(history_tokens),
-                "history_tokens_mean": round(sum(history_tokens) / len(history_tokens), 1),
-            }
-        )
         tick("render", s + 1, len(chosen))
     counts = tok.count_batch([r.text() for r in records])
     for r, c in zip(records, counts, strict=True):
         r.prompt_tokens = c
+    per_session = session_rows(records, tok.count_batch)
     metrics = session_metrics(records, per_session)
     metrics.update(
         requested=n, shortfall=max(0, n - len(chosen)), candidates=len(dialogues), dropped=len(dropped)
@@ -887,6 +871,59 @@ def build_sessions(
     }
     write_corpus_files(inputs.out, records, manifest, quality_doc)
     return SessionBuildResult(records, manifest, metrics, per_session, len(dropped), examples, failures)
+
+
+def history_texts(r: CorpusRecord) -> list[str]:
+    """The history part of a session turn's body, where ``session.history_at`` says it is."""
+    if r.session is None:
+        return []
+    a, b = r.session.history_at
+    if b <= a:
+        return []
+    if r.prompt is not None:
+        return [r.prompt[a:b]]
+    return [m.content for m in (r.messages or [])[a:b]]
+
+
+def session_rows(
+    records: Sequence[CorpusRecord], count_batch: Callable[[list[str]], list[int]]
+) -> list[dict[str, Any]]:
+    """Per-session quality rows (``quality.json`` ``sessions``; ``harness corpus stats``), in order of
+    first appearance: ``session_id``, ``dialogue`` (the log's id), ``lang``, ``turns``,
+    ``history_tokens_max`` / ``_mean`` (tokens of each turn's history: messages' contents or the
+    transcript, counted by ``count_batch``), ``prompt_tokens_max`` and ``think_time_s_sum``."""
+    texts = [history_texts(r) for r in records]
+    flat = count_batch([t for ts in texts for t in ts])
+    rows: dict[str, dict[str, Any]] = {}
+    hist: dict[str, list[int]] = {}
+    at = 0
+    for r, ts in zip(records, texts, strict=True):
+        st = r.session
+        n = sum(flat[at : at + len(ts)])
+        at += len(ts)
+        if st is None:
+            continue
+        row = rows.get(st.session_id)
+        if row is None:
+            qid = r.provenance.query_id or ""
+            row = rows[st.session_id] = {
+                "session_id": st.session_id,
+                "dialogue": qid.rsplit("-", 1)[0] if qid else None,
+                "lang": r.lang,
+                "turns": 0,
+                "prompt_tokens_max": None,
+                "think_time_s_sum": 0.0,
+            }
+        row["turns"] += 1
+        row["think_time_s_sum"] = round(row["think_time_s_sum"] + st.think_time_s, 6)
+        if r.prompt_tokens is not None:
+            row["prompt_tokens_max"] = max(row["prompt_tokens_max"] or 0, r.prompt_tokens)
+        hist.setdefault(st.session_id, []).append(n)
+    for sid, row in rows.items():
+        h = hist[sid]
+        row["history_tokens_max"] = max(h)
+        row["history_tokens_mean"] = round(sum(h) / len(h), 1)
+    return list(rows.values())
 
 
 def session_metrics(records: Sequence[CorpusRecord], per_session: Sequence[dict[str, Any]]) -> dict[str, Any]:

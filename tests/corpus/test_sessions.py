@@ -115,6 +115,38 @@ def test_crosswoz_sample_builds_whole_dialogues_with_a_stated_think_time(tmp_pat
     assert [r.model_dump() for r in again.records] == [r.model_dump() for r in got.records]  # seeded
 
 
+def test_corpus_stats_recomputes_the_per_session_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    out = tmp_path / "c"
+    build_sessions(
+        SessionBuildInputs(out=out, n=3, template=ROOT / "templates/prompts/session.j2"), _settings()
+    )
+    quality = orjson.loads((out / "quality.json").read_bytes())
+    with pytest.raises(SystemExit) as st:
+        main(["corpus", "stats", str(out), "--json"])
+    assert st.value.code == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    # From the corpus on disk alone, the same rows and metrics its build wrote.
+    assert doc["sessions"] == quality["sessions"] and len(doc["sessions"]) == 3
+    assert {k: doc["session_metrics"][k] for k in ("sessions", "records", "history_tokens_max")} == {
+        k: quality["metrics"][k] for k in ("sessions", "records", "history_tokens_max")
+    }
+    recs = list(read_corpus(out))
+    first = recs[0].session
+    assert first is not None
+    row = next(r for r in doc["sessions"] if r["session_id"] == first.session_id)
+    mine = [r for r in recs if r.session and r.session.session_id == first.session_id]
+    assert row["turns"] == first.turns == len(mine)
+    assert row["prompt_tokens_max"] == max(r.prompt_tokens or 0 for r in mine)
+    assert row["history_tokens_max"] > 0 and row["dialogue"] == (recs[0].provenance.query_id or "")[:-2]
+    with pytest.raises(SystemExit):
+        main(["corpus", "stats", str(out)])
+    assert "per session (3)" in capsys.readouterr().out
+
+
 def test_think_time_specs_and_timing_traces(tmp_path: Path) -> None:
     assert ThinkTime.parse("constant:2").draw(0, "s", 2) == 2.0
     assert ThinkTime.parse("exponential:3").draw(0, "s", 2) == ThinkTime.parse("exponential:3").draw(

@@ -109,3 +109,17 @@ def test_the_summary_breaks_ttft_and_cached_tokens_down_by_turn() -> None:
         (2, 2, 20.0, 0.7),
     ]
     assert turns[1].hit_rate["prefix"] == 1.0
+
+
+def test_the_recipe_records_history_and_salt_per_pass() -> None:
+    from harness.load.summary import recipe_of
+
+    def recipe(sessions: bool, **kw: object) -> tuple[object, object]:
+        r = recipe_of(LoadOptions(rate=1, duration=1, **kw), api="chat", corpus=None, schedule=None,  # type: ignore[arg-type]
+                      sessions=sessions)  # fmt: skip
+        return r.history, r.salt_per_pass
+
+    assert recipe(True) == ("live", None)
+    assert recipe(True, history="log", salt_per_pass=True) == ("log", True)
+    # Neither applies to a corpus of single requests without a salt: old baselines compare equal.
+    assert recipe(False, history="log") == (None, None)
