@@ -93,3 +93,39 @@ def test_live_history_carries_what_the_target_answered(tmp_path: Path) -> None:
     assert s.recipe is not None and (s.recipe.history, s.recipe.salt_per_pass) == ("live", None)
     assert [t.turn for t in s.turns] == list(range(1, max(by_id.values()) + 1))
     assert s.turns[0].requests == 4 and s.turns[1].ttft_ms.n == sum(1 for n in by_id.values() if n >= 2)
+
+
+def test_two_workers_keep_each_session_whole_and_never_cut_a_conversation_at_drain(tmp_path: Path) -> None:
+    """``--processes 2``: every session's turns on one worker, live history exact, one results dir.
+
+    ``--max-requests 4`` counts sessions (4 starts, every turn of each), and ``--drain-timeout 1``
+    is far shorter than a 7-turn conversation at a 0.5 s think time (≥ 3 s): a timeout counted
+    from the last start would cut it (at most 1 s drain + a 1 s tick after it), the one counted from
+    the last scheduled turn does not."""
+    think_s = 0.5
+    settings = load_settings(CorpusSettings, seed=4)  # 4 sessions of 7, 4, 7 and 4 turns
+    corpus = tmp_path / "corpus"
+    build_sessions(
+        SessionBuildInputs(out=corpus, n=4, think_time=ThinkTime.parse(f"constant:{think_s}")), settings
+    )
+    by_id = {r.session.session_id: r.session.turns for r in read_corpus(corpus) if r.session is not None}
+    assert (max(by_id.values()) - 1) * think_s > 2 * 1.0 + 0.5  # the conversation outlasts the old cut
+    with SSEServer(Behaviour(first_token_s=0.005, gap_s=0.002, tokens=6, tag_replies=True)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=8, max_requests=4, drain_timeout=1.0,
+                        results_dir=tmp_path / "r", start_delay=2.0, concurrency=4, processes=2)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        served = srv.requests
+    assert len(served) == sum(by_id.values())
+    _check_live_history(served, by_id, think_s)
+    recs = list(read_records(tmp_path / "r"))
+    _check_records(recs, by_id, think_s)
+    workers_of: dict[str | None, set[int | None]] = {}
+    for r in recs:
+        workers_of.setdefault(r.session_id, set()).add(r.worker)
+    assert all(len(w) == 1 for w in workers_of.values())  # a session never spans workers
+    assert {w for ws in workers_of.values() for w in ws} == {0, 1}  # both workers played sessions
+    s = read_summary(tmp_path / "r")
+    assert s.sessions == 4 and s.requests == len(recs) and not s.interrupted and s.errors == 0
+    assert sorted(w.recorded for w in s.workers) == sorted(
+        sum(by_id[sid] for sid, ws in workers_of.items() if ws == {w}) for w in (0, 1)
+    )
