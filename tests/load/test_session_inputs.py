@@ -85,8 +85,19 @@ def test_a_rate_starts_sessions_and_a_plan_lists_their_turns(tmp_path: Path) -> 
     inputs = Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3), ladder=False)
     assert inputs.sessions is not None and len(inputs.sessions) == 2
     assert inputs.planned() == [0, 1, 2, 0, 1]  # session a, b, a again: each start plays its turns
-    with pytest.raises(ConfigError, match="--api"):
+    with pytest.raises(
+        ConfigError, match=r"record 'a-t1' holds its history in 'messages'.*--api completions"
+    ) as e:
         Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3, api="completions"), ladder=False)
+    assert (e.value.line, e.value.field, e.value.exit_code) == (1, "messages", 4)
+    # The first record of the other shape is named, wherever it is; --history log sends bodies as built.
+    mixed = _corpus(tmp_path / "m.jsonl", [_turn("a", 1), _turn("b", 1, chat=False)])
+    with pytest.raises(ConfigError, match="record 'b-t1' holds its history in 'prompt'") as e:
+        Inputs.load(LoadOptions(corpus=mixed, rate=10, max_requests=3, api="chat"), ladder=False)
+    assert (e.value.line, e.value.field) == (2, "prompt")
+    Inputs.load(
+        LoadOptions(corpus=corpus, rate=10, max_requests=3, api="completions", history="log"), ladder=False
+    )
     # Offsets on the first turns are enough to schedule the starts.
     timed = _corpus(
         tmp_path / "t.jsonl", [_turn("a", 1, offset=0.0), _turn("a", 2), _turn("b", 1, offset=1.0)]
