@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -80,7 +80,8 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
             "--sessions",
             help="Whole conversations from dialogue logs (--fewshot: CrossWOZ or a JSONL dialogue log; "
             "default the bundled CrossWOZ sample), one record per user turn; --n counts sessions, "
-            "--trace gives session starts and think times (a JSONL trace with session ids).",
+            "--trace gives session starts and think times (a JSONL trace with session ids, "
+            "or Mooncake hash_ids: sessions inferred from growing prefixes).",
         ),
     ] = False,
     think_time: Annotated[
@@ -224,8 +225,12 @@ def stats(
     if not records:
         raise InputError("corpus has no records", file=corpus)
     metrics = quality.compute(records)
+    per_session = _session_stats(corpus, records)
     if as_json:
-        typer.echo(orjson.dumps(metrics, option=orjson.OPT_INDENT_2).decode())
+        doc: dict[str, object] = dict(metrics)
+        if per_session is not None:
+            doc["session_metrics"], doc["sessions"] = per_session
+        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
     out = cons.out()
     # The same thresholds `build` checks, so HARNESS__CORPUS__MIN_* settings apply here too.
@@ -241,3 +246,39 @@ def stats(
     ):
         t.add_row(name, ", ".join(f"{k}: {v}" for k, v in counter.most_common(8)))
     out.print(t)
+    if per_session is not None:
+        session_metrics, rows = per_session
+        t = Table(title="sessions")
+        t.add_column("metric")
+        t.add_column("value")
+        for k, v in session_metrics.items():
+            t.add_row(k, str(v))
+        out.print(t)
+        t = Table(title=f"per session ({len(rows)})")
+        for col in rows[0]:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*(str(v) for v in row.values()))
+        out.print(t)
+
+
+def _session_stats(corpus: Path, records: list[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A session corpus's metrics and per-session rows, as its build wrote them to ``quality.json``
+    (history tokens counted with the manifest's tokenizer, else the configured one); ``None`` for a
+    corpus of single requests."""
+    if not any(r.session is not None for r in records):
+        return None
+    from harness.common.settings import load_settings
+    from harness.corpus.model import MANIFEST_FILE, Manifest
+    from harness.corpus.sessions import session_metrics, session_rows
+    from harness.corpus.settings import CorpusSettings
+    from harness.corpus.tokens import load_tokenizer
+
+    manifest = (corpus if corpus.is_dir() else corpus.parent) / MANIFEST_FILE
+    if manifest.is_file():
+        tokenizer: str | None = Manifest.model_validate_json(manifest.read_bytes()).tokenizer
+    else:
+        configured = load_settings(CorpusSettings).tokenizer
+        tokenizer = str(configured) if configured else None
+    rows = session_rows(records, load_tokenizer(tokenizer, 0).count_batch)
+    return session_metrics(records, rows), rows

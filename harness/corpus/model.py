@@ -122,7 +122,9 @@ class SessionTurn(StrictModel):
     think_time_s: float = Field(ge=0.0)
     """Seconds between the previous turn's answer and this turn (0 for the first turn)."""
     think_source: str
-    """Where ``think_time_s`` came from: ``log`` (timestamps) or the stated distribution."""
+    """Where ``think_time_s`` came from: ``log`` (timestamps), ``trace`` (a timing trace's session
+    ids), ``trace-prefix`` (a timing trace's sessions inferred from ``hash_ids``) or the stated
+    distribution."""
     history_source: Literal["live", "log"] = "log"
     """Whose answers the history in this body holds: the log's (as built) or the target's (replayed)."""
     history_at: tuple[int, int]

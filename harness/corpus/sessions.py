@@ -18,10 +18,12 @@ Dialogue logs (registry :data:`SESSION_READERS`, detected from content):
 
 Think time before turn ``k > 1``: from the log's timestamps where it has them (``ts_k − replied_at_{k−1}``,
 else ``ts_k − ts_{k−1}``), or from a Mooncake-style timing trace (``--trace``: JSONL with
-``timestamp`` in ms and a ``session_id`` / ``chat_id`` / ``conversation_id``; session ``i`` of the
-trace times dialogue ``i``), else drawn from a stated distribution (:class:`ThinkTime`), seeded per
-session and turn. Dedup (cosine ≥ the threshold, the corpus's per-language judges) judges each
-session's FIRST user turn, so that whole conversations are kept or dropped together.
+``timestamp`` in ms and a ``session_id`` / ``chat_id`` / ``conversation_id``, or without any, sessions
+inferred from growing ``hash_ids`` prefixes, :func:`chain_by_prefix`; session ``i`` of the trace times
+dialogue ``i``, turns by the gaps between arrivals), else drawn from a stated distribution
+(:class:`ThinkTime`), seeded per session and turn. Dedup (cosine ≥ the threshold, the corpus's
+per-language judges) judges each session's FIRST user turn, so that whole conversations are kept or
+dropped together.
 """
 
 from __future__ import annotations
@@ -354,11 +356,131 @@ class SessionTiming:
     think_s: tuple[float, ...]
 
 
-def read_timing_trace(path: Path) -> list[SessionTiming]:
-    """Sessions of a Mooncake-style JSONL trace with session ids, by start time."""
+@dataclass(frozen=True, slots=True)
+class TimingTrace:
+    """The sessions of a timing trace (``--trace``), by start time, and how they were found."""
+
+    sessions: list[SessionTiming]
+    how: Literal["ids", "prefix"]
+    """``ids``: the lines' session ids; ``prefix``: inferred from growing ``hash_ids`` prefixes."""
+    requests: int
+    """Lines that went into a session."""
+    forks: int = 0
+    """Requests (``prefix``) that extend a turn another request already continued: new sessions."""
+
+    @property
+    def think_source(self) -> str:
+        """``think_source`` of the turns it times."""
+        return "trace" if self.how == "ids" else "trace-prefix"
+
+    def summary(self) -> dict[str, Any]:
+        turns = [len(s.think_s) + 1 for s in self.sessions]
+        return {
+            "sessions_from": "session ids" if self.how == "ids" else "hash_ids prefix extension",
+            "requests": self.requests,
+            "sessions": len(self.sessions),
+            "multi_turn_sessions": sum(1 for t in turns if t > 1),
+            "turns_max": max(turns, default=0),
+            "turns_histogram": {str(k): v for k, v in sorted(Counter(turns).items())},
+            "forks": self.forks,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """What prefix inference needs of one trace line."""
+
+    at_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...]
+
+
+class _Node:
+    """A node of the prefix trie over hash ids: the requests whose full blocks end exactly here."""
+
+    __slots__ = ("ends", "next")
+
+    def __init__(self) -> None:
+        self.next: dict[int, _Node] = {}
+        self.ends: list[int] = []
+
+
+def chain_by_prefix(reqs: Sequence[TraceRequest], block_size: int) -> tuple[list[list[int]], int]:
+    """Sessions of a trace without session ids, inferred from KV block prefixes: (turn lists, forks).
+
+    Request B is the next turn of an earlier request A when B's ``hash_ids`` start with every FULL
+    block of A (``input_tokens // block_size`` of them: A's last block is partial unless the length is
+    a multiple, and a longer prompt hashes it differently) and B's prompt holds at least A's prompt
+    and A's answer (``B.input ≥ A.input + max(A.output, 1)``): a next turn carries the history,
+    answer included. That second test is what separates turns from siblings, requests that share a
+    document or system prompt but each ask their own question (the synthetic Mooncake trace is full of
+    them: same blocks, a few tokens apart). Among several such A, the one with the longest shared
+    prefix is the previous turn (turn k+2 also extends turn k), then the latest; an A that already
+    has a next turn is not taken again, so a second continuation (a fork) starts a session of its
+    own. Requests are taken in timestamp order, so turns are in timestamp order.
+    """
+    order = sorted(range(len(reqs)), key=lambda i: (reqs[i].at_s, i))
+    root = _Node()
+    continued: set[int] = set()
+    session_of: dict[int, int] = {}
+    sessions: list[list[int]] = []
+    forks = 0
+    for i in order:
+        b = reqs[i]
+        path: list[_Node] = []
+        node = root
+        for h in b.hash_ids:
+            nxt = node.next.get(h)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        parent: int | None = None
+        taken = False
+        for node in reversed(path):  # the longest shared prefix first
+            for j in reversed(node.ends):  # then the latest request
+                a = reqs[j]
+                if b.input_tokens < a.input_tokens + max(a.output_tokens, 1):
+                    continue
+                if j in continued:
+                    taken = True
+                    continue
+                parent = j
+                break
+            if parent is not None:
+                break
+        if parent is None:
+            forks += taken
+            session_of[i] = len(sessions)
+            sessions.append([i])
+        else:
+            continued.add(parent)
+            session_of[i] = session_of[parent]
+            sessions[session_of[i]].append(i)
+        full = min(len(b.hash_ids), b.input_tokens // block_size)
+        node = root
+        for h in b.hash_ids[:full]:
+            node = node.next.setdefault(h, _Node())
+        if full:
+            node.ends.append(i)
+    return sessions, forks
+
+
+def read_timing_trace(path: Path) -> TimingTrace:
+    """Sessions of a Mooncake-style JSONL trace, by start time.
+
+    With session ids (``session_id`` / ``chat_id`` / ``conversation_id``) on its lines, those group
+    the turns (lines without one are skipped); without any, sessions are inferred from ``hash_ids``
+    (:func:`chain_by_prefix`, Mooncake's 512-token blocks). Think time before turn k is the gap
+    between the arrivals of turns k−1 and k: the trace does not say when turn k−1's answer ended, so
+    the gap includes that answer's generation time as well as the user's thinking.
+    """
+    from harness.traces.readers.mooncake import BLOCK_SIZE  # the trace's own block size
+
     _, data = _payload(path)
     rows: dict[str, list[float]] = {}
-    seen_session = False
+    plain: list[tuple[int, dict[str, Any], float]] = []
     for n, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -370,26 +492,51 @@ def read_timing_trace(path: Path) -> list[SessionTiming]:
             raise InputError(
                 "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
             )
+        at_s = float(obj["timestamp"]) / 1000.0
         sid = next((obj[f] for f in SESSION_FIELDS if obj.get(f) is not None), None)
-        if sid is None:
-            continue
-        seen_session = True
-        rows.setdefault(str(sid), []).append(float(obj["timestamp"]) / 1000.0)
-    if not seen_session:
+        if sid is not None:
+            rows.setdefault(str(sid), []).append(at_s)
+        else:
+            plain.append((n, obj, at_s))
+    if rows:
+        sessions = [sorted(ts) for ts in rows.values()]
+        return TimingTrace(_timings(sessions), "ids", sum(len(ts) for ts in sessions))
+    reqs = [_trace_request(path, n, obj, at_s) for n, obj, at_s in plain if "hash_ids" in obj]
+    if not reqs:
         raise InputError(
-            f"no line has a session id ({', '.join(SESSION_FIELDS)}): sessions and think times cannot be "
-            "taken from this trace",
+            f"no line has a session id ({', '.join(SESSION_FIELDS)}) or hash_ids: sessions and think "
+            "times cannot be taken from this trace",
             file=path,
             hint="give --sessions a dialogue log only (think times then come from --think-time)",
         )
-    sessions = [sorted(ts) for ts in rows.values()]
-    sessions.sort(key=lambda ts: ts[0])
+    chains, forks = chain_by_prefix(reqs, BLOCK_SIZE)
+    return TimingTrace(_timings([[reqs[i].at_s for i in c] for c in chains]), "prefix", len(reqs), forks)
+
+
+def _trace_request(path: Path, n: int, obj: dict[str, Any], at_s: float) -> TraceRequest:
+    ids, inp, outp = obj.get("hash_ids"), obj.get("input_length"), obj.get("output_length", 0)
+    if not isinstance(ids, list) or not all(isinstance(h, int) for h in ids):
+        raise InputError("expected 'hash_ids', a list of integers", file=path, line=n, field="hash_ids")
+    for name, v in (("input_length", inp), ("output_length", outp)):
+        if not isinstance(v, int) or v < 0:
+            raise InputError(
+                "expected a token count ≥ 0 (sessions are inferred from hash_ids and lengths)",
+                file=path,
+                line=n,
+                field=name,
+            )
+    assert isinstance(inp, int) and isinstance(outp, int)
+    return TraceRequest(at_s, inp, outp, tuple(ids))
+
+
+def _timings(sessions: list[list[float]]) -> list[SessionTiming]:
+    sessions = sorted(sessions, key=lambda ts: ts[0])
     t0 = sessions[0][0]
     return [SessionTiming(ts[0] - t0, tuple(b - a for a, b in pairwise(ts))) for ts in sessions]
 
 
 def think_times(
-    d: Dialogue, timing: SessionTiming | None, dist: ThinkTime, seed: int
+    d: Dialogue, timing: SessionTiming | None, dist: ThinkTime, seed: int, trace_source: str = "trace"
 ) -> tuple[list[float], list[str]]:
     """Think time before each turn of ``d`` (0 before the first) and where each came from."""
     times, sources = [0.0], ["none"]
@@ -402,7 +549,7 @@ def think_times(
             sources.append("log")
         elif timing is not None and k - 1 < len(timing.think_s):
             times.append(timing.think_s[k - 1])
-            sources.append("trace")
+            sources.append(trace_source)
         else:
             times.append(dist.draw(seed, d.id, k + 1))
             sources.append(dist.describe())
@@ -602,25 +749,19 @@ def build_sessions(
     chosen = kept[:n]
     template_sha = file_sha256(tmpl.files)
     records: list[CorpusRecord] = []
-    per_session: list[dict[str, Any]] = []
     for s, di in enumerate(chosen):
         d = dialogues[di]
-        timing_s = timing[s % len(timing)] if timing else None
-        thinks, sources = think_times(d, timing_s, inputs.think_time, settings.seed)
+        timing_s = timing.sessions[s % len(timing.sessions)] if timing else None
+        thinks, sources = think_times(
+            d, timing_s, inputs.think_time, settings.seed, timing.think_source if timing else "trace"
+        )
         pairs: list[tuple[str, str]] = []
         sid = f"s{settings.seed}-{s:05d}"
         rng = np.random.default_rng([settings.seed, s, 0x7E])
-        history_tokens: list[int] = []
         for k, turn in enumerate(d.turns, start=1):
             prompt, msgs, at = render_turn(tmpl, renderer, d, k, pairs)
             reply_tokens = tok.count(turn.reply) if turn.reply else 0
             out_tokens = min(MAX_OUTPUT_TOKENS, max(32, math.ceil(reply_tokens * 1.5)))
-            if prompt is not None:
-                hist = tok.count(prompt[at[0] : at[1]]) if at[1] > at[0] else 0
-            else:
-                assert msgs is not None
-                hist = sum(tok.count(m.content) for m in msgs[at[0] : at[1]])
-            history_tokens.append(hist)
             records.append(
                 CorpusRecord(
                     id=f"{sid}-t{k:02d}",
@@ -657,24 +798,17 @@ def build_sessions(
                 )
             )
             pairs.append((turn.user, turn.reply or ""))
-        per_session.append(
-            {
-                "session_id": sid,
-                "dialogue": d.id,
-                "lang": d.lang,
-                "turns": len(d.turns),
-                "history_tokens_max": max(history_tokens),
-                "history_tokens_mean": round(sum(history_tokens) / len(history_tokens), 1),
-            }
-        )
         tick("render", s + 1, len(chosen))
     counts = tok.count_batch([r.text() for r in records])
     for r, c in zip(records, counts, strict=True):
         r.prompt_tokens = c
+    per_session = session_rows(records, tok.count_batch)
     metrics = session_metrics(records, per_session)
     metrics.update(
         requested=n, shortfall=max(0, n - len(chosen)), candidates=len(dialogues), dropped=len(dropped)
     )
+    if timing is not None:
+        metrics["timing_trace"] = timing.summary()
     failures: list[str] = []
     if inputs.n is not None and len(chosen) < inputs.n:
         failures.append(
@@ -713,6 +847,12 @@ def build_sessions(
             "fewshot": ", ".join(map(str, logs)),
             "trace": str(inputs.trace) if inputs.trace else None,
             "think_time": inputs.think_time.describe(),
+            "trace_sessions": (
+                None
+                if timing is None
+                else "{sessions} sessions ({multi_turn_sessions} of several turns) from {requests} lines, "
+                "by {sessions_from}".format(**timing.summary())
+            ),
         },
         sources=[
             {"file": str(p), "format": detect_session_format(p), "sha256": file_sha256([p])} for p in logs
@@ -733,6 +873,59 @@ def build_sessions(
     return SessionBuildResult(records, manifest, metrics, per_session, len(dropped), examples, failures)
 
 
+def history_texts(r: CorpusRecord) -> list[str]:
+    """The history part of a session turn's body, where ``session.history_at`` says it is."""
+    if r.session is None:
+        return []
+    a, b = r.session.history_at
+    if b <= a:
+        return []
+    if r.prompt is not None:
+        return [r.prompt[a:b]]
+    return [m.content for m in (r.messages or [])[a:b]]
+
+
+def session_rows(
+    records: Sequence[CorpusRecord], count_batch: Callable[[list[str]], list[int]]
+) -> list[dict[str, Any]]:
+    """Per-session quality rows (``quality.json`` ``sessions``; ``harness corpus stats``), in order of
+    first appearance: ``session_id``, ``dialogue`` (the log's id), ``lang``, ``turns``,
+    ``history_tokens_max`` / ``_mean`` (tokens of each turn's history: messages' contents or the
+    transcript, counted by ``count_batch``), ``prompt_tokens_max`` and ``think_time_s_sum``."""
+    texts = [history_texts(r) for r in records]
+    flat = count_batch([t for ts in texts for t in ts])
+    rows: dict[str, dict[str, Any]] = {}
+    hist: dict[str, list[int]] = {}
+    at = 0
+    for r, ts in zip(records, texts, strict=True):
+        st = r.session
+        n = sum(flat[at : at + len(ts)])
+        at += len(ts)
+        if st is None:
+            continue
+        row = rows.get(st.session_id)
+        if row is None:
+            qid = r.provenance.query_id or ""
+            row = rows[st.session_id] = {
+                "session_id": st.session_id,
+                "dialogue": qid.rsplit("-", 1)[0] if qid else None,
+                "lang": r.lang,
+                "turns": 0,
+                "prompt_tokens_max": None,
+                "think_time_s_sum": 0.0,
+            }
+        row["turns"] += 1
+        row["think_time_s_sum"] = round(row["think_time_s_sum"] + st.think_time_s, 6)
+        if r.prompt_tokens is not None:
+            row["prompt_tokens_max"] = max(row["prompt_tokens_max"] or 0, r.prompt_tokens)
+        hist.setdefault(st.session_id, []).append(n)
+    for sid, row in rows.items():
+        h = hist[sid]
+        row["history_tokens_max"] = max(h)
+        row["history_tokens_mean"] = round(sum(h) / len(h), 1)
+    return list(rows.values())
+
+
 def session_metrics(records: Sequence[CorpusRecord], per_session: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Corpus-wide session metrics: sessions, turns per session, history and prompt tokens."""
     turns = [int(s["turns"]) for s in per_session]
@@ -740,7 +933,7 @@ def session_metrics(records: Sequence[CorpusRecord], per_session: Sequence[dict[
     thinks = [r.session.think_time_s for r in records if r.session is not None and r.session.turn > 1]
     prompt = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
     by_source = Counter(
-        ("log" if r.session.think_source in ("log", "trace") else "distribution")
+        ("log" if r.session.think_source in ("log", "trace", "trace-prefix") else "distribution")
         for r in records
         if r.session is not None and r.session.turn > 1
     )

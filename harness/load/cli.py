@@ -156,7 +156,13 @@ def _launch(spec: LoadSpec) -> None:
     if (results / SUMMARY_FILE).exists():
         print_summary(read_summary(results), str(results))
     else:
-        console.print(f"no summary written; see {results / 'locust.log'}")
+        # A mistake found before any load (exit 3 / 4) is one "harness: error:" line in Locust's
+        # log: show it here, where the user looks, rather than only pointing at the file.
+        log_file = results / "locust.log"
+        lines = log_file.read_text(errors="replace").splitlines() if log_file.is_file() else []
+        for line in [x for x in lines if x.startswith("harness: error:")][-1:]:
+            cons.err().print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(f"no summary written; see {log_file}")
     raise typer.Exit(code)
 
 

@@ -42,6 +42,27 @@ def _read_schedule(path: Path) -> list[ScheduleEntry]:
     return [e for _, e in iter_jsonl(path, ScheduleEntry, expected="a schedule entry")]
 
 
+def _check_live_shape(records: list[CorpusRecord], api: str, corpus: Path | None) -> None:
+    """Live history swaps a turn's ``session.history_at`` range inside its own body, messages (chat)
+    or a prompt's characters (completions): ``--api`` of the other shape would send a body whose
+    history cannot be placed. The first record of the other shape is a :class:`ConfigError` naming
+    it, before any request."""
+    want = "messages" if api == "chat" else "prompt"
+    for i, r in enumerate(records):
+        if (r.messages is not None) != (want == "messages"):
+            has = "messages" if r.messages is not None else "prompt"
+            raise ConfigError(
+                f"record {r.id!r} holds its history in {has!r} (a "
+                f"{'chat' if has == 'messages' else 'completions'} body); --api {api} would send "
+                f"{want!r}, where live history cannot be placed",
+                file=corpus,
+                line=i + 1,
+                field=has,
+                hint=f"--api {'chat' if has == 'messages' else 'completions'} or auto, --history log, "
+                "or build the corpus with the other session template",
+            )
+
+
 @dataclass
 class Inputs:
     """The validated input files of a run (read once per test start)."""
@@ -112,13 +133,7 @@ class Inputs:
                 "the warmup ladder replays single requests, not a session corpus", field="--corpus"
             )
         if sessions is not None and opts.history == "live" and opts.api != "auto":
-            shape = "chat" if records[0].messages is not None else "completions"
-            if opts.api != shape:
-                raise ConfigError(
-                    f"live history edits the corpus's {shape} bodies; --api {opts.api} would send another "
-                    "shape (build the corpus with the other template, or use --history log)",
-                    field="--api",
-                )
+            _check_live_shape(records, opts.api, opts.corpus)
         starts = [records[s.turns[0]] for s in sessions] if sessions is not None else records
         if ladder and (opts.until_precision is not None or opts.max_duration is not None):
             # The ladder's plan decides its stages and their lengths; a run-wide stop would cut a

@@ -155,7 +155,10 @@ class LoadRun:
         """Every arrival was sent and answered (or the ladder ended): not interrupted."""
         self.finalized = False
         self.done_sent = False
-        self.drain_deadline: float | None = None
+        self.drain_from: float | None = None
+        """``perf_counter`` when the share's last arrival had been taken (the drain timeout runs from it)."""
+        self.last_turn_s = -math.inf
+        """Session corpora: the latest intended time (s from the epoch) of any turn scheduled so far."""
         self.preload_result: dict[str, int] | None = None
         self.warnings: list[str] = []
         self.scraper: Scraper | None = None
@@ -360,9 +363,17 @@ class LoadRun:
             return False
         if p.drained:
             return True
-        if self.drain_deadline is None:
-            self.drain_deadline = time.perf_counter() + self.opts.drain_timeout
-        return time.perf_counter() > self.drain_deadline
+        now = time.perf_counter()
+        if self.drain_from is None:
+            self.drain_from = now
+        # A session's conversation goes on long after its start (the last arrival): the timeout runs
+        # from the latest turn any conversation has scheduled, which moves on while they do, so only a
+        # turn that outlives it after the last turn is due is cut, never a conversation still going.
+        return now > max(self.drain_from, self.epoch + self.last_turn_s) + self.opts.drain_timeout
+
+    def note_turn(self, intended_s: float) -> None:
+        """A session scheduled a turn at ``intended_s`` (s from the epoch): the drain waits for it."""
+        self.last_turn_s = max(self.last_turn_s, intended_s)
 
     def _check_workers(self) -> None:
         runner = self.env.runner

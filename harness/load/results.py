@@ -257,6 +257,11 @@ class Recipe(StrictModel):
     concurrency: int | None = None
     seed: int | None = None
     bypass_fraction: float | None = None
+    history: Literal["live", "log"] | None = None
+    """``--history`` of a session corpus's replay (``None``: not a session corpus)."""
+    salt_per_pass: bool | None = None
+    """``--salt-per-pass`` when given (``None`` when off, so that runs without it keep the recipe of
+    baselines written before the field existed)."""
 
 
 class StageOutcome(StrictModel):

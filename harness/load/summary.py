@@ -81,15 +81,19 @@ def build_summary(
         plan=InputRef.of(o.plan) if o.plan and ladder is not None else None,
         preload=preload,
         environment=current_environment(),
-        recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
+        recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule, sessions=inputs.sessions is not None),
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,
         server_metrics=server_metrics,
     )
 
 
-def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None) -> Recipe:
-    """The load a run offered, from its options (``summary.json``: ``recipe``)."""
+def recipe_of(
+    o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None, sessions: bool = False
+) -> Recipe:
+    """The load a run offered, from its options (``summary.json``: ``recipe``); ``sessions``: the
+    corpus is a session corpus (its replay's ``--history`` is part of the load: live answers change
+    every later turn's prompt)."""
     return Recipe(
         corpus_sha256=corpus.sha256 if corpus else None,
         schedule_sha256=schedule.sha256 if schedule else None,
@@ -104,6 +108,8 @@ def recipe_of(o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: In
         concurrency=o.concurrency,
         seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
         bypass_fraction=o.bypass_fraction,
+        history=o.history if sessions else None,
+        salt_per_pass=True if o.salt_per_pass else None,
     )
 
 

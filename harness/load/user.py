@@ -152,6 +152,7 @@ class ReplayUser(User):
                 nxt = inputs.records[plan.turns[k + 1]].session
                 assert nxt is not None
                 intended_s = (end - run.epoch) + nxt.think_time_s
+                run.note_turn(intended_s)
 
     @staticmethod
     def _nap_until(run: plugin.LoadRun, intended_s: float, think_s: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import orjson
@@ -114,6 +115,38 @@ def test_crosswoz_sample_builds_whole_dialogues_with_a_stated_think_time(tmp_pat
     assert [r.model_dump() for r in again.records] == [r.model_dump() for r in got.records]  # seeded
 
 
+def test_corpus_stats_recomputes_the_per_session_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    out = tmp_path / "c"
+    build_sessions(
+        SessionBuildInputs(out=out, n=3, template=ROOT / "templates/prompts/session.j2"), _settings()
+    )
+    quality = orjson.loads((out / "quality.json").read_bytes())
+    with pytest.raises(SystemExit) as st:
+        main(["corpus", "stats", str(out), "--json"])
+    assert st.value.code == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    # From the corpus on disk alone, the same rows and metrics its build wrote.
+    assert doc["sessions"] == quality["sessions"] and len(doc["sessions"]) == 3
+    assert {k: doc["session_metrics"][k] for k in ("sessions", "records", "history_tokens_max")} == {
+        k: quality["metrics"][k] for k in ("sessions", "records", "history_tokens_max")
+    }
+    recs = list(read_corpus(out))
+    first = recs[0].session
+    assert first is not None
+    row = next(r for r in doc["sessions"] if r["session_id"] == first.session_id)
+    mine = [r for r in recs if r.session and r.session.session_id == first.session_id]
+    assert row["turns"] == first.turns == len(mine)
+    assert row["prompt_tokens_max"] == max(r.prompt_tokens or 0 for r in mine)
+    assert row["history_tokens_max"] > 0 and row["dialogue"] == (recs[0].provenance.query_id or "")[:-2]
+    with pytest.raises(SystemExit):
+        main(["corpus", "stats", str(out)])
+    assert "per session (3)" in capsys.readouterr().out
+
+
 def test_think_time_specs_and_timing_traces(tmp_path: Path) -> None:
     assert ThinkTime.parse("constant:2").draw(0, "s", 2) == 2.0
     assert ThinkTime.parse("exponential:3").draw(0, "s", 2) == ThinkTime.parse("exponential:3").draw(
@@ -121,15 +154,89 @@ def test_think_time_specs_and_timing_traces(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="think-time"):
         ThinkTime.parse("normal:1")
-    plain = _log(
-        tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}]
-    )
-    with pytest.raises(InputError, match="no line has a session id"):
+    plain = _log(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1}])
+    with pytest.raises(InputError, match=r"no line has a session id .* or hash_ids"):
         read_timing_trace(plain)
     timed = _log(tmp_path / "s.jsonl", [{"timestamp": 5000, "chat_id": 7}, {"timestamp": 9000, "chat_id": 8},
                                         {"timestamp": 6500, "chat_id": 7}])  # fmt: skip
     got = read_timing_trace(timed)
-    assert [(s.start_s, s.think_s) for s in got] == [(0.0, (1.5,)), (4.0, ())]
+    assert got.how == "ids" and got.think_source == "trace"
+    assert [(s.start_s, s.think_s) for s in got.sessions] == [(0.0, (1.5,)), (4.0, ())]
+
+
+def _req(ts_ms: int, inp: int, out: int, ids: list[int]) -> dict[str, object]:
+    return {"timestamp": ts_ms, "input_length": inp, "output_length": out, "hash_ids": ids}
+
+
+def test_sessions_are_inferred_from_growing_hash_id_prefixes(tmp_path: Path) -> None:
+    # 512-token blocks: 1,100 tokens are 2 full blocks (1, 2) and a partial one that a longer
+    # prompt hashes differently (3 → 9). Among equally long shared prefixes the latest request is
+    # taken, so the lengths here leave one reading each.
+    trace = _log(tmp_path / "m.jsonl", [
+        _req(1000, 1100, 100, [1, 2, 3]),          # A turn 1
+        _req(9000, 1700, 50, [1, 2, 9, 10]),       # A turn 3: extends turn 2 (longest), in file before it
+        _req(4000, 1600, 80, [1, 2, 9, 11]),       # A turn 2: A1's blocks + its answer
+        _req(2000, 1150, 500, [1, 2, 8]),          # a sibling: A1's document, its own question
+        _req(3000, 400, 10, [20]),                 # B: under one block, nothing can be seen to extend it
+        _req(5000, 1250, 10, [1, 2, 7]),           # a second continuation of A1: a fork
+        _req(6000, 600, 10, [20, 21]),             # not B's next turn: B has no full block
+    ])  # fmt: skip
+    got = read_timing_trace(trace)
+    assert got.how == "prefix" and got.think_source == "trace-prefix" and got.requests == 7
+    assert [(s.start_s, s.think_s) for s in got.sessions] == [
+        (0.0, (3.0, 5.0)), (1.0, ()), (2.0, ()), (4.0, ()), (5.0, ())
+    ]  # fmt: skip
+    assert got.forks == 1
+    assert got.summary()["multi_turn_sessions"] == 1 and got.summary()["turns_max"] == 3
+    built = build_sessions(
+        SessionBuildInputs(out=tmp_path / "c", logs=[_dialogues(tmp_path / "d.jsonl")], trace=trace),
+        _settings(),
+    )
+    assert built.metrics["timing_trace"]["sessions"] == 5
+    first = [r for r in built.records if r.session and r.session.session_id.endswith("00000")]
+    # the log's own timestamps win over the trace's; the trace gives the start
+    assert first[0].arrival_offset_s == 0.0 and first[1].session and first[1].session.think_source == "log"
+
+
+def test_a_timing_trace_without_log_timestamps_times_turns_by_arrival_gaps(tmp_path: Path) -> None:
+    trace = _log(tmp_path / "m.jsonl", [_req(0, 1100, 100, [1, 2, 3]), _req(2500, 1300, 80, [1, 2, 9])])
+    log = _log(tmp_path / "d.jsonl", [{"session_id": "x", "turn": 1, "text": "你好"},
+                                      {"session_id": "x", "turn": 2, "text": "谢谢"}])  # fmt: skip
+    built = build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[log], trace=trace), _settings())
+    second = built.records[1].session
+    assert second is not None and (second.think_time_s, second.think_source) == (2.5, "trace-prefix")
+
+
+def test_the_mooncake_fixture_head_has_no_request_extending_another(tmp_path: Path) -> None:
+    path = ROOT / "fixtures/traces/mooncake_synthetic_head20.jsonl"
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    got = read_timing_trace(path)
+    # Independently: no two of these 20 lines share even a first block, so each is its own session.
+    assert len({r["hash_ids"][0] for r in rows}) == len(rows) == 20
+    assert len(got.sessions) == 20 and got.summary()["multi_turn_sessions"] == 0
+    assert got.sessions[-1].start_s == rows[-1]["timestamp"] / 1000
+
+
+@pytest.mark.realdata
+def test_real_mooncake_trace_sessions_are_growing_prefixes(realdata: Path) -> None:
+    from harness.corpus.sessions import TraceRequest, chain_by_prefix
+
+    path = realdata / "mooncake" / "synthetic_trace.jsonl"
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    reqs = [TraceRequest(r["timestamp"] / 1000, r["input_length"], r["output_length"], tuple(r["hash_ids"]))
+            for r in rows]  # fmt: skip
+    chains, forks = chain_by_prefix(reqs, 512)
+    assert sorted(i for c in chains for i in c) == list(range(len(rows)))  # every line in one session
+    multi = [c for c in chains if len(c) > 1]
+    assert multi, "the synthetic trace keeps multi-turn conversations in order (its README)"
+    for c in multi:
+        for a, b in pairwise(c):
+            full = rows[a]["input_length"] // 512
+            assert full >= 1 and rows[b]["hash_ids"][:full] == rows[a]["hash_ids"][:full]
+            assert rows[b]["input_length"] >= rows[a]["input_length"] + max(rows[a]["output_length"], 1)
+            assert rows[b]["timestamp"] >= rows[a]["timestamp"]
+    got = read_timing_trace(path)
+    assert len(got.sessions) == len(chains) and got.forks == forks
 
 
 def test_a_dialogue_log_with_a_gap_in_its_turns_is_refused(tmp_path: Path) -> None:

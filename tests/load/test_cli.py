@@ -124,3 +124,17 @@ def test_replay_refuses_a_bad_option_before_launching(
     assert ex.value.code == 4  # a bad option (docs/exit-codes.md), named
     assert "--arrival" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # nothing launched
+
+
+def test_replay_shows_the_error_that_stopped_locust_before_any_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.load.test_session_inputs import _corpus, _turn
+
+    corpus = _corpus(tmp_path / "c.jsonl", [_turn("a", 1), _turn("a", 2)])  # chat bodies
+    with pytest.raises(SystemExit) as ex:
+        main(["load", "replay", "--host", "http://127.0.0.1:9", "--corpus", str(corpus), "--results-dir",
+              str(tmp_path / "r"), "--rate", "2", "--max-requests", "1", "--api", "completions"])  # fmt: skip
+    assert ex.value.code == 4  # found by Locust's init, before any request
+    err = capsys.readouterr().err
+    assert "record 'a-t1' holds its history in 'messages'" in err and "--api completions" in err

@@ -85,8 +85,19 @@ def test_a_rate_starts_sessions_and_a_plan_lists_their_turns(tmp_path: Path) -> 
     inputs = Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3), ladder=False)
     assert inputs.sessions is not None and len(inputs.sessions) == 2
     assert inputs.planned() == [0, 1, 2, 0, 1]  # session a, b, a again: each start plays its turns
-    with pytest.raises(ConfigError, match="--api"):
+    with pytest.raises(
+        ConfigError, match=r"record 'a-t1' holds its history in 'messages'.*--api completions"
+    ) as e:
         Inputs.load(LoadOptions(corpus=corpus, rate=10, max_requests=3, api="completions"), ladder=False)
+    assert (e.value.line, e.value.field, e.value.exit_code) == (1, "messages", 4)
+    # The first record of the other shape is named, wherever it is; --history log sends bodies as built.
+    mixed = _corpus(tmp_path / "m.jsonl", [_turn("a", 1), _turn("b", 1, chat=False)])
+    with pytest.raises(ConfigError, match="record 'b-t1' holds its history in 'prompt'") as e:
+        Inputs.load(LoadOptions(corpus=mixed, rate=10, max_requests=3, api="chat"), ladder=False)
+    assert (e.value.line, e.value.field) == (2, "prompt")
+    Inputs.load(
+        LoadOptions(corpus=corpus, rate=10, max_requests=3, api="completions", history="log"), ladder=False
+    )
     # Offsets on the first turns are enough to schedule the starts.
     timed = _corpus(
         tmp_path / "t.jsonl", [_turn("a", 1, offset=0.0), _turn("a", 2), _turn("b", 1, offset=1.0)]
@@ -109,3 +120,17 @@ def test_the_summary_breaks_ttft_and_cached_tokens_down_by_turn() -> None:
         (2, 2, 20.0, 0.7),
     ]
     assert turns[1].hit_rate["prefix"] == 1.0
+
+
+def test_the_recipe_records_history_and_salt_per_pass() -> None:
+    from harness.load.summary import recipe_of
+
+    def recipe(sessions: bool, **kw: object) -> tuple[object, object]:
+        r = recipe_of(LoadOptions(rate=1, duration=1, **kw), api="chat", corpus=None, schedule=None,  # type: ignore[arg-type]
+                      sessions=sessions)  # fmt: skip
+        return r.history, r.salt_per_pass
+
+    assert recipe(True) == ("live", None)
+    assert recipe(True, history="log", salt_per_pass=True) == ("log", True)
+    # Neither applies to a corpus of single requests without a salt: old baselines compare equal.
+    assert recipe(False, history="log") == (None, None)
