@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint typecheck bench clean
+.PHONY: setup demo test test-fast lint typecheck bench clean vllm
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ bench: setup
 	$(PY) bench/analysis.py
 	$(PY) bench/load.py
 	$(PY) bench/gates.py false-alarm
+
+# vLLM's CPU build as a peer target, in its own virtualenv outside the repository (3.5 GB, optional,
+# never a CI step); `bench/vllm.sh serve` starts it on SmolLM2. See docs/ci.md "Other targets".
+vllm:
+	bench/vllm.sh install
 
 clean:
 	rm -rf .harness .pytest_cache .mypy_cache .ruff_cache

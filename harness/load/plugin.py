@@ -68,6 +68,7 @@ from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
 from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
+from harness.load.liveness import TargetWatch, probe_health
 from harness.load.messages import (
     Batch,
     Role,
@@ -89,6 +90,7 @@ from harness.load.results import (
     RecordWriter,
     RequestRecord,
     RunSummary,
+    TargetDeath,
     read_records,
     write_summary,
 )
@@ -180,6 +182,11 @@ class LoadRun:
             warnings=self.warnings,
         )
         """The ladder, the ``--run-time`` cap and the precision stop."""
+        self.watch: TargetWatch | None = None
+        """Local / master: whether the target died (:mod:`harness.load.liveness`)."""
+        if role != "worker":
+            host, creds = env.host or "", self.credentials
+            self.watch = TargetWatch(probe=lambda: probe_health(host, creds), on_death=self._target_died)
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -199,6 +206,9 @@ class LoadRun:
         else:
             # Asked once, beside the run (never in its way): what the target says it is.
             self._identity = gevent.spawn(fetch_identity, self.env.host or "", self.credentials)
+            if self.watch is not None:  # alive at the start: a later death is a death, not "never there"
+                watch = self.watch
+                gevent.spawn(lambda: watch.note_start(watch.probe()))
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
@@ -282,6 +292,8 @@ class LoadRun:
             assert self.writer is not None
             self.writer.write(rec)
         self.live.add(rec)
+        if self.watch is not None:
+            self.watch.add((rec,))
         if self.precision is not None:
             self.precision.add(rec)
 
@@ -292,6 +304,8 @@ class LoadRun:
             self.writer.write_many(records)
         for rec in records:
             self.live.add(rec)
+        if self.watch is not None:
+            self.watch.add(records)
         if self.precision is not None:
             self.precision.add_many(records)
         self.workers.receive(batch)
@@ -330,6 +344,13 @@ class LoadRun:
             self._check_workers()
         if self.precision is not None and self.started and not self.finalized:
             self.control.check_precision()
+        if self.watch is not None and self.started and not self.finalized:
+            self.watch.check(self.now_s())
+
+    def _target_died(self, death: TargetDeath) -> None:
+        """The target is dead: send nothing more (it could only fail); the run then drains and ends."""
+        if not self.finalized:
+            self.control.halt(f"target died: {death.evidence}")
 
     def _share_finished(self) -> bool:
         """This process sent and got back everything it was given (or the drain timeout passed)."""
@@ -413,6 +434,8 @@ class LoadRun:
         records = (
             list(read_records(self.results_dir)) if (self.results_dir / RECORDS_FILE).stat().st_size else []
         )
+        if self.watch is not None and not interrupted:
+            self.watch.check(self.now_s(), final=True)  # a run that ended inside a streak: ask once
         identity = None
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
@@ -431,6 +454,7 @@ class LoadRun:
             warnings=self.warnings,
             warmup_id=self.warmup_id,
             preload=self.preload_result,
+            target_died=self.watch.death if self.watch is not None else None,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
@@ -576,6 +600,9 @@ def _on_test_stop(environment: Environment, **_kw: Any) -> None:
         return
     if summary.interrupted:
         environment.process_exit_code = int(ExitCode.INTERRUPTED)
+    elif summary.target_died is not None:
+        # Named as such, not as N failed requests (docs/exit-codes.md).
+        environment.process_exit_code = int(ExitCode.TARGET_DIED)
     elif any(w.missing for w in summary.workers):
         # A share of the schedule was never sent: what was measured is not the load asked for.
         environment.process_exit_code = int(ExitCode.UNJUDGEABLE)

@@ -307,6 +307,33 @@ class PrecisionState(StrictModel):
     met: bool
 
 
+class TargetDeath(StrictModel):
+    """The target died during the run (:mod:`harness.load.liveness`): its requests stopped being
+    answered and its health check then proved it gone. Times are seconds from the run's epoch."""
+
+    detected_s: float
+    """When the health check found it dead (sending stopped then)."""
+    failing_since_s: float | None
+    """``sent_s`` of the first request of the final streak of unanswered ones."""
+    last_ok_s: float | None
+    """``sent_s`` of the last request that succeeded (``None``: none did; it was alive at the start)."""
+    failed_in_a_row: int
+    """Requests unanswered (status 0 or 5xx) in a row when it was found dead."""
+    last_error: str | None = None
+    """What the last of them saw (``ConnectionRefusedError: …``, ``HTTP 500: …``)."""
+    evidence: str
+    """The health check's answer (``GET /health: ConnectionRefusedError: …``, ``… answered 503``)."""
+
+    def describe(self) -> str:
+        """One line: what died, when, and the evidence."""
+        since = f" from {self.failing_since_s:.1f} s on" if self.failing_since_s is not None else ""
+        ok = f", last success sent at {self.last_ok_s:.1f} s" if self.last_ok_s is not None else ""
+        return (
+            f"the target died during the run: {self.failed_in_a_row} requests in a row unanswered"
+            f"{since}{ok}; {self.evidence}"
+        )
+
+
 class RunSummary(StrictModel):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
@@ -353,6 +380,9 @@ class RunSummary(StrictModel):
     precision: …``); ``None`` for other runs."""
     precision: dict[str, PrecisionState] | None = None
     """Each watched percentile (``"ttft_ms:95"`` …) over every OK record of the run, as it ended."""
+    target_died: TargetDeath | None = None
+    """Set when the target died during the run (:mod:`harness.load.liveness`): the errors after it are
+    the death's, not the requests'; the run exits 7."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -416,6 +446,7 @@ def summarize(
     recipe: Recipe | None = None,
     stop_reason: str | None = None,
     precision: dict[str, PrecisionState] | None = None,
+    target_died: TargetDeath | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` (the client's CPU was
     saturated) and warns about client jitter and a saturated target."""
@@ -483,6 +514,7 @@ def summarize(
         recipe=recipe,
         stop_reason=stop_reason,
         precision=precision,
+        target_died=target_died,
     )
 
 

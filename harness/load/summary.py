@@ -25,6 +25,7 @@ from harness.load.results import (
     Recipe,
     RequestRecord,
     RunSummary,
+    TargetDeath,
     TargetInfo,
     WorkerShare,
     summarize,
@@ -46,6 +47,7 @@ def build_summary(
     warnings: list[str],
     warmup_id: str,
     preload: dict[str, int] | None,
+    target_died: TargetDeath | None = None,
 ) -> RunSummary:
     """The run's summary (local / master), its records read back from ``records.jsonl``."""
     o = inputs.opts
@@ -82,6 +84,7 @@ def build_summary(
         recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule),
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,
+        target_died=target_died,
     )
 
 
@@ -126,6 +129,8 @@ def _final_stop_reason(
 ) -> str | None:
     """Why sending ended (``summary.json``: ``stop_reason``), for runs that may end before their schedule."""
     o = inputs.opts
+    if control.halted:
+        return control.stop_reason  # the target died: sending stopped whatever the options
     if o.until_precision is None and o.max_duration is None:
         return None
     if control.stop_reason is not None:
