@@ -13,6 +13,7 @@
 #                       `git clean`, `make clean` and the project's own .venv never carry 3.5 GB around)
 #   HARNESS_VLLM_PORT   port to serve on (default 8100)
 #   HARNESS_VLLM_MODEL  the checkpoint directory to serve (default: the SmolLM2 checkpoint `make setup` writes)
+#   HARNESS_VLLM_MEMORY share of the machine's memory vLLM reserves (default 0.1, see below)
 set -euo pipefail
 
 VENV="${HARNESS_VLLM_VENV:-$HOME/.cache/harness/vllm-venv}"
@@ -65,6 +66,10 @@ serve() {
     # VLLM_SERVER_DEV_MODE=1 exposes POST /reset_prefix_cache, which the harness's flush step calls.
     # --enable-prompt-tokens-details makes usage carry prompt_tokens_details.cached_tokens: the warm check.
     # --served-model-name: requests name the model "smollm2", as they do against `harness serve --preset smollm2`.
+    # --gpu-memory-utilization is, on the CPU backend, the share of the machine's memory vLLM reserves up
+    # front (mostly KV cache), default 0.92: it refuses to start when that much is not free ("Available
+    # memory on node 0 (18.2/23.21 GiB) on startup is less than desired CPU memory utilization"), which on
+    # a 24 GiB machine shared with anything is always. 0.1 (2.3 GiB) holds ~50k SmolLM2 tokens of KV.
     cd "$HERE"
     VLLM_SERVER_DEV_MODE=1 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model" \
@@ -73,6 +78,7 @@ serve() {
         --dtype float32 \
         --max-model-len 2048 \
         --enable-prompt-tokens-details \
+        --gpu-memory-utilization "${HARNESS_VLLM_MEMORY:-0.1}" \
         "$@"
 }
 
