@@ -54,7 +54,10 @@ TARGET_RATIO = 1.0
 
 
 def default_model_dir() -> Path:
-    return Path(os.environ.get("HARNESS_SMOLLM2_DIR", Path.home() / ".cache/harness/smollm2"))
+    """The SmolLM2 checkpoint ``make setup`` fetched (``HARNESS_VLLM_MODEL`` overrides, as for vllm.sh)."""
+    from harness.engine.weights import checkpoint_dir
+
+    return Path(os.environ.get("HARNESS_VLLM_MODEL") or checkpoint_dir("smollm2"))
 
 
 @dataclass

