@@ -60,10 +60,12 @@ schema_version: 1
 name: vllm-smoke
 confidence: 0.95
 gates:
-  - {metric: error_rate, threshold: 0.0, abs_tolerance: 0.05}
-  - {metric: hit_rate_prefix, threshold: 0.5, abs_tolerance: 0.05, phase: warm}
-  - {metric: warm_rate, threshold: 0.92}
+  - {metric: error_rate, threshold: 0.0, abs_tolerance: 0.4, min_samples: 8}
+  - {metric: hit_rate_prefix, threshold: 0.5, abs_tolerance: 0.05, phase: warm, min_samples: 8}
+  - {metric: warm_rate, threshold: 0.5, min_samples: 8}
 """
+"""Wide limits: 8 requests a phase keep the test short, and with 8 samples an exact 95 % interval of
+a 100 % rate reaches down to 63 % (a smoke gate that proves the path, not a baseline)."""
 
 
 def test_harness_run_url_against_vllm_flushes_checks_warm_gates_and_reports(
@@ -154,6 +156,7 @@ ADMISSION: dict[str, tuple[Mutation, int, int, str]] = {
     # case: (what is wrong, ours, vLLM, text both errors carry)
     "prompt longer than the context": (_long_prompt, 400, 400, "context length"),
     "max_tokens beyond the context": (_set(max_tokens=100_000), 400, 400, "max"),
+    "max_tokens 0": (_set(max_tokens=0), 400, 400, "max_tokens"),
     "temperature < 0": (_set(temperature=-1.0), 400, 400, "temperature"),
     "top_p 0": (_set(top_p=0.0), 400, 400, "top_p"),
     "no messages": (_no_messages, 400, 400, "messages"),
