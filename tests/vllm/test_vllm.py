@@ -34,13 +34,15 @@ VLLM_CPU_BLOCK = 128
 reported cached, and a repeat reports whole blocks (a 550-token prompt: 512 cached)."""
 
 
-def long_corpus(path: Path, n: int, *, words: int = 220, seed: int | None = None) -> Path:
+def long_corpus(
+    path: Path, n: int, *, words: int = 220, seed: int | None = None, temperature: float = 0.0
+) -> Path:
     """``n`` distinct greedy chat requests of 300+ tokens each (two or more of vLLM's 128-token blocks),
     differing from their first token so that no request hits another's prefix."""
     rows = []
     for i in range(n):
         text = f"{i} " + " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(words))
-        sampling: dict[str, Any] = {"temperature": 0.0}
+        sampling: dict[str, Any] = {"temperature": temperature}
         if seed is not None:
             sampling["seed"] = seed
         rec = {
@@ -192,3 +194,19 @@ def test_every_admission_error_is_recorded_as_ours_are(vllm_url: str, tmp_path: 
             # The record says the server's status and its own message (the OpenAI error object).
             assert got == status and error.startswith(f"HTTP {status}: "), (name, case, got, error)
             assert text in error.lower(), (name, case, error)
+
+
+def test_seeded_sampled_records_replay_with_seed_policy_drop(vllm_url: str, tmp_path: Path) -> None:
+    """Seeded draws at temperature > 0, long prompts arriving together (so vLLM prefills them in chunks):
+    with their seeds this kills vLLM's CPU build (``CPU Generator does not use offset``, docs/load.md);
+    ``--seed-policy drop`` sends them without, and every one is served. (``keep`` is not run here: it
+    would kill the server the other tests share.)"""
+    corpus = long_corpus(tmp_path / "corpus.jsonl", 8, words=600, seed=7, temperature=0.8)
+    spec = LoadSpec(
+        host=vllm_url, corpus=corpus, rate=8, max_requests=8, duration=1, results_dir=tmp_path / "r",
+        max_tokens_cap=4, start_delay=0.5, model=VLLM_MODEL_NAME, seed_policy="drop",
+    )  # fmt: skip
+    assert run_locust(spec, timeout_s=600) == 0
+    s = read_summary(tmp_path / "r")
+    assert s.requests == 8 and s.errors == 0 and s.target_died is None
+    assert all(r.prompt_tokens and r.prompt_tokens > 600 for r in read_records(tmp_path / "r"))
