@@ -165,7 +165,7 @@ ADMISSION: dict[str, tuple[Mutation, int, int, str]] = {
     "unknown model": (_set(model="no-such-model"), 404, 404, "model"),
 }
 """The refusals a replay can meet, with the status each server answers. Where vLLM and ours differ,
-the difference is documented in docs/server.md ("Against vLLM")."""
+the difference is documented in docs/ci.md ("Against vLLM")."""
 
 
 def _probe(target: Target, body: dict[str, Any]) -> tuple[int, str]:
