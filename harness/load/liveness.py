@@ -5,9 +5,11 @@ down with it, an OOM kill, a crash) makes every later request fail, and a run th
 them would report "20 errors" — the same words as a server that answered 20 bad requests. The
 process that sees every record (the local one, or the master) keeps a :class:`TargetWatch`:
 
-* a request that failed **without an answer from the model** (status 0: refused, reset, timed out;
-  or a 5xx) extends the streak of such failures; any successful request ends it. A 4xx never counts:
-  the target answered, it refused the request;
+* a request that failed **on the target's side** extends the streak of such failures: no answer at
+  all (status 0: refused, reset, timed out), a 5xx, or a 200 whose stream then carried the server's
+  error or broke off (vLLM answers every request in flight when its engine dies with ``200`` and
+  ``data: {"error": {"message": "EngineCore encountered an issue…"}}``). Any successful request ends
+  the streak. A 4xx never counts: the target answered, it refused the request;
 * after :data:`DEAD_AFTER_FAILURES` of them in a row (and once more when the run ends with such a
   streak), the target's health is asked directly (:func:`probe_health`: ``GET /health``, else
   ``GET /v1/models`` where ``/health`` is 404). A refused connection or a 5xx there is the evidence
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from harness.common.auth import Credentials
 from harness.load.results import RequestRecord, TargetDeath
+from harness.load.stream import NOT_DONE
 
 log = logging.getLogger("harness.load")
 
@@ -41,9 +44,18 @@ HEALTH_PATHS = ("/health", "/v1/models")
 """Asked in order; a 404 moves on to the next (not every OpenAI-compatible server has ``/health``)."""
 
 
+STREAM_FAILURES = ("in-stream error: ", NOT_DONE)
+"""How the replay records a 200 whose stream failed on the server's side (:mod:`harness.load.client`)."""
+
+
 def unanswered(rec: RequestRecord) -> bool:
-    """A failure that says nothing about the request itself: no HTTP answer at all, or a 5xx."""
-    return not rec.ok and (rec.status == 0 or rec.status >= 500)
+    """A failure on the target's side, not the request's: no HTTP answer at all, a 5xx, or a stream
+    that carried the server's error or broke off after a 200 (a 4xx is an answer: never)."""
+    if rec.ok:
+        return False
+    if rec.status == 0 or rec.status >= 500:
+        return True
+    return 200 <= rec.status < 300 and rec.error is not None and rec.error.startswith(STREAM_FAILURES)
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,8 @@ def probe_health(host: str, creds: Credentials) -> Health:
 
 @dataclass
 class TargetWatch:
-    """Local / master: the streak of unanswered requests, and the verdict once the target is dead.
+    """Local / master: the streak of requests that failed on the target's side, and the verdict once it
+    is dead.
 
     ``probe`` is :func:`probe_health` bound to the run's host and credentials (a test may pass another
     callable); ``on_death`` is called once, with the verdict, when the target is found dead."""

@@ -314,11 +314,12 @@ class TargetDeath(StrictModel):
     detected_s: float
     """When the health check found it dead (sending stopped then)."""
     failing_since_s: float | None
-    """``sent_s`` of the first request of the final streak of unanswered ones."""
+    """``sent_s`` of the first request of the final streak of failed ones."""
     last_ok_s: float | None
     """``sent_s`` of the last request that succeeded (``None``: none did; it was alive at the start)."""
     failed_in_a_row: int
-    """Requests unanswered (status 0 or 5xx) in a row when it was found dead."""
+    """Requests in a row that failed on the target's side (no answer, a 5xx, a stream that carried the
+    server's error or broke off: :func:`harness.load.liveness.unanswered`) when it was found dead."""
     last_error: str | None = None
     """What the last of them saw (``ConnectionRefusedError: …``, ``HTTP 500: …``)."""
     evidence: str
@@ -329,7 +330,7 @@ class TargetDeath(StrictModel):
         since = f" from {self.failing_since_s:.1f} s on" if self.failing_since_s is not None else ""
         ok = f", last success sent at {self.last_ok_s:.1f} s" if self.last_ok_s is not None else ""
         return (
-            f"the target died during the run: {self.failed_in_a_row} requests in a row unanswered"
+            f"the target died during the run: {self.failed_in_a_row} requests in a row failed on its side"
             f"{since}{ok}; {self.evidence}"
         )
 

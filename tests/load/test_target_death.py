@@ -48,13 +48,18 @@ def test_a_refused_health_check_after_successes_is_a_death() -> None:
     assert death is not None and died == [death]
     assert (death.failed_in_a_row, death.failing_since_s, death.last_ok_s) == (3, 2.0, 1.0)
     assert death.last_error == "HTTP 500: EngineDeadError" and "ConnectionRefusedError" in death.evidence
-    assert "3 requests in a row unanswered from 2.0 s on" in death.describe()
+    assert "3 requests in a row failed on its side from 2.0 s on" in death.describe()
     assert watch.check(6.0) is None  # once
 
 
 def test_what_is_not_a_death() -> None:
     # 4xx: the target answered (it refused the request); they never start a streak.
     assert not unanswered(_rec(0, 400, "HTTP 400: bad")) and unanswered(_rec(0, 503, "HTTP 503"))
+    # vLLM's dead engine: 200, then the error in the stream; a stream cut short counts too. A forced
+    # token counting mode the stream cannot serve is the client's choice, not the target's failure.
+    assert unanswered(_rec(0, 200, "in-stream error: EngineCore encountered an issue."))
+    assert unanswered(_rec(0, 200, "stream ended without [DONE]"))
+    assert not unanswered(_rec(0, 200, "--token-counting usage: the stream carries no per-chunk usage"))
     watch, died = _watch([])
     watch.add([_rec(0, 200)] + [_rec(i, 400, "HTTP 400") for i in range(1, 10)])
     assert not watch.due(final=True)
