@@ -86,10 +86,12 @@ def probe_health(host: str, creds: Credentials) -> Health:
                 resp.read()
             finally:
                 client.close()
-        except (ConnectionError, OSError) as exc:
+        except OSError as exc:  # refused, reset, unreachable (a timeout is one too, and proves nothing)
             if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
                 return Health(None, f"{what}: no answer within {HEALTH_TIMEOUT_S:g} s")
             return Health(False, creds.redact(f"{what}: {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # a malformed answer: the target is there, saying something odd
+            return Health(None, creds.redact(f"{what}: {type(exc).__name__}: {exc}"))
         status = int(resp.status_code)
         if 200 <= status < 300:
             return Health(True, f"{what} answered {status}")

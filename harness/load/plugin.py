@@ -68,7 +68,7 @@ from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
 from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
-from harness.load.liveness import TargetWatch, probe_health
+from harness.load.liveness import HEALTH_PATHS, HEALTH_TIMEOUT_S, TargetWatch, probe_health
 from harness.load.messages import (
     Batch,
     Role,
@@ -182,6 +182,8 @@ class LoadRun:
             warnings=self.warnings,
         )
         """The ladder, the ``--run-time`` cap and the precision stop."""
+        self._watching: gevent.Greenlet[..., TargetDeath | None] | None = None
+        """The health check in progress (it may take seconds; the ticker must not wait for it)."""
         self.watch: TargetWatch | None = None
         """Local / master: whether the target died (:mod:`harness.load.liveness`)."""
         if role != "worker":
@@ -344,8 +346,10 @@ class LoadRun:
             self._check_workers()
         if self.precision is not None and self.started and not self.finalized:
             self.control.check_precision()
-        if self.watch is not None and self.started and not self.finalized:
-            self.watch.check(self.now_s())
+        watch, watching = self.watch, self._watching
+        idle = watching is None or watching.ready()  # one health check at a time, beside the ticks
+        if watch is not None and self.started and not self.finalized and idle and watch.due():
+            self._watching = gevent.spawn(watch.check, self.now_s())
 
     def _target_died(self, death: TargetDeath) -> None:
         """The target is dead: send nothing more (it could only fail); the run then drains and ends."""
@@ -434,6 +438,8 @@ class LoadRun:
         records = (
             list(read_records(self.results_dir)) if (self.results_dir / RECORDS_FILE).stat().st_size else []
         )
+        if self._watching is not None:
+            self._watching.join(timeout=2 * HEALTH_TIMEOUT_S * len(HEALTH_PATHS))
         if self.watch is not None and not interrupted:
             self.watch.check(self.now_s(), final=True)  # a run that ended inside a streak: ask once
         identity = None
