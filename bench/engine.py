@@ -19,7 +19,9 @@ KV bytes over the analytic 2·layers·kv_heads·head_dim·dtype·tokens, and for
 average prefill memory and P95 inter-token latency. Prints a markdown section and appends it to
 docs/benchmarks.md.
 
-Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-append]``
+Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-append]``;
+``python bench/engine.py --vs vllm [--vllm-url URL]``: our engine against vLLM's CPU build on
+SmolLM2-135M-Instruct, both as servers (``bench/engine_vllm.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import datetime as dt
 import itertools
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -239,6 +242,11 @@ def run_hf(
 
 
 def main() -> None:
+    if "--vs" in sys.argv:  # against another engine on a real model: its own script (servers, HTTP)
+        from engine_vllm import main as vs_main
+
+        vs_main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)

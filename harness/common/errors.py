@@ -15,6 +15,7 @@ Exit codes (also in ``docs/exit-codes.md``):
 4     bad configuration: settings, environment variables, model directory
 5     a dependency is unavailable: the target server, Redis, a port
 6     a run cannot be judged: too few samples, NaN, client-bound, interrupted
+7     the target died during the run (it answered, then stopped answering)
 130   interrupted (Ctrl-C)
 ====  ===================================================================
 """
@@ -35,6 +36,7 @@ class ExitCode(IntEnum):
     CONFIG = 4
     UNAVAILABLE = 5
     UNJUDGEABLE = 6
+    TARGET_DIED = 7
     INTERRUPTED = 130
 
 
@@ -132,3 +134,13 @@ class CannotJudge(HarnessError):
     """
 
     exit_code = ExitCode.UNJUDGEABLE
+
+
+class TargetDied(HarnessError):
+    """The target answered, then died during a run: its requests stopped being answered and its health
+    check proved it gone (exit 7).
+
+    Distinct from :class:`UnavailableError` (never reachable, exit 5) and from failed requests (a gate
+    judges those): what the run measured ends where the target did (``summary.json``: ``target_died``)."""
+
+    exit_code = ExitCode.TARGET_DIED

@@ -25,7 +25,8 @@ _SEARCH = "Search"
 
 
 @typer_options(
-    "corpus", "max_tokens_cap", "concurrency", "processes", "api", "model", "token_counting", "tokenizer",
+    "corpus", "max_tokens_cap", "concurrency", "processes", "api", "model", "token_counting", "seed_policy",
+    "tokenizer",
     "api_key", "admin_token", "header", "ca_bundle", "insecure",
     required={"corpus"},
     panel=_LOAD,

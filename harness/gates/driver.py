@@ -31,7 +31,14 @@ from rich.progress import (
 )
 
 from harness.common.auth import SECRET_VALUE_FLAGS, Credentials
-from harness.common.errors import ConfigError, ExitCode, HarnessError, InputError, UnavailableError
+from harness.common.errors import (
+    ConfigError,
+    ExitCode,
+    HarnessError,
+    InputError,
+    TargetDied,
+    UnavailableError,
+)
 from harness.gates.target import NotExposed, Target
 
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
@@ -40,6 +47,7 @@ ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
     int(ExitCode.INPUT): InputError,
     int(ExitCode.CONFIG): ConfigError,
     int(ExitCode.UNAVAILABLE): UnavailableError,
+    int(ExitCode.TARGET_DIED): TargetDied,
 }
 """A Locust child's exit code that is an error of ours, and the error it becomes."""
 

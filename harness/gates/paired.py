@@ -57,7 +57,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import ExitCode, HarnessError, UnavailableError
+from harness.common.errors import ExitCode, HarnessError, TargetDied, UnavailableError
 from harness.common.io import write_json
 from harness.gates.compare import Comparison
 from harness.gates.driver import ERRORS_BY_CODE, Ui, clear_out_dir, log_tail, open_target, sigterm_interrupts
@@ -303,6 +303,10 @@ class PairedRunner:
         rec = self._note_phase(name, results, code, started)
         summary_path = results / "summary.json"
         log = results / "locust.log"
+        if code == int(ExitCode.TARGET_DIED) and summary_path.exists():
+            died = read_summary(results).target_died
+            if died is not None:  # the summary says what died and when; the log's tail may not
+                raise TargetDied(f"the {name} phase: {died.describe()}", file=summary_path)
         if code in ERRORS_BY_CODE:
             raise ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {log_tail(log)}", file=log)
         if code == int(ExitCode.INTERRUPTED):

@@ -25,7 +25,8 @@ _WARM = "Warm-up and warm check"
 
 @typer_options(
     "corpus", "schedule", "duration", "max_requests", "arrival", "speedup", "max_tokens_cap", "concurrency",
-    "processes", "api", "model", "token_counting", "tokenizer", "start_delay", "until_precision",
+    "processes", "api", "model", "token_counting", "seed_policy", "tokenizer", "start_delay",
+    "until_precision",
     "max_duration", "precision_on", "api_key", "admin_token", "header", "ca_bundle", "insecure",
     required={"corpus"},
     panel=_LOAD,

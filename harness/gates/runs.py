@@ -267,6 +267,9 @@ def run_problems(summary: RunSummary | None, frame: RunFrame) -> list[str]:
     problems: list[str] = []
     if summary.interrupted:
         problems.append("the run was interrupted (summary.json: interrupted)")
+    if summary.target_died is not None:
+        # Its errors are the death's, not the load's: judging them would call a crash a regression.
+        problems.append(f"{summary.target_died.describe()} (summary.json: target_died)")
     if summary.client_bound:
         why = [w for w in summary.warnings if w.startswith("client-bound")]
         problems.append(

@@ -36,6 +36,8 @@ from harness.traces.model import ScheduleEntry
 
 ApiChoice = Literal["auto", "chat", "completions"]
 ArrivalProcess = Literal["constant", "poisson"]
+SeedPolicy = Literal["keep", "drop"]
+"""``--seed-policy``: send each record's sampling ``seed`` as it is, or leave it out."""
 PATHS: dict[Endpoint, str] = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -67,17 +69,24 @@ def prepare_requests(
     model: str | None = None,
     max_tokens_cap: int | None = None,
     token_counting: TokenCounting = "auto",
+    seed_policy: SeedPolicy = "keep",
 ) -> list[RequestSpec]:
     """Serialize every corpus record's streaming request body once (:meth:`CorpusRecord.to_request`).
 
     Streams ask for the final ``usage`` and, unless counting says otherwise, vLLM's per-chunk
     ``continuous_usage_stats`` (servers that do not know it ignore it or, if strict, should be run
     with ``--token-counting final-usage``); ``logprobs`` counting asks for logprobs.
+    ``seed_policy="drop"`` leaves every record's sampling ``seed`` out: vLLM's CPU build (0.32) raises
+    ``CPU Generator does not use offset`` for a seeded request during chunked prefill and its engine
+    dies. Dropping it changes what is asked (a seeded draw becomes an unseeded one; a response cache
+    does not serve unseeded draws at temperature > 0, :func:`is_sampled`), so ``keep`` is the default.
     """
     endpoint = _ENDPOINTS[api]
     out: list[RequestSpec] = []
     for rec in records:
         ep, body = rec.to_request(endpoint, model=model, max_tokens_cap=max_tokens_cap, stream=True)
+        if seed_policy == "drop":
+            body.pop("seed", None)
         opts: dict[str, Any] = dict(body.get("stream_options") or {})
         opts["include_usage"] = True
         if token_counting in ("auto", "usage"):

@@ -70,6 +70,7 @@ def load_summary(run_dir: Path) -> RunSummary:
             preload=old.preload,
             stop_reason=old.stop_reason,
             precision=old.precision,
+            target_died=old.target_died,
         )
         return fresh
     span = max((r.sent_s for r in records), default=0.0) - min((r.sent_s for r in records), default=0.0)
@@ -92,6 +93,8 @@ def print_summary(s: RunSummary, title: str) -> None:
         + (", INTERRUPTED" if s.interrupted else "")
         + (", CLIENT-BOUND" if s.client_bound else "")
     )
+    if s.target_died is not None:  # the errors are the death's: say so before anything else
+        console.print(f"[red]TARGET DIED:[/] {s.target_died.describe()}", highlight=False)
     if s.stop_reason:
         console.print(f"stopped: {s.stop_reason}", highlight=False)
     for st in s.stages:

@@ -65,6 +65,8 @@ class Control:
         """Why sending stopped early (precision reached), set when it did."""
         self.capped = False
         """``--run-time`` stopped the sending."""
+        self.halted = False
+        """:meth:`halt` stopped the sending (the target died)."""
 
     def attach(self, source: ArrivalSource, pacer: Pacer) -> None:
         """Local / worker: the arrivals and the pacer this process sends from, once they exist."""
@@ -131,6 +133,23 @@ class Control:
         else:
             self.stop_sending()
         return True
+
+    def halt(self, reason: str) -> None:
+        """Local / master: stop sending for good, whatever the options (the target died: anything sent
+        now can only fail). The ladder ends with its running stage interrupted; the run then drains
+        and completes (not interrupted)."""
+        if self.halted:
+            return
+        self.halted = True
+        self.stop_reason = reason
+        if self.ladder is not None:
+            self.ladder.interrupt(self._now())
+            self.ladder.done = True
+        if self.role == "master":
+            assert self.runner is not None
+            send_stop(self.runner, reason)
+        else:
+            self.stop_sending()
 
     def stop(self, reason: str) -> None:
         """Worker: the master says stop sending."""

@@ -98,7 +98,7 @@ class Inputs:
             raise ValueError("with_options keeps the corpus and schedule; Inputs.load reads others")
         same_requests = all(
             getattr(opts, k) == getattr(self.opts, k)
-            for k in ("api", "model", "max_tokens_cap", "token_counting")
+            for k in ("api", "model", "max_tokens_cap", "token_counting", "seed_policy")
         )
         requests = self.requests if same_requests else None
         return self._checked(
@@ -124,6 +124,7 @@ class Inputs:
                 model=opts.model,
                 max_tokens_cap=opts.max_tokens_cap,
                 token_counting=opts.token_counting,
+                seed_policy=opts.seed_policy,
             )
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")

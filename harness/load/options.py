@@ -34,7 +34,7 @@ from pydantic import (
 from harness.common.auth import API_KEY_ENV, SECRET_OPTIONS, Credentials, parse_header, secrets_from_env
 from harness.common.errors import ConfigError
 from harness.common.model import StrictModel
-from harness.load.arrivals import ApiChoice, ArrivalProcess
+from harness.load.arrivals import ApiChoice, ArrivalProcess, SeedPolicy
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
 
 _R = TypeVar("_R")
@@ -91,6 +91,10 @@ class LoadOptions(StrictModel):
     drain_timeout: float = Field(default=60.0, ge=0)
     """After the last arrival, seconds in-flight requests get to finish before the run ends."""
     token_counting: TokenCounting = "auto"
+    seed_policy: SeedPolicy = "keep"
+    """What to do with a record's sampling ``seed``: ``keep`` sends it (the record's exact request);
+    ``drop`` leaves it out (:func:`harness.load.arrivals.prepare_requests`), for targets that cannot
+    take one: vLLM's CPU build dies on a seeded request during chunked prefill."""
     tokenizer: Path | None = None
     """``tokenizer.json`` for ``--token-counting tokenizer`` (and ``auto``'s fallback)."""
     plan: Path | None = None
@@ -266,6 +270,10 @@ _HELP: dict[str, str] = {
     "start_delay": "seconds from test start to the first arrival (spawning happens meanwhile)",
     "drain_timeout": "seconds in-flight requests get after the last arrival (sessions: last turn's due time)",
     "token_counting": f"tokens per chunk from: {', '.join(TOKEN_COUNTINGS)}",
+    "seed_policy": (
+        "keep: send each record's sampling seed; drop: leave it out (vLLM's CPU build dies on seeded "
+        "requests during chunked prefill)"
+    ),
     "tokenizer": "tokenizer.json for --token-counting tokenizer",
     "plan": "warmup ladder plan (YAML)",
     "preload": "JSONL to POST to /cache/preload before the first request (default: the plan's preload)",

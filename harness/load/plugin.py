@@ -72,6 +72,7 @@ from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
 from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
+from harness.load.liveness import HEALTH_PATHS, HEALTH_TIMEOUT_S, TargetWatch, probe_health
 from harness.load.messages import (
     Batch,
     Role,
@@ -94,6 +95,7 @@ from harness.load.results import (
     RequestRecord,
     RunSummary,
     ServerTelemetry,
+    TargetDeath,
     read_records,
     write_summary,
 )
@@ -191,6 +193,13 @@ class LoadRun:
             warnings=self.warnings,
         )
         """The ladder, the ``--run-time`` cap and the precision stop."""
+        self._watching: gevent.Greenlet[..., TargetDeath | None] | None = None
+        """The health check in progress (it may take seconds; the ticker must not wait for it)."""
+        self.watch: TargetWatch | None = None
+        """Local / master: whether the target died (:mod:`harness.load.liveness`)."""
+        if role != "worker":
+            host, creds = env.host or "", self.credentials
+            self.watch = TargetWatch(probe=lambda: probe_health(host, creds), on_death=self._target_died)
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -210,6 +219,9 @@ class LoadRun:
         else:
             # Asked once, beside the run (never in its way): what the target says it is.
             self._identity = gevent.spawn(fetch_identity, self.env.host or "", self.credentials)
+            if self.watch is not None:  # alive at the start: a later death is a death, not "never there"
+                watch = self.watch
+                gevent.spawn(lambda: watch.note_start(watch.probe()))
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
@@ -307,6 +319,8 @@ class LoadRun:
             assert self.writer is not None
             self.writer.write(rec)
         self.live.add(rec)
+        if self.watch is not None:
+            self.watch.add((rec,))
         if self.precision is not None:
             self.precision.add(rec)
 
@@ -317,6 +331,8 @@ class LoadRun:
             self.writer.write_many(records)
         for rec in records:
             self.live.add(rec)
+        if self.watch is not None:
+            self.watch.add(records)
         if self.precision is not None:
             self.precision.add_many(records)
         self.workers.receive(batch)
@@ -355,6 +371,15 @@ class LoadRun:
             self._check_workers()
         if self.precision is not None and self.started and not self.finalized:
             self.control.check_precision()
+        watch, watching = self.watch, self._watching
+        idle = watching is None or watching.ready()  # one health check at a time, beside the ticks
+        if watch is not None and self.started and not self.finalized and idle and watch.due():
+            self._watching = gevent.spawn(watch.check, self.now_s())
+
+    def _target_died(self, death: TargetDeath) -> None:
+        """The target is dead: send nothing more (it could only fail); the run then drains and ends."""
+        if not self.finalized:
+            self.control.halt(f"target died: {death.evidence}")
 
     def _share_finished(self) -> bool:
         """This process sent and got back everything it was given (or the drain timeout passed)."""
@@ -447,6 +472,10 @@ class LoadRun:
         records = (
             list(read_records(self.results_dir)) if (self.results_dir / RECORDS_FILE).stat().st_size else []
         )
+        if self._watching is not None:
+            self._watching.join(timeout=2 * HEALTH_TIMEOUT_S * len(HEALTH_PATHS))
+        if self.watch is not None and not interrupted:
+            self.watch.check(self.now_s(), final=True)  # a run that ended inside a streak: ask once
         identity = None
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
@@ -466,6 +495,7 @@ class LoadRun:
             warmup_id=self.warmup_id,
             preload=self.preload_result,
             server_metrics=server,
+            target_died=self.watch.death if self.watch is not None else None,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:
@@ -619,6 +649,9 @@ def _on_test_stop(environment: Environment, **_kw: Any) -> None:
         return
     if summary.interrupted:
         environment.process_exit_code = int(ExitCode.INTERRUPTED)
+    elif summary.target_died is not None:
+        # Named as such, not as N failed requests (docs/exit-codes.md).
+        environment.process_exit_code = int(ExitCode.TARGET_DIED)
     elif any(w.missing for w in summary.workers):
         # A share of the schedule was never sent: what was measured is not the load asked for.
         environment.process_exit_code = int(ExitCode.UNJUDGEABLE)

@@ -415,6 +415,34 @@ class ServerTelemetry(StrictModel):
         return next((p for p in self.phases if p.name == name), None)
 
 
+class TargetDeath(StrictModel):
+    """The target died during the run (:mod:`harness.load.liveness`): its requests stopped being
+    answered and its health check then proved it gone. Times are seconds from the run's epoch."""
+
+    detected_s: float
+    """When the health check found it dead (sending stopped then)."""
+    failing_since_s: float | None
+    """``sent_s`` of the first request of the final streak of failed ones."""
+    last_ok_s: float | None
+    """``sent_s`` of the last request that succeeded (``None``: none did; it was alive at the start)."""
+    failed_in_a_row: int
+    """Requests in a row that failed on the target's side (no answer, a 5xx, a stream that carried the
+    server's error or broke off: :func:`harness.load.liveness.unanswered`) when it was found dead."""
+    last_error: str | None = None
+    """What the last of them saw (``ConnectionRefusedError: …``, ``HTTP 500: …``)."""
+    evidence: str
+    """The health check's answer (``GET /health: ConnectionRefusedError: …``, ``… answered 503``)."""
+
+    def describe(self) -> str:
+        """One line: what died, when, and the evidence."""
+        since = f" from {self.failing_since_s:.1f} s on" if self.failing_since_s is not None else ""
+        ok = f", last success sent at {self.last_ok_s:.1f} s" if self.last_ok_s is not None else ""
+        return (
+            f"the target died during the run: {self.failed_in_a_row} requests in a row failed on its side"
+            f"{since}{ok}; {self.evidence}"
+        )
+
+
 class RunSummary(StrictModel):
     """``summary.json``: the run's totals, computed from its records (see :func:`summarize`)."""
 
@@ -468,6 +496,9 @@ class RunSummary(StrictModel):
     server_metrics: ServerTelemetry | None = None
     """The target's own telemetry (``server_metrics.jsonl``) summed up per phase; ``None``: not
     scraped (``--server-metrics-interval 0``, or a summary from before it)."""
+    target_died: TargetDeath | None = None
+    """Set when the target died during the run (:mod:`harness.load.liveness`): the errors after it are
+    the death's, not the requests'; the run exits 7."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -532,6 +563,7 @@ def summarize(
     stop_reason: str | None = None,
     precision: dict[str, PrecisionState] | None = None,
     server_metrics: ServerTelemetry | None = None,
+    target_died: TargetDeath | None = None,
 ) -> RunSummary:
     """The :class:`RunSummary` of ``records``; marks the run ``client_bound`` (the client's CPU was
     saturated) and warns about client jitter and a saturated target."""
@@ -602,6 +634,7 @@ def summarize(
         sessions=len({r.session_id for r in records if r.session_id is not None}) or None,
         turns=turn_summaries(records),
         server_metrics=server_metrics,
+        target_died=target_died,
     )
 
 

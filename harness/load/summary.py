@@ -26,6 +26,7 @@ from harness.load.results import (
     RequestRecord,
     RunSummary,
     ServerTelemetry,
+    TargetDeath,
     TargetInfo,
     WorkerShare,
     summarize,
@@ -48,6 +49,7 @@ def build_summary(
     warmup_id: str,
     preload: dict[str, int] | None,
     server_metrics: ServerTelemetry | None = None,
+    target_died: TargetDeath | None = None,
 ) -> RunSummary:
     """The run's summary (local / master), its records read back from ``records.jsonl``."""
     o = inputs.opts
@@ -85,6 +87,7 @@ def build_summary(
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,
         server_metrics=server_metrics,
+        target_died=target_died,
     )
 
 
@@ -135,6 +138,8 @@ def _final_stop_reason(
 ) -> str | None:
     """Why sending ended (``summary.json``: ``stop_reason``), for runs that may end before their schedule."""
     o = inputs.opts
+    if control.halted:
+        return control.stop_reason  # the target died: sending stopped whatever the options
     if o.until_precision is None and o.max_duration is None:
         return None
     if control.stop_reason is not None:
