@@ -1,6 +1,7 @@
 """Engine benchmark: decode throughput against its ceiling and against transformers, KV bytes, memory.
 
-For the ``tiny`` preset at 1, 4 and 16 concurrent streams, three contenders run the same weights in
+For a preset (``--preset``, default ``tiny``; ``smollm2`` is the real SmolLM2-135M-Instruct, Q4_1
+weights as float32) at 1, 4 and 16 concurrent streams, three contenders run the same weights in
 the same process with the same ``torch.set_num_threads``:
 
 * ceiling: only the weight matrix products of one decode step of B tokens (per layer: fused qkv, o,
@@ -19,9 +20,9 @@ KV bytes over the analytic 2·layers·kv_heads·head_dim·dtype·tokens, and for
 average prefill memory and P95 inter-token latency. Prints a markdown section and appends it to
 docs/benchmarks.md.
 
-Usage: ``python bench/engine.py [--device cpu|cuda] [--threads N] [--out-tokens N] [--no-append]``;
-``python bench/engine.py --vs vllm [--vllm-url URL]``: our engine against vLLM's CPU build on
-SmolLM2-135M-Instruct, both as servers (``bench/engine_vllm.py``).
+Usage: ``python bench/engine.py [--preset tiny|smollm2] [--device cpu|cuda] [--threads N] [--out-tokens N]
+[--streams 1,4,16] [--no-append]``; ``python bench/engine.py --vs vllm [--vllm-url URL]``: our engine
+against vLLM's CPU build on SmolLM2-135M-Instruct, both as servers (``bench/engine_vllm.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -58,7 +60,8 @@ def make_prompts(core: EngineCore, n: int, length: int) -> list[list[int]]:
     """``n`` distinct prompts of exactly ``length`` tokens (no prefix sharing between them)."""
     vocab = core.tokenizer.vocab_size
     g = torch.Generator().manual_seed(1)
-    # Ids from the ordinary word range of the BERT vocab (skip [PAD]/[unused]/special ids).
+    # Ids from the ordinary word range of the BERT vocab (skip [PAD]/[unused]/special ids); in
+    # SmolLM2's byte-level BPE vocab (49152) that range is ordinary tokens too.
     return [torch.randint(2000, min(vocab, 29000), (length,), generator=g).tolist() for _ in range(n)]
 
 
@@ -248,6 +251,7 @@ def main() -> None:
         vs_main(sys.argv[1:])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="tiny", help="engine preset: tiny, small, qwen2-0.5b, smollm2")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -258,14 +262,18 @@ def main() -> None:
     add_publish_flag(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    settings = EngineSettings(preset="tiny", device=args.device, max_num_seqs=64, max_num_batched_tokens=4096)
+    settings = EngineSettings(
+        preset=args.preset, device=args.device, max_num_seqs=64, max_num_batched_tokens=4096
+    )
     core, _ = create_core(settings)
     dev = core.device
     streams = [int(s) for s in args.streams.split(",")]
     header = (
-        f"torch {torch.__version__}, device {dev}, dtype {str(core.dtype).removeprefix('torch.')}, "
+        f"preset {args.preset}, torch {torch.__version__}, device {dev}, "
+        f"dtype {str(core.dtype).removeprefix('torch.')}, "
         f"torch.set_num_threads({args.threads}) for all contenders, prompt {args.prompt_tokens} tokens, "
-        f"{args.out_tokens} output tokens per stream, best of {args.repeats}"
+        f"{args.out_tokens} output tokens per stream, best of {args.repeats}; "
+        f"load average {os.getloadavg()[0]:.1f} at the start"
     )
     print(header)
     hf = None if args.no_hf else to_hf(core)
@@ -310,6 +318,7 @@ def main() -> None:
         assert m is not None
         kv_rows.append((n, m.prefill_kv_bytes, per_tok * n))
     tot_ratio = sum(r[1] for r in kv_rows) / sum(r[2] for r in kv_rows)
+    header += f", {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs, shared)"
     md = render(header, rows, lat_rows, kv_rows, tot_ratio, core)
     publish(md, args)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import stage_config
@@ -16,8 +16,10 @@ class EngineSettings(BaseSettings):
 
     model_config = stage_config("engine")
 
-    preset: Literal["tiny", "small", "qwen2-0.5b"] | None = "tiny"
-    """Random-init architecture preset (fixed seed); ignored when ``model_dir`` is set."""
+    preset: Literal["tiny", "small", "qwen2-0.5b", "smollm2"] | None = "tiny"
+    """A random-init architecture (``tiny``, ``small``, ``qwen2-0.5b``; fixed seed) or a real model
+    fetched by ``make setup`` (``smollm2``: SmolLM2-135M-Instruct, Apache-2.0, 4-bit Q4_1 weights
+    expanded to float32; see :mod:`harness.engine.weights`). Ignored when ``model_dir`` is set."""
     model_dir: Path | None = None
     """A local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)."""
     model_name: str | None = None
@@ -43,3 +45,19 @@ class EngineSettings(BaseSettings):
     prefill and decode, takes this many times as long (the engine waits out the extra after the
     forward pass), like a slower kernel: a code regression whose size is the same on any machine, so a
     gate must catch it anywhere. 1.0: off. Never set in production."""
+
+    @model_validator(mode="after")
+    def _real_weights(self) -> EngineSettings:
+        """A real-weight preset is its converted checkpoint directory, served under the preset's name.
+
+        Resolved here, not when the model loads, so that ``harness serve`` reports weights that were
+        never fetched in milliseconds (before torch is imported or a port is bound), with how to
+        fetch them: a :class:`ConfigError`, which pydantic passes through unwrapped.
+        """
+        from harness.engine import weights
+
+        if self.model_dir is None and self.preset is not None and self.preset in weights.SOURCES:
+            self.model_dir = weights.require(self.preset)
+            if self.model_name is None:
+                self.model_name = self.preset
+        return self

@@ -231,7 +231,17 @@ def convert(name: str, gguf_path: Path) -> Path:
 
 def fetch(name: str, *, force: bool = False) -> Path:
     """Download, verify and convert preset ``name``'s weights unless already done; the checkpoint dir."""
+    import fcntl
+
     SOURCES.get(name)
     if is_fetched(name) and not force:
         return checkpoint_dir(name)
-    return convert(name, fetch_gguf(name))
+    cache = model_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    # Two setups at once (worktrees, parallel CI jobs) would both convert and replace each other's
+    # directory: one fetches, the other waits and then finds it done.
+    with (cache / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_fetched(name) and not force:
+            return checkpoint_dir(name)
+        return convert(name, fetch_gguf(name))
