@@ -34,6 +34,7 @@ from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
 from harness.common.settings import load_settings
+from harness.engine.cli import PRESET_HELP
 from harness.server.auth import AuthPolicy, check_protected_mode
 from harness.server.settings import ServerSettings
 
@@ -285,7 +286,7 @@ def run_server(
 def serve(
     *,
     preset: Annotated[
-        str | None, typer.Option("--preset", help="Random-init model preset: tiny, small, qwen2-0.5b.")
+        str | None, typer.Option("--preset", help=PRESET_HELP)
     ] = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="Hugging Face checkpoint directory (overrides --preset).")
