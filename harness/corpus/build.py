@@ -40,7 +40,7 @@ from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_f
 from harness.corpus.model import CorpusRecord, Manifest, RequestVariables
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings, Thresholds
-from harness.corpus.tokens import TargetTokenizer, load_tokenizer
+from harness.corpus.tokens import SharedBlocks, TargetTokenizer, load_tokenizer
 from harness.traces.model import ScenarioSet
 
 Progress = Callable[[str, int, int], None]
@@ -92,6 +92,7 @@ class BuildResult:
     examples: list[dict[str, object]]
     failures: list[str]
     candidates: int
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -185,11 +186,22 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     probe = InputSampler(settings.seed, utterances, locales=settings.locales, scenarios=scen)
     got = probe.variables(0)
     if got is not None:
-        ctx = template_context(got[0], got[1], utterances[:2], None)
         names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
-        for part in names:
-            if part is not None:
-                renderer.render(part, ctx)
+        # Once bare, once with the material a target length may add (dialogue, reference lines).
+        for ctx in (
+            template_context(got[0], got[1], utterances[:2], None),
+            template_context(
+                got[0],
+                got[1],
+                utterances[:2],
+                None,
+                dialogue=[("user", "?"), ("assistant", "!")],
+                reference=["ref"],
+            ),
+        ):
+            for part in names:
+                if part is not None:
+                    renderer.render(part, ctx)
     return _Prepared(tmpl, renderer, scen, rows, n, logs, utterances, tok, langs)
 
 
@@ -389,6 +401,7 @@ def _render_all(
             id_counts.update(set(ev.prefix_block_ids))
     records: list[CorpusRecord] = []
     template_sha = file_sha256(prep.tmpl.files)
+    blocks = SharedBlocks(prep.tok, seed=settings.seed)
     for k, ci in enumerate(chosen):
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
@@ -399,6 +412,7 @@ def _render_all(
         )
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
+        more = pool.more_for(v.domain, v.profile.lang, v.fewshot_ids, v.query) if pool is not None else []
         records.append(
             assemble_record(
                 k=k,
@@ -414,6 +428,8 @@ def _render_all(
                 id_counts=id_counts,
                 settings=settings,
                 rng=rng,
+                blocks=blocks,
+                more_shots=more,
             )
         )
         if k % 20 == 0:
@@ -510,12 +526,34 @@ def _write(
         dedup_judges=judged,
         fewshot=pool.summary() if pool is not None else {},
     )
+    warnings = filler_warnings(records)
     quality_doc = {
         "metrics": metrics,
         "thresholds": thresholds.model_dump(),
         "failures": bad,
+        "warnings": warnings,
         "dedup_judges": judged,
         "dedup_examples": examples,
     }
     write_corpus_files(inputs.out, records, manifest, quality_doc)
-    return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand))
+    if warnings:
+        from harness.common.console import err
+
+        for w in warnings:
+            err().print(f"harness: warning: {w}", markup=False, highlight=False)
+    return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand), warnings)
+
+
+def filler_warnings(records: Sequence[CorpusRecord]) -> list[str]:
+    """What to warn about a corpus whose prompts needed filler words to reach their lengths."""
+    padded = [r for r in records if r.provenance.fill is not None and r.provenance.fill.filler > 0]
+    if not padded:
+        return []
+    filler = sum(r.provenance.fill.filler for r in padded if r.provenance.fill is not None)
+    total = sum(r.prompt_tokens or 0 for r in records)
+    return [
+        f"{len(padded)} of {len(records)} prompts needed filler words to reach their target length "
+        f"({filler} tokens, {filler / max(total, 1):.1%} of all prompt tokens; after the instructions): "
+        "the logs' dialogue history, catalogue entries and few-shot pool ran out. Give longer logs "
+        "(--fewshot), a template that shows `dialogue` and `reference`, or --max-input-tokens"
+    ]

@@ -136,6 +136,19 @@ class FewShotPool:
             chosen.extend(int(others[j]) for j in rng.choice(len(others), size=take, replace=False))
         return [self.entries[i] for i in chosen]
 
+    def more_for(
+        self, domain: str, lang: str, shown: Sequence[str], query: str | None = None
+    ) -> list[Utterance]:
+        """Further pool lines a prompt can show to reach a target length: the request's language
+        only, its own domain first, each stratum in the pool's (confidence) order; never the shots
+        already ``shown`` (ids) nor the request's own ``query``."""
+        skip = set(shown)
+        rest = [
+            k for k, e in enumerate(self.entries) if e.lang == lang and e.id not in skip and e.text != query
+        ]
+        rest.sort(key=lambda k: (self.strata[k] != domain, k))
+        return [self.entries[k] for k in rest]
+
     def summary(self) -> dict[str, object]:
         return {
             "pool_size": len(self.entries),

@@ -52,8 +52,8 @@ def test_fit_lands_on_the_budget(tok: TargetTokenizer, ref: Tokenizer, text: str
     assert len(_ids(ref, fitted)) == budget == n
     original = len(_ids(ref, text))
     assert how == ("exact" if original == budget else "padded" if original < budget else "truncated")
-    if how == "padded":
-        assert fitted.endswith(text.lstrip(" "))
+    if how == "padded":  # filler goes after the text's instructions, never in front of them
+        assert fitted.startswith(text.rstrip())
 
 
 @pytest.mark.parametrize("budget", [5, 40, 300])
