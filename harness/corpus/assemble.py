@@ -6,7 +6,8 @@ and brought to the target input tokens with real material, in this order (:func:
 
 1. the query's own dialogue so far (CrossWOZ: the turns before it, newest added first);
 2. catalogue entries relevant to the query, as retrieved context (:func:`catalog.reference`);
-3. further few-shot examples from the pool (:meth:`FewShotPool.more_for`).
+3. further few-shot examples: the pool's (:meth:`FewShotPool.more_for`), then the logs' other
+   lines of the request's language, most confident first.
 
 The last item added may be cut at a token boundary so the prompt lands on the target exactly.
 Only when the material runs out are filler words added, after the instructions (the prompt's first
@@ -199,8 +200,9 @@ def fill_to(
     m, cut, got = 0, None, measure(0)
     for attempt in range(FIT_ATTEMPTS):
         n_items = len(material.items)
-        # The most items that fit: the count only grows with items, so bisect.
-        lo, hi = 0, n_items
+        # The most items that fit: the count only grows with items, so bisect, in a bracket found
+        # by galloping from an estimate (each measure renders and counts the whole prompt).
+        lo, hi = _bracket(measure, material, budget, tok)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if measure(mid) <= budget:
@@ -257,6 +259,32 @@ def fill_to(
         parts, got = trial, n
         how = "padded"
     return parts, how, fill, m, cut
+
+
+def _bracket(measure: Any, material: Material, budget: int, tok: TargetTokenizer) -> tuple[int, int]:
+    """``(lo, hi)`` with ``measure(lo) <= budget`` and the last fitting item count in ``[lo, hi]``."""
+    n_items = len(material.items)
+    costs = np.cumsum(tok.count_batch([Material.text(it) for it in material.items]) or [0]) + np.arange(
+        1, n_items + 1
+    )
+    est = int(np.searchsorted(costs, budget - measure(0), side="right")) if n_items else 0
+    lo, hi = 0, n_items
+    step = 1
+    if measure(est) <= budget:
+        lo = est
+        while lo + step <= n_items and measure(lo + step) <= budget:
+            lo += step
+            step *= 2
+        hi = min(n_items, lo + step - 1) if lo + step <= n_items else n_items
+    else:
+        hi = est - 1
+        while hi - step >= 0 and measure(hi - step + 1) > budget:
+            hi -= step
+            step *= 2
+        lo = max(0, hi - step + 1)
+        while lo > 0 and measure(lo) > budget:  # guard: keep measure(lo) <= budget
+            lo = max(0, lo - step)
+    return lo, hi
 
 
 def assemble_record(

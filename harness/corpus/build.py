@@ -33,7 +33,7 @@ from harness.common.errors import ConfigError, InputError
 from harness.corpus import dedup as dedup_mod
 from harness.corpus import quality
 from harness.corpus.assemble import PromptTemplate, assemble_record, load_template, template_context
-from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence
+from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence, top_by_confidence
 from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng
 from harness.corpus.logs import Utterance, detect_log_format, read_logs
 from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_files
@@ -335,7 +335,9 @@ def build_corpus(
                 break
         tick("dedup", 1, 1)
 
-    records = _render_all(prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick)
+    records = _render_all(
+        prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick, usable=usable
+    )
     failures_extra: list[str] = []
     if len(chosen) < n and (exhausted or sampler.exhausted()):
         failures_extra.append(
@@ -392,7 +394,13 @@ def _render_all(
     cand: list[tuple[RequestVariables, Pick]],
     chosen: list[int],
     tick: Progress,
+    usable: Sequence[Utterance] = (),
 ) -> list[CorpusRecord]:
+    # Log lines beyond the pool, most confident first: the last real material a prompt can add.
+    in_pool = {e.id for e in pool.entries} if pool is not None else set()
+    beyond: dict[str, list[Utterance]] = {}
+    for u in top_by_confidence([u for u in usable if u.id not in in_pool], len(usable)):
+        beyond.setdefault(u.lang, []).append(u)
     # Trace prefix sharing: a block id seen in two or more used rows is shared text.
     id_counts: Counter[int] = Counter()
     rows = prep.rows
@@ -413,6 +421,7 @@ def _render_all(
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
         more = pool.more_for(v.domain, v.profile.lang, v.fewshot_ids, v.query) if pool is not None else []
+        more += beyond.get(v.profile.lang, [])
         records.append(
             assemble_record(
                 k=k,

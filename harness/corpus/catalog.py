@@ -351,7 +351,7 @@ def reference(
     domain: str,
     constraints: dict[str, str | int | float],
     rng: Any,
-    limit: int = 400,
+    limit: int | None = None,
 ) -> list[str]:
     """Catalogue entries relevant to a request, most relevant first: what a retrieval step would
     put in front of the model. The venue the request names, then venues of its domain in its
@@ -380,6 +380,6 @@ def reference(
     for tier in tiers:
         order = rng.permutation(len(tier)) if len(tier) > 1 else range(len(tier))
         out.extend(venue_line(tier[int(i)]) for i in order)
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             break
-    return out[:limit]
+    return out if limit is None else out[:limit]

@@ -233,13 +233,15 @@ class TargetTokenizer:
 
 
 def after_instructions(text: str, insert: str) -> str:
-    """``text`` with ``insert`` placed after its first paragraph (its instructions), or at its end
-    when it is one paragraph. Filler never goes in front of the instructions: a cache would see a
-    unique random prefix where production shares its system part."""
+    """``text`` with ``insert`` placed after its first paragraph (its instructions), else after its
+    first line, else at its end. Filler never goes in front of the instructions: a cache would see
+    a unique random prefix where production shares its system part."""
     insert = insert.strip(" ")
     if not insert:
         return text
     cut = text.find("\n\n")
+    if cut < 0:
+        cut = text.find("\n")
     if cut < 0:
         return text.rstrip() + "\n\n" + insert
     return text[:cut] + "\n\n" + insert + text[cut:]

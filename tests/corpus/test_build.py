@@ -91,6 +91,23 @@ def test_trace_replay_fits_lengths_and_shares_prefixes(tmp_path: Path) -> None:
     assert sharing >= 4
     assert sum(1 for r in records if r.prefix_group) == sharing
     assert res.manifest.counts["fitted_exact"] == 16
+    # Shared runs are real context behind a shared system instruction; every prompt opens with
+    # instructions (never filler), and these lengths were reached without filler words.
+    from harness.corpus.tokens import SHARED_PREAMBLE
+
+    for r in records:
+        assert (
+            r.text().startswith("\n" + SHARED_PREAMBLE)
+            if r.prefix_group
+            else r.text().startswith(("You are", "你是"))
+        )
+    # Filler only once the real material of the record's language ran out: Chinese prompts have
+    # the whole venue catalogue, English ones only the sample log's lines (warned about).
+    for r in records:
+        fill = r.provenance.fill
+        if fill is not None and fill.filler:
+            assert r.lang == "en" and fill.fewshot > 10_000, (r.id, fill)
+    assert res.warnings and 0 < (res.metrics["filler_token_share"] or 0) < 0.5
 
 
 def test_max_input_tokens_clips_trace_lengths(tmp_path: Path) -> None:
