@@ -33,7 +33,14 @@ from harness.common.errors import ConfigError, InputError
 from harness.corpus import dedup as dedup_mod
 from harness.corpus import quality
 from harness.corpus.assemble import PromptTemplate, assemble_record, load_template, template_context
-from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence, top_by_confidence
+from harness.corpus.fewshot import (
+    FewShotPool,
+    build_pool,
+    fill_confidence,
+    load_pool,
+    save_pool,
+    top_by_confidence,
+)
 from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng
 from harness.corpus.logs import Utterance, detect_log_format, read_logs
 from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_files
@@ -233,6 +240,31 @@ def _judges(
     return out
 
 
+def _pool_cache_path(prep: _Prepared, settings: CorpusSettings) -> Path:
+    """Where the few-shot pool of these logs and settings is cached (see ``pool_cache``)."""
+    import hashlib
+
+    import orjson
+
+    from harness.common.settings import HarnessSettings
+
+    key = {
+        "logs": [file_sha256([p]) for p in prep.logs],
+        "langs": prep.langs,
+        "judges": {lang: settings.dedup_judges[lang] for lang in prep.langs},
+        "embed_model": str(settings.embed_model or ""),
+        "threshold": settings.dedup_threshold,
+        "top_n": settings.fewshot_top_n,
+        "k": settings.fewshot_k,
+        "shot_set_size": settings.shot_set_size,
+        "floor": settings.fewshot_floor,
+        "seed": settings.seed,
+        "margin": dedup_mod.MARGIN,
+    }
+    digest = hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+    return HarnessSettings().run_dir / "cache" / "fewshot" / f"pool-{digest}.json"
+
+
 def _greedy(d: LangDedup, threshold: float) -> None:
     """First-come greedy over one language's candidates, ``banned`` positions dropped outright."""
     i, j, s = d.judge.pairs(d.vectors, threshold - dedup_mod.MARGIN)
@@ -278,7 +310,10 @@ def build_corpus(
     tick("few-shot pool", 0, 1)
     usable = [u for u in utterances if u.lang in prep.langs]
     pool: FewShotPool | None = None
-    if settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
+    cache = _pool_cache_path(prep, settings) if settings.pool_cache else None
+    if cache is not None and settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
+        pool = load_pool(cache, usable)
+    if pool is None and settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
         pool = build_pool(
             usable,
             lambda lang: judges[lang],
@@ -289,6 +324,8 @@ def build_corpus(
             floor=settings.fewshot_floor,
             seed=settings.seed,
         )
+        if cache is not None:
+            save_pool(cache, pool)
     tick("few-shot pool", 1, 1)
     # Pool lines may be queries too (a small log would run out otherwise); a prompt never shows its
     # own query among its examples (FewShotPool.for_request).

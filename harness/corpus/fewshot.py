@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -164,6 +165,56 @@ class FewShotPool:
                 for e in self.entries
             ],
         }
+
+
+POOL_CACHE_VERSION = 1
+
+
+def save_pool(path: Path, pool: FewShotPool) -> None:
+    """Write ``pool`` (which log lines, their strata, the shot set) as JSON, atomically."""
+    from harness.common.io import write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(
+        path,
+        {
+            "version": POOL_CACHE_VERSION,
+            "entries": [e.id for e in pool.entries],
+            "strata": pool.strata,
+            "strata_from": pool.strata_from,
+            "k": pool.k,
+            "silhouette": pool.silhouette,
+            "rejected": pool.rejected,
+            "shots": pool.shots,
+        },
+    )
+
+
+def load_pool(path: Path, lines: Sequence[Utterance]) -> FewShotPool | None:
+    """The pool saved at ``path``, its entries looked up among ``lines`` (with this build's
+    confidences); ``None`` when there is none or it does not fit these lines (it is then rebuilt)."""
+    import orjson
+
+    try:
+        doc = orjson.loads(path.read_bytes())
+        by_id = {u.id: u for u in lines}
+        entries = [by_id[i] for i in doc["entries"]]
+        pool = FewShotPool(
+            entries,
+            [str(x) for x in doc["strata"]],
+            str(doc["strata_from"]),
+            doc["k"],
+            doc["silhouette"],
+            int(doc["rejected"]),
+            [int(x) for x in doc["shots"]],
+        )
+    except (OSError, KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+        return None
+    if doc.get("version") != POOL_CACHE_VERSION or len(pool.strata) != len(entries):
+        return None
+    if any(not 0 <= i < len(entries) for i in pool.shots):
+        return None
+    return pool
 
 
 def cluster(
