@@ -100,11 +100,11 @@ def test_demo_and_ci_recipe_need_no_filler(tmp_path: Path) -> None:
 
     cold = tmp_path / "cold.jsonl"
     for args in (
-        ["traces", "coldpaths", str(TRACE), "--hops", "all", "--protocol", "any", "--cache-scope", "hop"]
-        + ["-o", str(cold)],
+        ["traces", "coldpaths", str(TRACE), "--hops", "all", "--protocol", "any", "--cache-scope", "hop",
+         "-o", str(cold)],
         ["traces", "scenarios", str(cold), "--k", "12", "-o", str(tmp_path / "scenarios.json")],
         corpus_build_args(tmp_path, 60),
-    ):
+    ):  # fmt: skip
         with pytest.raises(SystemExit) as done:
             main(args)
         assert done.value.code == 0
