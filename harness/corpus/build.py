@@ -303,17 +303,21 @@ def build_corpus(
     threshold = settings.dedup_threshold
 
     tick("read logs", 0, 1)
-    utterances = fill_confidence(prep.utterances)
+    utterances = prep.utterances
     tick("read logs", 1, 1)
     judges = _judges(settings, utterances, prep.langs, tick)
 
     tick("few-shot pool", 0, 1)
     usable = [u for u in utterances if u.lang in prep.langs]
     pool: FewShotPool | None = None
-    cache = _pool_cache_path(prep, settings) if settings.pool_cache else None
-    if cache is not None and settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
-        pool = load_pool(cache, usable)
-    if pool is None and settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
+    want_pool = settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0
+    cache = _pool_cache_path(prep, settings) if settings.pool_cache and want_pool else None
+    if cache is not None:
+        pool = load_pool(cache, usable)  # its entries carry their saved confidences
+    if pool is None and want_pool:
+        # Label confidences (a TF-IDF fit over every line) are what the pool is ranked by; a
+        # cached pool needs none of them.
+        usable = fill_confidence(usable)
         pool = build_pool(
             usable,
             lambda lang: judges[lang],
@@ -433,11 +437,19 @@ def _render_all(
     tick: Progress,
     usable: Sequence[Utterance] = (),
 ) -> list[CorpusRecord]:
-    # Log lines beyond the pool, most confident first: the last real material a prompt can add.
+    # Log lines beyond the pool, most confident first: the last real material a prompt can add
+    # (ranked only when a record can have a target length: it costs a TF-IDF fit).
     in_pool = {e.id for e in pool.entries} if pool is not None else set()
     beyond: dict[str, list[Utterance]] = {}
-    for u in top_by_confidence([u for u in usable if u.id not in in_pool], len(usable)):
-        beyond.setdefault(u.lang, []).append(u)
+    targets = prep.rows is not None or (
+        prep.scenarios is not None and any(c.input_tokens is not None for c in prep.scenarios.classes)
+    )
+    if targets:
+        rest = [u for u in usable if u.id not in in_pool]
+        if any(u.confidence is None for u in rest):
+            rest = fill_confidence(rest)
+        for u in top_by_confidence(rest, len(rest)):
+            beyond.setdefault(u.lang, []).append(u)
     # Trace prefix sharing: a block id seen in two or more used rows is shared text.
     id_counts: Counter[int] = Counter()
     rows = prep.rows

@@ -167,7 +167,7 @@ class FewShotPool:
         }
 
 
-POOL_CACHE_VERSION = 1
+POOL_CACHE_VERSION = 2
 
 
 def save_pool(path: Path, pool: FewShotPool) -> None:
@@ -179,7 +179,7 @@ def save_pool(path: Path, pool: FewShotPool) -> None:
         path,
         {
             "version": POOL_CACHE_VERSION,
-            "entries": [e.id for e in pool.entries],
+            "entries": [[e.id, e.confidence] for e in pool.entries],
             "strata": pool.strata,
             "strata_from": pool.strata_from,
             "k": pool.k,
@@ -191,14 +191,15 @@ def save_pool(path: Path, pool: FewShotPool) -> None:
 
 
 def load_pool(path: Path, lines: Sequence[Utterance]) -> FewShotPool | None:
-    """The pool saved at ``path``, its entries looked up among ``lines`` (with this build's
-    confidences); ``None`` when there is none or it does not fit these lines (it is then rebuilt)."""
+    """The pool saved at ``path``, its entries looked up among ``lines`` by id, with the
+    confidences saved beside them; ``None`` when there is none or it does not fit these lines
+    (it is then rebuilt)."""
     import orjson
 
     try:
         doc = orjson.loads(path.read_bytes())
         by_id = {u.id: u for u in lines}
-        entries = [by_id[i] for i in doc["entries"]]
+        entries = [replace(by_id[i], confidence=c) for i, c in doc["entries"]]
         pool = FewShotPool(
             entries,
             [str(x) for x in doc["strata"]],

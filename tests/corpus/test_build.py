@@ -28,8 +28,15 @@ def test_same_seed_same_corpus_and_records_validate(tmp_path: Path) -> None:
     a = build_corpus(BuildInputs(out=tmp_path / "a", **common), _settings())  # type: ignore[arg-type]
     b = build_corpus(BuildInputs(out=tmp_path / "b", **common), _settings())  # type: ignore[arg-type]
     c = build_corpus(BuildInputs(out=tmp_path / "c", **common), _settings(seed=8))  # type: ignore[arg-type]
+    # Without the few-shot pool cache (b and a read or wrote it): the same corpus and pool.
+    d = build_corpus(BuildInputs(out=tmp_path / "d", **common), _settings(pool_cache=False))  # type: ignore[arg-type]
     raw_a = (tmp_path / "a" / "corpus.jsonl").read_bytes()
-    assert raw_a == (tmp_path / "b" / "corpus.jsonl").read_bytes()
+    assert (
+        raw_a
+        == (tmp_path / "b" / "corpus.jsonl").read_bytes()
+        == (tmp_path / "d" / "corpus.jsonl").read_bytes()
+    )
+    assert a.manifest.fewshot == b.manifest.fewshot == d.manifest.fewshot
     assert raw_a != (tmp_path / "c" / "corpus.jsonl").read_bytes()
     records = list(read_corpus(tmp_path / "a"))
     assert len(records) == 30 == len(a.records)
