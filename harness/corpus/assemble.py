@@ -177,7 +177,7 @@ class Material:
 
 
 def _count(tok: TargetTokenizer, parts: Parts) -> int:
-    return sum(tok.count_batch([t for _, t in parts])) if parts else 0
+    return tok.count_lines([t for _, t in parts]) if parts else 0
 
 
 def fill_to(
@@ -198,11 +198,15 @@ def fill_to(
     if measure(0) == budget:
         return render(0, None), "exact", Fill(), 0, None
     m, cut, got = 0, None, measure(0)
+    # Each item's own tokens: where to start looking (labels and headers make the real count a
+    # little more; every decision below is on measured counts).
+    costs = [c + 1 for c in tok.count_each([Material.text(it) for it in material.items])]
+    start: int | None = None
     for attempt in range(FIT_ATTEMPTS):
         n_items = len(material.items)
         # The most items that fit: the count only grows with items, so bisect, in a bracket found
         # by galloping from an estimate (each measure renders and counts the whole prompt).
-        lo, hi = _bracket(measure, material, budget, tok)
+        lo, hi = _bracket(measure, costs, budget, start)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if measure(mid) <= budget:
@@ -212,22 +216,18 @@ def fill_to(
         m, cut, got = lo, None, measure(lo)
         if got == budget or m >= n_items:
             break
-        whole = material.items[m]
-        left, right = 0, tok.count(Material.text(whole))
-        while left < right:  # the longest cut of the next item that still fits
-            t = (left + right + 1) // 2
-            if measure(m, material.cut(whole, t, tok)) <= budget:
-                left = t
-            else:
-                right = t - 1
-        cut = material.cut(whole, left, tok)
+        cut = _longest_cut(measure, material, m, budget, tok)
         got = measure(m, cut)
         if got == budget or m == 0 or attempt == FIT_ATTEMPTS - 1:
             break
         # What is left is less than the next item's own labels (a header, "User:"): leave out the
-        # last whole item so that the next one, cut longer, lands on the budget exactly.
+        # last whole item so that the next one, cut longer, lands on the budget exactly. Counts
+        # of the items before it stay valid.
         material.items.pop(m - 1)
-        measured.clear()
+        costs.pop(m - 1)
+        for key_ in [k for k in measured if k[0] >= m - 1 and not (k[0] == m - 1 and k[1] is None)]:
+            del measured[key_]
+        start = m - 1
     parts = render(m, cut)
     got = measure(m, cut)
 
@@ -261,30 +261,59 @@ def fill_to(
     return parts, how, fill, m, cut
 
 
-def _bracket(measure: Any, material: Material, budget: int, tok: TargetTokenizer) -> tuple[int, int]:
-    """``(lo, hi)`` with ``measure(lo) <= budget`` and the last fitting item count in ``[lo, hi]``."""
-    n_items = len(material.items)
-    costs = np.cumsum(tok.count_batch([Material.text(it) for it in material.items]) or [0]) + np.arange(
-        1, n_items + 1
-    )
-    est = int(np.searchsorted(costs, budget - measure(0), side="right")) if n_items else 0
-    lo, hi = 0, n_items
+def _bracket(measure: Any, costs: list[int], budget: int, start: int | None) -> tuple[int, int]:
+    """``(lo, hi)`` with ``measure(lo) <= budget`` and the last fitting item count in ``[lo, hi]``,
+    galloping from ``start`` (known to fit) or from the items' estimated costs."""
+    n_items = len(costs)
+    if start is None:
+        est = (
+            int(np.searchsorted(np.cumsum(costs or [0]), budget - measure(0), side="right")) if n_items else 0
+        )
+    else:
+        est = start
+    est = min(est, n_items)
     step = 1
     if measure(est) <= budget:
         lo = est
         while lo + step <= n_items and measure(lo + step) <= budget:
             lo += step
             step *= 2
-        hi = min(n_items, lo + step - 1) if lo + step <= n_items else n_items
-    else:
-        hi = est - 1
-        while hi - step >= 0 and measure(hi - step + 1) > budget:
-            hi -= step
-            step *= 2
-        lo = max(0, hi - step + 1)
-        while lo > 0 and measure(lo) > budget:  # guard: keep measure(lo) <= budget
-            lo = max(0, lo - step)
+        return lo, (min(n_items, lo + step - 1) if lo + step <= n_items else n_items)
+    hi = est - 1
+    while hi - step >= 0 and measure(hi - step + 1) > budget:
+        hi -= step
+        step *= 2
+    lo = max(0, hi - step + 1)
+    while lo > 0 and measure(lo) > budget:  # guard: keep measure(lo) <= budget
+        lo = max(0, lo - step)
     return lo, hi
+
+
+def _longest_cut(measure: Any, material: Material, m: int, budget: int, tok: TargetTokenizer) -> str | None:
+    """The longest cut of item ``m`` with which the prompt still fits ``budget`` (``None``: none
+    does). Guessed from the cut of one token (the item's labels are paid once), then checked."""
+    whole = material.items[m]
+    n_tok = tok.count(Material.text(whole))
+
+    def fits(t: int) -> bool:
+        return t == 0 or measure(m, material.cut(whole, t, tok)) <= budget
+
+    if n_tok == 0 or not fits(1):
+        return None
+    guess = max(1, min(n_tok, 1 + budget - measure(m, material.cut(whole, 1, tok))))
+    if fits(guess):
+        left, right = guess, n_tok
+        if guess == n_tok or not fits(guess + 1):
+            right = guess
+    else:
+        left, right = 1, guess - 1
+    while left < right:
+        t = (left + right + 1) // 2
+        if fits(t):
+            left = t
+        else:
+            right = t - 1
+    return material.cut(whole, left, tok)
 
 
 def assemble_record(

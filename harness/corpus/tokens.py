@@ -63,7 +63,9 @@ class TargetTokenizer:
         self.seed = seed
         self._words, self._costs, self._singles = self._vocabulary()
         self.additive = self.is_additive()
+        self.line_additive = self.additive and self.is_line_additive()
         self._blocks: dict[tuple[int, int], str] = {}
+        self._lines: dict[str, int] = {}
 
     def count(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False).ids)
@@ -81,6 +83,36 @@ class TargetTokenizer:
         if not singles:
             raise ConfigError("tokenizer maps no common English word to a single token", file=self.path)
         return [w for w, _ in keep], np.array([c for _, c in keep], dtype=np.int64), singles
+
+    def count_lines(self, texts: list[str]) -> int:
+        """Tokens of ``texts`` together, counted line by line with a memo of each line's count when
+        the tokenizer splits at newlines before its model runs (:attr:`line_additive`), so that
+        re-measuring a long prompt that changed in a few lines tokenizes only those lines."""
+        return sum(self.count_each(texts))
+
+    def count_each(self, texts: list[str]) -> list[int]:
+        """Each text's tokens (see :meth:`count_lines`)."""
+        if not self.line_additive:
+            return self.count_batch(texts) if texts else []
+        split = [t.split("\n") for t in texts]
+        new = list({line for lines in split for line in lines if line not in self._lines})
+        if new:
+            if len(self._lines) > 500_000:
+                self._lines.clear()  # bounded: a memo, not a store
+            self._lines.update(zip(new, self.count_batch(new), strict=True))
+        memo = self._lines
+        return [sum(memo[line] for line in lines) for lines in split]
+
+    def is_line_additive(self) -> bool:
+        """Whether a text's token count is the sum of its lines' counts (true when the
+        pre-tokenizer splits at whitespace, newlines included: BERT WordPiece)."""
+        samples = [
+            "You are a customer assistant.\n\n## 1. User profile\n- Name: Ann Lee\n- City: Elgin, Illinois",
+            "你是景点领域的智能客服助手。\n[hotel] 用户: 酒店的地址是在哪啊？\n"
+            "- 北京贵都大酒店（酒店，高档型）；评分 4.7",
+            "word\n\n\nword two\n  indented line\n",
+        ]
+        return all(self.count(t) == sum(self.count(x) for x in t.split("\n")) for t in samples)
 
     def is_additive(self) -> bool:
         rng = _block_rng(self.seed, "additivity")

@@ -90,3 +90,11 @@ def test_head_and_tail_cut_at_token_boundaries(tok: TargetTokenizer, ref: Tokeni
         head, tail = tok.head(text, k), tok.tail(text, k)
         assert len(_ids(ref, head)) == k == len(_ids(ref, tail))
         assert text.startswith(head) and text.endswith(tail)
+
+
+def test_line_memo_counts_like_the_tokenizer(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    assert tok.line_additive  # MiniLM's WordPiece splits at every whitespace, newlines included
+    texts = ["你是客服助手。\n\n- 北京贵都大酒店；评分 4.7\n[meta] User: spell aaron", "one line", ""]
+    texts.append("a\n\n\nb c")
+    assert tok.count_each(texts) == [len(_ids(ref, t)) for t in texts]
+    assert tok.count_lines(texts) == sum(len(_ids(ref, t)) for t in texts)
