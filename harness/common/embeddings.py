@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,11 @@ class Embedder:
         batch_size: sentences per forward pass.
         cache_path: SQLite file for the text-hash → vector cache; ``None`` disables it.
     """
+
+    TOKEN_BUDGET = 8192
+    """Padded tokens per forward pass of :meth:`_encode_bucketed`."""
+    LENGTH_SLACK = 2
+    """Most tokens of padding any text of a batch gets."""
 
     def __init__(
         self,
@@ -108,6 +113,14 @@ class Embedder:
         return out
 
     def _encode_raw(self, texts: Sequence[str], show_progress: bool) -> FloatMatrix:
+        model = self.model
+        tokenizer = getattr(model, "tokenizer", None)
+        if show_progress or not getattr(tokenizer, "is_fast", False):
+            return self._encode_st(texts, show_progress)
+        return self._encode_bucketed(texts, tokenizer)
+
+    def _encode_st(self, texts: Sequence[str], show_progress: bool) -> FloatMatrix:
+        """sentence-transformers' own ``encode`` (batches of ``batch_size`` sorted by characters)."""
         vecs = self.model.encode(
             list(texts),
             batch_size=self.batch_size,
@@ -116,6 +129,47 @@ class Embedder:
             show_progress_bar=show_progress,
         )
         return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    def _encode_bucketed(self, texts: Sequence[str], tokenizer: Any) -> FloatMatrix:
+        """The model's own forward pass over batches of texts of (nearly) the same *token* length.
+
+        Measured (bench/corpus.py, docs/benchmarks.md): on CPU, short texts encode ~2–3× faster
+        than through ``SentenceTransformer.encode`` with the same vectors (to ~1e-7): no batch is
+        padded by more than a few tokens, and a batch holds up to ``TOKEN_BUDGET`` tokens (more
+        texts per forward pass when they are short), instead of ``batch_size`` texts sorted by
+        characters. The pooling and normalization are the model's own modules.
+        """
+        import torch
+
+        model = self.model
+        max_len = int(getattr(model, "max_seq_length", 512) or 512)
+        ids = tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=max_len)[
+            "input_ids"
+        ]
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        order = np.argsort(lengths, kind="stable")
+        preprocess = getattr(model, "preprocess", None) or model.tokenize
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        budget = max(self.TOKEN_BUDGET, self.batch_size * 8)
+        start = 0
+        with torch.inference_mode():
+            while start < len(order):
+                end = start + 1
+                # Grow the batch while its padded size stays in budget and its lengths nearly equal.
+                while (
+                    end < len(order)
+                    and (end - start + 1) * lengths[order[end]] <= budget
+                    and lengths[order[end]] - lengths[order[start]] <= self.LENGTH_SLACK
+                ):
+                    end += 1
+                idx = order[start:end]
+                features = preprocess([texts[int(i)] for i in idx])
+                features = {k: (v.to(model.device) if hasattr(v, "to") else v) for k, v in features.items()}
+                emb = model(features)["sentence_embedding"]
+                emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+                out[idx] = emb.float().cpu().numpy()
+                start = end
+        return out
 
     def _cache_get(self, keys: list[bytes]) -> dict[bytes, FloatMatrix]:
         assert self._db is not None

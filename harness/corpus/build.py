@@ -33,14 +33,21 @@ from harness.common.errors import ConfigError, InputError
 from harness.corpus import dedup as dedup_mod
 from harness.corpus import quality
 from harness.corpus.assemble import PromptTemplate, assemble_record, load_template, template_context
-from harness.corpus.fewshot import FewShotPool, build_pool, fill_confidence
+from harness.corpus.fewshot import (
+    FewShotPool,
+    build_pool,
+    fill_confidence,
+    load_pool,
+    save_pool,
+    top_by_confidence,
+)
 from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng
 from harness.corpus.logs import Utterance, detect_log_format, read_logs
 from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_files
 from harness.corpus.model import CorpusRecord, Manifest, RequestVariables
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings, Thresholds
-from harness.corpus.tokens import TargetTokenizer, load_tokenizer
+from harness.corpus.tokens import SharedBlocks, TargetTokenizer, load_tokenizer
 from harness.traces.model import ScenarioSet
 
 Progress = Callable[[str, int, int], None]
@@ -92,6 +99,7 @@ class BuildResult:
     examples: list[dict[str, object]]
     failures: list[str]
     candidates: int
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -185,11 +193,22 @@ def prepare(inputs: BuildInputs, settings: CorpusSettings) -> _Prepared:
     probe = InputSampler(settings.seed, utterances, locales=settings.locales, scenarios=scen)
     got = probe.variables(0)
     if got is not None:
-        ctx = template_context(got[0], got[1], utterances[:2], None)
         names: list[str | None] = [t for _, t in tmpl.parts] if tmpl.kind == "messages" else [tmpl.name]
-        for part in names:
-            if part is not None:
-                renderer.render(part, ctx)
+        # Once bare, once with the material a target length may add (dialogue, reference lines).
+        for ctx in (
+            template_context(got[0], got[1], utterances[:2], None),
+            template_context(
+                got[0],
+                got[1],
+                utterances[:2],
+                None,
+                dialogue=[("user", "?"), ("assistant", "!")],
+                reference=["ref"],
+            ),
+        ):
+            for part in names:
+                if part is not None:
+                    renderer.render(part, ctx)
     return _Prepared(tmpl, renderer, scen, rows, n, logs, utterances, tok, langs)
 
 
@@ -219,6 +238,31 @@ def _judges(
         else:
             out[lang] = dedup_mod.judges.get(name)(reference=[u.text for u in utterances if u.lang == lang])
     return out
+
+
+def _pool_cache_path(prep: _Prepared, settings: CorpusSettings) -> Path:
+    """Where the few-shot pool of these logs and settings is cached (see ``pool_cache``)."""
+    import hashlib
+
+    import orjson
+
+    from harness.common.settings import HarnessSettings
+
+    key = {
+        "logs": [file_sha256([p]) for p in prep.logs],
+        "langs": prep.langs,
+        "judges": {lang: settings.dedup_judges[lang] for lang in prep.langs},
+        "embed_model": str(settings.embed_model or ""),
+        "threshold": settings.dedup_threshold,
+        "top_n": settings.fewshot_top_n,
+        "k": settings.fewshot_k,
+        "shot_set_size": settings.shot_set_size,
+        "floor": settings.fewshot_floor,
+        "seed": settings.seed,
+        "margin": dedup_mod.MARGIN,
+    }
+    digest = hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+    return HarnessSettings().run_dir / "cache" / "fewshot" / f"pool-{digest}.json"
 
 
 def _greedy(d: LangDedup, threshold: float) -> None:
@@ -259,14 +303,21 @@ def build_corpus(
     threshold = settings.dedup_threshold
 
     tick("read logs", 0, 1)
-    utterances = fill_confidence(prep.utterances)
+    utterances = prep.utterances
     tick("read logs", 1, 1)
     judges = _judges(settings, utterances, prep.langs, tick)
 
     tick("few-shot pool", 0, 1)
     usable = [u for u in utterances if u.lang in prep.langs]
     pool: FewShotPool | None = None
-    if settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0:
+    want_pool = settings.fewshot_top_n > 0 and settings.shots_per_prompt > 0
+    cache = _pool_cache_path(prep, settings) if settings.pool_cache and want_pool else None
+    if cache is not None:
+        pool = load_pool(cache, usable)  # its entries carry their saved confidences
+    if pool is None and want_pool:
+        # Label confidences (a TF-IDF fit over every line) are what the pool is ranked by; a
+        # cached pool needs none of them.
+        usable = fill_confidence(usable)
         pool = build_pool(
             usable,
             lambda lang: judges[lang],
@@ -277,6 +328,8 @@ def build_corpus(
             floor=settings.fewshot_floor,
             seed=settings.seed,
         )
+        if cache is not None:
+            save_pool(cache, pool)
     tick("few-shot pool", 1, 1)
     # Pool lines may be queries too (a small log would run out otherwise); a prompt never shows its
     # own query among its examples (FewShotPool.for_request).
@@ -323,7 +376,9 @@ def build_corpus(
                 break
         tick("dedup", 1, 1)
 
-    records = _render_all(prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick)
+    records = _render_all(
+        prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick, usable=usable
+    )
     failures_extra: list[str] = []
     if len(chosen) < n and (exhausted or sampler.exhausted()):
         failures_extra.append(
@@ -380,7 +435,21 @@ def _render_all(
     cand: list[tuple[RequestVariables, Pick]],
     chosen: list[int],
     tick: Progress,
+    usable: Sequence[Utterance] = (),
 ) -> list[CorpusRecord]:
+    # Log lines beyond the pool, most confident first: the last real material a prompt can add
+    # (ranked only when a record can have a target length: it costs a TF-IDF fit).
+    in_pool = {e.id for e in pool.entries} if pool is not None else set()
+    beyond: dict[str, list[Utterance]] = {}
+    targets = prep.rows is not None or (
+        prep.scenarios is not None and any(c.input_tokens is not None for c in prep.scenarios.classes)
+    )
+    if targets:
+        rest = [u for u in usable if u.id not in in_pool]
+        if any(u.confidence is None for u in rest):
+            rest = fill_confidence(rest)
+        for u in top_by_confidence(rest, len(rest)):
+            beyond.setdefault(u.lang, []).append(u)
     # Trace prefix sharing: a block id seen in two or more used rows is shared text.
     id_counts: Counter[int] = Counter()
     rows = prep.rows
@@ -389,6 +458,7 @@ def _render_all(
             id_counts.update(set(ev.prefix_block_ids))
     records: list[CorpusRecord] = []
     template_sha = file_sha256(prep.tmpl.files)
+    blocks = SharedBlocks(prep.tok, seed=settings.seed)
     for k, ci in enumerate(chosen):
         v, pick = cand[ci]
         rng = candidate_rng(settings.seed, ci, "render")
@@ -399,6 +469,8 @@ def _render_all(
         )
         v = v.model_copy(update={"fewshot_ids": [s.id for s in shots]})
         ev = rows[k] if rows is not None else None
+        more = pool.more_for(v.domain, v.profile.lang, v.fewshot_ids, v.query) if pool is not None else []
+        more += beyond.get(v.profile.lang, [])
         records.append(
             assemble_record(
                 k=k,
@@ -414,6 +486,8 @@ def _render_all(
                 id_counts=id_counts,
                 settings=settings,
                 rng=rng,
+                blocks=blocks,
+                more_shots=more,
             )
         )
         if k % 20 == 0:
@@ -510,12 +584,34 @@ def _write(
         dedup_judges=judged,
         fewshot=pool.summary() if pool is not None else {},
     )
+    warnings = filler_warnings(records)
     quality_doc = {
         "metrics": metrics,
         "thresholds": thresholds.model_dump(),
         "failures": bad,
+        "warnings": warnings,
         "dedup_judges": judged,
         "dedup_examples": examples,
     }
     write_corpus_files(inputs.out, records, manifest, quality_doc)
-    return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand))
+    if warnings:
+        from harness.common.console import err
+
+        for w in warnings:
+            err().print(f"harness: warning: {w}", markup=False, highlight=False)
+    return BuildResult(records, manifest, metrics, dropped_total, examples, bad, len(cand), warnings)
+
+
+def filler_warnings(records: Sequence[CorpusRecord]) -> list[str]:
+    """What to warn about a corpus whose prompts needed filler words to reach their lengths."""
+    padded = [r for r in records if r.provenance.fill is not None and r.provenance.fill.filler > 0]
+    if not padded:
+        return []
+    filler = sum(r.provenance.fill.filler for r in padded if r.provenance.fill is not None)
+    total = sum(r.prompt_tokens or 0 for r in records)
+    return [
+        f"{len(padded)} of {len(records)} prompts needed filler words to reach their target length "
+        f"({filler} tokens, {filler / max(total, 1):.1%} of all prompt tokens; after the instructions): "
+        "the logs' dialogue history, catalogue entries and few-shot pool ran out. Give longer logs "
+        "(--fewshot), a template that shows `dialogue` and `reference`, or --max-input-tokens"
+    ]

@@ -311,3 +311,75 @@ def _regions(rows: Sequence[tuple[str, str, int]]) -> dict[str, frozenset[str]]:
 def scenario_keywords(domains: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Keywords that point a scenario class at each of ``domains``."""
     return {d: (*FLOWS.get(d, GENERIC).keywords, d.replace("_", " ")) for d in domains}
+
+
+# --------------------------------------------------------------------------- retrieved context
+
+_ZH_KIND = {"hotel": "酒店", "restaurant": "餐馆", "attraction": "景点"}
+_PRICE = {"hotel": "价格 {}元/晚", "restaurant": "人均 {}元", "attraction": "门票 {}元"}
+REFERENCE_DOMAINS = {"hotel": ("hotel",), "restaurant": ("restaurant",), "attraction": ("attraction",)}
+"""Which venue kinds a Chinese request of a domain retrieves first; metro and taxi requests (and
+the domains mapped by :data:`ZH_FLOW_FOR`) are about getting to a venue of any kind."""
+
+
+def venue_line(v: Venue) -> str:
+    """One venue of the catalogue as a line of retrieved context (every field the catalogue has)."""
+    parts = [f"{v.name}（{_ZH_KIND.get(v.domain, v.domain)}{'，' + v.type if v.type else ''}）"]
+    if v.district:
+        parts.append(f"北京市{v.district}")
+    if v.subway:
+        parts.append(f"地铁: {v.subway}")
+    if v.rating is not None:
+        parts.append(f"评分 {v.rating:g}")
+    if v.price is not None:
+        parts.append(_PRICE.get(v.domain, "价格 {}元").format(f"{v.price:g}"))
+    if v.duration:
+        parts.append(f"游玩时间 {v.duration}")
+    if v.dishes:
+        parts.append("推荐菜: " + "、".join(v.dishes[:8]))
+    return "；".join(parts) + "。"
+
+
+@lru_cache(maxsize=1)
+def venue_lines() -> tuple[str, ...]:
+    """Every venue as a line of context, in catalogue order (what shared prefix blocks are cut from)."""
+    return tuple(venue_line(v) for v in load_catalog().venues)
+
+
+def reference(
+    lang: str,
+    domain: str,
+    constraints: dict[str, str | int | float],
+    rng: Any,
+    limit: int | None = None,
+) -> list[str]:
+    """Catalogue entries relevant to a request, most relevant first: what a retrieval step would
+    put in front of the model. The venue the request names, then venues of its domain in its
+    district, then the rest of its domain, then other venues (each tier in a seeded order).
+
+    Only the CrossWOZ venue database has entries with content; English requests (CLINC150's
+    catalogue is bare names) get none and reach their length from few-shot examples instead.
+    """
+    if lang != "zh":
+        return []
+    cat = load_catalog()
+    kinds = REFERENCE_DOMAINS.get(ZH_FLOW_FOR.get(domain, domain), tuple(_ZH_KIND))
+    name = str(constraints.get("name", ""))
+    district = str(constraints.get("district", ""))
+    tiers: list[list[Venue]] = [[], [], [], []]
+    for v in cat.venues:
+        if v.name == name:
+            tiers[0].append(v)
+        elif v.domain in kinds and district and v.district == district:
+            tiers[1].append(v)
+        elif v.domain in kinds:
+            tiers[2].append(v)
+        else:
+            tiers[3].append(v)
+    out: list[str] = []
+    for tier in tiers:
+        order = rng.permutation(len(tier)) if len(tier) > 1 else range(len(tier))
+        out.extend(venue_line(tier[int(i)]) for i in order)
+        if limit is not None and len(out) >= limit:
+            break
+    return out if limit is None else out[:limit]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,19 @@ class FewShotPool:
             chosen.extend(int(others[j]) for j in rng.choice(len(others), size=take, replace=False))
         return [self.entries[i] for i in chosen]
 
+    def more_for(
+        self, domain: str, lang: str, shown: Sequence[str], query: str | None = None
+    ) -> list[Utterance]:
+        """Further pool lines a prompt can show to reach a target length: the request's language
+        only, its own domain first, each stratum in the pool's (confidence) order; never the shots
+        already ``shown`` (ids) nor the request's own ``query``."""
+        skip = set(shown)
+        rest = [
+            k for k, e in enumerate(self.entries) if e.lang == lang and e.id not in skip and e.text != query
+        ]
+        rest.sort(key=lambda k: (self.strata[k] != domain, k))
+        return [self.entries[k] for k in rest]
+
     def summary(self) -> dict[str, object]:
         return {
             "pool_size": len(self.entries),
@@ -151,6 +165,57 @@ class FewShotPool:
                 for e in self.entries
             ],
         }
+
+
+POOL_CACHE_VERSION = 2
+
+
+def save_pool(path: Path, pool: FewShotPool) -> None:
+    """Write ``pool`` (which log lines, their strata, the shot set) as JSON, atomically."""
+    from harness.common.io import write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(
+        path,
+        {
+            "version": POOL_CACHE_VERSION,
+            "entries": [[e.id, e.confidence] for e in pool.entries],
+            "strata": pool.strata,
+            "strata_from": pool.strata_from,
+            "k": pool.k,
+            "silhouette": pool.silhouette,
+            "rejected": pool.rejected,
+            "shots": pool.shots,
+        },
+    )
+
+
+def load_pool(path: Path, lines: Sequence[Utterance]) -> FewShotPool | None:
+    """The pool saved at ``path``, its entries looked up among ``lines`` by id, with the
+    confidences saved beside them; ``None`` when there is none or it does not fit these lines
+    (it is then rebuilt)."""
+    import orjson
+
+    try:
+        doc = orjson.loads(path.read_bytes())
+        by_id = {u.id: u for u in lines}
+        entries = [replace(by_id[i], confidence=c) for i, c in doc["entries"]]
+        pool = FewShotPool(
+            entries,
+            [str(x) for x in doc["strata"]],
+            str(doc["strata_from"]),
+            doc["k"],
+            doc["silhouette"],
+            int(doc["rejected"]),
+            [int(x) for x in doc["shots"]],
+        )
+    except (OSError, KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+        return None
+    if doc.get("version") != POOL_CACHE_VERSION or len(pool.strata) != len(entries):
+        return None
+    if any(not 0 <= i < len(entries) for i in pool.shots):
+        return None
+    return pool
 
 
 def cluster(

@@ -60,6 +60,9 @@ class Utterance:
     """The venue the request is about when the dialogue names one (CrossWOZ)."""
     where: str | None = None
     """Where in the file: ``line 12`` or a JSON path."""
+    history: tuple[tuple[str, str], ...] = ()
+    """The dialogue's earlier turns, oldest first, as (``user`` | ``assistant``, text) (CrossWOZ):
+    the real conversation a request continues, used to reach a target prompt length."""
 
 
 def detect_lang(text: str) -> str:
@@ -334,6 +337,7 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
                 "expected a dialogue with a 'messages' list", file=path, field=f'"{did}".messages'
             )
         stated: dict[str, dict[str, str]] = {}  # domain → slot → value the user has given so far
+        turns: list[tuple[str, str]] = []  # the dialogue so far, greetings included
         focus: dict[str, str] = {}  # domain → the venue last named by either side
         for t, m in enumerate(msgs):
             where = f'"{did}".messages[{t}]'
@@ -350,6 +354,10 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
                 )
             acts = [(a[0], a[1], a[2], a[3]) for a in acts_raw]
             real = [a for a in acts if a[0] != "General" and a[1] in CROSSWOZ_DOMAINS]
+            before = tuple(turns)
+            said = m["content"].strip()
+            if said and m.get("role") in ("usr", "sys"):
+                turns.append(("user" if m.get("role") == "usr" else "assistant", said))
             if m.get("role") == "sys":
                 for kind, dom, slot, value in real:
                     if kind == "Inform" and slot == "名称" and value not in ("", "none", "无"):
@@ -382,6 +390,7 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
                     slots=tuple(sorted(stated.get(domain, {}).items())),
                     focus=focus.get(domain),
                     where=where,
+                    history=before,
                 )
             )
     return out

@@ -83,6 +83,20 @@ class RequestVariables(StrictModel):
     fewshot_ids: list[str] = Field(default_factory=list)
 
 
+class Fill(StrictModel):
+    """What a prompt was brought to its target length with, in tokens of the target tokenizer (the
+    order material is added in: real history, catalogue entries, few-shot examples, then filler)."""
+
+    history: int = Field(default=0, ge=0)
+    """Earlier turns of the query's own dialogue."""
+    catalog: int = Field(default=0, ge=0)
+    """Catalogue entries relevant to the query, as retrieved context."""
+    fewshot: int = Field(default=0, ge=0)
+    """Further few-shot examples from the pool."""
+    filler: int = Field(default=0, ge=0)
+    """Filler words (only when the real material ran out; placed after the instructions)."""
+
+
 class Provenance(StrictModel):
     generator: str = "harness.corpus"
     seed: int
@@ -94,8 +108,11 @@ class Provenance(StrictModel):
     """``format:file`` of the trace request it reproduces, if any."""
     source_line: int | None = None
     source_trace_id: str | None = None
-    fitted: Literal["exact", "padded", "truncated", "none"] = "none"
-    """How the prompt was fitted to the target input tokens."""
+    fitted: Literal["exact", "filled", "padded", "truncated", "none"] = "none"
+    """How the prompt was fitted to the target input tokens: ``filled`` with real material only,
+    ``padded`` when filler words were needed too (see :attr:`fill`)."""
+    fill: Fill | None = None
+    """Tokens added per kind of material to reach the target (``None``: nothing was added)."""
     query_source: str | None = None
     """``format:file`` of the request log the query was taken from."""
     query_id: str | None = None

@@ -15,7 +15,9 @@ Definitions (also in docs/corpus.md):
   (:mod:`harness.corpus.catalog`: a venue, dish, district, subway exit, place, restaurant …);
 * region agreement: share of records whose profile city lies in its profile region, and whose
   constraints' place lies in their region (and Beijing district in Beijing);
-* query in prompt: share of records whose query appears verbatim in the request as sent.
+* query in prompt: share of records whose query appears verbatim in the request as sent;
+* filler token share: filler-word tokens (added only when real material ran out before a target
+  length, :mod:`harness.corpus.assemble`) over all prompt tokens.
 
 Thresholds turn metrics into a :class:`CheckFailed` naming every metric that missed.
 """
@@ -168,6 +170,13 @@ def query_in_prompt(records: Sequence[CorpusRecord]) -> float | None:
     return sum(1 for q, t in vs if q in t) / len(vs) if vs else None
 
 
+def filler_token_share(records: Sequence[CorpusRecord]) -> float | None:
+    """Filler-word tokens over all prompt tokens (records with a measured length)."""
+    total = sum(r.prompt_tokens or 0 for r in records)
+    filler = sum(r.provenance.fill.filler for r in records if r.provenance.fill is not None)
+    return filler / total if total else None
+
+
 def compute(
     records: Sequence[CorpusRecord],
     *,
@@ -205,6 +214,7 @@ def compute(
         "catalog_share": catalog_share(records),
         "region_agreement": region_agreement(records),
         "query_in_prompt": query_in_prompt(records),
+        "filler_token_share": filler_token_share(records),
     }
 
 

@@ -73,3 +73,6 @@ class CorpusSettings(BaseSettings, Thresholds):
     batch_size: int = Field(default=64, ge=1)
     embed_cache: bool = True
     """Cache embeddings in ``<run_dir>/cache/embeddings.sqlite`` keyed by text hash."""
+    pool_cache: bool = True
+    """Cache the few-shot pool in ``<run_dir>/cache/fewshot/`` keyed by the logs' SHA-256 and the
+    pool settings: a later build from the same logs skips the pool's encoder work."""

@@ -285,9 +285,7 @@ def run_server(
 
 def serve(
     *,
-    preset: Annotated[
-        str | None, typer.Option("--preset", help=PRESET_HELP)
-    ] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="Hugging Face checkpoint directory (overrides --preset).")
     ] = None,

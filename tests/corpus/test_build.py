@@ -28,8 +28,15 @@ def test_same_seed_same_corpus_and_records_validate(tmp_path: Path) -> None:
     a = build_corpus(BuildInputs(out=tmp_path / "a", **common), _settings())  # type: ignore[arg-type]
     b = build_corpus(BuildInputs(out=tmp_path / "b", **common), _settings())  # type: ignore[arg-type]
     c = build_corpus(BuildInputs(out=tmp_path / "c", **common), _settings(seed=8))  # type: ignore[arg-type]
+    # Without the few-shot pool cache (b and a read or wrote it): the same corpus and pool.
+    d = build_corpus(BuildInputs(out=tmp_path / "d", **common), _settings(pool_cache=False))  # type: ignore[arg-type]
     raw_a = (tmp_path / "a" / "corpus.jsonl").read_bytes()
-    assert raw_a == (tmp_path / "b" / "corpus.jsonl").read_bytes()
+    assert (
+        raw_a
+        == (tmp_path / "b" / "corpus.jsonl").read_bytes()
+        == (tmp_path / "d" / "corpus.jsonl").read_bytes()
+    )
+    assert a.manifest.fewshot == b.manifest.fewshot == d.manifest.fewshot
     assert raw_a != (tmp_path / "c" / "corpus.jsonl").read_bytes()
     records = list(read_corpus(tmp_path / "a"))
     assert len(records) == 30 == len(a.records)
@@ -91,6 +98,23 @@ def test_trace_replay_fits_lengths_and_shares_prefixes(tmp_path: Path) -> None:
     assert sharing >= 4
     assert sum(1 for r in records if r.prefix_group) == sharing
     assert res.manifest.counts["fitted_exact"] == 16
+    # Shared runs are real context behind a shared system instruction; every prompt opens with
+    # instructions (never filler), and these lengths were reached without filler words.
+    from harness.corpus.tokens import SHARED_PREAMBLE
+
+    for r in records:
+        assert (
+            r.text().startswith("\n" + SHARED_PREAMBLE)
+            if r.prefix_group
+            else r.text().startswith(("You are", "你是"))
+        )
+    # Filler only once the real material of the record's language ran out: Chinese prompts have
+    # the whole venue catalogue, English ones only the sample log's lines (warned about).
+    for r in records:
+        fill = r.provenance.fill
+        if fill is not None and fill.filler:
+            assert r.lang == "en" and fill.fewshot > 10_000, (r.id, fill)
+    assert res.warnings and 0 < (res.metrics["filler_token_share"] or 0) < 0.5
 
 
 def test_max_input_tokens_clips_trace_lengths(tmp_path: Path) -> None:

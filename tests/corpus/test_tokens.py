@@ -52,8 +52,8 @@ def test_fit_lands_on_the_budget(tok: TargetTokenizer, ref: Tokenizer, text: str
     assert len(_ids(ref, fitted)) == budget == n
     original = len(_ids(ref, text))
     assert how == ("exact" if original == budget else "padded" if original < budget else "truncated")
-    if how == "padded":
-        assert fitted.endswith(text.lstrip(" "))
+    if how == "padded":  # filler goes after the text's instructions, never in front of them
+        assert fitted.startswith(text.rstrip())
 
 
 @pytest.mark.parametrize("budget", [5, 40, 300])
@@ -63,3 +63,38 @@ def test_fit_keep_end_cuts_the_front(tok: TargetTokenizer, ref: Tokenizer, budge
     assert len(_ids(ref, fitted)) == budget == n and how == "truncated"
     if budget >= 40:
         assert fitted.endswith("the request: where is my parcel?")
+
+
+def test_shared_blocks_are_real_context_exact_and_shared(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    from harness.corpus.catalog import venue_lines
+    from harness.corpus.tokens import SHARED_PREAMBLE, SharedBlocks
+
+    blocks = SharedBlocks(tok, seed=0)
+    a = blocks.prefix([10, 11, 12], 64)
+    b = blocks.prefix([10, 11, 99], 64)
+    assert len(_ids(ref, a)) == 3 * 64 == len(_ids(ref, b))
+    assert _ids(ref, a)[:128] == _ids(ref, b)[:128] == _ids(ref, blocks.prefix([10, 11], 64))
+    # The run opens with the shared system instruction; the rest is venue entries (the last of a
+    # block cut at a token boundary), with no filler word anywhere.
+    assert a.startswith("\n" + SHARED_PREAMBLE)
+    lines = set(venue_lines())
+    body = a[len("\n" + SHARED_PREAMBLE) :].split("\n")[1:]
+    assert body and all(line in lines or any(v.startswith(line) for v in lines) for line in body)
+    assert blocks.block(10, 64, True) != blocks.block(10, 64, False)  # only a run's first block is preceded
+
+
+def test_head_and_tail_cut_at_token_boundaries(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    text = "北京贵都大酒店；评分 4.7；the hotel's gym opens at 6 am"
+    n = len(_ids(ref, text))
+    for k in range(n + 1):
+        head, tail = tok.head(text, k), tok.tail(text, k)
+        assert len(_ids(ref, head)) == k == len(_ids(ref, tail))
+        assert text.startswith(head) and text.endswith(tail)
+
+
+def test_line_memo_counts_like_the_tokenizer(tok: TargetTokenizer, ref: Tokenizer) -> None:
+    assert tok.line_additive  # MiniLM's WordPiece splits at every whitespace, newlines included
+    texts = ["你是客服助手。\n\n- 北京贵都大酒店；评分 4.7\n[meta] User: spell aaron", "one line", ""]
+    texts.append("a\n\n\nb c")
+    assert tok.count_each(texts) == [len(_ids(ref, t)) for t in texts]
+    assert tok.count_lines(texts) == sum(len(_ids(ref, t)) for t in texts)
