@@ -75,8 +75,15 @@ def test_demo_calibrates_here_passes_the_unchanged_target_and_fails_the_regresse
     assert verdicts == ctx.outcome["verdicts"] and verdicts["capacity_rps"] == capacity["capacity_rps"]
     assert verdicts["unchanged"] != "fail", read_report_json(unchanged / "gate.json").headline()
     regression = read_report_json(out / "regression" / "gate.json")
-    assert verdicts["regression"] == regression.verdict == "fail", regression.headline()
-    assert any(g.verdict == "fail" and g.unit == "ms" for g in regression.gates)  # a latency gate caught it
+    assert verdicts["regression"] == regression.verdict != "pass", regression.headline()
+    if "blind: true" in baseline:
+        # Calibrated on a machine so busy that a 2× slowdown fits in a limit (a starved CI runner): such
+        # gates cannot pass, and the regression is failed or, at worst, cannot be judged; never passed.
+        assert regression.verdict in ("fail", "unjudgeable"), regression.headline()
+    else:
+        assert regression.verdict == "fail", regression.headline()
+        # a latency gate caught it
+        assert any(g.verdict == "fail" and g.unit == "ms" for g in regression.gates)
     assert f"regression: {regression.verdict.upper()}" in printed
     server_pid = json.loads((out / "regression" / "server" / "ready.json").read_text())["pid"]
     demo_pid = json.loads((out / "server" / "ready.json").read_text())["pid"]

@@ -108,6 +108,11 @@ class Gate(StrictModel):
     """``prefill_peak_bytes_max`` only: refuse estimated peaks (default true)."""
     name: str | None = None
     """An id for reports and JUnit (default: metric plus selectors)."""
+    blind: bool = False
+    """Set by ``harness baseline calibrate`` where the runs' spread put an ``at_most`` latency limit
+    at ≥ twice its threshold: a 2× slower target would pass such a gate, so its pass proves nothing
+    and is judged *cannot be judged* (:func:`harness.gates.judge.judge_gate`); a run beyond the
+    limit still fails."""
 
     @field_validator("metric")
     @classmethod
@@ -265,6 +270,8 @@ def dump_baseline(
     ]
     for i, gate in enumerate(baseline.gates):
         row = gate.model_dump(mode="json", exclude_none=True)
+        if not gate.blind:  # written only where calibration set it
+            del row["blind"]
         for key in ("threshold", "abs_tolerance", "rel_tolerance"):
             if key in row:
                 row[key] = _round(float(row[key]))

@@ -280,9 +280,11 @@ def calibrate(
         if metric.direction == "at_most" and metric.unit in ("ms", "x") and gate.limit >= 2 * threshold:
             warnings.append(
                 f"{first.where}: the limit {format_value(gate.limit, metric.unit)} is ≥ twice the threshold: "
-                "this machine's run-to-run spread is too wide for the gate to catch a 2× slowdown"
+                "this machine's run-to-run spread is too wide for the gate to catch a 2× slowdown, so "
+                "a run within it cannot be judged (quiet the machine, add runs, or gate the _rel ratios)"
             )
-            note += "; cannot catch a 2× slowdown"
+            note += "; cannot catch a 2× slowdown: a run within it cannot be judged"
+            gate = gate.model_copy(update={"blind": True})
         comments[len(gates)] = note
         gates.append(gate)
     if not gates:
@@ -306,9 +308,15 @@ def calibrate(
         fingerprint=fingerprint,
     )
     not_passed: list[str] = []
+    # A blind gate cannot pass by design (judge.py): its runs are within its limit, the warning says why.
+    blind = {g.id for g in baseline.gates if g.blind}
     for rn, sets in zip(names, runs, strict=True):
         report = judge(baseline, sets)
-        not_passed += [f"{rn}: {_gate_where(g)}: {g.reason}" for g in report.gates if g.verdict != "pass"]
+        not_passed += [
+            f"{rn}: {_gate_where(g)}: {g.reason}"
+            for g in report.gates
+            if g.verdict != "pass" and not (g.id in blind and g.verdict == "inconclusive")
+        ]
     machine = fingerprint.environment.describe() if fingerprint.environment else "an unknown machine"
     header = [
         f"Calibrated by `harness baseline calibrate` on {machine}, "

@@ -19,6 +19,10 @@ jitter that is small against the margin changes nothing, jitter comparable to it
 inconclusive, and a regression beyond the widened interval still fails. A target that saturated
 (requests waited for a free user) is judged like any other: the wait is its doing.
 
+**Blind gates.** A gate ``harness baseline calibrate`` marked ``blind`` (its runs scattered so
+widely that the limit is ≥ twice the threshold) cannot pass: within its limit it is inconclusive,
+because a 2× slower target would be within it too; beyond the limit it still fails.
+
 **Conservative judgement.** An inconclusive gate is not a pass: it counts as *cannot be judged*
 (exit 6) like too few samples, NaN samples, a client-bound or interrupted run, a missing metric or
 an estimated prefill peak where a measured one is required. A proven regression (exit 1) outranks
@@ -276,6 +280,13 @@ def judge_gate(
     elif relative and (ref_why := _reference_problem(rs, reference)) is not None:
         verdict = "unjudgeable"
         why = ref_why
+    elif verdict == "pass" and gate.blind:
+        # A gate a 2× slower target would pass too: its pass says nothing about the code.
+        verdict = "inconclusive"
+        why = (
+            "the baseline's limit is ≥ twice its threshold (calibrated where runs scattered that "
+            "widely): a 2× slowdown would pass too, so this pass proves nothing"
+        )
     value = _finite(m.value)
     delta = value - gate.threshold if value is not None else None
     delta_pct = delta / abs(gate.threshold) * 100 if delta is not None and gate.threshold != 0 else None

@@ -12,7 +12,7 @@ import yaml
 
 from harness.common.errors import CannotJudge, ConfigError, ExitCode
 from harness.common.fingerprint import Environment, Hardware, Software
-from harness.gates.baseline import baseline_from_results, read_baseline
+from harness.gates.baseline import baseline_from_results, read_baseline, write_baseline
 from harness.gates.calibrate import (
     RunFailed,
     calibrate,
@@ -167,3 +167,29 @@ def test_calibrate_cli_end_to_end_with_a_stand_in_run(
     )
     assert r.returncode == 3 and "calibration run 1 of 3 exited 3" in r.stderr
     assert not x.exists()
+
+
+def test_runs_too_scattered_to_catch_a_2x_slowdown_make_blind_gates_that_never_pass(tmp_path: Path) -> None:
+    """Calibrated where runs scatter by 2× (a starved machine), a latency limit lands at ≥ twice its
+    threshold: a 2× slower target would pass it, so within it is cannot be judged, never pass; the
+    calibration itself still writes the baseline (its runs are not failures) and says why."""
+    runs = [_paired(tmp_path / f"cal-{k}", 10 * k, d) for k, d in enumerate((1.0, 2.0, 1.3), start=1)]
+    cal = calibrate(runs, headroom=0.1, name="t", run_names=["a", "b", "c"], command="harness run …")
+    blind = [g for g in cal.baseline.gates if g.blind]
+    assert blind and all(g.limit >= 2 * g.threshold for g in blind)
+    assert cal.not_passed == []
+    assert any("too wide for the gate to catch a 2× slowdown" in w for w in cal.warnings)
+    rerun = judge(cal.baseline, _paired(tmp_path / "rerun", 99, 1.0))
+    assert rerun.verdict == "unjudgeable"  # never "pass" …
+    gates = {g.id: g for g in rerun.gates}
+    for g in blind:
+        assert gates[g.id].verdict == "inconclusive" and "proves nothing" in gates[g.id].reason
+    # … and a run beyond a blind limit still fails.
+    awful = judge(cal.baseline, _paired(tmp_path / "awful", 7, 1.0, decode=12.0))
+    assert awful.verdict == "fail"
+    # The written file keeps the mark; gates without it do not carry the key.
+    out = tmp_path / "b.yaml"
+    write_baseline(out, cal.baseline, cal.comments, cal.header)
+    text = out.read_text()
+    assert text.count("blind: true") == len(blind) and "blind: false" not in text
+    assert [g.blind for g in read_baseline(out).gates] == [g.blind for g in cal.baseline.gates]
