@@ -45,8 +45,12 @@ def test_ttft_and_itl_are_what_the_server_did(tmp_path: Path, corpus: Path) -> N
     ttft, itl = s.metrics["ttft_ms"], s.metrics["itl_ms"]
     assert ttft.n == 80 and itl.n == 80 * 9
     assert ttft.p50 is not None and itl.p50 is not None
-    assert abs(ttft.p50 - server_ttft) <= 3.0, (ttft.p50, server_ttft)
-    assert abs(ttft.p50 - 50.0) <= 3.0 + max(0.0, server_ttft - 50.0)
+    # The client cannot time more finely than it is scheduled: on a busy machine (a second test
+    # worker, a CI neighbour) its own lateness shows how late it wakes, and that much is allowed on
+    # top of 3 ms. A systematic error (a clock stopped at the headers, a batched read) is tens of ms.
+    late = s.metrics["lateness_ms"].p90 or 0.0
+    assert abs(ttft.p50 - server_ttft) <= 3.0 + late, (ttft.p50, server_ttft, late)
+    assert abs(ttft.p50 - 50.0) <= 3.0 + late + max(0.0, server_ttft - 50.0)
     assert abs(itl.p50 - server_gap) <= 1.0, (itl.p50, server_gap)
     assert abs(itl.p50 - 10.0) <= 1.0 + max(0.0, server_gap - 10.0)
     assert s.achieved_rate == pytest.approx(20.0, rel=0.02) and s.target_rate == 20.0
