@@ -321,14 +321,14 @@ class Transformer(nn.Module):
         self.vocab_limit = cfg.vocab_size
         """Logits are computed for ids below this only (ids the tokenizer cannot decode are masked)."""
         self._rope: torch.Tensor | None = None
-        self._packed_head: torch.Tensor | None = None
+        self.packed_head: torch.Tensor | None = None
 
     def prepack(self) -> None:
         """oneDNN-packed copies of every linear weight and the LM head (see :func:`pack_weight`);
         a no-op off CPU float32. The engine calls it once the weights are loaded."""
         for layer in self.blocks():
             layer.prepack()
-        self._packed_head = pack_weight(self.head_weight().contiguous())
+        self.packed_head = pack_weight(self.head_weight().contiguous())
 
     def rope_tables(self, max_len: int) -> None:
         """Precompute the rotations e^(i·pos·θ_j) [max_len, 1, Dh/2] (complex64) on the model's device."""
@@ -365,7 +365,7 @@ class Transformer(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [N, D] → float32 logits [N, vocab_limit]."""
-        out: torch.Tensor = linear(h, self.head_weight(), None, self._packed_head).float()
+        out: torch.Tensor = linear(h, self.head_weight(), None, self.packed_head).float()
         return out
 
     @torch.inference_mode()
