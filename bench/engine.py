@@ -43,7 +43,7 @@ from harness.common.stats import percentile
 from harness.engine.api import SamplingParams
 from harness.engine.core import EngineCore
 from harness.engine.factory import create_core
-from harness.engine.model import Transformer, rope_pair_order
+from harness.engine.model import Transformer, linear, rope_pair_order
 from harness.engine.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,16 +67,24 @@ def make_prompts(core: EngineCore, n: int, length: int) -> list[list[int]]:
 
 class Ceiling:
     """The bare weight matmuls of one decode step of ``batch`` tokens: per layer fused qkv, o, fused
-    gate/up, down, then the LM head — the engine's own weight tensors, nothing else."""
+    gate/up, down, then the LM head — the engine's own weight tensors through the engine's own
+    matmul (:func:`~harness.engine.model.linear`, oneDNN-packed on CPU from 4 rows), nothing else."""
 
     def __init__(self, model: Transformer, batch: int, device: torch.device) -> None:
-        self.weights: list[torch.Tensor] = []
+        # (weight, its oneDNN-packed copy or None): the ceiling takes the engine's own matmul path.
+        self.weights: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         for layer in model.blocks():
-            self.weights += [layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight]
-        self.weights.append(model.head_weight())
-        dtype = self.weights[0].dtype
+            pk = layer.packed
+            self.weights += [
+                (layer.qkv.weight, pk.get("qkv")),
+                (layer.o.weight, pk.get("o")),
+                (layer.gate_up.weight, pk.get("gate_up")),
+                (layer.down.weight, pk.get("down")),
+            ]
+        self.weights.append((model.head_weight(), model.packed_head))
+        dtype = self.weights[0][0].dtype
         self.xs = {
-            w.shape[1]: torch.randn(batch, w.shape[1], device=device, dtype=dtype) for w in self.weights
+            w.shape[1]: torch.randn(batch, w.shape[1], device=device, dtype=dtype) for w, _ in self.weights
         }
         self.device = device
         self.run()
@@ -86,8 +94,8 @@ class Ceiling:
         """One pass; returns its seconds."""
         sync(self.device)
         t = time.perf_counter()
-        for w in self.weights:
-            torch.nn.functional.linear(self.xs[w.shape[1]], w)
+        for w, packed in self.weights:
+            linear(self.xs[w.shape[1]], w, None, packed)
         sync(self.device)
         return time.perf_counter() - t
 

@@ -48,6 +48,12 @@ def _settle(fut: asyncio.Future[int], result: int | BaseException) -> None:
         fut.set_result(result)
 
 
+def _put_all(items: list[tuple[asyncio.Queue[TokenEvent | BaseException], TokenEvent]]) -> None:
+    """On the caller's loop: hand one step's events to their streams' queues."""
+    for q, ev in items:
+        q.put_nowait(ev)
+
+
 class ThreadedAsyncEngine:
     """:class:`~harness.engine.api.AsyncEngine` over an :class:`EngineCore` on its own thread."""
 
@@ -165,6 +171,20 @@ class ThreadedAsyncEngine:
         with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
 
+    def _deliver_step(self, events: list[TokenEvent]) -> None:
+        """A step's events with one ``call_soon_threadsafe`` per caller loop, not one per event: each
+        call writes the loop's wake-up pipe and takes its lock, 16 times a step at 16 streams."""
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[TokenEvent | BaseException], TokenEvent]]
+        ] = {}
+        for ev in events:
+            stream = self._streams.get(ev.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream.queue, ev))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
+                loop.call_soon_threadsafe(_put_all, items)
+
     def _handle(self, kind: str, payload: object) -> None:
         core = self.core
         if kind == "add":
@@ -213,8 +233,7 @@ class ThreadedAsyncEngine:
                     log.exception("engine step failed")
                     self._fail_all()
                     events = []
-                for ev in events:
-                    self._deliver(ev.request_id, ev)
+                self._deliver_step(events)
             self._stats = core.stats()
         self._fail_all()
         # Requests posted after the last inbox read would otherwise wait on their queues for ever.

@@ -117,6 +117,7 @@ class EngineCore:
         )  # [layers, K/V, slots, Hkv, Dh]
         self.kv_bytes_per_token = c.kv_bytes_per_token(dtype)
         model.rope_tables(max_model_len + 1)
+        model.prepack()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

@@ -135,6 +135,43 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+PACK_BATCH_HINT = 16
+"""The batch size oneDNN is told to expect when it lays out a packed weight: a decode step's rows.
+Any row count works with any layout; this one measured as fast as the exact size at 4–16 rows."""
+
+
+PACKED_MIN_ROWS = 4
+"""Below this many rows ``F.linear`` is faster (a matrix-vector product streams the row-major weight
+at memory speed; oneDNN's packed path measured 1.1–1.5× slower at 1–3 rows, faster from 4)."""
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's blocked layout of a [out, in] float32 CPU weight, or None where it does not apply.
+
+    Why: at the 4–16 rows of a decode step, ``F.linear`` (MKL sgemm over the row-major weight) runs
+    1.3–2.5× slower than oneDNN's matmul over a weight reordered once into its own blocked layout
+    (measured on SmolLM2's shapes, one thread; docs/benchmarks.md). vLLM's CPU build does the same.
+    The packed copy is extra memory (one more copy of each linear weight, LM head included).
+    """
+    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    if w.device.type != "cpu" or w.dtype != torch.float32 or not mkldnn:
+        return None
+    with torch.no_grad():
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_BATCH_HINT)
+    return packed
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
+    """x [N, in] @ w [out, in]ᵀ (+ b) → [N, out], through the packed copy of ``w`` when there is one
+    and ``N`` is large enough for it to pay."""
+    if packed is None or x.shape[0] < PACKED_MIN_ROWS:
+        return F.linear(x, w, b)
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    return out
+
+
 def rope_pair_order(dh: int) -> torch.Tensor:
     """Row order that turns HF's half-split RoPE layout into adjacent (re, im) pairs.
 
@@ -171,6 +208,16 @@ class Block(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, d, bias=False, device=dev)
         self.ffn = cfg.intermediate_size
         self.scale = 1.0 / math.sqrt(self.dh)
+        self.packed: dict[str, torch.Tensor] = {}
+        """oneDNN-packed copies of the four weights (:meth:`prepack`); empty: plain ``F.linear``."""
+
+    def prepack(self) -> None:
+        """Pack the linear weights for CPU float32 matmuls (call again after changing the weights)."""
+        self.packed = {}
+        for name, mod in (("qkv", self.qkv), ("o", self.o), ("gate_up", self.gate_up), ("down", self.down)):
+            p = pack_weight(mod.weight)
+            if p is not None:
+                self.packed[name] = p
 
     def forward(
         self,
@@ -181,8 +228,9 @@ class Block(nn.Module):
         batch: StepBatch,
     ) -> torch.Tensor:
         T = x.shape[0]
-        # Plain F.linear/addmm on the weights, not module calls: fewer Python layers per token.
-        qkv = F.linear(self.input_norm(x), self.qkv.weight, self.qkv.bias)  # [T, (H + 2·Hkv)·Dh]
+        pk = self.packed
+        # Plain matmuls on the weights, not module calls: fewer Python layers per token.
+        qkv = linear(self.input_norm(x), self.qkv.weight, self.qkv.bias, pk.get("qkv"))  # [T, (H + 2·Hkv)·Dh]
         qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.dh), freqs)
         q = qk[:, : self.h]  # [T, H, Dh]
         k = qk[:, self.h :]  # [T, Hkv, Dh]
@@ -198,10 +246,10 @@ class Block(nn.Module):
                 self._prefill_attention(q, k, v, k_cache, v_cache, seg, batch.block_size)
             )  # [n, H·Dh]
         attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # [T, H·Dh]
-        x = torch.addmm(x, attn, self.o.weight.t())  # x + attn @ Wo^T: residual add fused in
-        gu = F.linear(self.post_norm(x), self.gate_up.weight)  # [T, 2·F]
+        x = x + linear(attn, self.o.weight, None, pk.get("o"))  # [T, D]
+        gu = linear(self.post_norm(x), self.gate_up.weight, None, pk.get("gate_up"))  # [T, 2·F]
         act = F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :]  # [T, F]
-        return torch.addmm(x, act, self.down.weight.t())
+        return x + linear(act, self.down.weight, None, pk.get("down"))  # [T, D]
 
     def _decode_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch
@@ -273,6 +321,14 @@ class Transformer(nn.Module):
         self.vocab_limit = cfg.vocab_size
         """Logits are computed for ids below this only (ids the tokenizer cannot decode are masked)."""
         self._rope: torch.Tensor | None = None
+        self.packed_head: torch.Tensor | None = None
+
+    def prepack(self) -> None:
+        """oneDNN-packed copies of every linear weight and the LM head (see :func:`pack_weight`);
+        a no-op off CPU float32. The engine calls it once the weights are loaded."""
+        for layer in self.blocks():
+            layer.prepack()
+        self.packed_head = pack_weight(self.head_weight().contiguous())
 
     def rope_tables(self, max_len: int) -> None:
         """Precompute the rotations e^(i·pos·θ_j) [max_len, 1, Dh/2] (complex64) on the model's device."""
@@ -309,7 +365,7 @@ class Transformer(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [N, D] → float32 logits [N, vocab_limit]."""
-        out: torch.Tensor = F.linear(h, self.head_weight()).float()
+        out: torch.Tensor = linear(h, self.head_weight(), None, self.packed_head).float()
         return out
 
     @torch.inference_mode()

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from harness.engine.api import SamplingParams
 from harness.engine.factory import create_core
 from harness.engine.loader import load_checkpoint
+from harness.engine.model import PACKED_MIN_ROWS, linear, pack_weight
 
 from .conftest import make_checkpoint, tiny_settings
 
@@ -24,6 +26,19 @@ def hf_model(path: Path) -> torch.nn.Module:
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def test_packed_linear_matches_dense() -> None:
+    """The oneDNN-packed matmul gives F.linear's result at every row count, below and above the
+    row count from which the model uses it."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    packed = pack_weight(w)
+    if packed is None:
+        pytest.skip("this torch build has no oneDNN (mkldnn): the model uses F.linear only")
+    for n in (1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, 16, 33):
+        x = torch.randn(n, 64, generator=g)
+        torch.testing.assert_close(linear(x, w, b, packed), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -73,12 +88,18 @@ def test_greedy_continuation_through_paged_engine(kind: str, llama_dir: Path, qw
         )
     want = out[0, len(PROMPT) :].tolist()
     # Block size 4: the 45-token sequence spans 12 blocks, so paging is really exercised.
+    # Four copies decode together: a step of 4 rows takes the oneDNN-packed matmuls (PACKED_MIN_ROWS),
+    # a single stream the plain ones; both must give transformers' tokens.
     core, _ = create_core(tiny_settings(model_dir=path, preset=None, block_size=4, num_kv_blocks=64))
-    core.add_request("a", PROMPT, SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True))
-    got: list[int] = []
-    while core.has_work():
-        for ev in core.step():
-            if ev.token_id is not None:
-                got.append(ev.token_id)
-        core.validate()
-    assert got == want
+    assert core.model.blocks()[0].packed, "CPU float32: the engine packs its weights"
+    for single in (True, False):
+        ids = ["a"] if single else ["b", "c", "d", "e"]
+        for rid in ids:
+            core.add_request(rid, PROMPT, SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True))
+        got: dict[str, list[int]] = {rid: [] for rid in ids}
+        while core.has_work():
+            for ev in core.step():
+                if ev.token_id is not None:
+                    got[ev.request_id].append(ev.token_id)
+            core.validate()
+        assert got == dict.fromkeys(ids, want)
