@@ -4,10 +4,6 @@ PY := $(VENV)/bin/python
 # Installed before the project so that pip never swaps in an unpinned multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist). Most of the suite waits on servers and Locust processes it starts, so two
-# workers take the 2-core CI machine from about 15 to about 10 minutes; each worker's tests hold with
-# the other beside them (docs/testing.md). `make test TEST_WORKERS=0` runs in one process.
-TEST_WORKERS ?= 2
 
 .PHONY: setup models demo test test-fast lint typecheck bench clean vllm
 
@@ -30,10 +26,10 @@ demo: setup
 	$(PY) -m harness.demo
 
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

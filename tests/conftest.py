@@ -54,21 +54,3 @@ def sigint_heard() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
 
-
-LONG_FIRST = (
-    "tests/test_demo.py",
-    "tests/analysis/test_live_load.py",
-    "tests/gates/test_capacity_live.py",
-    "tests/gates/test_paired.py",
-    "tests/load/test_auth_replay.py",
-    "tests/gates/test_until_precision.py",
-)
-"""Modules of the longest tests (minutes, not seconds), started first."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests first: ``make test`` runs the suite on two xdist workers, and a worker
-    handed a 3-minute test last would run it alone while the other idles. A stable sort: the rest
-    keeps the collection order, and both workers compute the same order (xdist requires it)."""
-    rank = {module: i for i, module in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
