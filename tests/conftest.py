@@ -53,4 +53,3 @@ def sigint_heard() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-

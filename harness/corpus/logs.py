@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -324,21 +324,38 @@ def crosswoz_intent(acts: list[tuple[str, str, str, str]]) -> str:
     return "ask_" + requested[0]
 
 
-def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
+Act = tuple[str, str, str, str]
+"""A CrossWOZ dialog act: ``[intent, domain, slot, value]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrossWozMessage:
+    """One message of a CrossWOZ dialogue, validated (:func:`iter_crosswoz`)."""
+
+    index: int
+    where: str
+    """``"<dialogue id>".messages[<index>]``: where it is in the file, for errors and provenance."""
+    role: str
+    """``usr``, ``sys`` (others are passed on and ignored by both readers)."""
+    text: str
+    """The content, stripped."""
+    real: tuple[Act, ...]
+    """Its acts in the known domains (``General`` greetings and thanks left out)."""
+
+
+def iter_crosswoz(path: Path, data: bytes) -> Iterator[tuple[str, list[CrossWozMessage]]]:
+    """Each dialogue of a CrossWOZ file: its id and its messages, validated here once for both of
+    its readers (the utterances below, the sessions of :mod:`harness.corpus.sessions`)."""
     doc = _json_doc(path, data, "CrossWOZ dialogues (id → dialogue)")
     if not isinstance(doc, dict):
         raise InputError("expected an object of dialogue id → dialogue", file=path)
-    out: list[Utterance] = []
-    src = f"crosswoz:{path.name}"
     for did, dialogue in doc.items():
         msgs = dialogue.get("messages") if isinstance(dialogue, dict) else None
         if not isinstance(msgs, list):
             raise InputError(
                 "expected a dialogue with a 'messages' list", file=path, field=f'"{did}".messages'
             )
-        stated: dict[str, dict[str, str]] = {}  # domain → slot → value the user has given so far
-        turns: list[tuple[str, str]] = []  # the dialogue so far, greetings included
-        focus: dict[str, str] = {}  # domain → the venue last named by either side
+        out: list[CrossWozMessage] = []
         for t, m in enumerate(msgs):
             where = f'"{did}".messages[{t}]'
             if not isinstance(m, dict) or not isinstance(m.get("content"), str):
@@ -352,20 +369,33 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
                     file=path,
                     field=f"{where}.dialog_act",
                 )
-            acts = [(a[0], a[1], a[2], a[3]) for a in acts_raw]
-            real = [a for a in acts if a[0] != "General" and a[1] in CROSSWOZ_DOMAINS]
+            real = tuple(
+                (a[0], a[1], a[2], a[3]) for a in acts_raw if a[0] != "General" and a[1] in CROSSWOZ_DOMAINS
+            )
+            out.append(CrossWozMessage(t, where, str(m.get("role")), m["content"].strip(), real))
+        yield str(did), out
+
+
+def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
+    out: list[Utterance] = []
+    src = f"crosswoz:{path.name}"
+    for did, msgs in iter_crosswoz(path, data):
+        stated: dict[str, dict[str, str]] = {}  # domain → slot → value the user has given so far
+        turns: list[tuple[str, str]] = []  # the dialogue so far, greetings included
+        focus: dict[str, str] = {}  # domain → the venue last named by either side
+        for m in msgs:
+            real = list(m.real)
             before = tuple(turns)
-            said = m["content"].strip()
-            if said and m.get("role") in ("usr", "sys"):
-                turns.append(("user" if m.get("role") == "usr" else "assistant", said))
-            if m.get("role") == "sys":
+            if m.text and m.role in ("usr", "sys"):
+                turns.append(("user" if m.role == "usr" else "assistant", m.text))
+            if m.role == "sys":
                 for kind, dom, slot, value in real:
                     if kind == "Inform" and slot == "名称" and value not in ("", "none", "无"):
                         focus[CROSSWOZ_DOMAINS[dom]] = value
                         # The venue now talked about replaces a name the user gave earlier.
                         stated.get(CROSSWOZ_DOMAINS[dom], {}).pop("name", None)
                 continue
-            if m.get("role") != "usr" or not real:
+            if m.role != "usr" or not real:
                 continue  # greetings, thanks, goodbyes: not requests
             domain = CROSSWOZ_DOMAINS[_most_common_first([a[1] for a in real])]
             for kind, dom, slot, value in real:
@@ -376,20 +406,19 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Utterance]:
                     stated.setdefault(CROSSWOZ_DOMAINS[dom], {})[key] = shown
                     if slot == "名称":
                         focus[CROSSWOZ_DOMAINS[dom]] = value
-            text = m["content"].strip()
-            if not text:
+            if not m.text:
                 continue
             out.append(
                 Utterance(
-                    id=f"{did}-{t}",
-                    text=text,
-                    lang=detect_lang(text),
+                    id=f"{did}-{m.index}",
+                    text=m.text,
+                    lang=detect_lang(m.text),
                     domain=domain,
                     intent=crosswoz_intent(real),
                     source=src,
                     slots=tuple(sorted(stated.get(domain, {}).items())),
                     focus=focus.get(domain),
-                    where=where,
+                    where=m.where,
                     history=before,
                 )
             )

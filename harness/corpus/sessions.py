@@ -52,11 +52,11 @@ from harness.corpus import dedup as dedup_mod
 from harness.corpus.assemble import PromptTemplate, load_template
 from harness.corpus.logs import (
     CROSSWOZ_DOMAINS,
-    _json_doc,
     _most_common_first,
     _payload,
     crosswoz_intent,
     detect_lang,
+    iter_crosswoz,
 )
 from harness.corpus.manifest import file_sha256, write_corpus_files
 from harness.corpus.model import (
@@ -158,32 +158,15 @@ def _sniff_crosswoz(name: str, head: bytes) -> bool:
 
 
 def _read_crosswoz(path: Path, data: bytes) -> list[Dialogue]:
-    doc = _json_doc(path, data, "CrossWOZ dialogues (id → dialogue)")
-    if not isinstance(doc, dict):
-        raise InputError("expected an object of dialogue id → dialogue", file=path)
     out: list[Dialogue] = []
     src = f"crosswoz:{path.name}"
-    for did, dialogue in doc.items():
-        msgs = dialogue.get("messages") if isinstance(dialogue, dict) else None
-        if not isinstance(msgs, list):
-            raise InputError(
-                "expected a dialogue with a 'messages' list", file=path, field=f'"{did}".messages'
-            )
+    for did, msgs in iter_crosswoz(path, data):
         turns: list[DialogueTurn] = []
         domains: list[str] = []
         first_acts: list[tuple[str, str, str, str]] | None = None
         venues: list[str] = []
-        for t, m in enumerate(msgs):
-            where = f'"{did}".messages[{t}]'
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-                raise InputError("expected a turn with 'content' and 'role'", file=path, field=where)
-            acts = [
-                (a[0], a[1], a[2], a[3])
-                for a in m.get("dialog_act") or []
-                if isinstance(a, list) and len(a) == 4 and all(isinstance(x, str) for x in a)
-            ]
-            real = [a for a in acts if a[0] != "General" and a[1] in CROSSWOZ_DOMAINS]
-            for kind, _dom, slot, value in real:
+        for m in msgs:
+            for kind, _dom, slot, value in m.real:
                 if (
                     kind == "Inform"
                     and slot == "名称"
@@ -191,23 +174,22 @@ def _read_crosswoz(path: Path, data: bytes) -> list[Dialogue]:
                     and value not in venues
                 ):
                     venues.append(value)
-            text = m["content"].strip()
-            if m.get("role") == "usr":
-                if not text:
+            if m.role == "usr":
+                if not m.text:
                     continue
-                domains += [a[1] for a in real]
-                if first_acts is None and real:
-                    first_acts = real
-                turns.append(DialogueTurn(user=text, reply=None, where=where))
-            elif m.get("role") == "sys" and turns and turns[-1].reply is None and text:
+                domains += [a[1] for a in m.real]
+                if first_acts is None and m.real:
+                    first_acts = list(m.real)
+                turns.append(DialogueTurn(user=m.text, reply=None, where=m.where))
+            elif m.role == "sys" and turns and turns[-1].reply is None and m.text:
                 last = turns[-1]
-                turns[-1] = DialogueTurn(last.user, text, last.ts, last.replied_at, last.where)
+                turns[-1] = DialogueTurn(last.user, m.text, last.ts, last.replied_at, last.where)
         if not turns:
             continue
         domain = CROSSWOZ_DOMAINS[_most_common_first(domains)] if domains else "chat"
         out.append(
             Dialogue(
-                id=str(did),
+                id=did,
                 source=src,
                 lang=detect_lang(turns[0].user),
                 domain=domain,
