@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-
-from locust.runners import Runner
+from typing import TYPE_CHECKING
 
 from harness.load.arrivals import ArrivalSource, RateArrivals, Segment
 from harness.load.messages import Role, send_segments, send_stop
 from harness.load.pacer import Pacer
 from harness.load.plan import Ladder, WindowStats
 from harness.load.precision import PrecisionTracker, describe
+
+if TYPE_CHECKING:  # locust only for annotations: importing it monkey-patches the process (gevent)
+    from locust.runners import Runner
 
 log = logging.getLogger("harness.load")
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from locust.runners import MasterRunner, Runner
+from typing import TYPE_CHECKING, Any, Literal
 
 from harness.load.arrivals import Segment
 from harness.load.results import RequestRecord, WorkerShare
+
+if TYPE_CHECKING:  # locust only for annotations: importing it monkey-patches the process (gevent)
+    from locust.runners import MasterRunner, Runner
 
 Role = Literal["local", "master", "worker"]
 """A process's part in a run: a single local process, or the master or a worker of a distributed one."""

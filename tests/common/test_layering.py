@@ -235,3 +235,36 @@ def test_cycle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None
         ["planted.a", "planted.b"],
         ["planted.d", "planted.e"],
     ]
+
+
+LOCUST_FREE = (
+    "harness.load.summary",
+    "harness.load.results",
+    "harness.load.options",
+    "harness.load.inputs",
+    "harness.load.control",
+    "harness.load.messages",
+    "harness.gates.paired",
+    "harness.reports.render",
+)
+"""Modules a process outside Locust imports (the CLI, the gates, the tests): importing locust there
+would monkey-patch that process with gevent halfway through, after its threads exist, and module
+locks taken before the patch then wait on a gevent hub in another thread (the suite hung on exactly
+this: ``harness.load.summary`` → ``control`` → ``locust.runners``)."""
+
+
+def test_the_load_stage_outside_locust_does_not_import_locust() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, sys\n"
+        f"for name in {LOCUST_FREE!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    bad = sorted(m for m in sys.modules if m == 'locust' or m.startswith('locust.'))\n"
+        "    assert not bad, (name, bad[:3])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
