@@ -146,14 +146,20 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "
         f"{result.dropped} near-duplicates dropped)"
     )
-    for ex in result.examples[:3]:
+    _report_build(result.examples, result.failures, check, out, "corpus quality below threshold")
+
+
+def _report_build(
+    examples: list[dict[str, object]], failures: list[str], check: bool, out: Path, what: str
+) -> None:
+    """What both builds print after their tables: a few dropped near-duplicates, the quality
+    failures, and with ``--check`` the failure as exit 1 naming ``quality.json``."""
+    for ex in examples[:3]:
         console.print(f"  dropped {ex['dropped']!r} ≈ kept {ex['kept']!r} ({ex['cosine']})", highlight=False)
-    for line in result.failures:
+    for line in failures:
         console.print(f"[yellow]quality:[/] {line}", highlight=False)
-    if check and result.failures:
-        raise CheckFailed(
-            "corpus quality below threshold: " + "; ".join(result.failures), file=str(out / "quality.json")
-        )
+    if check and failures:
+        raise CheckFailed(f"{what}: " + "; ".join(failures), file=str(out / "quality.json"))
 
 
 def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to sessions
@@ -198,12 +204,7 @@ def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to ses
         f"wrote {result.metrics['sessions']} sessions, {len(result.records)} turns to {out} "
         f"({result.dropped} sessions dropped: first turn a near-duplicate)"
     )
-    for ex in result.examples[:3]:
-        console.print(f"  dropped {ex['dropped']!r} ≈ kept {ex['kept']!r} ({ex['cosine']})", highlight=False)
-    for line in result.failures:
-        console.print(f"[yellow]quality:[/] {line}", highlight=False)
-    if check and result.failures:
-        raise CheckFailed("session corpus: " + "; ".join(result.failures), file=str(out / "quality.json"))
+    _report_build(result.examples, result.failures, check, out, "session corpus")
 
 
 @app.command()
