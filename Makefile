@@ -4,6 +4,12 @@ PY := $(VENV)/bin/python
 # Installed before the project so that pip never swaps in an unpinned multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# `make test` on this many pytest-xdist workers, each taking whole test files (module-scoped servers
+# start once); 0 runs the suite in one process. Two fit the 2-core CI machine: most long tests wait
+# on a server or a Locust process rather than compute. --no-loadscope-reorder keeps the order
+# tests/conftest.py gives (longest files first) instead of xdist's "most tests first".
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup models demo test test-fast lint typecheck bench clean vllm
 
@@ -26,10 +32,10 @@ demo: setup
 	$(PY) -m harness.demo
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
