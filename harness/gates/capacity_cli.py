@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+from harness.common.errors import CannotJudge, CheckFailed, ExitCode
+from harness.gates.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
 
 stderr = cons.err()
@@ -49,17 +50,8 @@ def capacity(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the answer (capacity.json) here.")
     ] = None,
-    serve_args: Annotated[
-        str | None,
-        typer.Option(
-            "--serve-args",
-            help='Start `harness serve` with these arguments (default "--preset tiny --cache").',
-        ),
-    ] = None,
-    url: Annotated[
-        str | None,
-        typer.Option("--url", help="Use this running OpenAI-compatible server instead of starting one."),
-    ] = None,
+    serve_args: ServeArgs = None,
+    url: Url = None,
     min_rate: Annotated[
         float | None,
         typer.Option(
@@ -141,8 +133,7 @@ def capacity(
     from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.load.runner import LoadSpec
 
-    if url is not None and serve_args is not None:
-        raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
+    check_one_target(serve_args, url)
     # The load options of every probe, validated once here (each probe sets its rate and size).
     probe_load = LoadSpec(host="", results_dir=out, **load)
     spec = CapacitySpec(

@@ -15,6 +15,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+from harness.gates.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
 
 stderr = cons.err()
@@ -42,17 +43,8 @@ def run(
     *,
     load: dict[str, Any],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for every result.")] = Path("runs/run"),
-    serve_args: Annotated[
-        str | None,
-        typer.Option(
-            "--serve-args",
-            help='Start `harness serve` with these arguments (default "--preset tiny --cache").',
-        ),
-    ] = None,
-    url: Annotated[
-        str | None,
-        typer.Option("--url", help="Use this running OpenAI-compatible server instead of starting one."),
-    ] = None,
+    serve_args: ServeArgs = None,
+    url: Url = None,
     rate: Annotated[
         str | None,
         typer.Option(
@@ -121,8 +113,7 @@ def run(
     from harness.gates.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
-    if url is not None and serve_args is not None:
-        raise ConfigError("give --serve-args (start a server) or --url (use one), not both", field="--url")
+    check_one_target(serve_args, url)
     rate_rps, rate_share = parse_rate(rate)
     if capacity is not None and not capacity > 0:
         raise ConfigError(f"must be a positive rate, got {capacity}", field="--capacity")
