@@ -73,7 +73,9 @@ class Served:
     reply: str = ""
     """The text written (every content chunk's, joined)."""
     done: float | None = None
-    """When the stream's last byte was written."""
+    """Just before the stream's end (``[DONE]`` and the last chunk) was written: the earliest moment a
+    client can have seen the response end. Stamped before the write, not after it, so that a server
+    thread descheduled between the write and the stamp cannot make a client look early."""
 
     @property
     def first_token_ms(self) -> float | None:
@@ -188,10 +190,10 @@ class _Handler(BaseHTTPRequestHandler):
             obj = "chat.completion.chunk" if chat else "text_completion"
             final = {"id": "x", "object": obj, "created": 0, "model": "test", "choices": [], "usage": usage}
             self._chunk(b"data: " + json.dumps(final).encode() + b"\n\n")
+        served.done = time.perf_counter()
         self._chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
-        served.done = time.perf_counter()
 
     def _answer(self, status: int, out: bytes, ctype: str = "application/json") -> None:
         self.send_response(status)
