@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.common.errors import ExitCode
@@ -24,6 +25,7 @@ from harness.demo import (
     DemoContext,
     StepFailed,
     corpus_build_args,
+    demo_capacity,
     harness,
     run_demo,
 )
@@ -119,3 +121,23 @@ def test_a_command_that_breaks_stops_the_demo_with_its_own_exit_code(tmp_path: P
     assert exc.value.exit_code == ExitCode.INPUT  # the command's code, from the table
     # A verdict is not a breakage: `harness gate` exiting 1 or 6 is allowed where the demo says so.
     assert harness(ctx, "baseline", "check", str(tmp_path / "nope.yaml"), ok=(0, 3)) == 3
+
+
+def test_a_capacity_search_that_finds_nothing_leaves_the_demo_its_lowest_probed_rate() -> None:
+    """On a machine busy enough that even the lowest probe cannot be judged (its TTFT interval is wide),
+    the demo's paired runs load a share of that probe's rate and the demo says so; a found capacity is
+    taken as it is."""
+    from harness.gates.capacity import parse_slo, search
+    from tests.gates.test_capacity import probe, spread, straddling
+
+    unsure = search(lambda rate: probe(rate, straddling()), parse_slo("ttft_p95<=100"), start=1.5)
+    assert unsure.exit_code == int(ExitCode.UNJUDGEABLE) and unsure.capacity_rps == 0
+    rate, note = demo_capacity(unsure)
+    assert rate == 1.5 and note is not None and "not found" in note and "1.5 req/s" in note
+
+    def knee(rate: float) -> np.ndarray:
+        return spread(50.0 if rate < 5 else 500.0)
+
+    found = search(lambda rate: probe(rate, knee(rate)), parse_slo("ttft_p95<=100"), start=1.0)
+    assert found.exit_code == int(ExitCode.OK)
+    assert demo_capacity(found) == (found.capacity_rps, None) and 2.0 <= found.capacity_rps < 5.0
