@@ -32,8 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Each worker collects and reorders the same way (the controller requires identical collections),
     and ``--dist loadfile --no-loadscope-reorder`` (the Makefile's) hands files out in the resulting
-    order; without ``--no-loadscope-reorder`` xdist would put the files with most tests first. A single-process run keeps
-    pytest's order, which puts fast failures first.
+    order; without ``--no-loadscope-reorder`` xdist would put the files with most tests first. A
+    single-process run keeps pytest's order, which puts fast failures first.
     """
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
