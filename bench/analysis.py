@@ -48,7 +48,7 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.analysis.references import RefTrace, load_refs  # noqa: E402
-from harness.analysis.sim import NEVER, next_use, simulate  # noqa: E402
+from harness.analysis.sim import NEVER, SIMULATORS, next_use, simulate  # noqa: E402
 from harness.analysis.warmup import plan_warmup  # noqa: E402
 from harness.common.stats import percentile  # noqa: E402
 
@@ -86,6 +86,13 @@ def naive_min_hits(keys: np.ndarray, capacity: int) -> int:
 ORIGINS = (0.5, 0.6, 0.7, 0.8, 0.9)
 WINDOW = 0.1
 MEASURES = ("ceiling", "history_ceiling", "plan_min", "expected", "protected", "history_lru", "cold_lru")
+ONLINE = tuple(p for p in SIMULATORS.names() if p != "min")
+"""The online policies compared in the policy table (every simulator but MIN)."""
+POLICY_KEYS = (
+    *(f"plan+{p}" for p in ONLINE),
+    *(f"history+{p}" for p in ONLINE),
+    *(f"cold+{p}" for p in (*ONLINE, "min")),
+)
 
 
 def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
@@ -94,7 +101,7 @@ def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
     w = max(1, int(n * WINDOW))
     out: dict[float, dict[str, float]] = {f: dict.fromkeys((*MEASURES, "refs"), 0.0) for f in FRACTIONS}
     for f in FRACTIONS:
-        for k in ("unseen", "one_off", "used", "overlap"):
+        for k in ("unseen", "one_off", "used", "overlap", "from_preload", "after_scan", *POLICY_KEYS):
             out[f][k] = 0.0
     for origin in ORIGINS:
         cut = int(n * origin)
@@ -117,18 +124,31 @@ def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
                 ("one_off", rep.limits.refs_one_off),
                 ("used", rep.limits.preload_used),
                 ("overlap", rep.limits.preload_overlap),
+                *((f"plan+{p}", rep.plan_by_policy[p]) for p in ONLINE),
+                *((f"history+{p}", rep.history_by_policy[p]) for p in ONLINE),
+                *((f"cold+{p}", rep.cold[p]) for p in (*ONLINE, "min")),
             ):
                 row[key] += rate * refs
+            # Shares of the ceiling's hits: weighted by those hits, not by references.
+            ceiling_hits = rep.history_ceiling * refs
+            row["from_preload"] += rep.limits.ceiling_from_preload * ceiling_hits
+            row["after_scan"] += rep.limits.ceiling_after_scan * ceiling_hits
     for row in out.values():
+        ceiling_hits = row["history_ceiling"]  # still a hit count here
         for key in row:
-            if key != "refs":
+            if key in {"from_preload", "after_scan"}:
+                row[key] /= ceiling_hits or 1.0
+            elif key != "refs":
                 row[key] /= row["refs"]
     return out
 
 
-def plan_rows(name: str, trace: RefTrace) -> tuple[list[list[str]], list[list[str]], list[float]]:
+def plan_rows(
+    name: str, trace: RefTrace
+) -> tuple[list[list[str]], list[list[str]], list[list[str]], list[float]]:
     rows: list[list[str]] = []
     limit_rows: list[list[str]] = []
+    policy_rows: list[list[str]] = []
     ratios: list[float] = []
     for f, r in backtest(trace).items():
         hc = r["history_ceiling"]
@@ -159,9 +179,25 @@ def plan_rows(name: str, trace: RefTrace) -> tuple[list[list[str]], list[list[st
                 f"{r['used']:.3f}",
                 f"{r['overlap']:.3f}",
                 f"{r['history_lru'] / hc:.3f}" if hc else "—",
+                f"{r['from_preload']:.3f}",
+                f"{r['after_scan']:.3f}",
             ]
         )
-    return rows, limit_rows, ratios
+        cold_min = r["cold+min"]
+        policy_rows.append(
+            [
+                f"{name}, {trace.unit}",
+                f"{f:.0%}",
+                *(
+                    f"{r[f'plan+{p}'] / hc:.3f} / {r[f'history+{p}'] / hc:.3f} / "
+                    f"{r[f'cold+{p}'] / cold_min:.3f}"
+                    if hc and cold_min
+                    else "—"
+                    for p in ONLINE
+                ),
+            ]
+        )
+    return rows, limit_rows, policy_rows, ratios
 
 
 def in_sample_rows(name: str, trace: RefTrace) -> list[list[str]]:
@@ -265,6 +301,7 @@ def main() -> None:
     started = time.perf_counter()
     plan_table: list[list[str]] = []
     limit_table: list[list[str]] = []
+    policy_table: list[list[str]] = []
     upper_table: list[list[str]] = []
     speed_table: list[list[str]] = []
     ratios: dict[str, list[float]] = {}
@@ -275,9 +312,10 @@ def main() -> None:
         blocks = load_refs(path, "blocks")
         entries = load_refs(path, "entries")
         for refs in (blocks, entries):
-            rows, lrows, r = plan_rows(name, refs)
+            rows, lrows, prows, r = plan_rows(name, refs)
             plan_table += rows
             limit_table += lrows
+            policy_table += prows
             ratios.setdefault(refs.unit, []).extend(r)
             upper_table += in_sample_rows(name, refs)
         speed_table += speed_rows(name, blocks)
@@ -303,9 +341,19 @@ def main() -> None:
     head_l = (
         "| trace, unit | capacity | window refs to keys the history never saw | of them one-off "
         "documents | plan's preload used in the window | history ceiling's preload the plan chose | "
-        "best history preload + LRU ÷ history ceiling |\n" + "| --- " * 7 + "|"
+        "best history preload + LRU ÷ history ceiling | history ceiling's hits that are first uses of "
+        "its preload | of its hits, preload first uses after a capacity of newcomers (out of LRU's "
+        "reach) |\n" + "| --- " * 9 + "|"
     )
     tl = head_l + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in limit_table)
+    head_p = (
+        "| trace, unit | capacity | "
+        + " | ".join(f"{p}: plan / history preload ÷ history ceiling; cold ÷ cold MIN" for p in ONLINE)
+        + " |\n"
+        + "| --- " * (2 + len(ONLINE))
+        + "|"
+    )
+    tp = head_p + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in policy_table)
     head_u = "| trace, unit | capacity | replay plan + LRU | Belady | ÷ Belady |\n" + "| --- " * 5 + "|"
     tu = head_u + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in upper_table)
     head2 = "| measure | ours | reference | ratio |\n| --- | --- | --- | --- |"
@@ -325,7 +373,11 @@ def main() -> None:
         "the requests before 50/60/70/80/90 % of the trace (`recent`), each judged on the next 10 %; "
         "hits summed over the five windows, per reference (KV block for `blocks`, request for "
         "`entries`).\n\n" + t1 + "\n\n" + summary + "\n\nWhat limits the rest (reference-weighted over the "
-        "windows):\n\n" + tl + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
+        "windows; the last two columns weighted by the ceiling's hits):\n\n" + tl + "\n\nOnline "
+        "replacement policies side by side (each cell: from the plan's preload ÷ history ceiling / from "
+        "the history ceiling's own preload ÷ history ceiling / cold start ÷ cold MIN):\n\n"
+        + tp
+        + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
         "contains the window: an upper bound, not a prediction):\n\n"
         + tu
         + "\n\n"
