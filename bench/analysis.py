@@ -13,7 +13,12 @@ KV blocks from ``hash_ids``) and any other request trace given with ``--trace``:
    numerator; goal ≥ 0.95 of the history ceiling), the plan protected until first hit
    (``lru-protect``: a tier honouring preload priorities), the history ceiling's own preload under
    LRU, and cold LRU. A second table measures what limits the rest (window references to keys the
-   history never saw, one-off documents, the share of the preload the window uses). The in-sample
+   history never saw, one-off documents, the share of the preload the window uses, the share of
+   the history ceiling's hits that need its preload and need it after a capacity of newcomers).
+   A third table puts every online replacement policy of the simulators side by side (LRU,
+   LRU-protect, LFU, S3-FIFO plain and seeded, W-TinyLFU) from the plan's preload, from the history
+   ceiling's and cold; a fourth replays the same windows through the engine's own prefix cache
+   (``BlockManager``) under ``lru`` and ``s3fifo``, warmed by the plan's covering prompts. The in-sample
    numbers (window = the first 10 %, ``replay`` plan from the whole trace) follow, labelled as the
    upper bound they are.
 2. **Simulator throughput.** Requests/s of MIN, LRU and LFU over the whole trace at 10 000 blocks
@@ -48,9 +53,10 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.analysis.references import RefTrace, load_refs  # noqa: E402
-from harness.analysis.sim import NEVER, SIMULATORS, next_use, simulate  # noqa: E402
-from harness.analysis.warmup import plan_warmup  # noqa: E402
+from harness.analysis.sim import NEVER, SIMULATORS, history_preload, next_use, simulate  # noqa: E402
+from harness.analysis.warmup import covering_requests, plan_warmup, rank_keys  # noqa: E402
 from harness.common.stats import percentile  # noqa: E402
+from harness.engine.kv_cache import BlockManager  # noqa: E402
 
 REALDATA = Path(os.environ.get("HARNESS_REALDATA", ROOT.parent / "shared" / "realdata"))
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
@@ -200,6 +206,80 @@ def plan_rows(
     return rows, limit_rows, policy_rows, ratios
 
 
+ENGINE_RUNS = (
+    ("lru", 0, True),
+    ("s3fifo", 1, True),
+    ("s3fifo", 0, True),
+    ("lru", 0, False),
+    ("s3fifo", 0, False),
+)
+"""Engine replays: (eviction policy, warmup priority, warmed with the plan's prompts)."""
+
+
+def prompts(trace: RefTrace) -> list[list[int]]:
+    """Each request's KV-block key ids, in prompt order."""
+    cuts = np.searchsorted(trace.req, np.arange(1, trace.n_requests))
+    return [a.tolist() for a in np.split(trace.keys, cuts)]
+
+
+def engine_replay(
+    window: RefTrace, capacity: int, eviction: str, warm: list[list[int]], priority: int
+) -> int:
+    """Block hits of ``window`` replayed through the engine's own :class:`BlockManager`.
+
+    One token per block (a Mooncake hash id is a whole prefix block, so its dense id is the
+    block's token), ``capacity`` blocks plus one for a never-cached last token per prompt, one
+    request at a time (allocate, write, free). ``warm``, the plan's covering prompts least
+    valuable first, runs before with ``priority``. Unlike the simulators, a block hits only if its
+    whole prefix does, as in the engine; prompts longer than the pool are cut to it.
+    """
+    bm = BlockManager(capacity + 1, 1, True, eviction)
+    last = 0
+
+    def one(seq_id: str, prompt: list[int], prio: int) -> int:
+        nonlocal last
+        last -= 1  # a token no prompt shares: every real block can hit
+        tokens = [*prompt[:capacity], last]
+        cached = bm.allocate(seq_id, tokens, prio)
+        bm.record_written(seq_id, tokens, len(tokens))
+        bm.free(seq_id)
+        return cached
+
+    for i, p in enumerate(warm):
+        one(f"warm-{i}", p, priority)
+    return sum(one(f"req-{i}", p, 0) for i, p in enumerate(prompts(window)))
+
+
+def engine_rows(name: str, trace: RefTrace) -> list[list[str]]:
+    """The backtest's windows replayed through the engine's prefix cache under each policy."""
+    n = trace.n_requests
+    w = max(1, int(n * WINDOW))
+    rows: list[list[str]] = []
+    for f in FRACTIONS:
+        hits = dict.fromkeys(range(len(ENGINE_RUNS)), 0)
+        ceiling = 0
+        for origin in ORIGINS:
+            cut = int(n * origin)
+            past, window = trace.window(0, cut), trace.window(cut, min(n, cut + w))
+            cap = max(1, int(window.distinct * f))
+            tau = max(float(window.arrival_s[-1]), 1.0)  # plan_warmup's default out of sample
+            chosen = rank_keys(past, "recent", tau)[:cap]
+            history = prompts(past)
+            warm = [history[r] for r in reversed(covering_requests(past, chosen.tolist()))]
+            best = history_preload(window.keys, np.unique(past.keys), cap)
+            ceiling += SIMULATORS.get("min")(window.keys, cap, best, False).hits
+            for i, (policy, prio, warmed) in enumerate(ENGINE_RUNS):
+                hits[i] += engine_replay(window, cap, policy, warm if warmed else [], prio)
+        rows.append(
+            [
+                f"{name}, {trace.unit}",
+                f"{f:.0%}",
+                *(f"{hits[i] / ceiling:.3f}" for i in range(len(ENGINE_RUNS))),
+            ]
+        )
+    return rows
+
+
 def in_sample_rows(name: str, trace: RefTrace) -> list[list[str]]:
     window = trace.head(WINDOW)
     rows: list[list[str]] = []
@@ -302,6 +382,7 @@ def main() -> None:
     plan_table: list[list[str]] = []
     limit_table: list[list[str]] = []
     policy_table: list[list[str]] = []
+    engine_table: list[list[str]] = []
     upper_table: list[list[str]] = []
     speed_table: list[list[str]] = []
     ratios: dict[str, list[float]] = {}
@@ -319,6 +400,7 @@ def main() -> None:
             ratios.setdefault(refs.unit, []).extend(r)
             upper_table += in_sample_rows(name, refs)
         speed_table += speed_rows(name, blocks)
+        engine_table += engine_rows(name, blocks)
     sizes = [int(v) for v in args.index_sizes.split(",") if v.strip()]
     t3 = ""
     if sizes:
@@ -354,6 +436,13 @@ def main() -> None:
         + "|"
     )
     tp = head_p + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in policy_table)
+    head_e = (
+        "| trace, unit | capacity | plan's prompts + engine LRU | plan's prompts (priority 1) + engine "
+        "S3-FIFO | plan's prompts + engine S3-FIFO, no priority | cold engine LRU | cold engine S3-FIFO |\n"
+        + "| --- " * 7
+        + "|"
+    )
+    te = head_e + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in engine_table)
     head_u = "| trace, unit | capacity | replay plan + LRU | Belady | ÷ Belady |\n" + "| --- " * 5 + "|"
     tu = head_u + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in upper_table)
     head2 = "| measure | ours | reference | ratio |\n| --- | --- | --- | --- |"
@@ -377,6 +466,10 @@ def main() -> None:
         "replacement policies side by side (each cell: from the plan's preload ÷ history ceiling / from "
         "the history ceiling's own preload ÷ history ceiling / cold start ÷ cold MIN):\n\n"
         + tp
+        + "\n\nThe same windows through the engine's own prefix cache (`BlockManager`, one Mooncake block "
+        "per KV block, a block hits only with its whole prefix; warmed by replaying the plan's covering "
+        "prompts, least valuable first), ÷ the history ceiling:\n\n"
+        + te
         + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
         "contains the window: an upper bound, not a prediction):\n\n"
         + tu
