@@ -45,7 +45,11 @@ def hitrate(
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     policy: Annotated[
         list[str] | None,
-        typer.Option("--policy", help="Simulators (min, lru, lfu); repeatable; default all."),
+        typer.Option(
+            "--policy",
+            help="Simulators (min, lru, lru-protect, lfu, s3fifo, s3fifo-seeded, tinylfu); repeatable; "
+            "default min, lru, lfu.",
+        ),
     ] = None,
     head: Annotated[
         float | None, typer.Option("--head", help="Only the first fraction of the requests (0–1].")
