@@ -227,23 +227,25 @@ def engine_replay(
 ) -> int:
     """Block hits of ``window`` replayed through the engine's own :class:`BlockManager`.
 
-    One token per block (a Mooncake hash id is a whole prefix block, so its dense id is the
-    block's token), ``capacity`` blocks plus one for a never-cached last token per prompt, one
-    request at a time (allocate, write, free). ``warm``, the plan's covering prompts least
-    valuable first, runs before with ``priority``. Unlike the simulators, a block hits only if its
-    whole prefix does, as in the engine; prompts longer than the pool are cut to it.
+    A Mooncake hash id is a whole prefix block, so each becomes one KV block of two tokens (the id
+    twice), and every prompt ends in one token no other prompt has: a partial block, never
+    registered, so every real block can hit and nothing else is cached. The pool holds
+    ``capacity`` blocks plus that partial one; one request at a time (allocate, write, free).
+    ``warm``, the plan's covering prompts least valuable first, runs before with ``priority``.
+    Unlike the simulators, a block hits only if its whole prefix does, as in the engine; prompts
+    longer than the pool are cut to it.
     """
-    bm = BlockManager(capacity + 1, 1, True, eviction)
+    bm = BlockManager(capacity + 1, 2, True, eviction)
     last = 0
 
     def one(seq_id: str, prompt: list[int], prio: int) -> int:
         nonlocal last
-        last -= 1  # a token no prompt shares: every real block can hit
-        tokens = [*prompt[:capacity], last]
+        last -= 1
+        tokens = [t for k in prompt[:capacity] for t in (k, k)] + [last]
         cached = bm.allocate(seq_id, tokens, prio)
         bm.record_written(seq_id, tokens, len(tokens))
         bm.free(seq_id)
-        return cached
+        return cached // 2
 
     for i, p in enumerate(warm):
         one(f"warm-{i}", p, priority)
@@ -301,7 +303,7 @@ def in_sample_rows(name: str, trace: RefTrace) -> list[list[str]]:
 def speed_rows(name: str, trace: RefTrace) -> list[list[str]]:
     rows: list[list[str]] = []
     cap = 10_000 if trace.unit == "blocks" else 1_000
-    for policy in ("min", "lru", "lfu"):
+    for policy in ("min", "lru", "lfu", "s3fifo", "tinylfu"):
         runs = [simulate(trace, cap, policy) for _ in range(3)]
         rps = percentile([r.requests_per_s for r in runs], 50)
         secs = percentile([r.seconds for r in runs], 50)
@@ -466,8 +468,8 @@ def main() -> None:
         "replacement policies side by side (each cell: from the plan's preload ÷ history ceiling / from "
         "the history ceiling's own preload ÷ history ceiling / cold start ÷ cold MIN):\n\n"
         + tp
-        + "\n\nThe same windows through the engine's own prefix cache (`BlockManager`, one Mooncake block "
-        "per KV block, a block hits only with its whole prefix; warmed by replaying the plan's covering "
+        + "\n\nThe same windows through the engine's own prefix cache (`BlockManager`, one KV block per "
+        "Mooncake block, a block hits only with its whole prefix; warmed by replaying the plan's covering "
         "prompts, least valuable first), ÷ the history ceiling:\n\n"
         + te
         + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
