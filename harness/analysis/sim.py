@@ -49,6 +49,7 @@ from harness.analysis.references import IntArray, RefTrace
 from harness.common.errors import InputError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
+from harness.engine.kv_cache import FREQ_CAP  # the engine's S3-FIFO: one saturation point for both
 
 NEVER = np.iinfo(np.int64).max
 """Next-use position of a reference whose key is never used again."""
@@ -258,10 +259,6 @@ def simulate_lfu(keys: IntArray, capacity: int, initial: Sequence[int] = (), fla
 
 
 # --------------------------------------------------------------------------- scan-resistant policies
-
-FREQ_CAP = 3
-"""S3-FIFO's per-entry frequency saturates here (two bits): a key needs no more to prove it is hot,
-and a cap bounds how many passes through the main queue a once-hot key survives after it cools."""
 
 
 @SIMULATORS.register("s3fifo")

@@ -16,7 +16,7 @@ eviction policy (:data:`EVICTION_POLICIES`, engine setting ``prefix_eviction``):
   blocks); one that was hit while there moves to the main FIFO when it reaches the end, one that
   was not is evicted and its hash remembered in a ghost FIFO (as many hashes as the pool has
   blocks), so a block recomputed soon after goes straight to main. Main gives each block as many
-  second chances as it has hits (at most :data:`~harness.analysis.sim.FREQ_CAP`). A scan of
+  second chances as it has hits (at most :data:`FREQ_CAP`). A scan of
   one-off prompts so churns the small queue and leaves a reused prefix in main, where LRU evicts
   it. A sequence allocated with a ``priority`` (a warmup's preload) registers its blocks in main
   with that many chances, so the hot set a plan predicts survives the traffic after it.
@@ -152,8 +152,9 @@ class LruEviction(EvictionPolicy):
 
 
 FREQ_CAP = 3
-"""S3-FIFO's hit count saturates here (two bits in the paper): the most second chances a block
-gets in the main queue without a new hit."""
+"""S3-FIFO's hit count saturates here (two bits in the paper): the most second chances a block (or
+a simulated key, :func:`harness.analysis.sim.simulate_s3fifo`) gets in the main queue without a new
+hit, which bounds how long a once-hot prefix outlives its popularity."""
 
 
 @EVICTION_POLICIES.register("s3fifo")
