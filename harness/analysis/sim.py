@@ -49,7 +49,7 @@ from harness.analysis.references import IntArray, RefTrace
 from harness.common.errors import InputError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
-from harness.engine.kv_cache import FREQ_CAP  # the engine's S3-FIFO: one saturation point for both
+from harness.engine.kv_cache import FREQ_CAP, S3FifoEviction  # one S3-FIFO: the engine's constants
 
 NEVER = np.iinfo(np.int64).max
 """Next-use position of a reference whose key is never used again."""
@@ -293,7 +293,13 @@ def simulate_s3fifo_seeded(
 
 
 def _s3fifo(
-    keys: IntArray, capacity: int, initial: Sequence[int], flags: bool, *, seed: int, small: float = 0.1
+    keys: IntArray,
+    capacity: int,
+    initial: Sequence[int],
+    flags: bool,
+    *,
+    seed: int,
+    small: float = S3FifoEviction.SMALL_SHARE,
 ) -> Counts:
     small_cap = max(1, int(capacity * small))
     kl = keys.tolist()
