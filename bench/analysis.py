@@ -13,7 +13,12 @@ KV blocks from ``hash_ids``) and any other request trace given with ``--trace``:
    numerator; goal ≥ 0.95 of the history ceiling), the plan protected until first hit
    (``lru-protect``: a tier honouring preload priorities), the history ceiling's own preload under
    LRU, and cold LRU. A second table measures what limits the rest (window references to keys the
-   history never saw, one-off documents, the share of the preload the window uses). The in-sample
+   history never saw, one-off documents, the share of the preload the window uses, the share of
+   the history ceiling's hits that need its preload and need it after a capacity of newcomers).
+   A third table puts every online replacement policy of the simulators side by side (LRU,
+   LRU-protect, LFU, S3-FIFO plain and seeded, W-TinyLFU) from the plan's preload, from the history
+   ceiling's and cold; a fourth replays the same windows through the engine's own prefix cache
+   (``BlockManager``) under ``lru`` and ``s3fifo``, warmed by the plan's covering prompts. The in-sample
    numbers (window = the first 10 %, ``replay`` plan from the whole trace) follow, labelled as the
    upper bound they are.
 2. **Simulator throughput.** Requests/s of MIN, LRU and LFU over the whole trace at 10 000 blocks
@@ -48,9 +53,10 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.analysis.references import RefTrace, load_refs  # noqa: E402
-from harness.analysis.sim import NEVER, next_use, simulate  # noqa: E402
-from harness.analysis.warmup import plan_warmup  # noqa: E402
+from harness.analysis.sim import NEVER, SIMULATORS, history_preload, next_use, simulate  # noqa: E402
+from harness.analysis.warmup import covering_requests, plan_warmup, rank_keys  # noqa: E402
 from harness.common.stats import percentile  # noqa: E402
+from harness.engine.kv_cache import BlockManager  # noqa: E402
 
 REALDATA = Path(os.environ.get("HARNESS_REALDATA", ROOT.parent / "shared" / "realdata"))
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
@@ -86,6 +92,13 @@ def naive_min_hits(keys: np.ndarray, capacity: int) -> int:
 ORIGINS = (0.5, 0.6, 0.7, 0.8, 0.9)
 WINDOW = 0.1
 MEASURES = ("ceiling", "history_ceiling", "plan_min", "expected", "protected", "history_lru", "cold_lru")
+ONLINE = tuple(p for p in SIMULATORS.names() if p != "min")
+"""The online policies compared in the policy table (every simulator but MIN)."""
+POLICY_KEYS = (
+    *(f"plan+{p}" for p in ONLINE),
+    *(f"history+{p}" for p in ONLINE),
+    *(f"cold+{p}" for p in (*ONLINE, "min")),
+)
 
 
 def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
@@ -94,7 +107,7 @@ def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
     w = max(1, int(n * WINDOW))
     out: dict[float, dict[str, float]] = {f: dict.fromkeys((*MEASURES, "refs"), 0.0) for f in FRACTIONS}
     for f in FRACTIONS:
-        for k in ("unseen", "one_off", "used", "overlap"):
+        for k in ("unseen", "one_off", "used", "overlap", "from_preload", "after_scan", *POLICY_KEYS):
             out[f][k] = 0.0
     for origin in ORIGINS:
         cut = int(n * origin)
@@ -117,18 +130,31 @@ def backtest(trace: RefTrace) -> dict[float, dict[str, float]]:
                 ("one_off", rep.limits.refs_one_off),
                 ("used", rep.limits.preload_used),
                 ("overlap", rep.limits.preload_overlap),
+                *((f"plan+{p}", rep.plan_by_policy[p]) for p in ONLINE),
+                *((f"history+{p}", rep.history_by_policy[p]) for p in ONLINE),
+                *((f"cold+{p}", rep.cold[p]) for p in (*ONLINE, "min")),
             ):
                 row[key] += rate * refs
+            # Shares of the ceiling's hits: weighted by those hits, not by references.
+            ceiling_hits = rep.history_ceiling * refs
+            row["from_preload"] += rep.limits.ceiling_from_preload * ceiling_hits
+            row["after_scan"] += rep.limits.ceiling_after_scan * ceiling_hits
     for row in out.values():
+        ceiling_hits = row["history_ceiling"]  # still a hit count here
         for key in row:
-            if key != "refs":
+            if key in {"from_preload", "after_scan"}:
+                row[key] /= ceiling_hits or 1.0
+            elif key != "refs":
                 row[key] /= row["refs"]
     return out
 
 
-def plan_rows(name: str, trace: RefTrace) -> tuple[list[list[str]], list[list[str]], list[float]]:
+def plan_rows(
+    name: str, trace: RefTrace
+) -> tuple[list[list[str]], list[list[str]], list[list[str]], list[float]]:
     rows: list[list[str]] = []
     limit_rows: list[list[str]] = []
+    policy_rows: list[list[str]] = []
     ratios: list[float] = []
     for f, r in backtest(trace).items():
         hc = r["history_ceiling"]
@@ -159,9 +185,101 @@ def plan_rows(name: str, trace: RefTrace) -> tuple[list[list[str]], list[list[st
                 f"{r['used']:.3f}",
                 f"{r['overlap']:.3f}",
                 f"{r['history_lru'] / hc:.3f}" if hc else "—",
+                f"{r['from_preload']:.3f}",
+                f"{r['after_scan']:.3f}",
             ]
         )
-    return rows, limit_rows, ratios
+        cold_min = r["cold+min"]
+        policy_rows.append(
+            [
+                f"{name}, {trace.unit}",
+                f"{f:.0%}",
+                *(
+                    f"{r[f'plan+{p}'] / hc:.3f} / {r[f'history+{p}'] / hc:.3f} / "
+                    f"{r[f'cold+{p}'] / cold_min:.3f}"
+                    if hc and cold_min
+                    else "—"
+                    for p in ONLINE
+                ),
+            ]
+        )
+    return rows, limit_rows, policy_rows, ratios
+
+
+ENGINE_RUNS = (
+    ("lru", 0, True),
+    ("s3fifo", 1, True),
+    ("s3fifo", 0, True),
+    ("lru", 0, False),
+    ("s3fifo", 0, False),
+)
+"""Engine replays: (eviction policy, warmup priority, warmed with the plan's prompts)."""
+
+
+def prompts(trace: RefTrace) -> list[list[int]]:
+    """Each request's KV-block key ids, in prompt order."""
+    cuts = np.searchsorted(trace.req, np.arange(1, trace.n_requests))
+    return [a.tolist() for a in np.split(trace.keys, cuts)]
+
+
+def engine_replay(
+    window: RefTrace, capacity: int, eviction: str, warm: list[list[int]], priority: int
+) -> int:
+    """Block hits of ``window`` replayed through the engine's own :class:`BlockManager`.
+
+    A Mooncake hash id is a whole prefix block, so each becomes one KV block of two tokens (the id
+    twice), and every prompt ends in one token no other prompt has: a partial block, never
+    registered, so every real block can hit and nothing else is cached. The pool holds
+    ``capacity`` blocks plus that partial one; one request at a time (allocate, write, free).
+    ``warm``, the plan's covering prompts least valuable first, runs before with ``priority``.
+    Unlike the simulators, a block hits only if its whole prefix does, as in the engine; prompts
+    longer than the pool are cut to it.
+    """
+    bm = BlockManager(capacity + 1, 2, True, eviction)
+    last = 0
+
+    def one(seq_id: str, prompt: list[int], prio: int) -> int:
+        nonlocal last
+        last -= 1
+        tokens = [t for k in prompt[:capacity] for t in (k, k)] + [last]
+        cached = bm.allocate(seq_id, tokens, prio)
+        bm.record_written(seq_id, tokens, len(tokens))
+        bm.free(seq_id)
+        return cached // 2
+
+    for i, p in enumerate(warm):
+        one(f"warm-{i}", p, priority)
+    return sum(one(f"req-{i}", p, 0) for i, p in enumerate(prompts(window)))
+
+
+def engine_rows(name: str, trace: RefTrace) -> list[list[str]]:
+    """The backtest's windows replayed through the engine's prefix cache under each policy."""
+    n = trace.n_requests
+    w = max(1, int(n * WINDOW))
+    rows: list[list[str]] = []
+    for f in FRACTIONS:
+        hits = dict.fromkeys(range(len(ENGINE_RUNS)), 0)
+        ceiling = 0
+        for origin in ORIGINS:
+            cut = int(n * origin)
+            past, window = trace.window(0, cut), trace.window(cut, min(n, cut + w))
+            cap = max(1, int(window.distinct * f))
+            tau = max(float(window.arrival_s[-1]), 1.0)  # plan_warmup's default out of sample
+            chosen = rank_keys(past, "recent", tau)[:cap]
+            history = prompts(past)
+            warm = [history[r] for r in reversed(covering_requests(past, chosen.tolist()))]
+            best = history_preload(window.keys, np.unique(past.keys), cap)
+            ceiling += SIMULATORS.get("min")(window.keys, cap, best, False).hits
+            for i, (policy, prio, warmed) in enumerate(ENGINE_RUNS):
+                hits[i] += engine_replay(window, cap, policy, warm if warmed else [], prio)
+        rows.append(
+            [
+                f"{name}, {trace.unit}",
+                f"{f:.0%}",
+                *(f"{hits[i] / ceiling:.3f}" for i in range(len(ENGINE_RUNS))),
+            ]
+        )
+    return rows
 
 
 def in_sample_rows(name: str, trace: RefTrace) -> list[list[str]]:
@@ -185,7 +303,7 @@ def in_sample_rows(name: str, trace: RefTrace) -> list[list[str]]:
 def speed_rows(name: str, trace: RefTrace) -> list[list[str]]:
     rows: list[list[str]] = []
     cap = 10_000 if trace.unit == "blocks" else 1_000
-    for policy in ("min", "lru", "lfu"):
+    for policy in ("min", "lru", "lfu", "s3fifo", "tinylfu"):
         runs = [simulate(trace, cap, policy) for _ in range(3)]
         rps = percentile([r.requests_per_s for r in runs], 50)
         secs = percentile([r.seconds for r in runs], 50)
@@ -265,6 +383,8 @@ def main() -> None:
     started = time.perf_counter()
     plan_table: list[list[str]] = []
     limit_table: list[list[str]] = []
+    policy_table: list[list[str]] = []
+    engine_table: list[list[str]] = []
     upper_table: list[list[str]] = []
     speed_table: list[list[str]] = []
     ratios: dict[str, list[float]] = {}
@@ -275,12 +395,14 @@ def main() -> None:
         blocks = load_refs(path, "blocks")
         entries = load_refs(path, "entries")
         for refs in (blocks, entries):
-            rows, lrows, r = plan_rows(name, refs)
+            rows, lrows, prows, r = plan_rows(name, refs)
             plan_table += rows
             limit_table += lrows
+            policy_table += prows
             ratios.setdefault(refs.unit, []).extend(r)
             upper_table += in_sample_rows(name, refs)
         speed_table += speed_rows(name, blocks)
+        engine_table += engine_rows(name, blocks)
     sizes = [int(v) for v in args.index_sizes.split(",") if v.strip()]
     t3 = ""
     if sizes:
@@ -303,9 +425,26 @@ def main() -> None:
     head_l = (
         "| trace, unit | capacity | window refs to keys the history never saw | of them one-off "
         "documents | plan's preload used in the window | history ceiling's preload the plan chose | "
-        "best history preload + LRU ÷ history ceiling |\n" + "| --- " * 7 + "|"
+        "best history preload + LRU ÷ history ceiling | history ceiling's hits that are first uses of "
+        "its preload | of its hits, preload first uses after a capacity of newcomers (out of LRU's "
+        "reach) |\n" + "| --- " * 9 + "|"
     )
     tl = head_l + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in limit_table)
+    head_p = (
+        "| trace, unit | capacity | "
+        + " | ".join(f"{p}: plan / history preload ÷ history ceiling; cold ÷ cold MIN" for p in ONLINE)
+        + " |\n"
+        + "| --- " * (2 + len(ONLINE))
+        + "|"
+    )
+    tp = head_p + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in policy_table)
+    head_e = (
+        "| trace, unit | capacity | plan's prompts + engine LRU | plan's prompts (priority 1) + engine "
+        "S3-FIFO | plan's prompts + engine S3-FIFO, no priority | cold engine LRU | cold engine S3-FIFO |\n"
+        + "| --- " * 7
+        + "|"
+    )
+    te = head_e + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in engine_table)
     head_u = "| trace, unit | capacity | replay plan + LRU | Belady | ÷ Belady |\n" + "| --- " * 5 + "|"
     tu = head_u + "\n" + "\n".join(f"| {' | '.join(r)} |" for r in upper_table)
     head2 = "| measure | ours | reference | ratio |\n| --- | --- | --- | --- |"
@@ -325,7 +464,15 @@ def main() -> None:
         "the requests before 50/60/70/80/90 % of the trace (`recent`), each judged on the next 10 %; "
         "hits summed over the five windows, per reference (KV block for `blocks`, request for "
         "`entries`).\n\n" + t1 + "\n\n" + summary + "\n\nWhat limits the rest (reference-weighted over the "
-        "windows):\n\n" + tl + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
+        "windows; the last two columns weighted by the ceiling's hits):\n\n" + tl + "\n\nOnline "
+        "replacement policies side by side (each cell: from the plan's preload ÷ history ceiling / from "
+        "the history ceiling's own preload ÷ history ceiling / cold start ÷ cold MIN):\n\n"
+        + tp
+        + "\n\nThe same windows through the engine's own prefix cache (`BlockManager`, one KV block per "
+        "Mooncake block, a block hits only with its whole prefix; warmed by replaying the plan's covering "
+        "prompts, least valuable first), ÷ the history ceiling:\n\n"
+        + te
+        + "\n\nIn sample (window = the first 10 %, plan from the whole trace, which "
         "contains the window: an upper bound, not a prediction):\n\n"
         + tu
         + "\n\n"

@@ -20,7 +20,9 @@
    same procedure (predictor, capacity) plans from the requests before it (a backtest); with
    another trace as the window (``--eval``) the plan from the whole history is judged on it. The
    window is simulated from the preload under the target cache's replacement policy (LRU by
-   default: L1, Redis ``allkeys-lru`` and the engine's prefix cache all are) and reported beside
+   default: L1, Redis ``allkeys-lru`` and the engine's prefix cache by default all are; every
+   other simulator, e.g. the scan-resistant S3-FIFO and W-TinyLFU, is reported beside it, from the
+   plan's preload and from the history ceiling's) and reported beside
    two ceilings: the **history ceiling** (MIN from the best preload of keys the history has seen,
    :func:`harness.analysis.sim.history_preload`: the best any plan from that history with any
    replacement policy can reach) and **Belady's** (MIN from the optimal preload, which knows the
@@ -48,7 +50,7 @@ import numpy as np
 from pydantic import Field
 
 from harness.analysis.references import FloatArray, IntArray, RefTrace
-from harness.analysis.sim import history_preload, optimal_preload, simulate
+from harness.analysis.sim import SIMULATORS, history_preload, optimal_preload, simulate
 from harness.common.errors import InputError
 from harness.common.io import write_jsonl
 from harness.common.model import StrictModel
@@ -204,6 +206,14 @@ class Limits(StrictModel):
     (keys hot in the history, cold after it)."""
     preload_overlap: float
     """Share of the history ceiling's preload the plan also chose."""
+    ceiling_from_preload: float = 0.0
+    """Share of the history ceiling's hits that are first window uses of its preloaded keys; the
+    rest are reuses within the window, which a cold cache can reach too."""
+    ceiling_after_scan: float = 0.0
+    """Share of the history ceiling's hits that are first uses of preloaded keys after at least a
+    capacity's worth of distinct newcomers (keys outside the preload): a policy that admits every
+    missed key (LRU, FIFO) has pushed the whole untouched preload out by then, whatever its order,
+    so only a scan-resistant or protecting policy can score them."""
 
 
 class PlanReport(StrictModel):
@@ -249,7 +259,13 @@ class PlanReport(StrictModel):
     ratio_belady: float
     """``expected_hit_rate / ceiling``."""
     cold: dict[str, float]
-    """Hit rates from an empty cache: ``min``, ``lru``, ``lfu``."""
+    """Hit rates from an empty cache under every simulator (``min``, ``lru``, ``lfu``, …)."""
+    plan_by_policy: dict[str, float] = Field(default_factory=dict)
+    """The window from the evaluated plan's preload under every simulator of
+    :data:`~harness.analysis.sim.SIMULATORS` (``lru`` is ``expected_hit_rate`` when ``policy`` is
+    LRU, ``min`` is ``plan_min_hit_rate``)."""
+    history_by_policy: dict[str, float] = Field(default_factory=dict)
+    """The same from the history ceiling's preload (``min`` is ``history_ceiling``)."""
     limits: Limits
     top: list[dict[str, Any]] = Field(default_factory=list)
     """The best keys of the written plan with their predicted reuse (at most 20), for people."""
@@ -312,9 +328,12 @@ def plan_warmup(
     protected = simulate(win, capacity, "lru-protect", initial=initial, warm="plan")
     plan_min = simulate(win, capacity, "min", initial=initial, warm="plan")
     hist_ceiling = simulate(win, capacity, "min", initial=best_history, warm="history")
-    hist_policy = simulate(win, capacity, policy, initial=list(reversed(best_history)), warm="history")
+    history_initial = list(reversed(best_history))  # least valuable (latest first use) first
+    hist_policy = simulate(win, capacity, policy, initial=history_initial, warm="history")
     ceiling = simulate(win, capacity, "min", initial=optimal_preload(win.keys, capacity), warm="optimal")
-    cold = {p: simulate(win, capacity, p).hit_rate for p in ("min", "lru", "lfu")}
+    cold = {p: simulate(win, capacity, p).hit_rate for p in SIMULATORS.names()}
+    plan_by = {p: simulate(win, capacity, p, initial=initial).hit_rate for p in SIMULATORS.names()}
+    history_by = {p: simulate(win, capacity, p, initial=history_initial).hit_rate for p in SIMULATORS.names()}
     chosen, scores = _choose(history, capacity, predictor, tau)
     requests = covering_requests(history, chosen.tolist())
     report = PlanReport(
@@ -340,7 +359,9 @@ def plan_warmup(
         ratio=_ratio(expected.hit_rate, hist_ceiling.hit_rate),
         ratio_belady=_ratio(expected.hit_rate, ceiling.hit_rate),
         cold=cold,
-        limits=limits(win, seen, initial, best_history),
+        plan_by_policy=plan_by,
+        history_by_policy=history_by,
+        limits=limits(win, seen, initial, best_history, capacity),
         top=[
             {"key": _label_json(history.labels[k]), "score": float(scores[k])} for k in chosen[:20].tolist()
         ],
@@ -352,9 +373,13 @@ def _seen_labels(trace: RefTrace) -> list[Hashable]:
     return [trace.labels[k] for k in np.unique(trace.keys).tolist()]
 
 
-def limits(window: RefTrace, seen: IntArray, preload: Sequence[int], best: Sequence[int]) -> Limits:
-    """:class:`Limits` of a preload (ids in ``window``'s space) against the history ceiling's."""
+def limits(
+    window: RefTrace, seen: IntArray, preload: Sequence[int], best: Sequence[int], capacity: int
+) -> Limits:
+    """:class:`Limits` of a preload (ids in ``window``'s space) against the history ceiling's
+    (``best``, the MIN preload at ``capacity``)."""
     keys = window.keys
+    from_preload, after_scan = ceiling_dependence(keys, best, capacity)
     n = max(1, keys.size)
     unseen = ~np.isin(keys, seen)
     counts = np.bincount(keys, minlength=int(keys.max()) + 1 if keys.size else 0)
@@ -366,7 +391,28 @@ def limits(window: RefTrace, seen: IntArray, preload: Sequence[int], best: Seque
         refs_one_off=float(one_off.sum()) / n,
         preload_used=len(pre & used) / len(pre) if pre else 0.0,
         preload_overlap=len(pre & set(best)) / len(best) if best else 1.0,
+        ceiling_from_preload=from_preload,
+        ceiling_after_scan=after_scan,
     )
+
+
+def ceiling_dependence(keys: IntArray, best: Sequence[int], capacity: int) -> tuple[float, float]:
+    """Shares of MIN's hits from the preload ``best`` at ``capacity`` (:class:`Limits`): first uses
+    of preloaded keys, and those of them after at least ``capacity`` distinct newcomers."""
+    run = SIMULATORS.get("min")(keys, capacity, best, True)
+    if not run.hits or run.hit_refs is None:
+        return 0.0, 0.0
+    n = int(keys.size)
+    _, first = np.unique(keys, return_index=True)
+    is_first = np.zeros(n, dtype=bool)
+    is_first[first] = True
+    in_preload = np.isin(keys, np.asarray(list(best), dtype=np.int64))
+    # Distinct newcomers referenced before each position (a first use of a key outside the preload).
+    new = (is_first & ~in_preload).astype(np.int64)
+    newcomers: IntArray = np.cumsum(new) - new
+    preload_hit = (run.hit_refs == 1) & is_first & in_preload
+    late = preload_hit & (newcomers >= capacity)
+    return float(preload_hit.sum()) / run.hits, float(late.sum()) / run.hits
 
 
 def _label_json(label: Hashable) -> Any:

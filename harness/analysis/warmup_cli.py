@@ -45,7 +45,11 @@ def hitrate(
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     policy: Annotated[
         list[str] | None,
-        typer.Option("--policy", help="Simulators (min, lru, lfu); repeatable; default all."),
+        typer.Option(
+            "--policy",
+            help="Simulators (min, lru, lru-protect, lfu, s3fifo, s3fifo-seeded, tinylfu); repeatable; "
+            "default min, lru, lfu.",
+        ),
     ] = None,
     head: Annotated[
         float | None, typer.Option("--head", help="Only the first fraction of the requests (0–1].")
@@ -213,6 +217,9 @@ def plan(
     table.add_row(f"expected: preload + {policy.upper()}", pct(report.expected_hit_rate))
     table.add_row("preload protected until first hit, then LRU", pct(report.protected_hit_rate))
     table.add_row("preload + MIN (plan quality)", pct(report.plan_min_hit_rate))
+    for p, v in report.plan_by_policy.items():
+        if p not in {policy, "min", "lru-protect"}:  # those have their own rows
+            table.add_row(f"preload + {p.upper()}", pct(v))
     table.add_row("history ceiling (best preload the history allows + MIN)", pct(report.history_ceiling))
     table.add_row(f"best history preload + {policy.upper()}", pct(report.history_preload_hit_rate))
     table.add_row("Belady ceiling (optimal preload + MIN)", pct(report.ceiling))

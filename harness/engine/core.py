@@ -98,6 +98,7 @@ class EngineCore:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
+        prefix_eviction: str = "lru",
         seed: int = 0,
         slowdown: float = 1.0,
     ) -> None:
@@ -110,7 +111,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, prefix_eviction)
         c = model.cfg
         self.kv_cache = torch.zeros(
             (c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.dh), device=device, dtype=dtype

@@ -88,6 +88,7 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
+        prefix_eviction=settings.prefix_eviction,
         seed=settings.seed,
         slowdown=settings.inject_slowdown,
     )

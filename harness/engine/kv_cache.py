@@ -6,8 +6,26 @@ head_dim]``); this module only decides which block each sequence's tokens go to.
 Prefix caching: a block that is full gets a hash chained from its parent's hash and its own token
 ids (``hash((parent_hash, tokens))``), so equal hashes mean equal whole prefixes. A new sequence
 looks its full prompt blocks up in that table and shares the hits (reference count + 1). When the
-last holder frees a hashed block it stays in the table, parked in an LRU of evictable blocks;
-allocation takes never-hashed free blocks first, then evicts the least recently used cached one.
+last holder frees a hashed block it stays in the table, parked among the evictable blocks;
+allocation takes never-hashed free blocks first, then evicts a parked block chosen by the
+eviction policy (:data:`EVICTION_POLICIES`, engine setting ``prefix_eviction``):
+
+* ``lru`` (default): the least recently parked block.
+* ``s3fifo``: S3-FIFO (Yang et al., SOSP'23; :func:`harness.analysis.sim.simulate_s3fifo` is its
+  simulator). A newly cached block starts in a small probationary FIFO (a tenth of the parked
+  blocks); one that was hit while there moves to the main FIFO when it reaches the end, one that
+  was not is evicted and its hash remembered in a ghost FIFO (as many hashes as the pool has
+  blocks), so a block recomputed soon after goes straight to main. Main gives each block as many
+  second chances as it has hits (at most :data:`FREQ_CAP`). A scan of
+  one-off prompts so churns the small queue and leaves a reused prefix in main, where LRU evicts
+  it. A sequence allocated with a ``priority`` (a warmup's preload) registers its blocks in main
+  with that many chances, so the hot set a plan predicts survives the traffic after it.
+
+Evicting a parent whose children are still cached never breaks lookups: lookups walk the chain
+from the root and stop at the first miss, the parent is recomputed with the same chained hash, and
+its cached children are reachable again. Both policies tend to evict leaves first, without a
+cascade: :meth:`BlockManager.free` parks a sequence's blocks leaf first, and a child is only ever
+hit together with its parent, so a parent has at least its children's hits.
 
 :meth:`BlockManager.validate` checks the layout invariants (no sequence has written past its own
 length, a block is shared only by sequences with an identical prefix, reference counts match the
@@ -16,11 +34,13 @@ block tables) and raises :class:`~harness.common.errors.CheckFailed` naming the 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from harness.common.errors import CheckFailed
+from harness.common.registry import Registry
 
 ROOT_HASH = 0x5EED
 
@@ -40,23 +60,198 @@ class KVBlock:
 class BlockTable:
     """A sequence's view of the pool: its blocks in order and how many tokens they hold."""
 
-    __slots__ = ("blocks", "num_tokens", "seq_id")
+    __slots__ = ("blocks", "num_tokens", "priority", "seq_id")
 
-    def __init__(self, seq_id: str) -> None:
+    def __init__(self, seq_id: str, priority: int = 0) -> None:
         self.seq_id = seq_id
         self.blocks: list[KVBlock] = []
         self.num_tokens = 0
         """Tokens whose K/V are in the cache (cached prefix + computed)."""
+        self.priority = priority
+        """Passed to the eviction policy for the blocks this sequence registers (0: none)."""
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
     return hash((parent, tuple(tokens)))
 
 
-class BlockManager:
-    """Allocates KV blocks to sequences; keeps the prefix-cache table and its LRU."""
+# --------------------------------------------------------------------------- eviction policies
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+
+class EvictionPolicy(ABC):
+    """Which parked block (cached, hashed, reference count 0) a new allocation evicts.
+
+    The block manager tells the policy when a block gets its hash (:meth:`registered`), is hit by a
+    prefix lookup (:meth:`hit`), is parked by its last holder (:meth:`park`) or taken back by a
+    hit (:meth:`unpark`); :meth:`victim` removes and returns the block to evict. Iteration yields
+    the parked blocks; ``len`` counts them.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+
+    def registered(self, block_id: int, block_hash: int, priority: int) -> None:  # noqa: B027
+        """A block got its hash (it holds a full prefix block now); ``priority``: its sequence's."""
+
+    def hit(self, block_id: int) -> None:  # noqa: B027
+        """A prefix lookup shared this block (parked or held)."""
+
+    @abstractmethod
+    def park(self, block_id: int) -> None:
+        """The block's last holder freed it: it may be evicted from now on."""
+
+    @abstractmethod
+    def unpark(self, block_id: int) -> None:
+        """A parked block is held again (a prefix hit)."""
+
+    @abstractmethod
+    def victim(self) -> int:
+        """Remove and return the parked block to evict (the caller checked there is one)."""
+
+    @abstractmethod
+    def clear(self) -> list[int]:
+        """Forget every block and hash; return the parked blocks (the prefix cache is reset)."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[int]: ...
+
+
+EVICTION_POLICIES: Registry[type[EvictionPolicy]] = Registry("prefix-cache eviction policy")
+
+
+@EVICTION_POLICIES.register("lru")
+class LruEviction(EvictionPolicy):
+    """The least recently parked block goes first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self._parked: OrderedDict[int, None] = OrderedDict()  # least recently parked first
+
+    def park(self, block_id: int) -> None:
+        self._parked[block_id] = None
+
+    def unpark(self, block_id: int) -> None:
+        self._parked.pop(block_id, None)
+
+    def victim(self) -> int:
+        return self._parked.popitem(last=False)[0]
+
+    def clear(self) -> list[int]:
+        out = list(self._parked)
+        self._parked.clear()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._parked)
+
+
+FREQ_CAP = 3
+"""S3-FIFO's hit count saturates here (two bits in the paper): the most second chances a block (or
+a simulated key, :func:`harness.analysis.sim.simulate_s3fifo`) gets in the main queue without a new
+hit, which bounds how long a once-hot prefix outlives its popularity."""
+
+
+@EVICTION_POLICIES.register("s3fifo")
+class S3FifoEviction(EvictionPolicy):
+    """S3-FIFO over the parked blocks (module doc). O(1) per operation, amortized: a pass over main
+    that spares a block takes one of its hits, and hits are bounded by :data:`FREQ_CAP`."""
+
+    SMALL_SHARE = 0.1
+    """Share of the parked blocks the small queue may hold before it is evicted from."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self._small: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._main: OrderedDict[int, None] = OrderedDict()
+        self._ghost: OrderedDict[int, None] = OrderedDict()  # hashes evicted from small unhit
+        self._freq: dict[int, int] = {}  # registered block → hits (0..FREQ_CAP)
+        self._hash: dict[int, int] = {}
+        self._in_main: set[int] = set()
+
+    def registered(self, block_id: int, block_hash: int, priority: int) -> None:
+        self._hash[block_id] = block_hash
+        self._freq[block_id] = min(max(priority, 0), FREQ_CAP)
+        if block_hash in self._ghost:  # evicted unhit not long ago and needed again: a reuse
+            del self._ghost[block_hash]
+            self._in_main.add(block_id)
+        elif priority > 0:  # a warmup's preload: trusted like a block that proved itself
+            self._in_main.add(block_id)
+
+    def hit(self, block_id: int) -> None:
+        f = self._freq.get(block_id)
+        if f is not None and f < FREQ_CAP:
+            self._freq[block_id] = f + 1
+
+    def park(self, block_id: int) -> None:
+        (self._main if block_id in self._in_main else self._small)[block_id] = None
+
+    def unpark(self, block_id: int) -> None:
+        self._small.pop(block_id, None)
+        self._main.pop(block_id, None)
+
+    def victim(self) -> int:
+        while True:
+            small_over = len(self._small) >= self.SMALL_SHARE * (len(self._small) + len(self._main))
+            if self._small and (small_over or not self._main):
+                bid, _ = self._small.popitem(last=False)
+                if self._freq.get(bid, 0) > 0:  # hit on probation: to main, starting afresh
+                    self._freq[bid] = 0
+                    self._in_main.add(bid)
+                    self._main[bid] = None
+                    continue
+                h = self._hash.get(bid)
+                if h is not None:
+                    self._ghost[h] = None
+                    if len(self._ghost) > self.num_blocks:
+                        self._ghost.popitem(last=False)
+                return self._forget(bid)
+            bid, _ = self._main.popitem(last=False)
+            f = self._freq.get(bid, 0)
+            if f > 0:
+                self._freq[bid] = f - 1
+                self._main[bid] = None
+                continue
+            return self._forget(bid)
+
+    def _forget(self, block_id: int) -> int:
+        self._freq.pop(block_id, None)
+        self._hash.pop(block_id, None)
+        self._in_main.discard(block_id)
+        return block_id
+
+    def clear(self) -> list[int]:
+        out = [*self._small, *self._main]
+        for d in (self._small, self._main, self._ghost):
+            d.clear()
+        self._freq.clear()
+        self._hash.clear()
+        self._in_main.clear()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._main)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._small
+        yield from self._main
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences; keeps the prefix-cache table and its eviction order.
+
+    ``eviction`` names the policy in :data:`EVICTION_POLICIES` (an unknown name raises
+    :class:`~harness.common.errors.ConfigError` listing the known ones).
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("need at least one KV block")
         self.num_blocks = num_blocks
@@ -64,7 +259,8 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # never-hashed, pop() from the end
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # hashed, ref 0, LRU first
+        self._evictable: EvictionPolicy = EVICTION_POLICIES.get(eviction)(num_blocks)  # hashed, ref 0
+        self.eviction = eviction
         self._by_hash: dict[int, int] = {}
         self.tables: dict[str, BlockTable] = {}
         self.prefix_query_tokens = 0
@@ -92,7 +288,7 @@ class BlockManager:
         if self._free:
             blk = self.blocks[self._free.pop()]
         elif self._evictable:
-            bid, _ = self._evictable.popitem(last=False)
+            bid = self._evictable.victim()
             blk = self.blocks[bid]
             if blk.block_hash is not None and self._by_hash.get(blk.block_hash) == bid:
                 del self._by_hash[blk.block_hash]
@@ -105,14 +301,14 @@ class BlockManager:
 
     def _ref(self, blk: KVBlock) -> None:
         if blk.ref_count == 0:
-            self._evictable.pop(blk.block_id, None)
+            self._evictable.unpark(blk.block_id)
         blk.ref_count += 1
 
     def _unref(self, blk: KVBlock) -> None:
         blk.ref_count -= 1
         if blk.ref_count == 0:
             if blk.block_hash is not None and self._by_hash.get(blk.block_hash) == blk.block_id:
-                self._evictable[blk.block_id] = None  # most recently used at the end
+                self._evictable.park(blk.block_id)
             else:
                 blk.block_hash = None
                 blk.tokens = []
@@ -146,13 +342,19 @@ class BlockManager:
         need = self.blocks_for(len(token_ids)) - len(hits)
         return self.num_free - reused_free - need >= reserve
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int]) -> int:
-        """Give a new sequence blocks for its whole prompt; returns the cached prefix length."""
+    def allocate(self, seq_id: str, token_ids: Sequence[int], priority: int = 0) -> int:
+        """Give a new sequence blocks for its whole prompt; returns the cached prefix length.
+
+        ``priority`` > 0 marks a warmup's preload: the blocks the sequence registers enter the
+        eviction policy with it (``s3fifo``: straight to the main queue with that many second
+        chances; ``lru`` ignores it).
+        """
         if seq_id in self.tables:
             raise RuntimeError(f"sequence {seq_id} already has blocks")
-        table = BlockTable(seq_id)
+        table = BlockTable(seq_id, priority)
         hits = self.match_prefix(token_ids)
         for blk in hits:
+            self._evictable.hit(blk.block_id)
             self._ref(blk)
         table.blocks = list(hits)
         cached = len(hits) * self.block_size
@@ -205,6 +407,7 @@ class BlockManager:
                 if h not in self._by_hash:
                     self._by_hash[h] = blk.block_id
                     blk.block_hash = h
+                    self._evictable.registered(blk.block_id, h, t.priority)
                 else:
                     # Another block already caches this prefix; keep ours private, but let the
                     # chain continue from the shared hash so later blocks still get registered.
@@ -232,8 +435,7 @@ class BlockManager:
         sequences are cached as usual. The hit counters are not reset (they are totals).
         """
         freed = 0
-        while self._evictable:
-            bid, _ = self._evictable.popitem(last=False)
+        for bid in self._evictable.clear():
             blk = self.blocks[bid]
             blk.block_hash = None
             blk.tokens = []

@@ -40,6 +40,12 @@ class EngineSettings(BaseSettings):
     max_waiting: int = Field(default=256, ge=0)
     """Waiting-queue capacity; a request beyond it is refused with :class:`EngineFull` (HTTP 429)."""
     enable_prefix_caching: bool = True
+    prefix_eviction: str = "lru"
+    """Which cached prefix block a new allocation evicts: a name in
+    :data:`harness.engine.kv_cache.EVICTION_POLICIES`: ``lru`` (least recently used) or
+    ``s3fifo`` (scan-resistant: one-off prompts do not push a reused prefix out; a warmup's
+    blocks can be registered with a priority). An unknown name fails at engine start, listing
+    the known ones."""
     inject_slowdown: float = Field(default=1.0, ge=1.0, le=100.0)
     """Fault injection for proving gates (``harness serve --inject-slowdown 1.5``): every engine step,
     prefill and decode, takes this many times as long (the engine waits out the extra after the

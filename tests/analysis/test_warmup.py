@@ -208,3 +208,20 @@ def test_mooncake_plan_in_and_out_of_sample(realdata: Path) -> None:
     assert report.expected_hit_rate > report.cold["lru"]
     assert report.plan_min_hit_rate <= report.history_ceiling <= report.ceiling
     assert 0 < report.limits.preload_used < 1
+
+
+def test_ceiling_dependence_by_hand() -> None:
+    """MIN from the preload [X] at capacity 2 on X B C X: X's first use is a preload hit (no
+    newcomer before it), its second an in-window reuse; B and C are never used again. At capacity
+    1 on B C X, X's first use comes after two newcomers: out of LRU's reach (LRU scores 0)."""
+    import numpy as np
+
+    from harness.analysis.sim import simulate_lru
+    from harness.analysis.warmup import ceiling_dependence
+
+    x, b, c = 23, 1, 2
+    assert ceiling_dependence(np.array([x, b, c, x], dtype=np.int64), [x], 2) == (0.5, 0.0)
+    scan = np.array([b, c, x], dtype=np.int64)
+    assert ceiling_dependence(scan, [x], 1) == (1.0, 1.0)
+    assert simulate_lru(scan, 1, [x]).hits == 0
+    assert ceiling_dependence(scan, [], 1) == (0.0, 0.0)

@@ -1,13 +1,22 @@
-"""BlockManager on its own: chained prefix hashes, reference counts, LRU eviction, validation."""
+"""BlockManager on its own: chained prefix hashes, reference counts, eviction, validation.
+
+Every test runs under every eviction policy (:data:`~harness.engine.kv_cache.EVICTION_POLICIES`).
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.common.errors import CheckFailed
-from harness.engine.kv_cache import BlockManager
+from harness.engine.kv_cache import EVICTION_POLICIES, BlockManager
 
 BS = 4
+
+
+@pytest.fixture(params=EVICTION_POLICIES.names())
+def eviction(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
 
 
 def fill(bm: BlockManager, seq_id: str, tokens: list[int]) -> int:
@@ -17,8 +26,8 @@ def fill(bm: BlockManager, seq_id: str, tokens: list[int]) -> int:
     return cached
 
 
-def test_hit_needs_the_whole_prefix_not_just_the_block() -> None:
-    bm = BlockManager(16, BS)
+def test_hit_needs_the_whole_prefix_not_just_the_block(eviction: str) -> None:
+    bm = BlockManager(16, BS, eviction=eviction)
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     fill(bm, "a", a)
     # Same second block (5..8) after a different first block: no hit at all.
@@ -40,8 +49,8 @@ def test_hit_needs_the_whole_prefix_not_just_the_block() -> None:
     assert bm.blocks[bm.tables["a"].blocks[0].block_id].ref_count == 4  # a, c, d, e
 
 
-def test_shared_blocks_survive_until_last_holder_frees_and_stay_cached() -> None:
-    bm = BlockManager(8, BS)
+def test_shared_blocks_survive_until_last_holder_frees_and_stay_cached(eviction: str) -> None:
+    bm = BlockManager(8, BS, eviction=eviction)
     p = [1, 2, 3, 4, 5]
     fill(bm, "a", p)
     fill(bm, "b", p)
@@ -54,8 +63,8 @@ def test_shared_blocks_survive_until_last_holder_frees_and_stay_cached() -> None
     assert fill(bm, "c", p) == BS
 
 
-def test_lru_eviction_of_unreferenced_cached_blocks() -> None:
-    bm = BlockManager(4, BS)
+def test_the_oldest_unhit_cached_block_is_evicted_first(eviction: str) -> None:
+    bm = BlockManager(4, BS, eviction=eviction)
     # Three one-block prefixes, freed in the order x, y, z (x least recently used).
     for name, tok in (("x", 10), ("y", 20), ("z", 30)):
         fill(bm, name, [tok] * BS)  # exactly one (full, hence hashed) block
@@ -70,8 +79,8 @@ def test_lru_eviction_of_unreferenced_cached_blocks() -> None:
     assert fill(bm, "x2", [10] * BS + [1]) == 0  # x was evicted
 
 
-def test_can_admit_counts_cached_hits_as_no_longer_free() -> None:
-    bm = BlockManager(3, BS)
+def test_can_admit_counts_cached_hits_as_no_longer_free(eviction: str) -> None:
+    bm = BlockManager(3, BS, eviction=eviction)
     p = [5] * BS + [6]
     fill(bm, "a", p)
     bm.free("a")
@@ -80,8 +89,8 @@ def test_can_admit_counts_cached_hits_as_no_longer_free() -> None:
     assert not bm.can_admit([1] * (3 * BS + 1))  # 4 blocks never fit
 
 
-def test_validate_catches_ref_count_mismatch() -> None:
-    bm = BlockManager(8, BS)
+def test_validate_catches_ref_count_mismatch(eviction: str) -> None:
+    bm = BlockManager(8, BS, eviction=eviction)
     fill(bm, "a", [1, 2, 3, 4, 5])
     bm.validate([("a", [1, 2, 3, 4, 5])])
     bm.tables["a"].blocks[0].ref_count = 2
@@ -89,16 +98,16 @@ def test_validate_catches_ref_count_mismatch() -> None:
         bm.validate([("a", [1, 2, 3, 4, 5])])
 
 
-def test_validate_catches_tokens_past_length_in_cache() -> None:
-    bm = BlockManager(8, BS)
+def test_validate_catches_tokens_past_length_in_cache(eviction: str) -> None:
+    bm = BlockManager(8, BS, eviction=eviction)
     fill(bm, "a", [1, 2, 3, 4, 5])
     with pytest.raises(CheckFailed, match="only 4 tokens"):
         bm.validate([("a", [1, 2, 3, 4])])
 
 
-def test_reset_prefix_cache_forgets_cached_and_held_blocks() -> None:
+def test_reset_prefix_cache_forgets_cached_and_held_blocks(eviction: str) -> None:
     """After a reset no prompt hits a block cached before it, also not one a running sequence holds."""
-    bm = BlockManager(16, BS)
+    bm = BlockManager(16, BS, eviction=eviction)
     p = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     fill(bm, "done", p)
     bm.free("done")  # two full blocks parked in the LRU
