@@ -11,8 +11,9 @@ a user would type it (nothing here measures, parses SSE or reads a server log: t
    spells the corpus recipe);
 3. ``harness serve --preset tiny --cache`` on a free port (the target, started once);
 4. ``harness capacity``: how much this machine's target serves within the SLO (open-loop probes);
-5. ``harness baseline calibrate --runs 3 -- harness-run-args``: three paired cold/warm runs at
-   ``--rate 50%`` of that capacity, and the baseline they pass, calibrated **on this machine**;
+5. ``harness baseline calibrate --runs 3 --max-runs 5 -- harness-run-args``: three paired cold/warm
+   runs (up to five where the spread leaves a latency gate blind) at a share of that capacity, and
+   the baseline they pass, calibrated **on this machine**;
 6. ``harness run … --gate``: the unchanged target, gated (it must pass);
 7. ``harness run --serve-args "… --inject-slowdown 2" … --gate``: the same target with a regression
    injected on purpose (every engine step twice as long), gated (it must fail);
@@ -94,6 +95,9 @@ class DemoConfig:
     max_tokens_cap: int = 8
     runs: int = 3
     """Calibration runs (``harness baseline calibrate --runs``; at least 3)."""
+    max_runs: int = 5
+    """… and up to this many while a latency gate is blind (``--max-runs``): on a busy machine one run
+    slowed by a neighbour makes three runs' allowance (3.7 ranges) wider than the value itself."""
     slowdown: float = 2.0
     """The injected regression: every engine step this many times as long (``--inject-slowdown``)."""
     serve_args: tuple[str, ...] = SERVE_ARGS
@@ -243,7 +247,8 @@ class Calibrate:
     def run(self, ctx: DemoContext) -> None:
         assert ctx.url is not None
         harness(
-            ctx, "baseline", "calibrate", "--runs", str(ctx.config.runs), "--out", str(ctx.baseline),
+            ctx, "baseline", "calibrate", "--runs", str(ctx.config.runs),
+            "--max-runs", str(ctx.config.max_runs), "--out", str(ctx.baseline),
             "--workdir", str(ctx.run_dir / "calibration"), "--name", "demo",
             "--", "--url", ctx.url, *ctx.recipe(),
         )  # fmt: skip

@@ -60,7 +60,7 @@ def test_demo_calibrates_here_passes_the_unchanged_target_and_fails_the_regresse
     assert rate > 0 and rate == ctx.capacity_rps
     baseline = (out / "baseline.yaml").read_text()
     assert "harness baseline calibrate" in baseline and "fingerprint:" in baseline
-    assert len(list((out / "calibration").glob("cal-*"))) == 3
+    assert 3 <= len(list((out / "calibration").glob("cal-*"))) <= config.max_runs
 
     # the unchanged run: every level flushed, cold misses, a warm target, warm hits, never a failure
     unchanged = out / "unchanged"

@@ -116,21 +116,26 @@ def run_recipe(
     workdir: Path,
     command: Sequence[str] = DEFAULT_RUN_COMMAND,
     say: Callable[[str], None] = print,
+    first: int = 1,
+    of: int | None = None,
 ) -> list[Path]:
-    """Run ``command args --out workdir/cal-K --force`` for K = 1 … ``runs``; the output directories.
+    """Run ``command args --out workdir/cal-K --force`` for K = ``first`` … ``first + runs − 1``; the
+    output directories (``of``: the total the progress lines name, default the last K).
 
     Exit 0 or 6: measured. Any other exit code raises :class:`RunFailed` with that code."""
     check_run_args(args)
     workdir.mkdir(parents=True, exist_ok=True)
+    last = first + runs - 1
+    total = of if of is not None else last
     outs: list[Path] = []
-    for k in range(1, runs + 1):
+    for k in range(first, last + 1):
         out = workdir / f"cal-{k}"
         cmd = [*command, *args, "--out", str(out), "--force"]
-        say(f"calibration run {k}/{runs}: $ {shlex.join(redact_args(cmd))}")
+        say(f"calibration run {k}/{total}: $ {shlex.join(redact_args(cmd))}")
         rc = subprocess.run(cmd, check=False).returncode  # output streams to ours
         if rc not in (int(ExitCode.OK), int(ExitCode.UNJUDGEABLE)):
             raise RunFailed(
-                f"calibration run {k} of {runs} exited {rc}; nothing was written", code=rc, file=out
+                f"calibration run {k} of {total} exited {rc}; nothing was written", code=rc, file=out
             )
         outs.append(out)
     return outs
@@ -163,6 +168,11 @@ class Calibration:
     not_passed: list[str] = field(default_factory=list)
     """``cal-2: tpot_p95@warm: <reason>`` for every gate a calibration run does not pass."""
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def blind(self) -> list[Gate]:
+        """The gates written ``blind`` (module doc): what more runs could make seeing."""
+        return [g for g in self.baseline.gates if g.blind]
 
 
 def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, float, float, str]:

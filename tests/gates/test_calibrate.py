@@ -219,3 +219,24 @@ def test_a_blind_gate_beside_a_seeing_one_is_left_out_so_the_unchanged_target_ca
     assert any(s.startswith("warm: tpot_p50:") and "watch the same records" in s for s in cal.skipped)
     assert judge(cal.baseline, paired(tmp_path / "rerun", 99, 0.04)).verdict == "pass"
     assert judge(cal.baseline, paired(tmp_path / "slow", 98, 0.04, slow=2.0)).verdict == "fail"
+
+
+@pytest.mark.slow
+def test_max_runs_adds_runs_while_a_gate_is_blind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 2 took twice as long (a neighbour's burst): three runs leave the latency gates blind, so
+    with --max-runs calibration runs the recipe again, one at a time, until they see (five runs: the
+    allowance falls from 3.7 ranges to 1.2), keeping the slow run; without it, it stops at --runs."""
+    monkeypatch.setenv("FAKE_RUN_DRIFTS", "1,2,1.3,1.05,1.1,1,1")
+    args = ("--run-command", FAKE, "--", "--corpus", "c")
+    three = harness_cli("baseline", "calibrate", "--runs", "3", "--out", str(tmp_path / "three.yaml"), *args)
+    assert three.returncode == 0, three.stderr
+    assert "blind: true" in (tmp_path / "three.yaml").read_text() and "one more" not in three.stderr
+    out = tmp_path / "more.yaml"
+    more = harness_cli("baseline", "calibrate", "--runs", "3", "--max-runs", "7", "--out", str(out), *args)
+    assert more.returncode == 0, more.stderr
+    assert "blind: true" not in out.read_text()
+    added = more.stderr.count("one more")
+    assert 1 <= added <= 4 and f"from {3 + added} runs" in more.stderr
+    assert (tmp_path / "more.yaml.runs" / f"cal-{3 + added}").is_dir()
+    assert not (tmp_path / "more.yaml.runs" / f"cal-{4 + added}").exists()
+    assert len(read_baseline(out).provenance.results) == 2 * (3 + added)  # the slow run 2 is kept
