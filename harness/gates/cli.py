@@ -193,9 +193,12 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
     cal = calibrated()
     # More runs shrink the run-to-run allowance (3.7 ranges at 3 runs, 1.2 at 5): a run that a
     # neighbour slowed stays in, and is outweighed rather than dropped.
-    while cal.blind and len(dirs) < most and not reuse:
-        which = ", ".join(f"{g.id}@{g.effective_phase or 'any'}" for g in cal.blind)
-        say(f"{len(cal.blind)} gate(s) cannot catch a 2× slowdown after {len(dirs)} runs ({which}): one more")
+    while cal.spread_blind and len(dirs) < most and not reuse:
+        which = "; ".join(cal.spread_blind)
+        say(
+            f"after {len(dirs)} runs the run-to-run spread leaves {which} unable to catch a 2× slowdown: "
+            "one more run"
+        )
         dirs += run_recipe(
             run_args, runs=1, workdir=work, command=command, say=say, first=len(dirs) + 1, of=most
         )
