@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,7 +42,7 @@ from harness.corpus.fewshot import (
     save_pool,
     top_by_confidence,
 )
-from harness.corpus.inputs import LOCALE_LANG, InputSampler, Pick, candidate_rng
+from harness.corpus.inputs import LOCALE_LANG, Drawn, InputSampler, Pick, candidate_rng
 from harness.corpus.logs import Utterance, detect_log_format, read_logs
 from harness.corpus.manifest import corpus_manifest, file_sha256, write_corpus_files
 from harness.corpus.model import CorpusRecord, Manifest, RequestVariables
@@ -340,41 +341,34 @@ def build_corpus(
     per_lang = {lang: LangDedup(judges[lang]) for lang in prep.langs}
     chosen: list[int] = []
     exhausted = False
-    for _round in range(settings.max_rounds):
-        kept_total = sum(len(d.keep) for d in per_lang.values())
-        if len(chosen) >= n or exhausted:
-            break
-        want = n - len(chosen)
-        if cand:
-            rate = max(kept_total / len(cand), 0.05)
-            want = math.ceil(want / rate * 1.05) + 2
-        start = len(cand)
-        for i in range(start, start + want):
-            got = sampler.variables(i)
-            if got is None:
-                exhausted = True
+    # One worker thread runs the judges (the encoder's forward passes) while this thread dresses
+    # the round's candidates: the two overlap because torch releases the GIL in its kernels.
+    judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corpus-judge")
+    try:
+        for _round in range(settings.max_rounds):
+            kept_total = sum(len(d.keep) for d in per_lang.values())
+            if len(chosen) >= n or exhausted:
                 break
-            cand.append(got)
-            if (i - start) % 50 == 0:
-                tick("generate", i - start, want)
-        tick("generate", want, want)
-        for lang, d in per_lang.items():
-            fresh = [k for k in range(start, len(cand)) if cand[k][0].profile.lang == lang]
-            if not fresh:
-                continue
-            vecs = d.judge.vectors([dedup_text(cand[k][0]) for k in fresh])
-            d.vectors = vecs if d.vectors is None else d.judge.stack(d.vectors, vecs)
-            d.index.extend(fresh)
-        tick("dedup", 0, 1)
-        while True:
-            for d in per_lang.values():
-                if d.index:
-                    _greedy(d, threshold)
-            kept = sorted(d.index[p] for d in per_lang.values() for p in d.keep)
-            chosen = kept[:n]
-            if not _refit_vetoes(per_lang, set(chosen), cand, threshold):
-                break
-        tick("dedup", 1, 1)
+            want = n - len(chosen)
+            if cand:
+                rate = max(kept_total / len(cand), 0.05)
+                want = math.ceil(want / rate * 1.05) + 2
+            start = len(cand)
+            exhausted = _generate_and_judge(
+                sampler, judging=judging, per_lang=per_lang, cand=cand, start=start, want=want, tick=tick
+            )
+            tick("dedup", 0, 1)
+            while True:
+                for d in per_lang.values():
+                    if d.index:
+                        _greedy(d, threshold)
+                kept = sorted(d.index[p] for d in per_lang.values() for p in d.keep)
+                chosen = kept[:n]
+                if not _refit_vetoes(per_lang, set(chosen), cand, threshold):
+                    break
+            tick("dedup", 1, 1)
+    finally:
+        judging.shutdown(wait=True)
 
     records = _render_all(
         prep=prep, settings=settings, pool=pool, cand=cand, chosen=chosen, tick=tick, usable=usable
@@ -402,6 +396,51 @@ def build_corpus(
         records=records,
         failures_extra=failures_extra,
     )
+
+
+def _generate_and_judge(
+    sampler: InputSampler,
+    *,
+    judging: Executor,
+    per_lang: dict[str, LangDedup],
+    cand: list[tuple[RequestVariables, Pick]],
+    start: int,
+    want: int,
+    tick: Progress,
+) -> bool:
+    """Candidates ``start`` … ``start + want - 1`` appended to ``cand``, their queries judged into
+    ``per_lang``; true when the queries ran out first.
+
+    The round's queries are drawn first (cheap: which utterance each candidate takes) and handed
+    to the judges in ``judging``, one call per language over the whole round, as before the
+    overlap (so the encoder sees the same batches and gives the same vectors); meanwhile this
+    thread dresses the candidates (Faker, sessions, constraints), which needs no vector.
+    """
+    drawn: list[Drawn] = []
+    exhausted = False
+    for i in range(start, start + want):
+        got = sampler.draw(i)
+        if got is None:
+            exhausted = True
+            break
+        drawn.append(got)
+    jobs: list[tuple[LangDedup, list[int], Future[Any]]] = []
+    for lang, d in per_lang.items():
+        fresh = [start + k for k, x in enumerate(drawn) if x.lang == lang]
+        if fresh:
+            # Drawn.query is what dedup_text reads from the dressed candidate (the same string).
+            texts = [drawn[k - start].query for k in fresh]
+            jobs.append((d, fresh, judging.submit(d.judge.vectors, texts)))
+    for k, x in enumerate(drawn):
+        cand.append(sampler.dress(x))
+        if k % 50 == 0:
+            tick("generate", k, want)
+    tick("generate", want, want)
+    for d, fresh, job in jobs:
+        vecs = job.result()
+        d.vectors = vecs if d.vectors is None else d.judge.stack(d.vectors, vecs)
+        d.index.extend(fresh)
+    return exhausted
 
 
 def _refit_vetoes(
@@ -493,8 +532,10 @@ def _render_all(
         if k % 20 == 0:
             tick("render", k, len(chosen))
     tick("render", len(chosen), len(chosen))
-    # Measured, not assumed: every prompt's length under the target tokenizer.
-    counts = prep.tok.count_batch([r.text() for r in records])
+    # Measured, not assumed: every prompt's length under the target tokenizer. Line by line with
+    # the tokenizer's memo where that is exact (TargetTokenizer.line_additive): prompts share
+    # most of their lines (the template's scaffold, few-shot lines), which are then tokenized once.
+    counts = prep.tok.count_each([r.text() for r in records])
     for r, c in zip(records, counts, strict=True):
         r.prompt_tokens = c
         if r.target_input_tokens is not None and c == r.target_input_tokens and r.provenance.fitted == "none":
