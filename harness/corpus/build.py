@@ -13,6 +13,11 @@ so later rounds never change earlier decisions and the corpus is the first ``n``
 deterministic for a seed. When the logs run out before ``n`` distinct requests, the corpus holds
 the ones that were possible and the shortfall is reported (a quality failure, exit 1), never padded.
 
+For throughput the encoder judges a round's queries in a worker thread while the candidates are
+dressed, the first round encodes the next :data:`LOOKAHEAD` share of queries too, and a cached
+few-shot pool brings its vectors; none of it changes which candidates are drawn or kept
+(docs/corpus.md, "Build throughput").
+
 This module is the orchestration; each record is assembled by :mod:`harness.corpus.assemble` and the
 files (corpus, manifest, quality report) are written by :mod:`harness.corpus.manifest`.
 """
