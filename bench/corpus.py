@@ -8,7 +8,10 @@
 2. End-to-end prompts/s of ``build_corpus`` (read logs, few-shot pool, generate, judge, dedup,
    render, fit, quality, write) against the raw encoder's sentences/s on the corpus's queries
    (``SentenceTransformer.encode`` with the build's batch size: the model as shipped, no
-   pipeline), for the default locales and English only. Goal: ≥ 0.9. Beside it, the harness's own
+   pipeline), for the default locales and English only. Goal: ≥ 0.9. Fair by construction: the
+   same texts (the queries of the corpus just built), the same batch size, the same process,
+   model object and torch intra-op thread count (printed); the build may also run Python work in
+   a second thread while torch computes, the reference has no such work. Beside it, the harness's own
    :class:`~harness.common.embeddings.Embedder` on the same queries (token-length buckets), and
    the build with its few-shot pool cached from an earlier build of the same logs.
 
@@ -62,7 +65,7 @@ def plant(x: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
         if s == t:
             continue
         c = rng.uniform(0.80, 0.99)
-        z = rng.standard_normal(d).astype(np.float32)
+        z = np.asarray(rng.standard_normal(d), dtype=np.float32)
         z -= (z @ x[s]) * x[s]
         z /= np.linalg.norm(z)
         x[t] = c * x[s] + np.sqrt(1 - c * c) * z
@@ -111,6 +114,12 @@ def _hash_vectors(self: object, texts: list[str], show_progress: bool) -> np.nda
         v = np.random.default_rng(seed).standard_normal(384).astype(np.float32)
         out[i] = v / np.linalg.norm(v)
     return out
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def bench_e2e(n: int, locales: list[str], reps: int, pool_cache: bool = False) -> dict[str, object]:
@@ -163,7 +172,7 @@ def bench_e2e(n: int, locales: list[str], reps: int, pool_cache: bool = False) -
         st_encode(["warm up the encoder"])
         for rep in range(reps):
             seen.clear()
-            embeddings.Embedder.encode = recording  # type: ignore[method-assign]
+            embeddings.Embedder.encode = recording  # type: ignore[method-assign,assignment]
             try:
                 t0 = clock()
                 res = build_corpus(BuildInputs(template=template, out=Path(tmp) / f"c{rep}", n=n), settings)
@@ -210,6 +219,7 @@ def bench_e2e(n: int, locales: list[str], reps: int, pool_cache: bool = False) -
         "cpu_ratio": cr / cb,
         "cpu_overhead_ratio": cs / cb,
         "device": raw.device,
+        "torch_threads": _torch_threads(),
     }
     print(
         f"e2e {row['locales']} n={row['n']}: build {tb:.2f} s ({row['prompts_per_s']:.1f} prompts/s, "
@@ -250,7 +260,9 @@ def main() -> None:
         f"\n## corpus — {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n",
         f"`python bench/corpus.py{' --only ' + args.only if args.only else ''}` on {platform.machine()}, "
         f"{os.cpu_count()} CPUs (shared), "
-        f"encoder on {e2e[0]['device'] if e2e else 'cpu'}; whole run {total:.0f} s; load average "
+        f"encoder on {e2e[0]['device'] if e2e else 'cpu'}"
+        f"{', torch threads ' + str(e2e[0]['torch_threads']) if e2e else ''}; "
+        f"whole run {total:.0f} s; load average "
         f"{load_before:.1f} → {os.getloadavg()[0]:.1f}.\n",
     ]
     if rows:

@@ -18,7 +18,7 @@ searches decide the threshold identically.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,7 +203,9 @@ class Judge:
 
     name = "judge"
 
-    def vectors(self, texts: list[str]) -> Any:
+    def vectors(self, texts: list[str], *, ahead: Sequence[str] = ()) -> Any:
+        """Rows for ``texts``, in order. ``ahead``: texts likely asked for next, which a judge that
+        keeps a memo computes in the same pass (the others ignore them)."""
         raise NotImplementedError
 
     def stack(self, a: Any, b: Any) -> Any:
@@ -240,9 +242,10 @@ class EmbeddingJudge(Judge):
         """Texts sent to the encoder (each distinct text once per judge)."""
         self._memo: dict[str, npt.NDArray[np.float32]] = {}
 
-    def vectors(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        # A text judged before (a few-shot pool line drawn again as a query) is not re-encoded.
-        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+    def vectors(self, texts: list[str], *, ahead: Sequence[str] = ()) -> npt.NDArray[np.float32]:
+        # A text judged before (a few-shot pool line drawn again as a query, or a query encoded
+        # ahead of its round) is not re-encoded.
+        todo = list(dict.fromkeys(t for t in (*texts, *ahead) if t not in self._memo))
         chunk = max(self.embedder.batch_size * 8, 512)
         for s in range(0, len(todo), chunk):
             part = todo[s : s + chunk]
@@ -253,6 +256,16 @@ class EmbeddingJudge(Judge):
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         return np.ascontiguousarray(np.stack([self._memo[t] for t in texts]), dtype=np.float32)
+
+    def memo(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Every vector this judge has encoded (or was given by :meth:`remember`), by text."""
+        return dict(self._memo)
+
+    def remember(self, vectors: dict[str, npt.NDArray[np.float32]]) -> None:
+        """Serve these texts' vectors from now on without encoding them (a cached few-shot pool's,
+        made by the same model in an earlier build: the vectors that build's memo held)."""
+        for t, v in vectors.items():
+            self._memo.setdefault(t, np.asarray(v, dtype=np.float32))
 
     def stack(self, a: Any, b: Any) -> Any:
         return b if len(a) == 0 else np.vstack([a, b])
@@ -283,7 +296,7 @@ class CharTfidfJudge(Judge):
         self.vec = TfidfVectorizer(analyzer="char", ngram_range=self.NGRAMS, dtype=np.float32)
         self.vec.fit(reference or [" "])
 
-    def vectors(self, texts: list[str]) -> Any:
+    def vectors(self, texts: list[str], *, ahead: Sequence[str] = ()) -> Any:
         return self.vec.transform(texts).tocsr()  # rows are L2-normalized: dot products are cosines
 
     def stack(self, a: Any, b: Any) -> Any:

@@ -170,6 +170,50 @@ class FewShotPool:
 POOL_CACHE_VERSION = 2
 
 
+def pool_vectors_path(path: Path) -> Path:
+    """Where the encoder's vectors of a cached pool's lines lie, beside the pool's JSON."""
+    return path.with_suffix(".vectors.npz")
+
+
+def save_pool_vectors(path: Path, vectors: dict[str, dict[str, np.ndarray]]) -> None:
+    """Write the vectors the pool's judges encoded (language → text → unit vector) beside the pool
+    at ``path``: every line the pool step judged, not only those it kept.
+
+    Pool lines are drawn as queries too (41 of 400 English requests in the bundled logs), so a
+    build from a cached pool would otherwise encode them again; with all of them saved, its
+    judges start from the same memo as the build that made the pool, and encode the same texts
+    in the same batches (the same vectors: output byte-identical). ``.npz`` of unicode arrays and
+    a float32 matrix, read back without pickle; written to a temporary name, then renamed, so a
+    reader never sees half a file.
+    """
+    rows = [(lang, t, v) for lang, got in sorted(vectors.items()) for t, v in got.items()]
+    if not rows:
+        return
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(
+        tmp,
+        langs=np.array([r[0] for r in rows], dtype=np.str_),
+        texts=np.array([r[1] for r in rows], dtype=np.str_),
+        vectors=np.stack([np.asarray(r[2], dtype=np.float32) for r in rows]),
+    )
+    tmp.replace(pool_vectors_path(path))
+
+
+def load_pool_vectors(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The vectors saved by :func:`save_pool_vectors`; empty when there are none or they are unreadable."""
+    try:
+        with np.load(pool_vectors_path(path), allow_pickle=False) as z:
+            langs, texts, vecs = z["langs"], z["texts"], z["vectors"]
+    except (OSError, KeyError, ValueError):
+        return {}
+    if vecs.ndim != 2 or not len(langs) == len(texts) == len(vecs):
+        return {}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for lang, t, v in zip(langs, texts, vecs, strict=True):
+        out.setdefault(str(lang), {})[str(t)] = np.ascontiguousarray(v, dtype=np.float32)
+    return out
+
+
 def save_pool(path: Path, pool: FewShotPool) -> None:
     """Write ``pool`` (which log lines, their strata, the shot set) as JSON, atomically."""
     from harness.common.io import write_json

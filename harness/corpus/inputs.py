@@ -78,6 +78,21 @@ class Pick:
     intent: str
 
 
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """A candidate half made (:meth:`InputSampler.draw`): its pick, language, and its RNG, whose
+    stream :meth:`InputSampler.dress` continues."""
+
+    pick: Pick
+    lang: str
+    rng: np.random.Generator
+
+    @property
+    def query(self) -> str:
+        """The request's query text, as the dressed candidate's ``RequestVariables.query`` will hold it."""
+        return self.pick.query.text
+
+
 def _interleave(items: list[Utterance], rng: np.random.Generator) -> list[Utterance]:
     """Items reordered round-robin over (domain, intent) groups, each group and the round order shuffled."""
     groups: dict[tuple[str, str], list[Utterance]] = {}
@@ -209,6 +224,17 @@ class InputSampler:
 
     def variables(self, index: int) -> tuple[RequestVariables, Pick] | None:
         """Candidate ``index``, or ``None`` when every query of the allowed languages is used."""
+        drawn = self.draw(index)
+        return self.dress(drawn) if drawn is not None else None
+
+    def draw(self, index: int) -> Drawn | None:
+        """The first, cheap half of :meth:`variables`: candidate ``index``'s scenario, language and
+        query (``None`` when the queries ran out).
+
+        The build draws a whole round first so the encoder can judge the queries while
+        :meth:`dress` builds the rest; draws must be made in index order (each takes the next
+        unused query), dresses in any order (each uses only its own RNG and read-only data).
+        """
         rng = candidate_rng(self.seed, index)
         sc: ScenarioClass | None = None
         if self.scenarios is not None and self._sc_weights is not None:
@@ -221,7 +247,11 @@ class InputSampler:
         q = self.pool.take(lang, domain)
         if q is None:
             return None
-        pick = Pick(sc, q, q.domain or "general", q.intent or "unlabelled")
+        return Drawn(Pick(sc, q, q.domain or "general", q.intent or "unlabelled"), lang, rng)
+
+    def dress(self, drawn: Drawn) -> tuple[RequestVariables, Pick]:
+        """The second half of :meth:`variables`: profile, session and constraints around a drawn query."""
+        pick, lang, rng, q = drawn.pick, drawn.lang, drawn.rng, drawn.pick.query
         fake = self.fakers[lang]
         fake.seed_instance(int(rng.integers(2**31)))
 
@@ -297,7 +327,7 @@ class InputSampler:
                 request_at=request_at.isoformat(),
                 domain=pick.domain,
                 intent=pick.intent,
-                query=q.text,
+                query=drawn.query,
                 constraints=constraints,
             ),
             pick,

@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -73,16 +73,26 @@ def detect_lang(text: str) -> str:
     return "zh" if sum(1 for c in letters if _CJK.match(c)) * 5 >= len(letters) else "en"
 
 
-@dataclass(frozen=True, slots=True)
-class LogReader:
-    """One log format: ``sniff(name, head)`` says whether a file is in it, ``read`` parses it."""
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)  # not slots=True: calling an alias such as LogReader(...) sets __orig_class__
+class Reader(Generic[T]):
+    """One log format yielding ``T`` items (request logs: :class:`Utterance`; dialogue logs:
+    :class:`harness.corpus.sessions.Dialogue`): ``sniff(name, head)`` says whether a file is in it
+    (``name``: the file's or its zip member's name; ``head``: the first :data:`SNIFF_BYTES`), and
+    ``read(path, data)`` parses the whole payload. Readers of a registry are tried in ascending
+    ``priority``."""
 
     name: str
     description: str
     sniff: Callable[[str, bytes], bool]
-    read: Callable[[Path, bytes], list[Utterance]]
+    read: Callable[[Path, bytes], list[T]]
     priority: int = 50
 
+
+LogReader = Reader[Utterance]
+"""A request log format (:data:`LOG_READERS`)."""
 
 LOG_READERS: Registry[LogReader] = Registry("request log format")
 
@@ -114,31 +124,48 @@ def _payload(path: Path) -> tuple[str, bytes]:
         raise InputError(f"not a readable zip archive ({exc})", file=path) from None
 
 
-def detect_log_format(path: str | Path) -> str:
-    """The registered format of a request log, from its content; :class:`InputError` if none fits."""
+def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, hint: str) -> str:
+    """The format in ``readers`` of the file at ``path``, from its content (the first reader by
+    priority whose sniff accepts it); :class:`InputError` ``unrecognised <what>`` if none does."""
     p = Path(path)
     name, data = _payload(p)
     head = data[:SNIFF_BYTES]
-    for reader in sorted((r for _, r in LOG_READERS.items()), key=lambda r: r.priority):
+    for reader in sorted((r for _, r in readers.items()), key=lambda r: r.priority):
         if reader.sniff(name, head):
             return reader.name
-    raise InputError(
-        "unrecognised request log; expected one of " + ", ".join(LOG_READERS.names()),
-        file=p,
-        hint="see docs/corpus.md (request logs)",
-    )
+    raise InputError(f"unrecognised {what}; expected one of " + ", ".join(readers.names()), file=p, hint=hint)
+
+
+def read_with(
+    readers: Registry[Reader[T]], path: str | Path, format: str | None, *, what: str, hint: str, empty: str
+) -> list[T]:
+    """Every item of the file at ``path`` by the reader of ``format`` (detected unless given, see
+    :func:`detect_format`); an :class:`InputError` ``<empty>`` (``{fmt}`` filled in) when it has none."""
+    p = Path(path)
+    name = format or detect_format(readers, p, what=what, hint=hint)
+    reader = readers.get(name)
+    _, data = _payload(p)
+    out = reader.read(p, data)
+    if not out:
+        raise InputError(empty.format(fmt=name), file=p)
+    return out
+
+
+def detect_log_format(path: str | Path) -> str:
+    """The registered format of a request log, from its content; :class:`InputError` if none fits."""
+    return detect_format(LOG_READERS, path, what="request log", hint="see docs/corpus.md (request logs)")
 
 
 def read_log(path: str | Path, format: str | None = None) -> list[Utterance]:
     """All requests of one log file (format detected unless given); at least one, or an InputError."""
-    p = Path(path)
-    name = format or detect_log_format(p)
-    reader = LOG_READERS.get(name)
-    _, data = _payload(p)
-    out = reader.read(p, data)
-    if not out:
-        raise InputError(f"no user requests in this {name} log", file=p)
-    return out
+    return read_with(
+        LOG_READERS,
+        path,
+        format,
+        what="request log",
+        hint="see docs/corpus.md (request logs)",
+        empty="no user requests in this {fmt} log",
+    )
 
 
 def read_logs(paths: list[Path]) -> list[Utterance]:

@@ -123,6 +123,9 @@ class PromptRenderer:
             keep_trailing_newline=True,
             trim_blocks=True,
             lstrip_blocks=True,
+            # A renderer lives for one build: checking every included file's mtime on each render
+            # (two stat calls per include per prompt) buys nothing.
+            auto_reload=False,
         )
         self.max_output_chars = max_output_chars
         self.max_render_s = max_render_s

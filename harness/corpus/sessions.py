@@ -52,11 +52,14 @@ from harness.corpus import dedup as dedup_mod
 from harness.corpus.assemble import PromptTemplate, load_template
 from harness.corpus.logs import (
     CROSSWOZ_DOMAINS,
+    Reader,
     _most_common_first,
     _payload,
     crosswoz_intent,
+    detect_format,
     detect_lang,
     iter_crosswoz,
+    read_with,
 )
 from harness.corpus.manifest import file_sha256, write_corpus_files
 from harness.corpus.model import (
@@ -108,39 +111,31 @@ class Dialogue:
     """Venues the conversation names (CrossWOZ), in order: the session's retrieved context."""
 
 
-@dataclass(frozen=True, slots=True)
-class SessionReader:
-    name: str
-    description: str
-    sniff: Callable[[str, bytes], bool]
-    read: Callable[[Path, bytes], list[Dialogue]]
-    priority: int = 50
-
+SessionReader = Reader[Dialogue]
+"""A dialogue log format (:data:`SESSION_READERS`): the request logs' reader type, yielding dialogues."""
 
 SESSION_READERS: Registry[SessionReader] = Registry("dialogue log format")
+_WHAT = "dialogue log"
+_HINT = "see docs/corpus.md (sessions)"
 
 
 def detect_session_format(path: Path) -> str:
-    name, data = _payload(path)
-    for reader in sorted((r for _, r in SESSION_READERS.items()), key=lambda r: r.priority):
-        if reader.sniff(name, data[:4096]):
-            return reader.name
-    raise InputError(
-        "unrecognised dialogue log; expected one of " + ", ".join(SESSION_READERS.names()),
-        file=path,
-        hint="see docs/corpus.md (sessions)",
-    )
+    """The registered format of a dialogue log, from its content; :class:`InputError` if none fits."""
+    return detect_format(SESSION_READERS, path, what=_WHAT, hint=_HINT)
 
 
 def read_dialogues(paths: Sequence[Path]) -> list[Dialogue]:
     """Every dialogue of every log, in file order; ids prefixed by the file's position when several."""
     out: list[Dialogue] = []
     for k, p in enumerate(paths):
-        fmt = detect_session_format(p)
-        _, data = _payload(p)
-        got = SESSION_READERS.get(fmt).read(p, data)
-        if not got:
-            raise InputError(f"no dialogues with a user turn in this {fmt} log", file=p)
+        got = read_with(
+            SESSION_READERS,
+            p,
+            None,
+            what=_WHAT,
+            hint=_HINT,
+            empty="no dialogues with a user turn in this {fmt} log",
+        )
         for d in got:
             out.append(d if len(paths) == 1 else Dialogue(f"{k}:{d.id}", *_rest(d)))
     return out
@@ -270,10 +265,10 @@ def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
 
 
 SESSION_READERS.register("crosswoz")(
-    SessionReader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
+    Reader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
 )
 SESSION_READERS.register("jsonl")(
-    SessionReader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
+    Reader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
 )
 
 

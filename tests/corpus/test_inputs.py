@@ -106,3 +106,26 @@ def test_a_searched_venue_meets_the_stated_constraints(built: list) -> None:  # 
             assert venue_fits(venue, slots) or venue.name in q.text
             checked += 1
     assert checked >= 5
+
+
+def test_draw_then_dress_in_any_order_equals_variables() -> None:
+    # The build draws a round's queries first (the encoder judges them meanwhile) and dresses
+    # them after: that must give exactly the candidates of drawing and dressing one by one.
+    logs = read_log(FIXTURES / "clinc150_sample.json") + read_log(FIXTURES / "crosswoz_sample.json.zip")
+    one_by_one = InputSampler(11, logs)
+    expected = [one_by_one.variables(i) for i in range(60)]
+    split = InputSampler(11, logs)
+    drawn = [split.draw(i) for i in range(60)]
+    assert all(d is not None for d in drawn)
+    dressed = {i: split.dress(drawn[i]) for i in reversed(range(60))}  # type: ignore[arg-type]
+    for i, want in enumerate(expected):
+        assert want is not None
+        assert dressed[i][0] == want[0] and dressed[i][1] == want[1]
+        assert drawn[i].query == want[0].query  # type: ignore[union-attr]  # what dedup judges
+
+
+def test_draw_returns_none_when_the_queries_run_out() -> None:
+    logs = read_log(FIXTURES / "fewshot_log.jsonl")
+    s = InputSampler(0, logs)
+    got = [s.draw(i) for i in range(len(logs) + 1)]
+    assert all(d is not None for d in got[:-1]) and got[-1] is None

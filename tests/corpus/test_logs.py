@@ -117,3 +117,30 @@ def test_bad_files_are_one_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "none.json"
     with pytest.raises(InputError, match="no such file"):
         read_log(missing)
+
+
+def test_request_and_dialogue_logs_share_one_reader_type(tmp_path: Path) -> None:
+    from harness.common.registry import Registry
+    from harness.corpus.logs import Reader, detect_format, read_with
+    from harness.corpus.sessions import SESSION_READERS, detect_session_format, read_dialogues
+
+    assert all(isinstance(r, Reader) for _, r in LOG_READERS.items())
+    assert all(isinstance(r, Reader) for _, r in SESSION_READERS.items())
+    # The same CrossWOZ file: utterances by one registry, dialogues by the other.
+    assert detect_session_format(CROSSWOZ) == "crosswoz"
+    assert read_dialogues([CROSSWOZ])[0].turns
+    # A registry of any item type: the lowest priority whose sniff accepts wins; none is an error.
+    texts: Registry[Reader[str]] = Registry("test format")
+    texts.register("any")(Reader("any", "", lambda name, head: True, lambda p, d: ["any"], 90))
+    texts.register("hash")(Reader("hash", "", lambda name, head: head.startswith(b"#"), lambda p, d: [], 10))
+    f = tmp_path / "x.txt"
+    f.write_bytes(b"# a comment")
+    assert detect_format(texts, f, what="text", hint="") == "hash"
+    with pytest.raises(InputError, match="nothing in this hash file"):
+        read_with(texts, f, None, what="text", hint="", empty="nothing in this {fmt} file")
+    assert read_with(texts, f, "any", what="text", hint="", empty="") == ["any"]
+    only_hash: Registry[Reader[str]] = Registry("test format")
+    only_hash.register("hash")(texts.get("hash"))
+    f.write_bytes(b"plain")
+    with pytest.raises(InputError, match="unrecognised text; expected one of hash"):
+        detect_format(only_hash, f, what="text", hint="")
