@@ -110,9 +110,9 @@ class Gate(StrictModel):
     """An id for reports and JUnit (default: metric plus selectors)."""
     blind: bool = False
     """Set by ``harness baseline calibrate`` where the runs' spread put an ``at_most`` latency limit
-    at ≥ twice its threshold: a 2× slower target would pass such a gate, so its pass proves nothing
-    and is judged *cannot be judged* (:func:`harness.gates.judge.judge_gate`); a run beyond the
-    limit still fails."""
+    at ≥ twice the fastest run's value: a 2× slower target would pass such a gate, so its pass
+    proves nothing and is judged *cannot be judged* (:func:`harness.gates.judge.judge_gate`); a run
+    beyond the limit still fails."""
 
     @field_validator("metric")
     @classmethod

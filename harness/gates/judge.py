@@ -20,7 +20,7 @@ inconclusive, and a regression beyond the widened interval still fails. A target
 (requests waited for a free user) is judged like any other: the wait is its doing.
 
 **Blind gates.** A gate ``harness baseline calibrate`` marked ``blind`` (its runs scattered so
-widely that the limit is ≥ twice the threshold) cannot pass: within its limit it is inconclusive,
+widely that the limit holds twice the fastest run) cannot pass: within its limit it is inconclusive,
 because a 2× slower target would be within it too; beyond the limit it still fails.
 
 **Conservative judgement.** An inconclusive gate is not a pass: it counts as *cannot be judged*
@@ -284,8 +284,8 @@ def judge_gate(
         # A gate a 2× slower target would pass too: its pass says nothing about the code.
         verdict = "inconclusive"
         why = (
-            "the baseline's limit is ≥ twice its threshold (calibrated where runs scattered that "
-            "widely): a 2× slowdown would pass too, so this pass proves nothing"
+            "the baseline's limit holds twice its fastest calibration run (calibrated where runs "
+            "scattered that widely): a 2× slowdown would pass too, so this pass proves nothing"
         )
     value = _finite(m.value)
     delta = value - gate.threshold if value is not None else None
