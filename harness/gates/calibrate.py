@@ -202,8 +202,12 @@ def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, f
 
 
 def _is_latency(gate: Gate) -> bool:
-    """A gate on how long something took (ms, or a ratio of times): what a slowdown moves."""
-    return gate.effective_direction == "at_most" and gate.spec.unit in ("ms", "x")
+    """A gate on how long the target took (ms the client timed, or a ratio of such times): what a
+    slower target moves. Not the client's own lateness: a 2× slower target does not double it."""
+    spec = gate.spec
+    return gate.effective_direction == "at_most" and (
+        spec.unit == "x" or (spec.unit == "ms" and spec.client_timed)
+    )
 
 
 def _quantity(gate: Gate) -> str:
@@ -347,11 +351,14 @@ def calibrate(
         # Blind: twice the fastest run's value is within the limit, so a 2× slower target that ran as
         # that run did would pass (judged against the worst run's value, the threshold, a limit of
         # 1.6× it let a 2× slower decode through: TPOT 10.7 → 21.8 ms under a 23.7 ms limit).
-        if _is_latency(gate) and gate.limit >= 2 * min(c.m.value for c in cands):
+        fastest = min(c.m.value for c in cands)
+        if _is_latency(gate) and gate.limit >= 2 * fastest:
             note += "; cannot catch a 2× slowdown: a run within it cannot be judged"
             gate = gate.model_copy(update={"blind": True})
             blind_where[len(gates)] = first.where
-            if which.startswith("interval half-width"):  # the run-to-run term: more runs shrink it
+            # More runs shrink the run-to-run term, not one run's own margin, and not a worst run
+            # that is itself twice the fastest (it stays the threshold).
+            if which.startswith("interval half-width") and threshold < 2 * fastest:
                 spread_blind.append(first.where)
         comments[len(gates)] = note
         gates.append(gate)
