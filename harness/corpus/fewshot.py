@@ -183,20 +183,21 @@ def save_pool_vectors(path: Path, vectors: dict[str, dict[str, np.ndarray]]) -> 
     build from a cached pool would otherwise encode them again; with all of them saved, its
     judges start from the same memo as the build that made the pool, and encode the same texts
     in the same batches (the same vectors: output byte-identical). ``.npz`` of unicode arrays and
-    a float32 matrix, read back without pickle; written to a temporary name, then renamed, so a
-    reader never sees half a file.
+    a float32 matrix, read back without pickle; written atomically
+    (:func:`~harness.common.io.atomic_write`), so a reader never sees half a file.
     """
     rows = [(lang, t, v) for lang, got in sorted(vectors.items()) for t, v in got.items()]
     if not rows:
         return
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(
-        tmp,
-        langs=np.array([r[0] for r in rows], dtype=np.str_),
-        texts=np.array([r[1] for r in rows], dtype=np.str_),
-        vectors=np.stack([np.asarray(r[2], dtype=np.float32) for r in rows]),
-    )
-    tmp.replace(pool_vectors_path(path))
+    from harness.common.io import atomic_write
+
+    with atomic_write(pool_vectors_path(path), "wb") as fh:
+        np.savez(
+            fh,
+            langs=np.array([r[0] for r in rows], dtype=np.str_),
+            texts=np.array([r[1] for r in rows], dtype=np.str_),
+            vectors=np.stack([np.asarray(r[2], dtype=np.float32) for r in rows]),
+        )
 
 
 def load_pool_vectors(path: Path) -> dict[str, dict[str, np.ndarray]]:

@@ -124,11 +124,8 @@ def _payload(path: Path) -> tuple[str, bytes]:
         raise InputError(f"not a readable zip archive ({exc})", file=path) from None
 
 
-def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, hint: str) -> str:
-    """The format in ``readers`` of the file at ``path``, from its content (the first reader by
-    priority whose sniff accepts it); :class:`InputError` ``unrecognised <what>`` if none does."""
-    p = Path(path)
-    name, data = _payload(p)
+def _sniffed(readers: Registry[Reader[T]], p: Path, name: str, data: bytes, *, what: str, hint: str) -> str:
+    """The first reader by priority whose sniff accepts this payload; :class:`InputError` if none does."""
     head = data[:SNIFF_BYTES]
     for reader in sorted((r for _, r in readers.items()), key=lambda r: r.priority):
         if reader.sniff(name, head):
@@ -136,16 +133,24 @@ def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, 
     raise InputError(f"unrecognised {what}; expected one of " + ", ".join(readers.names()), file=p, hint=hint)
 
 
+def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, hint: str) -> str:
+    """The format in ``readers`` of the file at ``path``, from its content (the first reader by
+    priority whose sniff accepts it); :class:`InputError` ``unrecognised <what>`` if none does."""
+    p = Path(path)
+    name, data = _payload(p)
+    return _sniffed(readers, p, name, data, what=what, hint=hint)
+
+
 def read_with(
     readers: Registry[Reader[T]], path: str | Path, format: str | None, *, what: str, hint: str, empty: str
 ) -> list[T]:
     """Every item of the file at ``path`` by the reader of ``format`` (detected unless given, see
-    :func:`detect_format`); an :class:`InputError` ``<empty>`` (``{fmt}`` filled in) when it has none."""
+    :func:`detect_format`; the file is read once either way); an :class:`InputError` ``<empty>``
+    (``{fmt}`` filled in) when it has none."""
     p = Path(path)
-    name = format or detect_format(readers, p, what=what, hint=hint)
-    reader = readers.get(name)
-    _, data = _payload(p)
-    out = reader.read(p, data)
+    member, data = _payload(p)
+    name = format or _sniffed(readers, p, member, data, what=what, hint=hint)
+    out = readers.get(name).read(p, data)
     if not out:
         raise InputError(empty.format(fmt=name), file=p)
     return out
