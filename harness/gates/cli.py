@@ -127,8 +127,8 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
         typer.Option(
             "--max-runs",
             min=3,
-            help="While a latency gate is blind (its limit ≥ 2× its threshold), run the recipe once more, "
-            "up to this many runs in all (default: --runs, no extra run).",
+            help="While the run-to-run spread leaves a latency gate blind (its limit would hold twice its "
+            "fastest run), run the recipe once more, up to this many runs in all (default: --runs).",
         ),
     ] = None,
     headroom: Annotated[
@@ -183,11 +183,12 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
         dirs = run_recipe(run_args, runs=runs, workdir=work, command=command, say=say)
     recipe = "harness run " + shlex.join(redact_args(run_args))  # the baseline records it
 
+    phases = [load_phases(d) for d in dirs]  # each run read once, however many runs follow
+
     def calibrated() -> Calibration:
         return make(
-            [load_phases(d) for d in dirs], headroom=fraction, name=name or out.stem,
-            confidence=confidence, per_scenario=per_scenario, run_names=[d.name for d in dirs],
-            command=recipe,
+            phases, headroom=fraction, name=name or out.stem, confidence=confidence,
+            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=recipe,
         )  # fmt: skip
 
     cal = calibrated()
@@ -199,9 +200,11 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
             f"after {len(dirs)} runs the run-to-run spread leaves {which} unable to catch a 2× slowdown: "
             "one more run"
         )
-        dirs += run_recipe(
+        added = run_recipe(
             run_args, runs=1, workdir=work, command=command, say=say, first=len(dirs) + 1, of=most
         )
+        dirs += added
+        phases += [load_phases(d) for d in added]
         cal = calibrated()
     write_baseline(out, cal.baseline, cal.comments, cal.header)
     _print_gates(cal.baseline, cal.comments)
