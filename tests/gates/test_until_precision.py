@@ -12,6 +12,7 @@ from harness.load.precision import parse_precision_on
 from harness.load.runner import LoadSpec
 from tests.gates.factory import ROOT
 from tests.gates.test_paired import harness_run, read, write_corpus
+from tests.load.helpers import decided_precision
 from tests.server.conftest import harness_server
 
 BASELINE = """\
@@ -82,8 +83,14 @@ def test_each_phase_stops_once_its_gates_can_judge(tmp_path: Path) -> None:
     for phase, field, floor in (("cold", "ttft_ms", 12), ("warm", "tpot_ms", 8)):
         rec = run["phases"][phase]
         assert rec["stop_reason"].startswith(f"precision reached: {field} P50 ±"), rec
+        # The decision: met on the records at hand, and not before the gate's min_samples.
+        rel, n = decided_precision(rec["stop_reason"])[f"{field} P50"]
+        assert rel <= 1.0 and n >= floor, rec["stop_reason"]
         s = read(out / phase / "summary.json")
         state = s["precision"][f"{field}:50"]
-        assert state["met"] and state["n"] >= floor == state["min_n"]
+        # The summary's state is over every record, those that drained after the decision too, so it
+        # may widen past the target on a busy machine; it never has fewer samples and says so truly.
+        assert state["n"] >= n and state["min_n"] == floor
+        assert state["met"] == (state["rel_half_width"] <= 1.0), state
         assert floor <= s["requests"] < 4 * 60 / 2  # stopped early, and not before the gate's min_samples
     assert "precision reached" in proc.stderr
