@@ -3,7 +3,10 @@ of known capacity (:mod:`tests.gates.capacity_server`: 4 slots × 0.5 s = 8 requ
 
 Assertions are about where the answer lies relative to the known capacity, never about timings; the
 server's hold times are absolute (from when a slot was taken), so a busy machine does not move its
-capacity. Probes are small (40 requests, P90 terms) to keep these tests short.
+capacity. Probes are small (40 requests) to keep these tests short, so their terms are medians: the
+interval of a P90 of 40 requests ends at the slowest one, and one request a busy machine stalls for
+45 ms made a probe well below capacity inconclusive. The median's interval spans ranks 14 to 27, and
+past capacity the queue moves it by far more than that (about 120 ms at 8.4 requests/s).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tests.gates.capacity_server import Capacity, CapacityServer
 from tests.gates.factory import ROOT
 from tests.load.helpers import make_corpus
 
-SLO = "ttft_p90<=3x,error_rate<=0.1"
+SLO = "ttft_p50<=3x,error_rate<=0.1"
 SMALL = ("--probe-requests", "40", "--probe-seconds", "2", "--slo", SLO)
 
 
