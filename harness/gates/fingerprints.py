@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from harness.common.fingerprint import Environment
+from harness.common.host import HostLoad
 from harness.common.model import StrictModel
 from harness.gates.runs import ResultSet
 from harness.load.results import Recipe
@@ -43,6 +44,9 @@ class BaselineFingerprint(StrictModel):
     recipes: dict[str, Recipe] = Field(default_factory=dict)
     """Each result set's recipe, by label (``cold``, ``warm``, ``reference`` …); a set with another
     label is compared with the recipe when all of them are one."""
+    interference: dict[str, HostLoad] = Field(default_factory=dict)
+    """Per result set label, the calibration run in which other work took the most of the machine
+    (:mod:`harness.common.host`); a label is absent when any of its runs did not measure it."""
     notes: list[str] = Field(default_factory=list)
     """Where the runs disagreed (different machines, targets or recipes among them)."""
 
@@ -58,6 +62,11 @@ class EnvironmentMatch(StrictModel):
     recipe: Match
     """``same``; ``different`` (speed-dependent gates cannot be judged); ``unknown``: the baseline
     does not record it, so it is not compared."""
+    busier: bool = False
+    """Other work took clearly more of the machine during this run than during any calibration run
+    (:func:`busier_than_calibrated`): a speed-dependent gate's *fail* cannot be judged (the
+    neighbour, not the target, may be what is slower); its pass still stands, won against a handicap."""
+    busier_reason: str | None = None
     calibrated_on: str | None = None
     measured_on: str | None = None
     differences: list[str] = Field(default_factory=list)
@@ -131,6 +140,29 @@ def recipe_differences(calibrated: Recipe, measured: Recipe) -> list[str]:
     return out
 
 
+BUSIER_SHARE = 0.15
+"""A run is *busier* when the CPU other work left it is this share below what the busiest calibration
+run had (near saturation a 15 % loss of CPU is already a many-fold change in latency) …"""
+BUSIER_MIN_CORES = 0.1
+"""… and other work took at least this many cores more (below it the difference is the machine's own
+daemons and the measurement's ticks)."""
+
+
+def busier_than_calibrated(calibrated: HostLoad, measured: HostLoad) -> str | None:
+    """Why ``measured`` ran on a clearly busier machine than ``calibrated`` (the busiest calibration
+    run), or ``None`` when it did not (:data:`BUSIER_SHARE`, :data:`BUSIER_MIN_CORES`)."""
+    left_then = calibrated.cpus - calibrated.taken_cores
+    left_now = measured.cpus - measured.taken_cores
+    more = measured.taken_cores - calibrated.taken_cores
+    if more < BUSIER_MIN_CORES or left_now >= (1.0 - BUSIER_SHARE) * left_then:
+        return None
+    return (
+        f"this machine was busier than in any calibration run: {measured.describe()} "
+        f"(at most {calibrated.taken_cores:.2f} then), so a slower latency may be the neighbour's, "
+        "not the target's; rerun where nothing else runs, or calibrate beside the same load"
+    )
+
+
 def _agree(values: Sequence[tuple[str, Any]], what: str, notes: list[str], key: Any = None) -> Any:
     """The first value; a note when the others differ from it."""
     if not values:
@@ -158,6 +190,7 @@ def fingerprint_from_results(
     envs: list[tuple[str, Environment]] = []
     targets: list[tuple[str, dict[str, Any]]] = []
     recipes: dict[str, list[tuple[str, Recipe]]] = {}
+    loads: dict[str, list[tuple[str, HostLoad | None]]] = {}
     for i, sets in enumerate(runs):
         run_name = names[i] if names else (f"run {i + 1}" if len(runs) > 1 else "")
         for rs in sets:
@@ -171,10 +204,28 @@ def fingerprint_from_results(
                 targets.append((where, s.target.identity))
             if s.recipe is not None:
                 recipes.setdefault(rs.label, []).append((where, s.recipe))
+            loads.setdefault(rs.label, []).append((where, s.interference))
     environment = _agree(envs, "machine", notes, key=lambda e: e.hardware.key())
     target = _agree(targets, "target", notes, key=lambda t: sorted(_flatten(t).items()))
     recipe_of = {label: _agree(vals, f"{label} recipe", notes) for label, vals in recipes.items()}
-    return BaselineFingerprint(environment=environment, target=target, recipes=recipe_of, notes=notes)
+    interference: dict[str, HostLoad] = {}
+    for label, values in loads.items():
+        measured = [(where, h) for where, h in values if h is not None]
+        if not measured or len(measured) < len(values):
+            continue
+        quiet = min(measured, key=lambda wh: wh[1].taken_cores)
+        busy = max(measured, key=lambda wh: wh[1].taken_cores)
+        interference[label] = busy[1]
+        if busier_than_calibrated(quiet[1], busy[1]) is not None:
+            # The limits then hold runs on two machines, in effect: the quiet runs' latencies and the
+            # busy ones'; usually too far apart for a gate to catch a 2x slowdown.
+            notes.append(
+                f"the machine's load changed between the runs: during {quiet[0]} {quiet[1].describe()}, "
+                f"during {busy[0]} {busy[1].describe()}; calibrate where the load stays as it is"
+            )
+    return BaselineFingerprint(
+        environment=environment, target=target, recipes=recipe_of, interference=interference, notes=notes
+    )
 
 
 def compare(fp: BaselineFingerprint | None, rs: ResultSet) -> EnvironmentMatch:
@@ -251,12 +302,32 @@ def compare(fp: BaselineFingerprint | None, rs: ResultSet) -> EnvironmentMatch:
     else:
         unknown.append(f"the {rs.label!r} recipe")
 
+    busier_reason = None
+    calibrated_load = fp.interference.get(rs.label)
+    if calibrated_load is None and fp.interference:
+        # A set labelled otherwise (a rerun's directory name): the busiest of every calibration set.
+        calibrated_load = max(fp.interference.values(), key=lambda h: h.taken_cores)
+    measured_load = s.interference if s is not None else None
+    if calibrated_load is not None and measured_load is not None:
+        busier_reason = busier_than_calibrated(calibrated_load, measured_load)
+        if busier_reason is not None:
+            differences.append(
+                f"interference: {measured_load.taken_cores:.2f} vs at most {calibrated_load.taken_cores:.2f} "
+                f"of {measured_load.cpus} cores"
+            )
+    elif calibrated_load is None:
+        unknown.append("interference")
+
     reason = None
     if reasons:
         reason = "; ".join(reasons) + f" ({RECALIBRATE})"
-    note = f"not compared (the baseline does not record it): {', '.join(unknown)}" if unknown else None
+    notes = [f"not compared (the baseline does not record it): {', '.join(unknown)}"] if unknown else []
+    if calibrated_load is not None and measured_load is None:
+        notes.append("this run did not measure what other work took of the machine (harness.common.host)")
+    note = "; ".join(notes) or None
     return EnvironmentMatch(
         judged=not reasons, hardware=hardware, target=target, recipe=recipe,
+        busier=busier_reason is not None, busier_reason=busier_reason,
         calibrated_on=calibrated_on, measured_on=measured_on, differences=differences,
         reason=reason, note=note,
     )  # fmt: skip

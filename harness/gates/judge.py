@@ -277,6 +277,11 @@ def judge_gate(
         # Never a failure, whatever the numbers.
         verdict = "unjudgeable"
         why = match.reason or "measured elsewhere than the baseline"
+    elif gate.spec.speed_dependent and match is not None and match.busier and verdict == "fail":
+        # Other work took clearly more of the machine than in any calibration run: the slower number
+        # may be the neighbour's. Only the fail is voided; a pass won against that handicap stands.
+        verdict = "unjudgeable"
+        why = match.busier_reason or "the machine was busier than when calibrated"
     elif relative and (ref_why := _reference_problem(rs, reference)) is not None:
         verdict = "unjudgeable"
         why = ref_why

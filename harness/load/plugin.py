@@ -62,6 +62,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from harness.common.errors import ConfigError, ExitCode, HarnessError
+from harness.common.host import HostSampler
 from harness.load.arrivals import (
     ArrivalSource,
     RateArrivals,
@@ -169,6 +170,9 @@ class LoadRun:
         self._cpu0 = 0.0
         self._wall0 = 0.0
         self.cpu_pct: float | None = None
+        self.host_sampler = HostSampler(env.host) if role != "worker" else None
+        """Local / master: how much of the machine other work took during the run (the gates' judge
+        of whether a latency is the target's or a neighbour's)."""
         self._ticker: gevent.Greenlet[[], None] | None = None
         self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
         self.precision: PrecisionTracker | None = None
@@ -256,6 +260,8 @@ class LoadRun:
                     warn=self._warn,
                 )
                 self.scraper.start()
+            if self.host_sampler is not None:  # before the pacer: finding the target's process blocks
+                self.host_sampler.start()
         if self.role in ("local", "worker"):
             if self.opts.tokenizer is not None:
                 self.tokenize = load_tokenizer(str(self.opts.tokenizer))
@@ -463,6 +469,7 @@ class LoadRun:
         # The run's CPU and duration end here: reading the records back for the summary is work
         # after the run, and counting it would call a client busy that was not while it sent.
         cpu = self.measure_cpu()
+        interference = self.host_sampler.stop() if self.host_sampler is not None and self.started else None
         if self.role == "master":
             cpu = max([cpu, *self.workers.cpu_pcts()])
         duration = time.perf_counter() - self._wall0  # nor is the identity's wait below the run's
@@ -496,6 +503,7 @@ class LoadRun:
             preload=self.preload_result,
             server_metrics=server,
             target_died=self.watch.death if self.watch is not None else None,
+            interference=interference,
         )
         write_summary(self.results_dir, summary)
         for w in summary.warnings:

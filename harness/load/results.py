@@ -43,6 +43,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_confi
 from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
+from harness.common.host import HostLoad
 from harness.common.io import check_input_file, validation_input_error, write_json
 from harness.common.model import StrictModel
 from harness.common.stats import Distribution, percentile
@@ -481,6 +482,9 @@ class RunSummary(StrictModel):
     """The server's answer to ``POST /cache/preload`` (``lines``, ``stored``, ``generated``, ``failed``)."""
     environment: Environment | None = None
     """The machine and software that measured the run (:mod:`harness.common.fingerprint`)."""
+    interference: HostLoad | None = None
+    """How much of the machine other work took while the run measured (:mod:`harness.common.host`);
+    ``None``: not measured (not Linux, a loopback target whose process is hidden, an old summary)."""
     recipe: Recipe | None = None
     """The load offered (corpus, schedule or rate, max tokens …), from the run's options."""
     stop_reason: str | None = None
@@ -559,6 +563,7 @@ def summarize(
     plan: InputRef | None = None,
     preload: dict[str, int] | None = None,
     environment: Environment | None = None,
+    interference: HostLoad | None = None,
     recipe: Recipe | None = None,
     stop_reason: str | None = None,
     precision: dict[str, PrecisionState] | None = None,
@@ -628,6 +633,7 @@ def summarize(
         plan=plan,
         preload=preload,
         environment=environment,
+        interference=interference,
         recipe=recipe,
         stop_reason=stop_reason,
         precision=precision,

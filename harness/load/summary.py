@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.common.fingerprint import current_environment
+from harness.common.host import HostLoad
 from harness.load.arrivals import RequestSpec
 from harness.load.control import Control
 from harness.load.inputs import Inputs
@@ -50,6 +51,7 @@ def build_summary(
     preload: dict[str, int] | None,
     server_metrics: ServerTelemetry | None = None,
     target_died: TargetDeath | None = None,
+    interference: HostLoad | None = None,
 ) -> RunSummary:
     """The run's summary (local / master), its records read back from ``records.jsonl``."""
     o = inputs.opts
@@ -83,6 +85,7 @@ def build_summary(
         plan=InputRef.of(o.plan) if o.plan and ladder is not None else None,
         preload=preload,
         environment=current_environment(),
+        interference=interference,
         recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule, sessions=inputs.sessions is not None),
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,

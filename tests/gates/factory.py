@@ -133,7 +133,7 @@ def write_run(
 
 
 def make_run(run_dir: Path, n: int = 600, seed: int = 0, **kw: Any) -> Path:
-    keys = ("interrupted", "client_cpu_pct", "workers", "environment", "recipe", "target")
+    keys = ("interrupted", "client_cpu_pct", "workers", "environment", "recipe", "target", "interference")
     summary_kw = {k: kw.pop(k) for k in keys if k in kw}
     return write_run(run_dir, make_records(n, seed, **kw), **summary_kw)
 

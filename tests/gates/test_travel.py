@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from harness.common.fingerprint import Environment, Hardware, Software
+from harness.common.host import HostLoad
 from harness.common.stats import percentile, percentile_interval
 from harness.gates.baseline import (
     Baseline,
@@ -21,6 +22,7 @@ from harness.gates.baseline import (
     rerun_min_samples,
     write_baseline,
 )
+from harness.gates.fingerprints import busier_than_calibrated, fingerprint_from_results
 from harness.gates.judge import GateReport, judge, read_report_json, write_report_json
 from harness.gates.metrics import METRICS, MetricContext, relative_confidence
 from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
@@ -131,6 +133,76 @@ def test_same_machine_judges_latency(tmp_path: Path) -> None:
     assert same.verdict == "pass"
     slow = judge(base, [load_result_set(_run(tmp_path / "slow", seed=4, tpot_ms=8))])
     assert _verdicts(slow)["tpot_p95@slow"] == "fail" and slow.verdict == "fail"
+
+
+def _load(others: float | None, steal: float = 0.0) -> HostLoad | None:
+    if others is None:
+        return None
+    return HostLoad(cpus=2, others_cores=others, steal_cores=steal, wall_s=30.0)
+
+
+def test_a_busier_machine_voids_a_latency_fail_and_keeps_a_pass(tmp_path: Path) -> None:
+    """A neighbour that starts between calibration and the gated run slows the target as a regression
+    does: on a run where other work took clearly more of the machine than in any calibration run, a
+    latency *fail* cannot be judged; a pass won against that handicap, and rates, are judged as ever."""
+    base = _update(tmp_path, _run(tmp_path / "cal", interference=_load(0.2)))
+    assert base.fingerprint is not None and base.fingerprint.interference == {"cal": _load(0.2)}
+    # Calibrated from several runs, the fingerprint keeps the busiest of each set, and none for a set
+    # one of whose runs did not measure it.
+    runs = [
+        [load_result_set(_run(tmp_path / f"r{i}{label}", interference=_load(busy)), label=label)
+         for label, busy in (("cold", cold), ("warm", warm))]
+        for i, (cold, warm) in enumerate([(0.1, 0.3), (0.4, None), (0.2, 0.1)])
+    ]  # fmt: skip
+    fp = fingerprint_from_results(runs)
+    assert fp.interference == {"cold": _load(0.4)}
+    # … and says where the machine's load changed between them (0.1 → 0.4 cores: a different machine).
+    assert fp.notes == [
+        "the machine's load changed between the runs: during run 1 cold other work took 0.10 of 2 cores, "
+        "during run 2 cold other work took 0.40 of 2 cores; calibrate where the load stays as it is"
+    ]
+
+    def tpot(name: str, load: HostLoad | None, **kw: Any) -> tuple[str, GateReport]:
+        r = judge(base, [load_result_set(_run(tmp_path / name, seed=4, interference=load, **kw))])
+        return _verdicts(r)[f"tpot_p95@{name}"], r
+
+    # Slower beside a neighbour that took one more core: not judged, and says why.
+    verdict, r = tpot("busy", _load(1.1), tpot_ms=8)
+    assert verdict == "unjudgeable" and r.verdict == "unjudgeable" and r.exit_code == 6
+    match = r.results[0].environment_match
+    assert match is not None and match.busier and match.judged  # the machine is the same one
+    gate = next(g for g in r.gates if g.metric == "tpot_p95")
+    assert gate.why.startswith("this machine was busier than in any calibration run: other work took 1.10")
+    assert "interference: 1.10 vs at most 0.20 of 2 cores" in match.differences
+    # … the same slowdown with steal, the hypervisor's neighbour, counts the same.
+    assert tpot("stolen", _load(0.2, steal=0.9), tpot_ms=8)[0] == "unjudgeable"
+    # … but as busy as the busiest calibration run (within its spread), the slowdown is the target's.
+    assert tpot("same", _load(0.3), tpot_ms=8)[0] == "fail"
+    # … and a run that did not measure it is judged as before, with a note.
+    verdict, r = tpot("unmeasured", None, tpot_ms=8)
+    match = r.results[0].environment_match
+    assert verdict == "fail" and match is not None and match.note and "did not measure" in match.note
+    # A pass beside a neighbour stands: the target held its limits with less of the machine.
+    assert tpot("busy_pass", _load(1.1))[0] == "pass"
+    # Rates are no machine's speed: a target that errs fails however busy the machine.
+    r = judge(
+        base, [load_result_set(_run(tmp_path / "err", seed=6, interference=_load(1.5), error_rate=0.2))]
+    )
+    assert _verdicts(r)["error_rate@err"] == "fail" and r.verdict == "fail"
+
+
+@pytest.mark.parametrize(
+    ("then", "now", "busier"),
+    [
+        (0.2, 0.45, False),  # 1.55 of 2 cores left against 1.8: within 15 %
+        (0.2, 0.5, True),  # 1.5 left: more than 15 % less
+        (1.85, 1.9, False),  # little left either way, but 0.05 cores more is the machine's own ticks
+        (1.75, 1.9, True),  # most of what was left is gone
+        (0.5, 0.1, False),  # quieter than calibration: never busier
+    ],
+)
+def test_busier_is_a_share_of_what_other_work_left(then: float, now: float, busier: bool) -> None:
+    assert (busier_than_calibrated(_load(then), _load(now)) is not None) == busier
 
 
 @pytest.mark.parametrize(

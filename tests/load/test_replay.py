@@ -53,7 +53,16 @@ def test_ttft_and_itl_are_what_the_server_did(tmp_path: Path, corpus: Path) -> N
     assert abs(ttft.p50 - 50.0) <= 3.0 + late + max(0.0, server_ttft - 50.0)
     assert abs(itl.p50 - server_gap) <= 1.0, (itl.p50, server_gap)
     assert abs(itl.p50 - 10.0) <= 1.0 + max(0.0, server_gap - 10.0)
-    assert s.achieved_rate == pytest.approx(20.0, rel=0.02) and s.target_rate == 20.0
+    # Open loop: the arrivals are the schedule's whatever the machine, and the achieved rate is what
+    # the records' send times say (a descheduled first or last send moves it by more than a few per
+    # cent, so it is not compared with 20 itself).
+    recs = list(read_records(tmp_path / "r"))
+    assert sorted(r.intended_s for r in recs) == pytest.approx([i / 20 for i in range(80)], abs=1e-6)
+    assert s.target_rate == 20.0
+    sent = [r.sent_s for r in recs]
+    assert s.achieved_rate == pytest.approx(79 / (max(sent) - min(sent)))
+    # What other work took of the machine meanwhile was measured (the target, this process, excluded).
+    assert s.interference is not None and s.interference.cpus >= 1 and s.interference.wall_s > 0
     assert s.hit_rate["MISS"] == 1.0
     # Locust's own statistics count each request once (its RPS and failure ratio stay true), with
     # E2E as the response time; TTFT and TPOT are the "LLM load" tab's, not extra "requests".
