@@ -112,9 +112,13 @@ def test_a_stall_shows_from_intended_but_not_from_send(tmp_path: Path, corpus: P
     stall_end = stalled.intended_s + stalled.ttft_ms / 1000.0
     during = [r for r in recs if stalled.intended_s < r.intended_s < stall_end - 0.1]
     assert len(during) >= 30  # ~2 s of a 20/s schedule
+    # From send the stall is invisible: the typical request took its 5 ms (a median, so that one
+    # request a busy machine delays cannot decide it) …
+    assert percentile([r.ttft_ms for r in during if r.ttft_ms is not None], 50) < 100.0
     for r in during:
-        assert r.ttft_ms is not None and r.ttft_ms < 500.0  # from send: the stall is invisible
-        assert r.ttft_from_intended_ms is not None
+        assert r.ttft_ms is not None and r.ttft_from_intended_ms is not None
+        # … for each, exactly the wait before its send is what "from intent" adds …
+        assert r.ttft_from_intended_ms - r.ttft_ms == pytest.approx(r.lateness_ms, abs=1.0)
         assert r.ttft_from_intended_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0  # from intent: it shows
         assert r.lateness_ms >= (stall_end - r.intended_s) * 1000.0 - 50.0
     s = read_summary(tmp_path / "r")
