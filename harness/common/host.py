@@ -129,16 +129,23 @@ class HostSampler:
         self._cpus = 1
         self.why_not: str | None = None
         """Why nothing is measured (``None`` while it is)."""
+        self.hidden_target = False
+        """The target is on this machine but its process is not visible (the case worth a warning)."""
 
     def _locate(self) -> bool:
         self._roots = [psutil.Process()]
         parts = urlsplit(self.target_url or "")
         if parts.hostname is None or parts.hostname not in LOOPBACK:
             return True  # no target, or one on another host: its CPU is not this machine's
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # not a port number: nothing to look for
+            self.why_not = f"the target URL {self.target_url!r} has no valid port"
+            return False
         target = listening_process(port)
         if target is None:
             self.why_not = f"the target's process (listening on port {port}) cannot be seen from here"
+            self.hidden_target = True
             return False
         if target.pid != self._roots[0].pid:
             self._roots.append(target)

@@ -469,7 +469,17 @@ class LoadRun:
         # The run's CPU and duration end here: reading the records back for the summary is work
         # after the run, and counting it would call a client busy that was not while it sent.
         cpu = self.measure_cpu()
-        interference = self.host_sampler.stop() if self.host_sampler is not None and self.started else None
+        interference = None
+        if self.host_sampler is not None and self.started:
+            interference = self.host_sampler.stop()
+            if interference is None and self.host_sampler.hidden_target:
+                self._warn(
+                    f"what other work took of the machine is not measured: {self.host_sampler.why_not} "
+                    "(its CPU would pass for a neighbour's); a latency gate cannot tell a busier machine "
+                    "from a regression on this run"
+                )
+            elif interference is None:
+                log.info("harness load: interference not measured: %s", self.host_sampler.why_not)
         if self.role == "master":
             cpu = max([cpu, *self.workers.cpu_pcts()])
         duration = time.perf_counter() - self._wall0  # nor is the identity's wait below the run's
