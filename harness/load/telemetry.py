@@ -251,7 +251,8 @@ class ServerSample(StrictModel):
     """One line of ``server_metrics.jsonl``: a scrape (or the one record of why scraping stopped)."""
 
     t_s: float
-    """Seconds since the run's epoch (the records' ``sent_s`` base); negative before it."""
+    """Seconds since the run's epoch (the records' ``sent_s`` base); negative before it. A scrape is
+    stamped when its answer arrived (its counters are at most that recent)."""
     kind: str | None = None
     """The server kind detected (:data:`SERVER_KINDS`); ``None`` on an error line or a GPU-only one."""
     prefix_queries: float | None = None
@@ -484,6 +485,11 @@ class Scraper:
         if status != 200:
             self._failure(t, f"GET {self.url_path} answered {status}", final=False)
             return None
+        # Stamped when the answer arrived: the server read its counters somewhere between the GET and
+        # now, so with this stamp a phase that ends before it never counts what happened after its end
+        # (stamped at the GET, a scrape slowed across a stage boundary gave the earlier stage hits of
+        # the next one). What it may miss instead lands in the next phase, never outside the run.
+        t = self.now()
         try:
             sample = normalise(body.decode("utf-8", "replace"), t, self.kind)
         except UnknownServer as exc:

@@ -197,6 +197,38 @@ def test_phase_of_a_ladder(tmp_path: Path) -> None:
     assert back[:4] == samples and back[4].error == "x"
 
 
+def test_a_scrape_is_stamped_when_its_answer_arrived(tmp_path: Path) -> None:
+    """The server reads its counters somewhere between the GET and the answer. Stamped at the answer,
+    a stage that ended before it cannot be given what happened after its end, however slow the scrape
+    (stamped at the GET, one that took 300 ms across a stage boundary gave the earlier stage the next
+    stage's hits)."""
+    from harness.common.auth import Credentials
+    from harness.load.telemetry import Scraper
+
+    clock = [2.9]
+    scraper = Scraper("http://127.0.0.1:9", Credentials(), tmp_path, interval_s=1.0, now=lambda: clock[0],
+                      warn=lambda _: None)  # fmt: skip
+    before = VLLM.replace("} 512.0", "} 0.0").replace("} 256.0", "} 0.0")  # no hit yet
+    answers = iter([(0.0, before), (0.3, VLLM)])
+
+    def slow_get() -> tuple[int, bytes]:
+        took, text = next(answers)
+        clock[0] += took  # the GET went out at clock[0]; its answer arrives this much later
+        return 200, text.encode()
+
+    scraper._get = slow_get  # type: ignore[method-assign]
+    clock[0] = -0.5
+    scraper.scrape()  # the baseline before the epoch
+    clock[0] = 2.9
+    scraper.scrape()  # sent before the stage boundary at 3.0, answered after it
+    scraper.writer.close()
+    assert [s.t_s for s in scraper.samples] == [-0.5, 3.2]
+    assert scraper.samples[1].prefix_hits == 768.0
+    # The hits it saw may have come after 3.0: the low stage has no scrape that could hold them.
+    assert phase_of(scraper.samples, "low", 0.0, 3.0).prefix_hits is None
+    assert phase_of(scraper.samples, "high", 3.0, 4.0).prefix_hits == 768.0
+
+
 @pytest.mark.gpu
 def test_nvml_samples_the_local_gpus() -> None:
     nvml = Nvml()
