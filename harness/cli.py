@@ -40,8 +40,14 @@ TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "harness.server.cli", "serve"),
     ("gate", "harness.gates.cli", "gate"),
     ("report", "harness.reports.cli", "report"),
-    ("run", "harness.gates.run_cli", "run"),
-    ("capacity", "harness.gates.capacity_cli", "capacity"),
+    ("run", "harness.experiments.run_cli", "run"),
+    ("capacity", "harness.experiments.capacity_cli", "capacity"),
+)
+# Commands of a group that live in another stage: (group, command name, module). The module defines a
+# function of the command's name and may define COMMAND_SETTINGS (typer's command keyword arguments).
+GROUP_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    # Judging a baseline is the gates'; running a recipe N times to make one is an experiment's.
+    ("baseline", "calibrate", "harness.experiments.calibrate_cli"),
 )
 
 stderr = console.err()
@@ -91,11 +97,17 @@ def build_app() -> typer.Typer:
             handlers=[RichHandler(console=stderr, show_path=False)],
         )
 
+    groups: dict[str, typer.Typer] = {}
     for name, module in STAGE_GROUPS:
         mod = _import_optional(module)
         if mod is not None:
-            sub = mod.app  # type: ignore[attr-defined]
-            app.add_typer(sub, name=name)
+            groups[name] = mod.app  # type: ignore[attr-defined]
+    for group, name, module in GROUP_COMMANDS:
+        mod = _import_optional(module)
+        if mod is not None and group in groups:
+            groups[group].command(name, **getattr(mod, "COMMAND_SETTINGS", {}))(getattr(mod, name))
+    for name, sub in groups.items():
+        app.add_typer(sub, name=name)
     for name, module, attr in TOP_COMMANDS:
         mod = _import_optional(module)
         if mod is not None:

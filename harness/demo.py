@@ -53,7 +53,7 @@ from harness.common.auth import ADMIN_TOKEN_ENV, SERVER_ADMIN_TOKEN_ENV
 from harness.common.errors import ExitCode, HarnessError
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
-from harness.gates.capacity import CapacityResult
+from harness.experiments.capacity_result import CapacityResult
 from harness.gates.metrics import format_value
 
 ROOT = Path(__file__).resolve().parent.parent

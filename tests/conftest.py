@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LONGEST_FIRST = (
     "tests/test_demo.py",
-    "tests/gates/test_capacity_live.py",
-    "tests/gates/test_paired.py",
+    "tests/experiments/test_capacity_live.py",
+    "tests/experiments/test_paired.py",
     "tests/load/test_replay.py",
     "tests/analysis/test_live_load.py",
     "tests/load/test_distributed.py",

@@ -29,8 +29,8 @@ from harness.demo import (
     harness,
     run_demo,
 )
+from harness.experiments.capacity_result import CapacityResult
 from harness.gates import read_report_json
-from harness.gates.capacity import CapacityResult
 from harness.reports.plots import PLOTS
 from tests.reports.test_report import _parse
 
@@ -146,8 +146,9 @@ def test_a_capacity_search_that_finds_nothing_leaves_the_demo_its_lowest_probed_
     """On a machine busy enough that even the lowest probe cannot be judged (its TTFT interval is wide),
     the demo's paired runs load a share of that probe's rate and the demo says so; a found capacity is
     taken as it is."""
-    from harness.gates.capacity import parse_slo, search
-    from tests.gates.test_capacity import probe, spread, straddling
+    from harness.experiments.capacity_search import search
+    from harness.experiments.slo import parse_slo
+    from tests.experiments.test_capacity import probe, spread, straddling
 
     unsure = search(lambda rate: probe(rate, straddling()), parse_slo("ttft_p95<=100"), start=1.5)
     assert unsure.exit_code == int(ExitCode.UNJUDGEABLE) and unsure.capacity_rps == 0

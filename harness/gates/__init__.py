@@ -1,4 +1,4 @@
-"""CI gates on P95 decode latency, TTFT and prefill memory against stored baselines.
+"""CI gates on P95 decode latency, TTFT and prefill memory against stored baselines: judging only.
 
 Python API (what ``harness gate`` and ``harness run --gate FILE`` call)::
 
@@ -12,9 +12,9 @@ Python API (what ``harness gate`` and ``harness run --gate FILE`` call)::
 Pieces: :mod:`~harness.gates.runs` (result sets as columns), :mod:`~harness.gates.metrics` (the metric
 registry and intervals), :mod:`~harness.gates.baseline` (the file, ``baseline update``),
 :mod:`~harness.gates.judge` (the decision rule, the JSON verdict), :mod:`~harness.gates.output`
-(table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate); the paired cold / warm run of
-``harness run``: :mod:`~harness.gates.paired` (the steps), :mod:`~harness.gates.target` (the target's
-cache levels, probes), :mod:`~harness.gates.warmcheck`, :mod:`~harness.gates.compare`.
+(table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate), :mod:`~harness.gates.compare`
+(cold vs warm) and :mod:`~harness.gates.calibration` (the baseline N runs support). What runs a
+target to produce the results judged here is :mod:`harness.experiments`.
 """
 
 from __future__ import annotations

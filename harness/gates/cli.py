@@ -1,5 +1,8 @@
 """``harness gate`` (judge runs against a baseline) and ``harness baseline …`` (write, check, list).
 
+``harness baseline calibrate`` runs a recipe, so it lives with the runs:
+:mod:`harness.experiments.calibrate_cli`.
+
 ``harness gate --baseline FILE RESULTS…`` exits 0 when every gate passes, 1 when one proved a
 regression (:class:`~harness.common.errors.CheckFailed`) and 6 when a run cannot be judged
 (:class:`~harness.common.errors.CannotJudge`); a bad command line stays 2 and a bad file 3 or 4
@@ -15,11 +18,10 @@ import typer
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.auth import redact_args
 from harness.common.errors import CannotJudge, CheckFailed
 
 if TYPE_CHECKING:
-    from harness.gates.baseline import Baseline
+    pass
 
 app = typer.Typer(help="Baselines for `harness gate`: write one from a run, check one, list metrics.",
                   no_args_is_help=True)  # fmt: skip
@@ -84,6 +86,7 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
     runs' machine, target and recipe (fingerprint): elsewhere its latency gates cannot be judged.
     """
     from harness.gates.baseline import baseline_from_results, parse_headroom, write_baseline
+    from harness.gates.output import baseline_table
     from harness.gates.runs import load_result_sets
 
     sets = load_result_sets(results)
@@ -95,147 +98,12 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
         per_scenario=per_scenario,
     )
     write_baseline(out, spec, comments)
-    _print_gates(spec, comments)
+    cons.wide(150).print(baseline_table(spec, comments))
     for line in skipped:
         stderr.print(f"skipped {line}", highlight=False, soft_wrap=True)
     for note in spec.fingerprint.notes if spec.fingerprint else ():
         stderr.print(f"[yellow]warning:[/] {escape(note)}", highlight=False, soft_wrap=True)
     stderr.print(f"wrote {out}", highlight=False)
-
-
-@app.command(
-    context_settings={"allow_interspersed_args": False},
-    epilog="Example: harness baseline calibrate --runs 3 --out fixtures/baselines/tiny-cpu.yaml -- "
-    '--serve-args "--preset tiny --cache" --corpus runs/corpus --rate 4 --duration 100 '
-    "--max-tokens-cap 16 --plan fixtures/plans/tiny.yaml",
-)
-def calibrate(  # noqa: PLR0917 - typer maps parameters to options
-    run_args: Annotated[
-        list[str],
-        typer.Argument(
-            help="The recipe: `harness run` arguments, after `--` (no --out, --force or --gate).",
-            show_default=False,
-        ),
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
-    runs: Annotated[
-        int,
-        typer.Option("--runs", min=3, help="How many times to run the recipe (≥ 3: a spread needs them)."),
-    ] = 3,
-    max_runs: Annotated[
-        int | None,
-        typer.Option(
-            "--max-runs",
-            min=3,
-            help="While the run-to-run spread leaves a latency gate blind (its limit would hold twice its "
-            "fastest run), run the recipe once more, up to this many runs in all (default: --runs).",
-        ),
-    ] = None,
-    headroom: Annotated[
-        str, typer.Option("--headroom", help="Smallest relative tolerance of every gate (10% or 0.1).")
-    ] = "10%",
-    name: Annotated[
-        str | None, typer.Option("--name", help="Baseline name (default: the file's stem).")
-    ] = None,
-    workdir: Annotated[
-        Path | None, typer.Option("--workdir", help="Where the runs go (default: OUT.runs/, cal-1 … cal-N).")
-    ] = None,
-    confidence: Annotated[
-        float, typer.Option("--confidence", min=0.51, max=0.999, help="Interval confidence of the gates.")
-    ] = 0.95,
-    per_scenario: Annotated[
-        bool, typer.Option("--per-scenario", help="Also gate TTFT/TPOT/E2E P95 of every scenario.")
-    ] = False,
-    reuse: Annotated[
-        bool,
-        typer.Option(
-            "--reuse", help="Do not run: calibrate from the runs already in WORKDIR (cal-1 … cal-N)."
-        ),
-    ] = False,
-    run_command: Annotated[
-        str | None, typer.Option("--run-command", hidden=True, help="Replaces `harness run` (tests).")
-    ] = None,
-) -> None:
-    """Run a recipe N times on this machine; write the baseline they all pass, tolerances from their spread.
-
-    Each run is `harness run <RECIPE> --out WORKDIR/cal-K --force` (exit 0 or 6: measured; any other
-    code stops calibration with it). The file records the machine, target and recipe (fingerprint):
-    on another, `harness gate` cannot judge its latency gates instead of failing them. Exit 0: written
-    and every run passes it; 6: a run could not be measured from, or does not pass what was written.
-    """
-    import shlex
-
-    from harness.gates.baseline import parse_headroom, write_baseline
-    from harness.gates.calibrate import DEFAULT_RUN_COMMAND, Calibration, load_phases, run_recipe
-    from harness.gates.calibrate import calibrate as make
-
-    fraction = parse_headroom(headroom)
-    most = max(runs, max_runs or runs)
-    work = workdir or out.with_name(out.name + ".runs")
-    command = shlex.split(run_command) if run_command else list(DEFAULT_RUN_COMMAND)
-
-    def say(text: str) -> None:
-        stderr.print(escape(text), highlight=False, soft_wrap=True)
-
-    if reuse:
-        dirs = [work / f"cal-{k}" for k in range(1, runs + 1)]
-    else:
-        dirs = run_recipe(run_args, runs=runs, workdir=work, command=command, say=say)
-    recipe = "harness run " + shlex.join(redact_args(run_args))  # the baseline records it
-
-    phases = [load_phases(d) for d in dirs]  # each run read once, however many runs follow
-
-    def calibrated() -> Calibration:
-        return make(
-            phases, headroom=fraction, name=name or out.stem, confidence=confidence,
-            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=recipe,
-        )  # fmt: skip
-
-    cal = calibrated()
-    # More runs shrink the run-to-run allowance (3.7 ranges at 3 runs, 1.2 at 5): a run that a
-    # neighbour slowed stays in, and is outweighed rather than dropped.
-    while cal.spread_blind and len(dirs) < most and not reuse:
-        which = "; ".join(cal.spread_blind)
-        say(
-            f"after {len(dirs)} runs the run-to-run spread leaves {which} unable to catch a 2× slowdown: "
-            "one more run"
-        )
-        added = run_recipe(
-            run_args, runs=1, workdir=work, command=command, say=say, first=len(dirs) + 1, of=most
-        )
-        dirs += added
-        phases += [load_phases(d) for d in added]
-        cal = calibrated()
-    write_baseline(out, cal.baseline, cal.comments, cal.header)
-    _print_gates(cal.baseline, cal.comments)
-    for line in cal.skipped:
-        stderr.print(f"skipped {escape(line)}", highlight=False, soft_wrap=True)
-    for line in cal.warnings:
-        stderr.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
-    stderr.print(f"wrote {out} from {len(dirs)} runs in {work}", highlight=False)
-    if cal.not_passed:
-        raise CannotJudge(
-            f"{len(cal.not_passed)} gate(s) of the written baseline do not pass on a calibration run; first: "
-            + cal.not_passed[0],
-            file=out,
-        )
-
-
-def _print_gates(spec: Baseline, comments: dict[int, str]) -> None:
-    from rich.table import Table
-
-    from harness.gates.metrics import format_value
-
-    t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
-    for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
-        t.add_column(col)
-    for i, g in enumerate(spec.gates):
-        sign = "≤" if g.effective_direction == "at_most" else "≥"
-        t.add_row(
-            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
-            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
-        )  # fmt: skip
-    cons.wide(150).print(t)
 
 
 @app.command()

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.common.io import atomic_write
+from harness.gates.baseline import Baseline
 from harness.gates.judge import GateReport, GateResult
 from harness.gates.metrics import format_value
 
@@ -136,3 +137,17 @@ def write_junit(path: str | Path, report: GateReport) -> None:
     tree = ET.ElementTree(junit_xml(report))
     with atomic_write(path, "wb", encoding=None) as fh:
         tree.write(fh, encoding="utf-8", xml_declaration=True)
+
+
+def baseline_table(spec: Baseline, comments: dict[int, str]) -> Table:
+    """A baseline's gates: threshold, limit, the fewest samples, and each gate's comment."""
+    t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
+    for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
+        t.add_column(col)
+    for i, g in enumerate(spec.gates):
+        sign = "≤" if g.effective_direction == "at_most" else "≥"
+        t.add_row(
+            escape(g.id), escape(g.effective_phase or "any"), format_value(g.threshold, g.spec.unit),
+            f"{sign} {format_value(g.limit, g.spec.unit)}", str(g.min_samples), escape(comments.get(i, "")),
+        )  # fmt: skip
+    return t

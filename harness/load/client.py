@@ -2,8 +2,8 @@
 and the admin calls a run makes (``GET /v1/models``, ``POST /cache/preload``).
 
 Three callers send requests to a target: the Locust replay user (:mod:`harness.load.user`), the warm
-check's probes (:meth:`harness.gates.target.Target.probe`) and ``harness run``'s preload
-(:mod:`harness.gates.paired`). They share everything here and differ only in the socket read: inside
+check's probes (:meth:`harness.experiments.target.Target.probe`) and ``harness run``'s preload
+(:mod:`harness.experiments.paired`). They share everything here and differ only in the socket read: inside
 Locust the transport is the user's own keep-alive connection (:mod:`harness.load.wire`, gevent,
 monkey-patched); in the ``harness run`` process it is ``httpx``, because gevent must never run
 there. So this module imports neither gevent nor Locust at module level; the gevent-side helpers
@@ -215,7 +215,7 @@ class PreloadCall:
     """``POST /cache/preload`` of a file (an admin call): what both transports send.
 
     The gevent side (``--preload`` of a load run) reads the answer with :meth:`answer`; ``harness
-    run`` sends it through :meth:`harness.gates.target.Target.admin`, whose errors say which cache
+    run`` sends it through :meth:`harness.experiments.target.Target.admin`, whose errors say which cache
     level a target does not expose (a 404 there skips the preload rather than failing the run)."""
 
     file: Path

@@ -34,7 +34,7 @@ the file, a warning in ``summary.json``) and no longer scraped; a scrape that fa
 (timeout, refused) is recorded once and retried each interval.
 
 This module imports neither gevent nor Locust at module level: the parser and the per-phase deltas
-are used by the gates too (:mod:`harness.gates.warmcheck`); :class:`Scraper` imports
+are used by the gates too (:mod:`harness.experiments.warmcheck`); :class:`Scraper` imports
 ``geventhttpclient`` when it starts, inside a Locust process.
 """
 

@@ -55,7 +55,7 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
     cap = None
     if capacity is not None:
-        from harness.gates.capacity import read_capacity
+        from harness.experiments.capacity_result import read_capacity
 
         cap = read_capacity(capacity)
     if not results and cap is not None:

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from harness.common.headers import CACHE_STATUSES
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
-from harness.gates.capacity import CapacityResult
+from harness.experiments.capacity_result import CapacityResult
 from harness.gates.metrics import format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet
 from harness.load.results import CLIENT_BOUND_LATENESS_MS
@@ -632,7 +632,7 @@ CAPACITY_PLOT = Plot(
     "rate shaded, the capacity found as a vertical line and a cliff, if any, marked.",
     draw=lambda sets: "drawn from capacity.json (harness report --capacity FILE), not from result sets",
 )
-"""Not in :data:`PLOTS`: it is drawn from a :class:`~harness.gates.capacity.CapacityResult`
+"""Not in :data:`PLOTS`: it is drawn from a :class:`~harness.experiments.capacity_result.CapacityResult`
 (``harness report --capacity OUT/capacity.json``) by :func:`capacity_plot`, not from result sets."""
 VERDICT_COLOURS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#e6a817"}
 

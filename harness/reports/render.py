@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from harness import __version__
 from harness.common.io import atomic_write
-from harness.gates.capacity import CapacityResult, answer_line
+from harness.experiments.capacity_result import CapacityResult, answer_line
 from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet

@@ -1,8 +1,8 @@
 """The package's structure, enforced on the source: one-way data flow between stages, no import cycles.
 
-traces → corpus → load → engine → cache → server → gates → analysis → reports, with ``common`` below
-all of them. ``harness/cli.py`` and ``harness/demo.py`` sit above every stage. The check parses
-each module's imports with :mod:`ast`: at module level, inside functions (lazy imports) and under
+traces → corpus → load → engine → cache → server → gates → experiments → analysis → reports, with
+``common`` below all of them. ``harness/cli.py`` and ``harness/demo.py`` sit above every stage. The
+check parses each module's imports with :mod:`ast`: at module level, inside functions (lazy imports) and under
 ``if TYPE_CHECKING:``; ``importlib.import_module("harness…")`` with a literal name counts too.
 
 Within a stage, modules must not import each other in a circle either, lazily or not: a function-level
@@ -30,8 +30,9 @@ RANK = {
     "cache": 5,
     "server": 6,
     "gates": 7,
-    "analysis": 8,
-    "reports": 9,
+    "experiments": 8,
+    "analysis": 9,
+    "reports": 10,
 }
 
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
@@ -244,7 +245,7 @@ LOCUST_FREE = (
     "harness.load.inputs",
     "harness.load.control",
     "harness.load.messages",
-    "harness.gates.paired",
+    "harness.experiments.paired",
     "harness.reports.render",
 )
 """Modules a process outside Locust imports (the CLI, the gates, the tests): importing locust there

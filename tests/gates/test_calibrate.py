@@ -12,15 +12,9 @@ import yaml
 
 from harness.common.errors import CannotJudge, ConfigError, ExitCode
 from harness.common.fingerprint import Environment, Hardware, Software
+from harness.experiments.calibrate import RunFailed, check_run_args, run_recipe
 from harness.gates.baseline import baseline_from_results, read_baseline, write_baseline
-from harness.gates.calibrate import (
-    RunFailed,
-    calibrate,
-    check_run_args,
-    load_phases,
-    range_factor,
-    run_recipe,
-)
+from harness.gates.calibration import calibrate, load_phases, range_factor
 from harness.gates.judge import judge
 from harness.gates.runs import ResultSet, load_result_sets
 from harness.load.results import Recipe
@@ -30,7 +24,7 @@ ENV = Environment(
     hardware=Hardware(cpu_model="AMD EPYC 7B13", cpu_count=2), software=Software(harness="0.1.0")
 )
 RECIPE = Recipe(rate=4.0, max_tokens_cap=16)
-FAKE = f"{sys.executable} -m tests.gates.fake_harness_run"
+FAKE = f"{sys.executable} -m tests.experiments.fake_harness_run"
 
 
 def _paired(path: Path, seed: int, drift: float = 1.0, decode: float = 1.0, **kw: object) -> list[ResultSet]:

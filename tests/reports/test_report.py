@@ -237,7 +237,8 @@ def test_report_of_the_recorded_run(repo_root: Path, tmp_path: Path) -> None:
 def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_path: Path) -> None:
     import numpy as np
 
-    from harness.gates.capacity import ProbeSamples, parse_slo, search
+    from harness.experiments.capacity_search import search
+    from harness.experiments.slo import ProbeSamples, parse_slo
     from harness.reports.plots import capacity_plot
 
     def measure(rate: float) -> ProbeSamples:

@@ -17,7 +17,7 @@ import pytest
 
 from harness.common.auth import Credentials
 from harness.corpus.model import CorpusRecord
-from harness.gates.target import Target
+from harness.experiments.target import Target
 from harness.load.arrivals import RequestSpec
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust

@@ -1,9 +1,7 @@
-"""``harness baseline calibrate``: run a recipe N times on this machine and write the baseline it passes.
+"""Calibration: the baseline that N runs of one recipe on this machine all pass.
 
-:func:`run_recipe` runs ``harness run <args> --out WORKDIR/cal-K --force`` K = 1 … N times, exactly as
-a user would type it (output streamed). Exit 0 and 6 are measured runs (6: the warm check or a
-gate could not decide, the results are still written); any other code aborts calibration with
-that code. :func:`calibrate` then loads each run's measured result sets (``cold``, ``warm``, and
+The runs are made by :mod:`harness.experiments.calibrate` (``harness baseline calibrate``).
+:func:`calibrate` loads each run's measured result sets (``cold``, ``warm``, and
 ``reference`` when there is one; the ``ladder`` is a warm-up, not a phase) and writes one gate per
 metric and phase that every run supports, by this rule (docs/gates.md, *Calibration*):
 
@@ -28,18 +26,14 @@ with the gate and why. The file's header says how it was made, and its ``fingerp
 from __future__ import annotations
 
 import math
-import shlex
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
 from harness import __version__
-from harness.common.auth import redact_args
-from harness.common.errors import CannotJudge, ConfigError, ExitCode, HarnessError, InputError
+from harness.common.errors import CannotJudge, ConfigError, InputError
 from harness.gates.baseline import (
     BASELINE_SCHEMA_VERSION,
     Baseline,
@@ -57,12 +51,8 @@ from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet, load_result_set
 from harness.load.results import RECORDS_FILE
 
-DEFAULT_RUN_COMMAND: tuple[str, ...] = (sys.executable, "-m", "harness.cli", "run")
-"""How calibration starts ``harness run`` (this interpreter, so this installation)."""
 NOT_PHASES = frozenset({"ladder", "server"})
 """Subdirectories of a ``harness run`` output that are not measured phases."""
-OWN_OPTIONS = ("--out", "-o", "--force", "--gate")
-"""Options calibration sets itself (``--out``, ``--force``) or that make no sense for it (``--gate``)."""
 
 
 CALIBRATION_RISK = 0.01
@@ -85,60 +75,6 @@ def range_factor(n: int, risk: float = CALIBRATION_RISK) -> float:
     top = x[:, :n].max(axis=1)
     spread = top - x[:, :n].min(axis=1)
     return float(np.quantile((x[:, n] - top) / spread, 1.0 - risk))
-
-
-class RunFailed(HarnessError):
-    """A calibration run ended with a code other than 0 or 6: calibration stops with that code."""
-
-    def __init__(self, message: str, code: int, *, file: Path | None = None) -> None:
-        super().__init__(message, file=file)
-        known = {int(c) for c in ExitCode}
-        self.exit_code = ExitCode(code) if code in known else ExitCode.UNAVAILABLE
-
-
-def check_run_args(args: Sequence[str]) -> None:
-    """Refuse the options calibration sets itself (:data:`OWN_OPTIONS`)."""
-    for a in args:
-        name = a.split("=", 1)[0]
-        if name in OWN_OPTIONS:
-            raise ConfigError(
-                f"{name} is set by calibrate itself (each run goes to WORKDIR/cal-K with --force; no gate)",
-                field=name,
-                hint="give only the recipe after --: "
-                "harness baseline calibrate --runs 3 --out FILE -- --corpus …",
-            )
-
-
-def run_recipe(
-    args: Sequence[str],
-    *,
-    runs: int,
-    workdir: Path,
-    command: Sequence[str] = DEFAULT_RUN_COMMAND,
-    say: Callable[[str], None] = print,
-    first: int = 1,
-    of: int | None = None,
-) -> list[Path]:
-    """Run ``command args --out workdir/cal-K --force`` for K = ``first`` … ``first + runs − 1``; the
-    output directories (``of``: the total the progress lines name, default the last K).
-
-    Exit 0 or 6: measured. Any other exit code raises :class:`RunFailed` with that code."""
-    check_run_args(args)
-    workdir.mkdir(parents=True, exist_ok=True)
-    last = first + runs - 1
-    total = of if of is not None else last
-    outs: list[Path] = []
-    for k in range(first, last + 1):
-        out = workdir / f"cal-{k}"
-        cmd = [*command, *args, "--out", str(out), "--force"]
-        say(f"calibration run {k}/{total}: $ {shlex.join(redact_args(cmd))}")
-        rc = subprocess.run(cmd, check=False).returncode  # output streams to ours
-        if rc not in (int(ExitCode.OK), int(ExitCode.UNJUDGEABLE)):
-            raise RunFailed(
-                f"calibration run {k} of {total} exited {rc}; nothing was written", code=rc, file=out
-            )
-        outs.append(out)
-    return outs
 
 
 def load_phases(run_dir: Path) -> list[ResultSet]:

@@ -2,7 +2,7 @@
 started from ``--serve-args`` or reached at ``--url``, the progress display, the output directory,
 SIGTERM as Ctrl-C, and how a Locust child's exit code maps back to an error.
 
-One module, so that :mod:`harness.gates.paired` and :mod:`harness.gates.capacity` need nothing of
+One module, so that :mod:`harness.experiments.paired` and :mod:`harness.experiments.capacity` need nothing of
 each other's (``harness run --rate 50%`` measures the capacity first, so paired uses capacity, never
 the other way round).
 """
@@ -39,7 +39,7 @@ from harness.common.errors import (
     TargetDied,
     UnavailableError,
 )
-from harness.gates.target import NotExposed, Target
+from harness.experiments.target import NotExposed, Target
 
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
 

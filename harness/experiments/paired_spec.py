@@ -1,8 +1,8 @@
-"""What a paired run (:mod:`harness.gates.paired`) is configured with, and the checks of every input
+"""What a paired run (:mod:`harness.experiments.paired`) is configured with, and the checks of every input
 and option before a server starts or a request is sent (step 1, "check").
 
 It changes with ``harness run``'s options; the steps that follow are
-:class:`~harness.gates.paired.PairedRunner`'s.
+:class:`~harness.experiments.paired.PairedRunner`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import iter_jsonl, validation_input_error
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
-from harness.gates.driver import DEFAULT_SERVE_ARGS, check_out_dir, check_serve_args
-from harness.gates.paired_record import OUTPUTS
-from harness.gates.warmcheck import SEED_WARM_RATE
+from harness.experiments.driver import DEFAULT_SERVE_ARGS, check_out_dir, check_serve_args
+from harness.experiments.paired_record import OUTPUTS
+from harness.experiments.warmcheck import SEED_WARM_RATE
 from harness.load.inputs import Inputs
 from harness.load.results import InputRef
 from harness.load.runner import LoadSpec
@@ -58,9 +58,9 @@ class PairedSpec:
     capacity: float | None = None
     """``--capacity N`` (requests/s); ``None``: measured first when a share of it is asked for."""
     slo: str | None = None
-    """SLO of that measurement (default :data:`harness.gates.capacity.DEFAULT_SLO`)."""
+    """SLO of that measurement (default :data:`harness.experiments.slo.DEFAULT_SLO`)."""
     capacity_options: dict[str, Any] = field(default_factory=dict)
-    """More :class:`harness.gates.capacity.CapacitySpec` fields for that measurement (``min_rate``,
+    """More :class:`harness.experiments.capacity.CapacitySpec` fields for that measurement (``min_rate``,
     ``probe_requests`` …); the command line uses the defaults."""
 
     def plan_shares(self) -> bool:

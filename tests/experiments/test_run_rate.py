@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.common.errors import ConfigError
-from harness.gates.paired_spec import PairedSpec, prepare
-from harness.gates.run_cli import parse_rate
+from harness.experiments.paired_spec import PairedSpec, prepare
+from harness.experiments.run_cli import parse_rate
 from harness.load.runner import LoadSpec
 from tests.load.helpers import make_corpus
 

@@ -1,5 +1,5 @@
 """``harness capacity`` for real: the CLI in a subprocess, headless Locust probes, and a test server
-of known capacity (:mod:`tests.gates.capacity_server`: 4 slots × 0.5 s = 8 requests/s).
+of known capacity (:mod:`tests.experiments.capacity_server`: 4 slots × 0.5 s = 8 requests/s).
 
 Assertions are about where the answer lies relative to the known capacity, never about timings; the
 server's hold times are absolute (from when a slot was taken), so a busy machine does not move its
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from harness.common.errors import ExitCode
-from harness.gates.capacity import read_capacity
-from tests.gates.capacity_server import Capacity, CapacityServer
+from harness.experiments.capacity_result import read_capacity
+from tests.experiments.capacity_server import Capacity, CapacityServer
 from tests.gates.factory import ROOT
 from tests.load.helpers import make_corpus
 
@@ -184,8 +184,8 @@ def test_bad_slo_and_an_unreachable_target_exit_before_probing(tmp_path: Path, c
 
 @pytest.mark.slow
 def test_run_at_half_of_the_capacity_it_measures_first(tmp_path: Path, corpus: Path) -> None:
-    from harness.gates.paired import PairedRunner
-    from harness.gates.paired_spec import PairedSpec
+    from harness.experiments.paired import PairedRunner
+    from harness.experiments.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
     out = tmp_path / "run"

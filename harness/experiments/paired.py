@@ -7,12 +7,12 @@ gates:
    the load options and ``--serve-args``): a mistake costs milliseconds (exit 2–4), not a model load;
 2. **target**: start ``harness serve SERVE_ARGS`` (a child process on a free port, its log and cache
    state under ``OUT/server/``) or use ``--url`` (any OpenAI-compatible server);
-3. **flush** every cache level the target exposes (:data:`harness.gates.target.FLUSH_LEVELS`: the
+3. **flush** every cache level the target exposes (:data:`harness.experiments.target.FLUSH_LEVELS`: the
    response tiers and Bloom, the KV prefix cache); a level that answers 404 is named and skipped;
 4. **cold**: replay the schedule (headless Locust, :func:`harness.load.runner.run_locust`) → ``OUT/cold``;
 5. **warm up**: ``POST /cache/preload`` with ``--preload``, then the warmup ladder ``--plan``
    → ``OUT/ladder``;
-6. **warm check** (:mod:`harness.gates.warmcheck`): embedding → KV → response, the warm rate of
+6. **warm check** (:mod:`harness.experiments.warmcheck`): embedding → KV → response, the warm rate of
    probe requests, the verdict → ``OUT/warm-check.json``;
 7. **warm**: the same schedule again → ``OUT/warm``; the server is stopped (with
    ``--until-precision`` each phase stops on its own once its watched percentiles are precise
@@ -23,7 +23,7 @@ gates:
 
 **Load relative to capacity.** ``--rate 50%`` (:attr:`PairedSpec.rate_share`) and ladder plans whose
 stages give ``qps: 50%`` need the target's capacity: ``--capacity N``, or else it is measured first,
-against the same target, by :class:`harness.gates.capacity.CapacityRunner` (results under
+against the same target, by :class:`harness.experiments.capacity.CapacityRunner` (results under
 ``OUT/capacity/``), before the caches are flushed. The capacity and the absolute rate it gave are in
 ``run.json`` (``capacity``); a target that meets the capacity SLO at no rate cannot be loaded to a share
 of it (exit 6).
@@ -38,8 +38,8 @@ Locust runs in its own process (gevent never runs in this one); this process onl
 results file for the progress bar.
 
 The module holds the steps (:class:`PairedRunner`); what a run is configured with and the checks of
-step 1 are :mod:`harness.gates.paired_spec`, ``run.json`` and the layout of ``OUT``
-:mod:`harness.gates.paired_record`.
+step 1 are :mod:`harness.experiments.paired_spec`, ``run.json`` and the layout of ``OUT``
+:mod:`harness.experiments.paired_record`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,15 @@ from rich.markup import escape
 from harness.common import console as cons
 from harness.common.errors import ExitCode, HarnessError, TargetDied, UnavailableError
 from harness.common.io import write_json
-from harness.gates.compare import Comparison
-from harness.gates.driver import ERRORS_BY_CODE, Ui, clear_out_dir, log_tail, open_target, sigterm_interrupts
-from harness.gates.judge import GateReport
-from harness.gates.paired_record import (
+from harness.experiments.driver import (
+    ERRORS_BY_CODE,
+    Ui,
+    clear_out_dir,
+    log_tail,
+    open_target,
+    sigterm_interrupts,
+)
+from harness.experiments.paired_record import (
     CAPACITY_DIR,
     COMPARISON_FILE,
     JUNIT_FILE,
@@ -79,9 +84,11 @@ from harness.gates.paired_record import (
     TargetRecord,
     exit_code_of,
 )
-from harness.gates.paired_spec import PairedSpec, Prepared, prepare
-from harness.gates.target import NotExposed, Target, flush_all
-from harness.gates.warmcheck import check_warm
+from harness.experiments.paired_spec import PairedSpec, Prepared, prepare
+from harness.experiments.target import NotExposed, Target, flush_all
+from harness.experiments.warmcheck import check_warm
+from harness.gates.compare import Comparison
+from harness.gates.judge import GateReport
 from harness.load.arrivals import RequestSpec
 from harness.load.results import RECORDS_FILE, read_summary
 from harness.load.runner import LoadSpec, run_locust
@@ -151,7 +158,8 @@ class PairedRunner:
         """Measure the capacity (unless ``--capacity`` gave it), then turn ``--rate N%`` into a rate and
         hand the capacity to the ladder; before the flush, so the cold phase is still cold."""
         from harness.common.errors import CannotJudge
-        from harness.gates.capacity import DEFAULT_SLO, CapacityRunner, CapacitySpec
+        from harness.experiments.capacity import CapacityRunner, CapacitySpec
+        from harness.experiments.slo import DEFAULT_SLO
         from harness.load.plan import read_plan
 
         spec = self.spec

@@ -10,18 +10,16 @@ import numpy as np
 import pytest
 
 from harness.common.errors import ConfigError, ExitCode
-from harness.gates.capacity import (
-    CapacityResult,
+from harness.experiments.capacity_result import CapacityResult
+from harness.experiments.capacity_search import crossing, isotonic_increasing, search
+from harness.experiments.slo import (
     ProbeSamples,
     check_probe_size,
-    crossing,
-    isotonic_increasing,
     judge_probe,
     parse_slo,
     precision_on,
     probe_min_requests,
     resolve_limits,
-    search,
 )
 
 # ------------------------------------------------------------------------------------------ SLO

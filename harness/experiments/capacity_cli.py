@@ -1,4 +1,4 @@
-"""``harness capacity``: the highest open-loop rate that meets an SLO (:mod:`harness.gates.capacity`).
+"""``harness capacity``: the highest open-loop rate that meets an SLO (:mod:`harness.experiments.capacity`).
 
 Exit codes: 0 a rate meets the SLO (printed as "at least" when no probe failed up to ``--max-rate``);
 1 not even the lowest rate does; 6 the lowest rate cannot be judged; 2 bad command line; 3 bad input
@@ -10,14 +10,19 @@ could not be started or reached; 130 interrupted (the running probe finalized, t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
-from harness.gates.target_options import ServeArgs, Url, check_one_target
+from harness.experiments.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from harness.experiments.capacity_result import CapacityResult
 
 stderr = cons.err()
 
@@ -123,14 +128,10 @@ def capacity(
     Exit 0 found, 1 no rate meets the SLO, 6 cannot be judged.
     """
     from harness.common.io import write_json
-    from harness.gates.capacity import (
-        DEFAULT_SLO,
-        CapacityRunner,
-        CapacitySpec,
-        answer_line,
-        result_table,
-    )
-    from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
+    from harness.experiments.capacity import CapacityRunner, CapacitySpec
+    from harness.experiments.capacity_result import answer_line
+    from harness.experiments.driver import DEFAULT_SERVE_ARGS, parse_serve_args
+    from harness.experiments.slo import DEFAULT_SLO
     from harness.load.runner import LoadSpec
 
     check_one_target(serve_args, url)
@@ -167,3 +168,35 @@ def capacity(
         raise CheckFailed(result.reason, file=out / "capacity.json")
     if result.exit_code == int(ExitCode.UNJUDGEABLE):
         raise CannotJudge(result.reason, file=out / "capacity.json")
+
+
+def result_table(result: CapacityResult) -> Table:
+    """One row per probe: rate, requests, each term's value with its interval, the verdict."""
+    from rich.table import Table
+
+    from harness.gates.metrics import format_interval, format_value
+
+    table = Table(title=f"capacity probes (SLO {result.slo}, {result.confidence:.0%} intervals)")
+    table.add_column("#", justify="right")
+    table.add_column("offered req/s", justify="right")
+    table.add_column("achieved", justify="right")
+    table.add_column("requests", justify="right")
+    table.add_column("errors", justify="right")
+    for t, lim in zip(result.terms, result.limits, strict=True):
+        table.add_column(f"{t.metric} ≤ {format_value(lim, t.unit)}", justify="right")
+    table.add_column("verdict")
+    colours = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+    for p in sorted(result.probes, key=lambda p: p.rate):
+        cells = [
+            str(p.index),
+            f"{p.rate:.4g}",
+            "—" if p.achieved_rate is None else f"{p.achieved_rate:.4g}",
+            str(p.requests),
+            str(p.errors),
+        ]
+        for r in p.terms:
+            u = r.unit
+            cells.append(f"{format_value(r.value, u)} {format_interval(r.lo, r.hi, u)}")
+        cells.append(f"[{colours[p.verdict]}]{p.verdict}[/]")
+        table.add_row(*cells)
+    return table

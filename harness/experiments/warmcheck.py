@@ -46,9 +46,9 @@ from pydantic import Field
 
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
+from harness.experiments.target import NotExposed, ProbeResult, Target
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
 from harness.gates.runs import RunFrame
-from harness.gates.target import NotExposed, ProbeResult, Target
 from harness.load.arrivals import RequestSpec
 from harness.load.telemetry import METRICS_PATH, SCRAPE_TIMEOUT_S, normalise
 

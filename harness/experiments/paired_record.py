@@ -1,4 +1,4 @@
-"""``OUT/run.json`` of a paired run (:mod:`harness.gates.paired`): the layout of ``OUT``, the record
+"""``OUT/run.json`` of a paired run (:mod:`harness.experiments.paired`): the layout of ``OUT``, the record
 rewritten after every step, and the exit code it ends with.
 
 What a CI job and ``harness report`` read back; it changes when what a run reports changes, not when
@@ -13,9 +13,9 @@ from pydantic import Field
 
 from harness.common.errors import ExitCode
 from harness.common.model import StrictModel
+from harness.experiments.target import FlushOutcome
+from harness.experiments.warmcheck import WarmCheck
 from harness.gates.judge import GateReport
-from harness.gates.target import FlushOutcome
-from harness.gates.warmcheck import WarmCheck
 from harness.load.results import InputRef
 
 PHASES = ("cold", "ladder", "warm")

@@ -1,4 +1,4 @@
-"""``harness run``: a paired cold / warm run in one command (:mod:`harness.gates.paired`).
+"""``harness run``: a paired cold / warm run in one command (:mod:`harness.experiments.paired`).
 
 Exit codes: 0 pass; 1 a gate proved a regression; 6 the warm phase could not be called warm, or a
 gate could not judge; 2 bad command line; 3 bad input file; 4 bad option or ``--serve-args``, or
@@ -15,7 +15,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
-from harness.gates.target_options import ServeArgs, Url, check_one_target
+from harness.experiments.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
 
 stderr = cons.err()
@@ -106,11 +106,11 @@ def run(
 
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """
+    from harness.experiments.driver import DEFAULT_SERVE_ARGS, parse_serve_args
+    from harness.experiments.paired import PairedRunner
+    from harness.experiments.paired_spec import PairedSpec
     from harness.gates.compare import comparison_table
-    from harness.gates.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.gates.output import gate_table
-    from harness.gates.paired import PairedRunner
-    from harness.gates.paired_spec import PairedSpec
     from harness.load.runner import LoadSpec
 
     check_one_target(serve_args, url)
@@ -118,7 +118,7 @@ def run(
     if capacity is not None and not capacity > 0:
         raise ConfigError(f"must be a positive rate, got {capacity}", field="--capacity")
     if slo is not None:
-        from harness.gates.capacity import parse_slo
+        from harness.experiments.slo import parse_slo
 
         parse_slo(slo)
     # The load options, validated once here; --rate is this command's own (a share of capacity too).

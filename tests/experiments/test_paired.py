@@ -23,13 +23,13 @@ import pytest
 from harness.common.auth import Credentials
 from harness.common.errors import ExitCode
 from harness.corpus.model import CorpusRecord
+from harness.experiments.driver import check_serve_args
+from harness.experiments.paired_record import exit_code_of
+from harness.experiments.paired_spec import PairedSpec, prepare
+from harness.experiments.target import Target, flush_all
+from harness.experiments.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
 from harness.gates.compare import compare
-from harness.gates.driver import check_serve_args
-from harness.gates.paired_record import exit_code_of
-from harness.gates.paired_spec import PairedSpec, prepare
 from harness.gates.runs import load_result_set
-from harness.gates.target import Target, flush_all
-from harness.gates.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
 from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.runner import LoadSpec
@@ -438,7 +438,7 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     the command validates the user's, each phase's variant is validated once when made, and launching
     a phase validates nothing. The phases' Locust processes read their own (not counted here)."""
     import harness.load.inputs as inputs_module
-    from harness.gates import paired
+    from harness.experiments import paired
     from harness.load.options import LoadOptions
 
     corpus = write_corpus(tmp_path / "corpus.jsonl", 4)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.experiments.paired_spec import PairedSpec, prepare
 from harness.gates.baseline import precision_min_samples, precision_targets, read_baseline
-from harness.gates.paired_spec import PairedSpec, prepare
 from harness.load.precision import parse_precision_on
 from harness.load.runner import LoadSpec
+from tests.experiments.test_paired import harness_run, read, write_corpus
 from tests.gates.factory import ROOT
-from tests.gates.test_paired import harness_run, read, write_corpus
 from tests.load.helpers import decided_precision
 from tests.server.conftest import harness_server
 

@@ -1,0 +1,17 @@
+"""Experiments: what the harness runs against a target, end to end, and hands to the gates to judge.
+
+A stage above ``load`` (whose Locust runs it launches), ``server`` (whose ``harness serve`` it starts)
+and ``gates`` (which judge what it measured); ``gates`` only judges.
+
+- :mod:`~harness.experiments.driver`: a target started from ``--serve-args`` or reached at ``--url``,
+  the progress display, ``--out``, SIGTERM as Ctrl-C;
+- :mod:`~harness.experiments.target`: the target's cache levels (flush), probes and preload;
+- :mod:`~harness.experiments.paired` (``harness run``): flush, cold replay, warm-up, warm check
+  (:mod:`~harness.experiments.warmcheck`), warm replay, comparison, gate;
+- :mod:`~harness.experiments.capacity` (``harness capacity``): probes at constant rates, each judged
+  against an SLO (:mod:`~harness.experiments.slo`), the search
+  (:mod:`~harness.experiments.capacity_search`), the answer
+  (:mod:`~harness.experiments.capacity_result`);
+- :mod:`~harness.experiments.calibrate` (``harness baseline calibrate``): a recipe run N times, the
+  baseline they pass by :mod:`harness.gates.calibration`'s rule.
+"""
