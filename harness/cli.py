@@ -35,7 +35,8 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
     ("analysis", "harness.analysis.cli"),
     ("deploy", "harness.analysis.deploy_cli"),
 )
-# Top-level commands: (command name, module, attribute).
+# Top-level commands: (command name, module, attribute). A module's COMMAND_SETTINGS maps an attribute
+# to typer's command keyword arguments (an epilog with an example).
 TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "harness.server.cli", "serve"),
     ("gate", "harness.gates.cli", "gate"),
@@ -111,7 +112,8 @@ def build_app() -> typer.Typer:
     for name, module, attr in TOP_COMMANDS:
         mod = _import_optional(module)
         if mod is not None:
-            app.command(name)(getattr(mod, attr))
+            settings = getattr(mod, "COMMAND_SETTINGS", {}).get(attr, {})
+            app.command(name, **settings)(getattr(mod, attr))
     return app
 
 

@@ -126,16 +126,25 @@ class DemoContext:
         return self.run_dir / "baseline.yaml"
 
     def recipe(self) -> list[str]:
-        """``harness run`` arguments every paired run shares (the calibration's and the gated ones):
-        the same corpus, the same share of the same capacity, the same count."""
+        """``--recipe FILE``: what every paired run shares (the calibration's and the gated ones), as a
+        recipe file: the same corpus, the same share of the same capacity, the same count."""
+        import yaml
+
         c = self.config
         assert self.capacity_rps is not None
-        return [
-            "--corpus", str(self.run_dir / "corpus"),
-            "--rate", f"{c.rate_share:.0%}", "--capacity", f"{self.capacity_rps:g}",
-            "--max-requests", str(c.requests), "--max-duration", "600",
-            "--max-tokens-cap", str(c.max_tokens_cap), "--probes", "10",
-        ]  # fmt: skip
+        path = self.run_dir / "recipe.yaml"
+        # The same file every time it is asked for, with this run's capacity in it.
+        doc = {
+            "load": {
+                "corpus": str(self.run_dir / "corpus"), "rate": f"{c.rate_share:.0%}",
+                "capacity": float(f"{self.capacity_rps:g}"), "max_requests": c.requests,
+                "max_duration": 600, "max_tokens_cap": c.max_tokens_cap,
+            },
+            "warmup": {"probes": 10},
+        }  # fmt: skip
+        head = "# The demo's recipe: every paired run (calibration's and the gated ones) runs it.\n"
+        path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
+        return ["--recipe", str(path)]
 
 
 class StepFailed(HarnessError):
@@ -250,7 +259,7 @@ class Calibrate:
             ctx, "baseline", "calibrate", "--runs", str(ctx.config.runs),
             "--max-runs", str(ctx.config.max_runs), "--out", str(ctx.baseline),
             "--workdir", str(ctx.run_dir / "calibration"), "--name", "demo",
-            "--", "--url", ctx.url, *ctx.recipe(),
+            "--url", ctx.url, *ctx.recipe(),
         )  # fmt: skip
 
 

@@ -7,11 +7,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
-from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, err_console, say
+from harness.analysis.cli_common import JSON_HELP, console, echo_json, err_console, say
+from harness.analysis.decay_sweep import SWEEP_LOAD_DEFAULTS, SweepOptions
+from harness.common.errors import ConfigError
 from harness.common.io import write_json
-from harness.load.options import typer_options
+from harness.common.options import flag_for, options_of, with_options
+from harness.experiments.recipe import GateRecipe, RecipeFile, TargetRecipe
+from harness.load.options import LoadOptions
 
 
 def decay(
@@ -66,69 +71,67 @@ def _print_mixture(m: Any) -> None:
     )
 
 
-@typer_options(
-    "concurrency", "max_tokens_cap", "api", "model", "seed",
-    help_for={"concurrency": "Requests in flight at saturation (the user pool; default 32)."},
-)  # fmt: skip
+SWEEP_OPTIONS = [
+    *options_of(TargetRecipe, at=("target",), only=["url"]),
+    *options_of(
+        LoadOptions,
+        at=("load",),
+        only=[
+            "corpus",
+            "rate",
+            "duration",
+            "concurrency",
+            "max_tokens_cap",
+            "api",
+            "model",
+            "seed",
+            "api_key",
+            "admin_token",
+            "header",
+            "ca_bundle",
+            "insecure",
+        ],
+    ),
+    *options_of(GateRecipe, at=("gate",), only=["confidence"]),
+    *options_of(SweepOptions, at=("sweep",)),
+]
+"""The sweep's options: a recipe's target and load, and the sweep's own (:class:`SweepOptions`)."""
+
+
+@with_options(SWEEP_OPTIONS, panel="Load", defaults=SWEEP_LOAD_DEFAULTS)
 def decay_sweep(
     *,
-    url: Annotated[str, typer.Option("--url", help="Target base URL (a server with a response cache).")],
-    corpus: Annotated[Path, typer.Option("--corpus", help="corpus.jsonl (or its directory) to replay.")],
-    cmr: Annotated[
-        str, typer.Option("--cmr", help="Bypass fractions to sweep, one stage each (≥ 3 values).")
-    ] = "0,0.25,0.5,0.75,1",
-    duration: Annotated[float, typer.Option("--duration", help="Seconds each stage sends.")] = 30.0,
-    settle: Annotated[
-        float, typer.Option("--settle", help="Seconds at each stage's start left out of the measurement.")
-    ] = 5.0,
-    rate: Annotated[
-        float, typer.Option("--rate", help="Offered arrivals/s per stage: far above the capacity.")
-    ] = 1000.0,
-    preload: Annotated[
-        bool, typer.Option("--preload/--no-preload", help="Warm the cache with the corpus first.")
-    ] = True,
-    rewarm: Annotated[
-        bool, typer.Option("--rewarm/--no-rewarm", help="Warm it again before every later stage.")
-    ] = True,
-    confidence: Annotated[float, typer.Option("--confidence", help="Interval level for k.")] = 0.95,
+    given: dict[str, Any],
+    recipe: RecipeFile = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("decay-sweep"),
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    load: dict[str, Any],
 ) -> None:
     """Live QPS-decay sweep: one saturating stage per cache-miss rate, then QPS = QPS0·exp(−k·CMR²).
 
-    Warms the cache with the corpus, runs one headless Locust stage per bypass fraction (that share of
-    requests sends Cache-Control: no-cache) at an offered rate far above capacity with a fixed pool of
-    users, measures each stage's cache-miss rate and completed requests/s, fits and plots.
+    Warms the cache, runs one saturating Locust stage per bypass fraction (that share sends no-cache).
+
+    Measures each stage's cache-miss rate and completed requests/s, fits and plots.
+
+    Example: harness analysis decay-sweep --url http://127.0.0.1:8000 --corpus runs/corpus --duration 10
     """
-    from pydantic import ValidationError
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from harness.analysis.decay_sweep import FIT_FILE, PLOT_FILE, SweepSettings, run_sweep
+    from harness.analysis.decay_sweep import FIT_FILE, PLOT_FILE, SweepPlan, run_sweep
+    from harness.experiments.recipe import resolve
 
-    if "api" in load:
-        check_api(str(load["api"]))
+    sweep_given = given.pop("sweep", {})
     try:
-        fractions = [float(x) for x in cmr.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{cmr!r} is not a list of numbers", param_hint="--cmr") from None
-    try:
-        settings = SweepSettings(
-            url=url,
-            corpus=corpus,
-            fractions=fractions,
-            duration_s=duration,
-            settle_s=settle,
-            rate=rate,
-            **load,  # the load options given (the sweep's own defaults for the rest)
-            preload=preload,
-            rewarm=rewarm,
-            confidence=confidence,
-        )
+        sweep = SweepOptions.model_validate(sweep_given)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(map(str, err["loc"])) or "settings"
-        raise typer.BadParameter(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
+        where = err.get("loc", ())
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if len(where) > 1 and isinstance(where[1], int):
+            msg = f"value {where[1] + 1}: {msg}"
+        flag = flag_for(SWEEP_OPTIONS, ("sweep", str(where[0]))) if where else None
+        raise ConfigError(msg, field=flag or "--cmr") from None
+    plan = SweepPlan.of(resolve(recipe, given, SWEEP_OPTIONS), sweep)
+    url, duration = plan.url, plan.duration_s
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -137,23 +140,24 @@ def decay_sweep(
         transient=True,
     ) as bar:
         task = bar.add_task("decay sweep", total=None)
-        sweep = run_sweep(settings, out, progress=lambda msg: bar.update(task, description=msg))
-    fit = sweep.fit
+        result = run_sweep(plan, out, progress=lambda msg: bar.update(task, description=msg))
+    fit = result.fit
     assert fit is not None  # run_sweep raises when it cannot fit
     if as_json:
-        echo_json(sweep.model_dump(mode="json"))
+        echo_json(result.model_dump(mode="json"))
         return
-    table = Table(title=f"QPS decay sweep at {url} — {settings.concurrency} in flight, {duration:g} s stages")
+    title = f"QPS decay sweep at {url} — {plan.load.concurrency} in flight, {duration:g} s stages"
+    table = Table(title=title)
     for col in ("stage", "bypass asked", "bypass sent", "CMR", "QPS", "exp fit", "residual", "mixture",
                 "sent", "errors", "lateness p50 ms", "saturated", "client CPU"):  # fmt: skip
         table.add_column(col, justify="left" if col == "stage" else "right")
     fitted = {p.stage: p.qps - r for p, r in zip(fit.points, fit.residuals, strict=True)}
     mixed = (
-        {p.stage: p.qps - r for p, r in zip(fit.points, sweep.mixture.residuals, strict=True)}
-        if sweep.mixture is not None
+        {p.stage: p.qps - r for p, r in zip(fit.points, result.mixture.residuals, strict=True)}
+        if result.mixture is not None
         else {}
     )
-    for st in sweep.stages:
+    for st in result.stages:
         fv = fitted.get(st.name)
         mv = mixed.get(st.name)
         table.add_row(
@@ -179,7 +183,7 @@ def decay_sweep(
         f"wrote {out}/{FIT_FILE}, {out}/{PLOT_FILE}",
         highlight=False,
     )
-    if sweep.mixture is not None:
-        _print_mixture(sweep.mixture)
-    for w in sweep.warnings:
+    if result.mixture is not None:
+        _print_mixture(result.mixture)
+    for w in result.warnings:
         say(f"harness: warning: {w}")

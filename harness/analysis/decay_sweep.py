@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field
 
 from harness.analysis.decay import (
     MISS_STATUSES,
@@ -57,6 +58,7 @@ from harness.analysis.decay import (
     fit_mixture,
     plot_decay,
 )
+from harness.common.auth import SECRET_OPTIONS
 from harness.common.errors import (
     ConfigError,
     HarnessError,
@@ -65,8 +67,11 @@ from harness.common.errors import (
 )
 from harness.common.io import write_json, write_jsonl
 from harness.common.model import StrictModel
+from harness.common.options import Flag
 from harness.common.stats import percentile
-from harness.load.arrivals import ApiChoice, is_sampled
+from harness.experiments.recipe import Recipe
+from harness.load.arrivals import is_sampled
+from harness.load.options import LoadOptions, Share
 
 DEFAULT_RATE = 1000.0
 """Offered arrivals/s of a stage: far above what a single inference server serves per client pool."""
@@ -85,41 +90,93 @@ PLOT_FILE = "decay.png"
 STAGES_DIR = "stages"
 
 
-class SweepSettings(StrictModel):
-    """What a sweep runs: the target, the corpus, the bypass fractions and how each stage saturates."""
+def _fractions(value: Any) -> Any:
+    """``"0,0.25,0.5"`` (the command line) → a list of numbers; a list passes."""
+    if isinstance(value, str):
+        try:
+            return [float(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{value!r} is not a comma-separated list of numbers") from None
+    return value
+
+
+SWEEP_PANEL = "Sweep"
+SWEEP_LOAD_DEFAULTS: dict[str, Any] = {"rate": DEFAULT_RATE, "concurrency": 32, "duration": 30.0}
+"""The load options a sweep stage defaults otherwise than a replay: a rate far above capacity, a
+client pool like a deployment's, 30 s stages (a recipe or a flag that sets them wins)."""
+
+
+class SweepOptions(StrictModel):
+    """What a sweep adds to a recipe's target and load (:class:`harness.experiments.recipe.Recipe`)."""
+
+    fractions: Annotated[
+        list[Annotated[float, Field(ge=0.0, le=1.0)]],
+        BeforeValidator(_fractions),
+        Flag(names=("--cmr",), text=True),
+    ] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0],
+        min_length=3,
+        description="Bypass fractions to sweep, one stage each, in the order run (≥ 3 values: 0,0.5,1)",
+    )
+    settle_s: Annotated[float, Flag(names=("--settle",))] = Field(
+        5.0, ge=0.0, description="Seconds at each stage's start left out of the measurement (the pool fills)"
+    )
+    rate_raises: int = Field(2, ge=0, description="How often an unsaturated stage runs again at 4× the rate")
+    warm_first: Annotated[bool, Flag(names=("--preload/--no-preload",))] = Field(
+        True, description="Warm the cache with the corpus (POST /cache/preload) before the first stage"
+    )
+    rewarm: Annotated[bool, Flag(names=("--rewarm/--no-rewarm",))] = Field(
+        True,
+        description="Warm it again before every later stage (entries whose TTL ran out would raise the "
+        "miss rate of later stages)",
+    )
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep to run: the target and load of a recipe, with the sweep's own defaults, and its options."""
 
     url: str
-    corpus: Path
-    fractions: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=3)
-    """Bypass fractions, one stage each, in the order run (the fit needs three)."""
-    duration_s: float = Field(gt=0.0)
-    """Seconds each stage sends."""
-    settle_s: float = Field(default=2.0, ge=0.0)
-    """Seconds at the start of each stage left out of the measurement (the pool fills, caches warm)."""
-    rate: float = Field(default=DEFAULT_RATE, gt=0.0)
-    concurrency: int = Field(default=32, ge=1)
-    max_tokens_cap: int | None = Field(default=None, ge=1)
-    api: ApiChoice = "auto"
-    model: str | None = None
-    seed: int = 0
-    rate_raises: int = Field(default=2, ge=0)
-    """How often an unsaturated stage runs again at ``RATE_RAISE`` times the rate."""
-    start_delay_s: float = Field(default=2.0, ge=0.0)
-    preload: bool = True
-    """Post the corpus to ``/cache/preload`` before the first stage."""
-    rewarm: bool = True
-    """Post it again before every later stage: entries whose TTL ran out (a random-weight model's
-    completions are ``cold``, 300 s by default) would otherwise raise the miss rate of later stages."""
-    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
-    """Level of ``k``'s interval."""
+    load: LoadOptions
+    """The load options every stage starts from (each sets its rate, bypass fraction, stage name …)."""
+    sweep: SweepOptions
+    confidence: float
+    """Level of ``k``'s interval (the recipe's ``gate.confidence``)."""
 
-    @model_validator(mode="after")
-    def _window(self) -> SweepSettings:
-        if self.settle_s >= self.duration_s:
-            raise ValueError(
-                f"the settle time ({self.settle_s:g} s) must be shorter than a stage ({self.duration_s:g} s)"
+    @classmethod
+    def of(cls, recipe: Recipe, sweep: SweepOptions) -> SweepPlan:
+        """The plan of ``recipe`` (which must name a running target: ``url``) and ``sweep``."""
+        if recipe.target.url is None:
+            raise ConfigError(
+                "a sweep needs a running target with a response cache", field="--url",
+                hint="harness serve --preset tiny --cache, then --url http://127.0.0.1:8000",
+            )  # fmt: skip
+        if recipe.load.corpus is None:
+            raise ConfigError("no corpus to replay", field="--corpus")
+        own = {k: v for k, v in SWEEP_LOAD_DEFAULTS.items() if not recipe.load.is_set(k)}
+        load = recipe.load.evolve(**own)
+        if isinstance(load.rate, Share):
+            raise ConfigError(
+                "a sweep offers an absolute rate far above capacity, not a share", field="--rate"
             )
-        return self
+        duration = load.duration or SWEEP_LOAD_DEFAULTS["duration"]
+        if sweep.settle_s >= duration:
+            raise ConfigError(
+                f"the settle time ({sweep.settle_s:g} s) must be shorter than a stage ({duration:g} s)",
+                field="--settle",
+            )
+        return cls(recipe.target.url, load, sweep, recipe.gate.confidence)
+
+    @property
+    def duration_s(self) -> float:
+        assert self.load.duration is not None
+        return self.load.duration
+
+    @property
+    def rate(self) -> float:
+        rate = self.load.rate_rps()
+        assert rate is not None
+        return rate
 
 
 class SweepStage(StrictModel):
@@ -154,9 +211,11 @@ class SweepStage(StrictModel):
 
 
 class DecaySweep(StrictModel):
-    """``fit.json``: the settings, the measured stages, the fit and what to be wary of."""
+    """``fit.json``: the sweep's options and load, the measured stages, the fit and what to be wary of."""
 
-    settings: SweepSettings
+    sweep: SweepOptions
+    load: dict[str, Any]
+    """The load options every stage started from (secrets left out), as a recipe file holds them."""
     preload: dict[str, int] | None
     """The server's last answer to ``/cache/preload`` (``lines``, ``stored``, ``generated``, ``failed``)."""
     stages: list[SweepStage]
@@ -249,7 +308,7 @@ def stage_warnings(stage: SweepStage) -> list[str]:
 # --------------------------------------------------------------------------- run
 
 
-def corpus_preload(settings: SweepSettings) -> list[dict[str, Any]]:
+def corpus_preload(load: LoadOptions) -> list[dict[str, Any]]:
     """One ``/cache/preload`` line per distinct request of the corpus, as the stages will send it."""
     import orjson
 
@@ -258,16 +317,15 @@ def corpus_preload(settings: SweepSettings) -> list[dict[str, Any]]:
 
     seen: set[bytes] = set()
     lines: list[dict[str, Any]] = []
-    for rec in read_corpus(settings.corpus):
-        line = preload_line(
-            rec, api=settings.api, model=settings.model, max_tokens_cap=settings.max_tokens_cap
-        )
+    assert load.corpus is not None
+    for rec in read_corpus(load.corpus):
+        line = preload_line(rec, api=load.api, model=load.model, max_tokens_cap=load.max_tokens_cap)
         key = orjson.dumps(line, option=orjson.OPT_SORT_KEYS)
         if key not in seen:
             seen.add(key)
             lines.append(line)
     if not lines:
-        raise InputError("the corpus has no records", file=settings.corpus)
+        raise InputError("the corpus has no records", file=load.corpus)
     return lines
 
 
@@ -308,7 +366,7 @@ def _stage_error(code: int, run_dir: Path) -> HarnessError:
 
 
 def run_sweep(
-    settings: SweepSettings,
+    plan: SweepPlan,
     out: str | Path,
     *,
     progress: Callable[[str], None] | None = None,
@@ -325,9 +383,10 @@ def run_sweep(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     preload_file = out_dir / PRELOAD_FILE
-    lines = corpus_preload(settings)
+    lines = corpus_preload(plan.load)
     write_jsonl(preload_file, lines)
-    sweep = DecaySweep(settings=settings, preload=None, stages=[], fit=None)
+    load_doc = plan.load.model_dump(mode="json", exclude_defaults=True, exclude=set(SECRET_OPTIONS))
+    sweep = DecaySweep(sweep=plan.sweep, load=load_doc, preload=None, stages=[], fit=None)
     sampled = sum(is_sampled(line) for line in lines)
     if sampled:
         # Such requests miss whatever the bypass fraction: every stage measures a CMR near 1.
@@ -337,21 +396,21 @@ def run_sweep(
         )
 
     def warm(before: str) -> None:
-        say(f"preloading {preload_file} into {settings.url} before {before}")
-        sweep.preload = post_preload(settings.url, preload_file)
+        say(f"preloading {preload_file} into {plan.url} before {before}")
+        sweep.preload = post_preload(plan.url, preload_file)
         if sweep.preload.get("failed"):
             sweep.warnings.append(
                 f"preload before {before}: {sweep.preload['failed']} of {sweep.preload.get('lines')} "
                 "lines failed"
             )
 
-    for i, f in enumerate(settings.fractions):
-        rate = settings.rate
-        for attempt in range(settings.rate_raises + 1):
-            if settings.preload and (i == attempt == 0 or settings.rewarm):
+    for i, f in enumerate(plan.sweep.fractions):
+        rate = plan.rate
+        for attempt in range(plan.sweep.rate_raises + 1):
+            if plan.sweep.warm_first and (i == attempt == 0 or plan.sweep.rewarm):
                 warm(f"cmr-{f:g}")
-            stage = _run_stage(settings, out_dir, f, rate, say)
-            if stage.saturated or attempt == settings.rate_raises:
+            stage = _run_stage(plan, out_dir, f, rate, say)
+            if stage.saturated or attempt == plan.sweep.rate_raises:
                 break
             # The target kept up: what was measured is the offered rate, not the capacity.
             say(f"stage {stage.name}: not saturated at {rate:g}/s; again at {rate * RATE_RAISE:g}/s")
@@ -365,7 +424,7 @@ def run_sweep(
     points = sweep_points(sweep.stages)
     write_jsonl(out_dir / POINTS_FILE, (p.model_dump(mode="json") for p in points))
     try:
-        sweep.fit = fit_decay(points, settings.confidence)
+        sweep.fit = fit_decay(points, plan.confidence)
         sweep.mixture = fit_mixture(points)
     finally:
         write_json(out_dir / FIT_FILE, sweep.model_dump(mode="json"))
@@ -374,7 +433,7 @@ def run_sweep(
 
 
 def _run_stage(
-    settings: SweepSettings, out_dir: Path, fraction: float, rate: float, say: Callable[[str], None]
+    plan: SweepPlan, out_dir: Path, fraction: float, rate: float, say: Callable[[str], None]
 ) -> SweepStage:
     """One stage's Locust run (its directory is replaced by a rerun) and its measurement."""
     import shutil
@@ -385,22 +444,11 @@ def _run_stage(
     run_dir = out_dir / STAGES_DIR / name
     shutil.rmtree(run_dir, ignore_errors=True)
     # Locust's --run-time cap counts from the test start, the send window from the epoch after it.
-    cap_s = math.ceil(settings.start_delay_s + settings.duration_s)
-    say(f"stage {name}: {settings.duration_s:g} s at {rate:g}/s offered, bypass {fraction:g}")
+    cap_s = math.ceil(plan.load.start_delay + plan.duration_s)
+    say(f"stage {name}: {plan.duration_s:g} s at {rate:g}/s offered, bypass {fraction:g}")
     spec = LoadSpec(
-        host=settings.url,
-        corpus=settings.corpus,
-        results_dir=run_dir,
-        rate=rate,
-        duration=settings.duration_s,
-        stage=name,
-        bypass_fraction=fraction,
-        concurrency=settings.concurrency,
-        max_tokens_cap=settings.max_tokens_cap,
-        api=settings.api,
-        model=settings.model,
-        seed=settings.seed,
-        start_delay=settings.start_delay_s,
+        host=plan.url,
+        options=plan.load.evolve(results_dir=run_dir, rate=rate, stage=name, bypass_fraction=fraction),
         run_time=f"{cap_s}s",
     )
     code = run_locust(spec, timeout_s=cap_s + 300.0)
@@ -410,8 +458,8 @@ def _run_stage(
         run_dir,
         name=name,
         bypass_fraction=fraction,
-        settle_s=settings.settle_s,
-        duration_s=settings.duration_s,
+        settle_s=plan.sweep.settle_s,
+        duration_s=plan.duration_s,
         rate=rate,
         exit_code=code,
     )

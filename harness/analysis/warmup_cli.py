@@ -82,14 +82,7 @@ def hitrate(
     console.print(f"cold ceiling (infinite capacity): {pct(report.cold_ceiling)}", highlight=False)
 
 
-@typer_options(
-    "api", "model", "max_tokens_cap",
-    help_for={
-        "api": "As the replay will send: auto, chat or completions (default auto).",
-        "model": "As the replay will send.",
-        "max_tokens_cap": "As the replay will send (the cache keys on it).",
-    },
-)  # fmt: skip
+@typer_options("api", "model", "max_tokens_cap")  # as the replay will send them: the cache keys on them
 def plan(
     *,
     trace: Annotated[Path, typer.Option("--trace", help="History: request trace or load run directory.")],

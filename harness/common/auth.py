@@ -30,8 +30,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from harness.common.errors import ConfigError
+from harness.common.model import StrictModel
+from harness.common.options import Flag, flag_of
 
 API_KEY_ENV = "OPENAI_API_KEY"
 """Where ``--api-key`` defaults from, as every OpenAI client does."""
@@ -216,44 +219,89 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]
 
 # ---- the command-line options, declared once for every command that talks to a target ----------
 
-_PANEL = "Target access"
-ApiKeyOption = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar=API_KEY_ENV,
-        show_envvar=True,
-        help="Bearer key for the OpenAI routes (prefer the environment: a command line is visible in ps).",
-        rich_help_panel=_PANEL,
-    ),
-]
-AdminTokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--admin-token",
-        envvar=ADMIN_TOKEN_ENV,
-        show_envvar=True,
-        help="Bearer token for the cache admin routes of `harness serve` (default: the API key).",
-        rich_help_panel=_PANEL,
-    ),
-]
-HeaderOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--header",
-        "-H",
-        help="Extra request header NAME:VALUE (repeatable); values are never written to results.",
-        rich_help_panel=_PANEL,
-    ),
-]
-CaBundleOption = Annotated[
-    Path | None,
-    typer.Option("--ca-bundle", help="PEM CA bundle to verify an https:// target.", rich_help_panel=_PANEL),
-]
-InsecureOption = Annotated[
-    bool,
-    typer.Option("--insecure", help="Do not verify the target's TLS certificate.", rich_help_panel=_PANEL),
-]
+ACCESS_PANEL = "Target access"
+
+
+class AccessOptions(StrictModel):
+    """The credentials options of every command that talks to a target, each declared once (the load
+    options extend this model; other commands take its options through
+    :func:`harness.common.options.options_of`)."""
+
+    api_key: Annotated[SecretStr | None, Flag(envvar=API_KEY_ENV, panel=ACCESS_PANEL)] = Field(
+        None,
+        description="Bearer key for the OpenAI routes (default: $OPENAI_API_KEY; prefer the environment: "
+        "a command line is visible in ps; never written to results)",
+    )
+    admin_token: Annotated[SecretStr | None, Flag(envvar=ADMIN_TOKEN_ENV, panel=ACCESS_PANEL)] = Field(
+        None,
+        description="Bearer token for the cache admin routes of `harness serve` (preload, flush, stats); "
+        "default: the API key",
+    )
+    header: Annotated[list[SecretStr], Flag(deprecated=("-H",), panel=ACCESS_PANEL, metavar="NAME:VALUE")] = (
+        Field(
+            default_factory=list,
+            description="Extra request header NAME:VALUE, repeatable (values may be secrets: never written "
+            "to results)",
+        )
+    )
+    ca_bundle: Annotated[Path | None, Flag(panel=ACCESS_PANEL)] = Field(
+        None, description="PEM CA bundle to verify an https:// target against (default: the system's CAs)"
+    )
+    insecure: Annotated[bool, Flag(panel=ACCESS_PANEL)] = Field(
+        False, description="Do not verify the target's TLS certificate"
+    )
+
+    @field_validator("header")
+    @classmethod
+    def _headers_well_formed(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for item in v:
+            try:
+                parse_header(item.get_secret_value())
+            except ConfigError as exc:
+                raise ValueError(exc.message) from None
+        return v
+
+    def credentials(self) -> Credentials:
+        """The key, token, headers and TLS policy every client of the target uses."""
+        return Credentials.of(
+            api_key=self.api_key.get_secret_value() if self.api_key else None,
+            admin_token=self.admin_token.get_secret_value() if self.admin_token else None,
+            headers=[h.get_secret_value() for h in self.header],
+            ca_bundle=self.ca_bundle,
+            insecure=self.insecure,
+        )
+
+
+def access_from(given: Mapping[str, Any]) -> Credentials:
+    """The credentials from a command's given access options (:func:`harness.common.options.with_options`
+    over :class:`AccessOptions`), validated; a bad one is a :class:`ConfigError` naming its flag."""
+    try:
+        return AccessOptions.model_validate(given).credentials()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err.get("loc") else "?"
+        raise ConfigError(
+            str(err["msg"]).removeprefix("Value error, "), field=f"--{name.replace('_', '-')}"
+        ) from None
+
+
+def _typer_option(name: str) -> Any:
+    from harness.common.options import description, flag_names
+
+    info = AccessOptions.model_fields[name]
+    flag = flag_of(info)
+    return typer.Option(
+        *flag_names(name, info), *flag.deprecated, envvar=flag.envvar, show_envvar=flag.envvar is not None,
+        help=description(info) + ".", rich_help_panel=ACCESS_PANEL,
+    )  # fmt: skip
+
+
+# The same options as typer parameters for commands written before the model (derived from it).
+ApiKeyOption = Annotated[str | None, _typer_option("api_key")]
+AdminTokenOption = Annotated[str | None, _typer_option("admin_token")]
+HeaderOption = Annotated[list[str] | None, _typer_option("header")]
+CaBundleOption = Annotated[Path | None, _typer_option("ca_bundle")]
+InsecureOption = Annotated[bool, _typer_option("insecure")]
 
 SECRET_OPTIONS: tuple[str, ...] = ("api_key", "admin_token", "header")
 """The options whose values are secrets (the one list: load options, flags, ``--serve-args``)."""

@@ -247,6 +247,17 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+def yaml_line(path: str | Path, loc: tuple[int | str, ...]) -> int | None:
+    """1-based line of the value at ``loc`` (a pydantic location) in the YAML file at ``path``."""
+    import yaml
+
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return None
+    return _line_of(node, loc)
+
+
 @overload
 def read_yaml(
     path: str | Path,

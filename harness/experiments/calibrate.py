@@ -1,26 +1,23 @@
-"""``harness baseline calibrate``: run a recipe N times on this machine and write the baseline it passes.
+"""``harness baseline calibrate``'s runs: one recipe run N times on this machine, in this process.
 
-:func:`run_recipe` runs ``harness run <args> --out WORKDIR/cal-K --force`` K = 1 … N times, exactly as
-a user would type it (output streamed). Exit 0 and 6 are measured runs (6: the warm check or a
-gate could not decide, the results are still written); any other code aborts calibration with
-that code. The rule that turns the runs into a baseline is :mod:`harness.gates.calibration`.
+:func:`run_recipe` runs the :class:`~harness.experiments.recipe.Recipe` as ``harness run`` would (a
+paired cold / warm run, :class:`~harness.experiments.paired.PairedRunner`) into ``WORKDIR/cal-K``,
+K = 1 … N, replacing what an earlier calibration left there. Exit 0 and 6 are measured runs (6: the
+warm check could not decide; the results are still written); any other outcome aborts calibration
+with that code. The rule that turns the runs into a baseline is :mod:`harness.gates.calibration`.
 """
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from harness.common.auth import redact_args
+from harness.common import console as cons
 from harness.common.errors import ConfigError, ExitCode, HarnessError
+from harness.experiments.recipe import Recipe
 
-DEFAULT_RUN_COMMAND: tuple[str, ...] = (sys.executable, "-m", "harness.cli", "run")
-"""How calibration starts ``harness run`` (this interpreter, so this installation)."""
-OWN_OPTIONS = ("--out", "-o", "--force", "--gate")
-"""Options calibration sets itself (``--out``, ``--force``) or that make no sense for it (``--gate``)."""
+RunOnce = Callable[[Recipe, Path, Path | None], int]
+"""Run the recipe into a directory (its file, for the record); the exit code (0 or 6: measured)."""
 
 
 class RunFailed(HarnessError):
@@ -32,43 +29,52 @@ class RunFailed(HarnessError):
         self.exit_code = ExitCode(code) if code in known else ExitCode.UNAVAILABLE
 
 
-def check_run_args(args: Sequence[str]) -> None:
-    """Refuse the options calibration sets itself (:data:`OWN_OPTIONS`)."""
-    for a in args:
-        name = a.split("=", 1)[0]
-        if name in OWN_OPTIONS:
-            raise ConfigError(
-                f"{name} is set by calibrate itself (each run goes to WORKDIR/cal-K with --force; no gate)",
-                field=name,
-                hint="give only the recipe after --: "
-                "harness baseline calibrate --runs 3 --out FILE -- --corpus …",
-            )
+def paired_run(recipe: Recipe, out: Path, source: Path | None) -> int:
+    """One paired run of ``recipe`` into ``out`` (an earlier one there replaced); its exit code."""
+    from harness.experiments.paired import PairedRunner
+    from harness.experiments.paired_spec import PairedSpec
+
+    spec = PairedSpec(recipe, out=out, force=True, source=source)
+    record = PairedRunner(spec, cons.err()).run()
+    return record.exit_code or 0
 
 
 def run_recipe(
-    args: Sequence[str],
+    recipe: Recipe,
     *,
     runs: int,
     workdir: Path,
-    command: Sequence[str] = DEFAULT_RUN_COMMAND,
+    source: Path | None = None,
     say: Callable[[str], None] = print,
     first: int = 1,
     of: int | None = None,
+    run_once: RunOnce | None = None,
 ) -> list[Path]:
-    """Run ``command args --out workdir/cal-K --force`` for K = ``first`` … ``first + runs − 1``; the
-    output directories (``of``: the total the progress lines name, default the last K).
+    """Run ``recipe`` into ``workdir/cal-K`` for K = ``first`` … ``first + runs − 1``; the output
+    directories (``of``: the total the progress lines name, default the last K). ``run_once``
+    replaces :func:`paired_run` (a stand-in run in tests).
 
-    Exit 0 or 6: measured. Any other exit code raises :class:`RunFailed` with that code."""
-    check_run_args(args)
+    Exit 0 or 6: measured. Any other code, or an error, raises :class:`RunFailed` with that code."""
+    if recipe.gate.baseline is not None:
+        raise ConfigError(
+            "calibration writes the baseline: its runs are not gated", field="--gate", hint="leave --gate out"
+        )
+    once = run_once or paired_run
     workdir.mkdir(parents=True, exist_ok=True)
     last = first + runs - 1
     total = of if of is not None else last
     outs: list[Path] = []
     for k in range(first, last + 1):
         out = workdir / f"cal-{k}"
-        cmd = [*command, *args, "--out", str(out), "--force"]
-        say(f"calibration run {k}/{total}: $ {shlex.join(redact_args(cmd))}")
-        rc = subprocess.run(cmd, check=False).returncode  # output streams to ours
+        say(f"calibration run {k}/{total} → {out}")
+        try:
+            rc = once(recipe, out, source)
+        except HarnessError as exc:
+            raise RunFailed(
+                f"calibration run {k} of {total} exited {int(exc.exit_code)}: {exc}; nothing was written",
+                code=int(exc.exit_code),
+                file=out,
+            ) from None
         if rc not in (int(ExitCode.OK), int(ExitCode.UNJUDGEABLE)):
             raise RunFailed(
                 f"calibration run {k} of {total} exited {rc}; nothing was written", code=rc, file=out

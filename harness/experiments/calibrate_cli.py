@@ -6,37 +6,57 @@ was written; a run's own error code stops calibration with that code (docs/exit-
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.auth import redact_args
 from harness.common.errors import CannotJudge
+from harness.common.options import options_of, with_options
+from harness.experiments.recipe import (
+    LOAD_FLAGS,
+    CapacityRecipe,
+    RecipeFile,
+    check_corpus,
+    recipe_args,
+    recipe_options,
+    resolve,
+)
+from harness.load.options import LOAD_PANEL
 
 stderr = cons.err()
 
 
+CALIBRATE_OPTIONS = [
+    *recipe_options(load=LOAD_FLAGS, sections=("warmup", "confidence", "phase_timeout")),
+    *options_of(CapacityRecipe, at=("capacity",), only=["slo"]),
+]
+"""The recipe's options, as ``harness run`` takes them (no ``--gate``: calibration writes the baseline)."""
+
 COMMAND_SETTINGS = {
     "context_settings": {"allow_interspersed_args": False},
-    "epilog": "Example: harness baseline calibrate --runs 3 --out fixtures/baselines/tiny-cpu.yaml -- "
-    '--serve-args "--preset tiny --cache" --corpus runs/corpus --rate 4 --duration 100 '
-    "--max-tokens-cap 16 --plan fixtures/plans/tiny.yaml",
+    "epilog": "Example: harness baseline calibrate --runs 3 -o fixtures/baselines/tiny-cpu.yaml "
+    "--recipe fixtures/recipes/ci.yaml",
 }
-"""How ``harness/cli.py`` registers :func:`calibrate` in the ``baseline`` group (everything after
-``--`` is the recipe)."""
+"""How ``harness/cli.py`` registers :func:`calibrate` in the ``baseline`` group."""
 
 
-def calibrate(  # noqa: PLR0917 - typer maps parameters to options
+@with_options(CALIBRATE_OPTIONS, panel=LOAD_PANEL)
+def calibrate(
+    *,
+    given: dict[str, Any],
     run_args: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
-            help="The recipe: `harness run` arguments, after `--` (no --out, --force or --gate).",
+            help="Deprecated: `harness run` arguments after `--`; give them as options, or --recipe.",
             show_default=False,
+            hidden=True,
         ),
-    ],
+    ] = None,
+    recipe: RecipeFile = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
     runs: Annotated[
         int,
@@ -60,9 +80,6 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Where the runs go (default: OUT.runs/, cal-1 … cal-N).")
     ] = None,
-    confidence: Annotated[
-        float, typer.Option("--confidence", min=0.51, max=0.999, help="Interval confidence of the gates.")
-    ] = 0.95,
     per_scenario: Annotated[
         bool, typer.Option("--per-scenario", help="Also gate TTFT/TPOT/E2E P95 of every scenario.")
     ] = False,
@@ -72,29 +89,33 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
             "--reuse", help="Do not run: calibrate from the runs already in WORKDIR (cal-1 … cal-N)."
         ),
     ] = False,
-    run_command: Annotated[
-        str | None, typer.Option("--run-command", hidden=True, help="Replaces `harness run` (tests).")
-    ] = None,
 ) -> None:
     """Run a recipe N times on this machine; write the baseline they all pass, tolerances from their spread.
 
-    Each run is `harness run <RECIPE> --out WORKDIR/cal-K --force` (exit 0 or 6: measured; any other
-    code stops calibration with it). The file records the machine, target and recipe (fingerprint):
-    on another, `harness gate` cannot judge its latency gates instead of failing them. Exit 0: written
-    and every run passes it; 6: a run could not be measured from, or does not pass what was written.
-    """
-    import shlex
+    Each run is what `harness run` does with the same recipe, into WORKDIR/cal-K (exit 0 or 6 measured).
 
-    from harness.experiments.calibrate import DEFAULT_RUN_COMMAND, run_recipe
+    It records the machine, target and recipe (fingerprint): elsewhere its latency gates cannot be judged.
+
+    Exit 0 written and every run passes it; 6 a run could not be measured from, or does not pass it.
+    """
+    from harness.common.options import merge, warn_deprecated
+    from harness.experiments.calibrate import run_recipe
+    from harness.experiments.run_cli import parse_run_args
     from harness.gates.baseline import parse_headroom, write_baseline
     from harness.gates.calibration import Calibration, load_phases
     from harness.gates.calibration import calibrate as make
     from harness.gates.output import baseline_table
 
+    if run_args:
+        warn_deprecated("`-- <harness run arguments>`", "the same options before --, or --recipe FILE")
+        file, old = parse_run_args(run_args)
+        recipe = recipe or file
+        given = merge(old, given)
+    resolved = check_corpus(resolve(recipe, given, CALIBRATE_OPTIONS), recipe)
+    confidence = resolved.gate.confidence
     fraction = parse_headroom(headroom)
     most = max(runs, max_runs or runs)
     work = workdir or out.with_name(out.name + ".runs")
-    command = shlex.split(run_command) if run_command else list(DEFAULT_RUN_COMMAND)
 
     def say(text: str) -> None:
         stderr.print(escape(text), highlight=False, soft_wrap=True)
@@ -102,15 +123,15 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
     if reuse:
         dirs = [work / f"cal-{k}" for k in range(1, runs + 1)]
     else:
-        dirs = run_recipe(run_args, runs=runs, workdir=work, command=command, say=say)
-    recipe = "harness run " + shlex.join(redact_args(run_args))  # the baseline records it
+        dirs = run_recipe(resolved, runs=runs, workdir=work, source=recipe, say=say)
+    command = "harness run " + shlex.join(recipe_args(resolved, CALIBRATE_OPTIONS))  # the baseline records it
 
     phases = [load_phases(d) for d in dirs]  # each run read once, however many runs follow
 
     def calibrated() -> Calibration:
         return make(
             phases, headroom=fraction, name=name or out.stem, confidence=confidence,
-            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=recipe,
+            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=command,
         )  # fmt: skip
 
     cal = calibrated()
@@ -123,7 +144,7 @@ def calibrate(  # noqa: PLR0917 - typer maps parameters to options
             "one more run"
         )
         added = run_recipe(
-            run_args, runs=1, workdir=work, command=command, say=say, first=len(dirs) + 1, of=most
+            resolved, runs=1, workdir=work, source=recipe, say=say, first=len(dirs) + 1, of=most
         )
         dirs += added
         phases += [load_phases(d) for d in added]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import ConfigError, ExitCode, UnavailableError
+from harness.common.errors import ExitCode, UnavailableError
 from harness.common.io import write_json
 from harness.experiments.capacity_result import CAPACITY_FILE, Calibration, CapacityResult
 from harness.experiments.capacity_search import search
@@ -42,8 +43,8 @@ from harness.experiments.driver import (
     open_target,
     sigterm_interrupts,
 )
+from harness.experiments.recipe import RECIPE_FILE, CapacityRecipe, Recipe, write_recipe
 from harness.experiments.slo import (
-    DEFAULT_SLO,
     ProbeResult,
     ProbeSamples,
     SloTerm,
@@ -59,7 +60,7 @@ from harness.load.runner import LoadSpec, run_locust
 
 PROBES_DIR = "probes"
 SERVER_DIR = "server"
-OUTPUTS = (PROBES_DIR, SERVER_DIR, CAPACITY_FILE)
+OUTPUTS = (PROBES_DIR, SERVER_DIR, CAPACITY_FILE, RECIPE_FILE)
 """Everything ``harness capacity`` writes under ``OUT`` (``--force`` removes exactly these)."""
 PROBE_STAGE = "capacity"
 """``X-Traffic-Stage`` of probe requests."""
@@ -68,62 +69,41 @@ MAX_AUTO_CONCURRENCY = 512
 
 @dataclass
 class CapacitySpec:
-    """Everything ``harness capacity`` is configured with."""
+    """A capacity search: the :class:`~harness.experiments.recipe.Recipe` it runs (its target, load,
+    ``capacity`` section and ``gate.confidence``), where its results go, and the runner's own
+    settings."""
 
+    recipe: Recipe
     out: Path
-    load: LoadSpec
-    """Load options of every probe (corpus, caps, api …); host, results_dir, rate, duration,
-    max_requests and stage are set per probe."""
-    slo: str = DEFAULT_SLO
-    serve_args: Sequence[str] | None = ("--preset", "tiny", "--cache")
-    url: str | None = None
-    min_rate: float | None = None
-    """Start rate; ``None``: from a sequential calibration."""
-    max_rate: float | None = None
-    growth: float = 2.0
-    resolution: float = 0.10
-    max_probes: int = 12
-    probe_requests: int = 100
-    probe_seconds: float = 5.0
-    until_precision: float | str | None = None
-    """``--until-precision``: a probe stops sending once every percentile term's interval is this
-    precise (the load stage's rule, ``harness.load.precision``), never before the fewest requests the
-    SLO can pass with (:func:`probe_min_requests`); ``probe_requests`` stays its most."""
-    """A probe lasts at least this long (more requests at high rates)."""
-    confidence: float = 0.95
-    calibration_requests: int = 4
-    flush: bool = True
-    """Empty the target's cache levels before each probe (where it exposes them)."""
-    bypass_cache: bool = True
-    """Send every probe request with ``Cache-Control: no-cache``: a response cache would otherwise
-    answer repeats and the capacity measured would be the cache's."""
     force: bool = False
     probe_timeout_s: float | None = None
     """Seconds a probe may take (default: its send time + the drain timeout + 120 s)."""
     server_timeout_s: float = 300.0
 
+    @property
+    def search(self) -> CapacityRecipe:
+        return self.recipe.capacity
+
+    @property
+    def confidence(self) -> float:
+        return self.recipe.gate.confidence
+
+    @cached_property
+    def load(self) -> LoadSpec:
+        """Load options of every probe (corpus, caps, api …); rate, duration, max_requests, stage,
+        results_dir and the precision watch are set per probe, and what schedules a run or warms it up
+        is not a probe's."""
+        opts = self.recipe.load.evolve(
+            rate=None, duration=None, max_requests=None, schedule=None, speedup=None, plan=None,
+            preload=None, capacity=None, until_precision=None, max_duration=None, start_delay=None,
+        )  # fmt: skip
+        return LoadSpec(host="", options=opts, processes=self.recipe.launch.processes)
+
 
 def check_spec(spec: CapacitySpec) -> list[SloTerm]:
-    """Check every option before a target starts; the parsed SLO."""
-    terms = parse_slo(spec.slo)
-    if not 0.5 <= spec.confidence < 1:
-        raise ConfigError(f"must be in [0.5, 1), got {spec.confidence}", field="--confidence")
-    if spec.probe_requests < 1:
-        raise ConfigError("at least one request", field="--probe-requests")
-    check_probe_size(terms, spec.probe_requests, spec.confidence)
-    for name, value in (("--min-rate", spec.min_rate), ("--max-rate", spec.max_rate)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"must be a positive rate, got {value}", field=name)
-    if spec.min_rate is not None and spec.max_rate is not None and spec.min_rate > spec.max_rate:
-        raise ConfigError("--min-rate is above --max-rate", field="--min-rate")
-    if spec.growth <= 1:
-        raise ConfigError("must be above 1", field="--growth")
-    if spec.resolution <= 0:
-        raise ConfigError("must be above 0", field="--resolution")
-    if spec.max_probes < 1:
-        raise ConfigError("at least one probe", field="--max-probes")
-    if spec.calibration_requests < 2 and spec.min_rate is None:
-        raise ConfigError("at least 2 (the first one is a warm-up)", field="--calibration-requests")
+    """Check what the recipe's validation cannot alone (the SLO against the probe size); the SLO."""
+    terms = parse_slo(spec.search.slo)
+    check_probe_size(terms, spec.search.probe_requests, spec.confidence)
     return terms
 
 
@@ -146,9 +126,8 @@ class CapacityRunner:
         """Start (or reach) the target, search, stop it; ``capacity.json`` after every probe."""
         spec = self.spec
         check_out_dir(self.out, OUTPUTS, force=spec.force, holds="an earlier capacity search")
-        # A bad load option (--until-precision included) is an error now, not in the first probe.
-        spec.load.replace(rate=1.0, max_requests=1, until_precision=spec.until_precision)
-        serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
+        argv = spec.recipe.target.serve_argv()
+        serve_args = None if argv is None else check_serve_args(argv)
         if spec.force:
             clear_out_dir(self.out, OUTPUTS)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +135,7 @@ class CapacityRunner:
             sigterm_interrupts(),
             self.ui.progress,
             open_target(
-                spec.url,
+                spec.recipe.target.url,
                 serve_args,
                 self.out / SERVER_DIR,
                 self.ui,
@@ -171,17 +150,18 @@ class CapacityRunner:
         handing on the ``requests`` it read already)."""
         spec = self.spec
         self.out.mkdir(parents=True, exist_ok=True)
+        write_recipe(self.out, spec.recipe)
         if requests is None:
             from harness.load.inputs import Inputs
 
             requests = Inputs.load(spec.load.options.evolve(rate=1.0, duration=1.0), ladder=False).requests
         calibration = None
-        start = spec.min_rate
+        start = spec.search.min_rate
         if start is None:
             calibration = self._calibrate(target, requests)
             start = calibration.start_rate
-            if spec.max_rate is not None:
-                start = min(start, spec.max_rate)
+            if spec.search.max_rate is not None:
+                start = min(start, spec.search.max_rate)
         prober = _LocustProber(self, target)
 
         def progress(p: ProbeResult, so_far: list[ProbeResult]) -> None:
@@ -195,13 +175,13 @@ class CapacityRunner:
                 prober,
                 self.terms,
                 start=start,
-                max_rate=spec.max_rate,
-                growth=spec.growth,
-                resolution=spec.resolution,
-                max_probes=spec.max_probes,
+                max_rate=spec.search.max_rate,
+                growth=spec.search.growth,
+                resolution=spec.search.resolution,
+                max_probes=spec.search.max_probes,
                 confidence=spec.confidence,
                 on_probe=progress,
-                slo_text=spec.slo,
+                slo_text=spec.search.slo,
             )
         except KeyboardInterrupt:
             self._save_partial(self.probes, calibration, target, interrupted=True)
@@ -231,7 +211,7 @@ class CapacityRunner:
             "schema_version": 1,
             "partial": True,
             "interrupted": interrupted,
-            "slo": self.spec.slo,
+            "slo": self.spec.search.slo,
             "target": target.url,
             "started_at": self.started_at,
             "calibration": calibration.model_dump(mode="json") if calibration else None,
@@ -241,14 +221,14 @@ class CapacityRunner:
 
     def _calibrate(self, target: Target, specs: Sequence[RequestSpec]) -> Calibration:
         """Send a few requests one at a time; the start rate is half of what one stream sustains."""
-        n = self.spec.calibration_requests
+        n = self.spec.search.calibration_requests
         picked = [specs[i % len(specs)] for i in range(n)]
         times: list[float] = []
         with self.ui.step(f"calibrating: {n} requests one at a time"):
             for i, spec in enumerate(picked):
                 t0 = time.perf_counter()
                 try:
-                    (res,) = target.probe([spec], no_cache=self.spec.bypass_cache, concurrency=1)
+                    (res,) = target.probe([spec], no_cache=self.spec.search.bypass_cache, concurrency=1)
                 except NotExposed as exc:  # pragma: no cover - probe does not raise it; defensive
                     raise UnavailableError(str(exc)) from None
                 elapsed = time.perf_counter() - t0
@@ -281,10 +261,10 @@ class _LocustProber:
         ui = self.runner.ui
         self.count += 1
         index = self.count
-        n = max(spec.probe_requests, math.ceil(rate * spec.probe_seconds))
+        n = max(spec.search.probe_requests, math.ceil(rate * spec.search.probe_seconds))
         duration = n / rate
         results = self.runner.out / PROBES_DIR / f"{index:02d}-{rate:.4g}rps"
-        if spec.flush:
+        if spec.search.flush:
             flushed = flush_all(self.target)
             if index == 1:
                 for f in flushed:
@@ -305,12 +285,12 @@ class _LocustProber:
             speedup=None,
             concurrency=concurrency,
             start_delay=given.start_delay if given.is_set("start_delay") else 1.0,
-            bypass_fraction=1.0 if spec.bypass_cache else given.bypass_fraction,
+            bypass_fraction=1.0 if spec.search.bypass_cache else given.bypass_fraction,
         )
         watched = precision_on(self.runner.terms)
-        if spec.until_precision is not None and watched is not None:
+        if spec.recipe.load.until_precision is not None and watched is not None:
             load = load.replace(
-                until_precision=spec.until_precision,
+                until_precision=spec.recipe.load.until_precision,
                 precision_on=watched,
                 precision_confidence=spec.confidence,
                 precision_min_samples=probe_min_requests(self.runner.terms, spec.confidence),

@@ -41,8 +41,6 @@ from harness.common.errors import (
 )
 from harness.experiments.target import NotExposed, Target
 
-DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
-
 ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
     int(ExitCode.INPUT): InputError,
     int(ExitCode.CONFIG): ConfigError,
@@ -52,20 +50,11 @@ ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
 """A Locust child's exit code that is an error of ours, and the error it becomes."""
 
 
-def parse_serve_args(text: str) -> list[str]:
-    """``--serve-args "--preset tiny --cache"`` → a list, shell-quoted as a user would type it."""
-    try:
-        return shlex.split(text)
-    except ValueError as exc:
-        raise ConfigError(f"cannot split: {exc}", field="--serve-args") from None
-
-
 def check_serve_args(args: Sequence[str]) -> list[str]:
     """Parse ``args`` with ``harness serve``'s own command line (an unknown option or a bad value is
     a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
     server runs in its log directory."""
-    import typer
-
+    from harness.common.options import parse_command_line
     from harness.server.cli import serve
 
     for arg in args:
@@ -77,16 +66,8 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
                 "run.json and shown by ps)",
                 field="--serve-args",
             )
-    app = typer.Typer()
-    app.command()(serve)
-    command = typer.main.get_command(app)
-    try:
-        ctx = command.make_context("harness serve", list(args))
-    except Exception as exc:  # typer's vendored click errors, by their shared interface
-        fmt = getattr(exc, "format_message", None)
-        if fmt is None:
-            raise
-        raise ConfigError(f"harness serve {' '.join(args)}: {fmt()}", field="--serve-args") from None
+    ctx = parse_command_line(serve, args, prog="harness serve", field="--serve-args")
+    command = ctx.command
     path_opts = {
         opt
         for param in command.params

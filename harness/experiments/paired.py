@@ -85,6 +85,7 @@ from harness.experiments.paired_record import (
     exit_code_of,
 )
 from harness.experiments.paired_spec import PairedSpec, Prepared, prepare
+from harness.experiments.recipe import write_recipe
 from harness.experiments.target import NotExposed, Target, flush_all
 from harness.experiments.warmcheck import check_warm
 from harness.gates.compare import Comparison
@@ -121,6 +122,7 @@ class PairedRunner:
         self.out.mkdir(parents=True, exist_ok=True)
         self.record.inputs = prep.refs
         self._record_load()
+        write_recipe(self.out, spec.recipe, source=spec.source)
         self.save()
         try:
             with sigterm_interrupts(), self.ui.progress, self._target(prep) as target:
@@ -150,7 +152,7 @@ class PairedRunner:
     def _record_load(self) -> None:
         opts = self.spec.load.options
         args = opts.to_args()
-        at = args.index("--results-dir") if "--results-dir" in args else -1
+        at = args.index("--out") if "--out" in args else -1
         access = opts.credentials().describe()  # which are set, never the values
         self.record.load = {"args": args[:at] + args[at + 2 :] if at >= 0 else args, "access": access}
 
@@ -159,7 +161,6 @@ class PairedRunner:
         hand the capacity to the ladder; before the flush, so the cold phase is still cold."""
         from harness.common.errors import CannotJudge
         from harness.experiments.capacity import CapacityRunner, CapacitySpec
-        from harness.experiments.slo import DEFAULT_SLO
         from harness.load.plan import read_plan
 
         spec = self.spec
@@ -167,15 +168,9 @@ class PairedRunner:
         record = CapacityRecord(capacity_rps=0.0, source="given", rate_share=spec.rate_share)
         if cap is None:
             source = "measured"
-            probe_load = spec.load.replace(
-                rate=None, duration=None, max_requests=None, schedule=None, speedup=None, start_delay=None,
-                extra_args=(),
-            )  # fmt: skip
-            cspec = CapacitySpec(
-                out=self.out / CAPACITY_DIR, load=probe_load, slo=spec.slo or DEFAULT_SLO, url=target.url,
-                confidence=spec.confidence, **spec.capacity_options,
-            )  # fmt: skip
-            self.ui.say(f"[dim]measuring capacity first (SLO {escape(cspec.slo)}) → {cspec.out}[/]")
+            cspec = CapacitySpec(spec.recipe, out=self.out / CAPACITY_DIR)
+            slo = spec.recipe.capacity.slo
+            self.ui.say(f"[dim]measuring capacity first (SLO {escape(slo)}) → {cspec.out}[/]")
             result = CapacityRunner(cspec, ui=self.ui).measure(target, requests=prep.inputs.requests)
             cap = result.capacity_rps
             record = CapacityRecord(
@@ -189,16 +184,13 @@ class PairedRunner:
                     file=cspec.out / "capacity.json",
                 )
         assert cap is not None
-        load = spec.load
-        if spec.rate_share is not None:
-            load = load.replace(rate=float(f"{spec.rate_share * cap:.4g}"))
         shares = spec.plan_shares()
-        if shares or spec.rate_share is not None:
-            # The phases' recipes then record the share (summary.json: recipe.rate_of_capacity), which
-            # a baseline compares instead of the absolute rate.
-            load = load.replace(capacity=cap)
-        self.spec = spec = dataclasses.replace(spec, load=load, capacity=cap)
-        rate_rps = load.options.rate if spec.rate_share is not None else None
+        # The phases' recipes record the share (summary.json: recipe.rate_of_capacity), which a
+        # baseline compares instead of the absolute rate (spec.load keeps the capacity for shares).
+        if spec.capacity != cap:  # measured: the phases' options change (else they were made already)
+            self.spec = spec = dataclasses.replace(spec, recipe=spec.recipe.with_load(capacity=cap))
+        load = spec.load
+        rate_rps = load.options.rate_rps() if spec.rate_share is not None else None
         record = record.model_copy(
             update={"capacity_rps": cap, "source": source, "rate_rps": rate_rps, "plan_shares": shares}
         )
@@ -210,6 +202,7 @@ class PairedRunner:
             plan = read_plan(spec.plan, capacity=cap)
             prep.ladder_requests = round(sum(s.qps * s.duration_s for s in plan.stages))
         self._record_load()
+        write_recipe(self.out, spec.recipe, source=spec.source)
         self.save()
         at_least = "at least " if record.bounded is False else ""
         rate = f": --rate {spec.rate_share:.0%} → {rate_rps:g} req/s" if rate_rps is not None else ""
@@ -222,7 +215,12 @@ class PairedRunner:
         log_dir = self.out / SERVER_DIR
         creds = spec.load.options.credentials()
         with open_target(
-            spec.url, prep.serve_args, log_dir, self.ui, spec.server_timeout_s, credentials=creds
+            spec.recipe.target.url,
+            prep.serve_args,
+            log_dir,
+            self.ui,
+            spec.server_timeout_s,
+            credentials=creds,
         ) as target:
             started = target.server is not None
             self.record.target = TargetRecord(
@@ -253,7 +251,8 @@ class PairedRunner:
             self._preload(target, spec.preload)
         if spec.plan is not None:
             ladder = replay.replace(
-                locustfile="warmup", plan=spec.plan, stage=None, schedule=None, rate=None, duration=None,
+                locustfile="warmup", plan=spec.plan, capacity=spec.capacity, stage=None, schedule=None,
+                rate=None, duration=None,
                 max_requests=None, speedup=None, until_precision=None, max_duration=None, precision_on=None,
                 precision_confidence=None, precision_min_samples=None,
             )  # fmt: skip
@@ -261,7 +260,7 @@ class PairedRunner:
         sample = self._probe_sample(prep)
         with self.ui.step(f"warm check: {len(sample)} probe requests"):
             check = check_warm(
-                target, sample, min_warm_rate=spec.min_warm_rate, confidence=spec.confidence,
+                target, sample, min_warm_rate=spec.recipe.warmup.min_warm_rate, confidence=spec.confidence,
                 concurrency=min(4, spec.load.options.concurrency),
             )  # fmt: skip
         write_json(self.out / WARM_CHECK_FILE, check.model_dump(mode="json"))
@@ -280,7 +279,7 @@ class PairedRunner:
     def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
         """A seeded sample of the distinct requests the warm phase will send."""
         distinct = list(dict.fromkeys(prep.planned))
-        k = min(self.spec.probes, len(distinct))
+        k = min(self.spec.recipe.warmup.probes, len(distinct))
         rng = np.random.default_rng(self.spec.seed)
         picked = sorted(rng.choice(len(distinct), size=k, replace=False).tolist())
         return [prep.inputs.requests[distinct[i]] for i in picked]
@@ -304,7 +303,7 @@ class PairedRunner:
         self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
         try:
             with self.ui.phase(f"{name} phase", results / RECORDS_FILE, total):
-                code = run_locust(load, timeout_s=self.spec.phase_timeout_s)
+                code = run_locust(load, timeout_s=self.spec.recipe.phase_timeout)
         except KeyboardInterrupt:  # run_locust let the child finalize its results first
             self._note_phase(name, results, int(ExitCode.INTERRUPTED), started)
             raise
@@ -319,7 +318,7 @@ class PairedRunner:
             raise ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {log_tail(log)}", file=log)
         if code == int(ExitCode.INTERRUPTED):
             raise UnavailableError(
-                f"the {name} phase did not end within {self.spec.phase_timeout_s:g} s and was stopped",
+                f"the {name} phase did not end within {self.spec.recipe.phase_timeout:g} s and was stopped",
                 file=log,
                 hint="a larger --phase-timeout, or a shorter schedule",
             )

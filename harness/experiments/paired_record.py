@@ -13,6 +13,7 @@ from pydantic import Field
 
 from harness.common.errors import ExitCode
 from harness.common.model import StrictModel
+from harness.experiments.recipe import RECIPE_FILE
 from harness.experiments.target import FlushOutcome
 from harness.experiments.warmcheck import WarmCheck
 from harness.gates.judge import GateReport
@@ -37,6 +38,7 @@ OUTPUTS = (
     JUNIT_FILE,
     VERDICT_FILE,
     CAPACITY_DIR,
+    RECIPE_FILE,
 )
 """Everything ``harness run`` writes under ``OUT`` (``--force`` removes exactly these)."""
 

@@ -1,14 +1,13 @@
-"""What a paired run (:mod:`harness.experiments.paired`) is configured with, and the checks of every input
-and option before a server starts or a request is sent (step 1, "check").
-
-It changes with ``harness run``'s options; the steps that follow are
+"""What a paired run (:mod:`harness.experiments.paired`) is configured with (a
+:class:`~harness.experiments.recipe.Recipe`), and the checks of every input and option before a server
+starts or a request is sent (step 1, "check"). The steps that follow are
 :class:`~harness.experiments.paired.PairedRunner`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +16,11 @@ from pydantic import ValidationError
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import iter_jsonl, validation_input_error
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
-from harness.experiments.driver import DEFAULT_SERVE_ARGS, check_out_dir, check_serve_args
+from harness.experiments.driver import check_out_dir, check_serve_args
 from harness.experiments.paired_record import OUTPUTS
-from harness.experiments.warmcheck import SEED_WARM_RATE
+from harness.experiments.recipe import Recipe
 from harness.load.inputs import Inputs
+from harness.load.options import Share
 from harness.load.results import InputRef
 from harness.load.runner import LoadSpec
 
@@ -30,38 +30,56 @@ if TYPE_CHECKING:
 
 @dataclass
 class PairedSpec:
-    """Everything a paired run is configured with (``harness run``'s options)."""
+    """A paired run: the :class:`~harness.experiments.recipe.Recipe` it runs, where its results go,
+    and the few settings that are the runner's own."""
 
+    recipe: Recipe
     out: Path
-    load: LoadSpec
-    """Load options shared by both phases (corpus, schedule or rate, caps …), validated once;
-    ``host``, ``results_dir`` and ``stage`` are set per phase."""
-    serve_args: Sequence[str] | None = DEFAULT_SERVE_ARGS
-    """Arguments of the ``harness serve`` to start (``--port 0 --ready-file`` are added)."""
-    url: str | None = None
-    """Target an already running OpenAI-compatible server instead (``serve_args`` is then ignored)."""
-    plan: Path | None = None
-    preload: Path | None = None
-    gate: Path | None = None
-    probes: int = 20
-    """Probe requests of the warm check (a seeded sample of the warm phase's requests)."""
-    min_warm_rate: float = SEED_WARM_RATE
-    confidence: float = 0.95
     force: bool = False
     """Replace the outputs of an earlier run in ``out``."""
-    phase_timeout_s: float = 3600.0
+    source: Path | None = None
+    """The recipe file it was read from (``None``: flags only), for the recipe written to ``out``."""
     server_timeout_s: float = 300.0
     seed: int = 0
-    """Seed of the probe sample."""
-    rate_share: float | None = None
-    """``--rate 50%``: the constant rate is this share of the target's capacity (``load.rate`` unset)."""
-    capacity: float | None = None
-    """``--capacity N`` (requests/s); ``None``: measured first when a share of it is asked for."""
-    slo: str | None = None
-    """SLO of that measurement (default :data:`harness.experiments.slo.DEFAULT_SLO`)."""
-    capacity_options: dict[str, Any] = field(default_factory=dict)
-    """More :class:`harness.experiments.capacity.CapacitySpec` fields for that measurement (``min_rate``,
-    ``probe_requests`` …); the command line uses the defaults."""
+    """Seed of the warm check's probe sample."""
+
+    @cached_property
+    def load(self) -> LoadSpec:
+        """The load options of both phases (corpus, schedule or rate, caps …); ``host``,
+        ``results_dir`` and ``stage`` are set per phase. The warm-up's (``plan``, ``preload``) are the
+        run's to post between the phases, not a phase's; the capacity only where a share needs it."""
+        opts = self.recipe.load
+        strip: dict[str, None] = {"plan": None, "preload": None}
+        if not self.needs_capacity():
+            strip["capacity"] = None  # the phases' recipes record rate_of_capacity only for shares
+        return LoadSpec(host="", options=opts.evolve(**strip), processes=self.recipe.launch.processes)
+
+    @property
+    def rate_share(self) -> float | None:
+        """``--rate 50%``: the constant rate is this share of the target's capacity."""
+        rate = self.recipe.load.rate
+        return rate.fraction if isinstance(rate, Share) else None
+
+    @property
+    def plan(self) -> Path | None:
+        return self.recipe.load.plan
+
+    @property
+    def preload(self) -> Path | None:
+        return self.recipe.load.preload
+
+    @property
+    def capacity(self) -> float | None:
+        """``--capacity N`` (requests/s); ``None``: measured first when a share of it is asked for."""
+        return self.recipe.load.capacity
+
+    @property
+    def gate(self) -> Path | None:
+        return self.recipe.gate.baseline
+
+    @property
+    def confidence(self) -> float:
+        return self.recipe.gate.confidence
 
     def plan_shares(self) -> bool:
         """Whether the ladder plan gives stages as shares of capacity (``qps: 50%``)."""
@@ -122,17 +140,11 @@ def prepare(spec: PairedSpec) -> Prepared:
     from harness.gates.baseline import read_baseline
     from harness.load.plan import read_plan
 
-    if spec.probes < 1:
-        raise ConfigError("needs at least one probe request", field="--probes")
-    if not 0 < spec.min_warm_rate <= 1:
-        raise ConfigError(f"must be in (0, 1], got {spec.min_warm_rate}", field="--min-warm-rate")
     check_out_dir(spec.out, OUTPUTS, force=spec.force, holds="an earlier run")
     opts = spec.load.options
-    if spec.rate_share is not None:
-        if opts.rate is not None:
-            raise ConfigError("give a rate or a share of capacity, not both", field="--rate")
-        # Until the capacity is measured (once the target is up) any rate checks the other inputs.
-        opts = opts.evolve(rate=spec.rate_share * (spec.capacity or 1.0))
+    if spec.rate_share is not None and spec.capacity is None:
+        # Until the capacity is measured (once the target is up) any capacity checks the other inputs.
+        opts = opts.evolve(capacity=1.0)
     # The load stage's own checks and arrival rules: what is planned here is what the replay sends.
     inputs = Inputs.load(opts, ladder=False)
     planned = inputs.planned() or []
@@ -159,7 +171,8 @@ def prepare(spec: PairedSpec) -> Prepared:
     if spec.gate is not None:
         baseline = read_baseline(spec.gate)
         refs["baseline"] = InputRef.of(spec.gate)
-    serve_args = None if spec.url is not None else check_serve_args(list(spec.serve_args or ()))
+    argv = spec.recipe.target.serve_argv()
+    serve_args = None if argv is None else check_serve_args(argv)
     phase_load = _precision_per_phase(spec, baseline)
     return Prepared(inputs, planned, ladder_requests, serve_args, refs, phase_load)
 

@@ -14,132 +14,56 @@ from typing import Annotated, Any
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
-from harness.experiments.target_options import ServeArgs, Url, check_one_target
-from harness.load.options import typer_options
+from harness.common.errors import CannotJudge, CheckFailed, ExitCode
+from harness.common.options import options_of, with_options
+from harness.experiments.recipe import (
+    LOAD_FLAGS,
+    CapacityRecipe,
+    RecipeFile,
+    check_corpus,
+    recipe_options,
+    resolve,
+)
+from harness.load.options import LOAD_PANEL
 
 stderr = cons.err()
+COMMAND_SETTINGS = {
+    "run": {
+        "epilog": "Example: harness run --recipe fixtures/recipes/ci.yaml --duration 30 -o runs/run",
+    }
+}
+"""How ``harness/cli.py`` registers the command."""
 
-_LOAD = "Load (both phases)"
-_WARM = "Warm-up and warm check"
+RUN_OPTIONS = [
+    *recipe_options(load=LOAD_FLAGS, sections=("warmup", "gate", "phase_timeout")),
+    *options_of(CapacityRecipe, at=("capacity",), only=["slo"]),
+]
+"""``harness run``'s recipe options (every one is a field of :class:`Recipe`)."""
 
 
-@typer_options(
-    "corpus", "schedule", "duration", "max_requests", "arrival", "speedup", "max_tokens_cap", "concurrency",
-    "processes", "api", "model", "token_counting", "seed_policy", "tokenizer", "start_delay",
-    "until_precision",
-    "max_duration", "precision_on", "api_key", "admin_token", "header", "ca_bundle", "insecure",
-    required={"corpus"},
-    panel=_LOAD,
-    help_for={
-        "until_precision": "Each phase sends until its watched percentiles are known to within this "
-        "relative half-width (10% or 0.1); with --gate they are the baseline's percentile gates.",
-        "max_duration": "Seconds each phase sends at most (bounds --until-precision).",
-        "precision_on": "Percentiles --until-precision watches, FIELD:Q,… (default: the baseline's, "
-        "else ttft_ms:95,tpot_ms:95).",
-    },
-)  # fmt: skip
+@with_options(RUN_OPTIONS, panel=LOAD_PANEL)
 def run(
     *,
-    load: dict[str, Any],
+    given: dict[str, Any],
+    recipe: RecipeFile = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for every result.")] = Path("runs/run"),
-    serve_args: ServeArgs = None,
-    url: Url = None,
-    rate: Annotated[
-        str | None,
-        typer.Option(
-            "--rate",
-            help="Constant arrivals/s (no schedule), or a share of capacity: 50%.",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    plan: Annotated[
-        Path | None, typer.Option("--plan", help="Warmup ladder plan (YAML).", rich_help_panel=_WARM)
-    ] = None,
-    preload: Annotated[
-        Path | None,
-        typer.Option(
-            "--preload", help="JSONL for POST /cache/preload before the ladder.", rich_help_panel=_WARM
-        ),
-    ] = None,
-    probes: Annotated[
-        int, typer.Option("--probes", min=1, help="Probe requests of the warm check.", rich_help_panel=_WARM)
-    ] = 20,
-    min_warm_rate: Annotated[
-        float,
-        typer.Option(
-            "--min-warm-rate", help="Warm rate needed to call the target warm.", rich_help_panel=_WARM
-        ),
-    ] = 0.92,
-    gate: Annotated[
-        Path | None,
-        typer.Option("--gate", help="Baseline YAML: judge both phases (cold, warm); JUnit + JSON in OUT."),
-    ] = None,
-    confidence: Annotated[
-        float,
-        typer.Option("--confidence", min=0.5, max=0.999, help="Confidence of the comparison's intervals."),
-    ] = 0.95,
     force: Annotated[bool, typer.Option("--force", help="Replace an earlier run's results in OUT.")] = False,
-    phase_timeout: Annotated[
-        float, typer.Option("--phase-timeout", min=1.0, help="Seconds a load phase may take at most.")
-    ] = 3600.0,
-    capacity: Annotated[
-        float | None,
-        typer.Option(
-            "--capacity",
-            help="Target capacity, req/s, for --rate N% and plan stages in %; default: measured first.",
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
-    slo: Annotated[
-        str | None,
-        typer.Option(
-            "--slo",
-            help='SLO of that capacity measurement (default "ttft_p95<=3x,error_rate<=0.05").',
-            rich_help_panel=_LOAD,
-        ),
-    ] = None,
 ) -> None:
     """Paired cold/warm run: replay cold, warm up, check warm, replay warm; compare and gate.
 
     Every cache level is flushed first; the warm-up is --preload then the --plan ladder.
 
+    The recipe it ran is written to OUT/recipe.yaml (run it again with --recipe).
+
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """
-    from harness.experiments.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.experiments.paired import PairedRunner
     from harness.experiments.paired_spec import PairedSpec
     from harness.gates.compare import comparison_table
     from harness.gates.output import gate_table
-    from harness.load.runner import LoadSpec
 
-    check_one_target(serve_args, url)
-    rate_rps, rate_share = parse_rate(rate)
-    if capacity is not None and not capacity > 0:
-        raise ConfigError(f"must be a positive rate, got {capacity}", field="--capacity")
-    if slo is not None:
-        from harness.experiments.slo import parse_slo
-
-        parse_slo(slo)
-    # The load options, validated once here; --rate is this command's own (a share of capacity too).
-    spec_load = LoadSpec(host="", results_dir=out, rate=rate_rps, **load)
-    spec = PairedSpec(
-        out=out,
-        load=spec_load,
-        serve_args=parse_serve_args(serve_args) if serve_args is not None else DEFAULT_SERVE_ARGS,
-        url=url,
-        plan=plan,
-        preload=preload,
-        gate=gate,
-        probes=probes,
-        min_warm_rate=min_warm_rate,
-        confidence=confidence,
-        force=force,
-        phase_timeout_s=phase_timeout,
-        rate_share=rate_share,
-        capacity=capacity,
-        slo=slo,
-    )
+    resolved = check_corpus(resolve(recipe, given, RUN_OPTIONS), recipe)
+    spec = PairedSpec(resolved, out=out, force=force, source=recipe)
     runner = PairedRunner(spec, stderr)
     record = runner.run()
     console = cons.wide(150)
@@ -163,22 +87,25 @@ def run(
     stderr.print(f"[green]✓[/] {message}", highlight=False)
 
 
-def parse_rate(text: str | None) -> tuple[float | None, float | None]:
-    """``--rate``: ``"4"`` → ``(4.0, None)`` requests/s; ``"50%"`` → ``(None, 0.5)``, a share of capacity."""
-    from harness.load.plan import parse_share
+def parse_run_args(args: list[str]) -> tuple[Path | None, dict[str, Any]]:
+    """``harness run`` arguments (the deprecated ``calibrate -- ARGS`` form) → the recipe file and the
+    options given, parsed by ``harness run``'s own command line (``--out``, ``--force`` and
+    ``--gate`` are calibration's to set, and refused)."""
+    from harness.common.errors import ConfigError
+    from harness.common.options import parse_command_line, place
 
-    if text is None:
-        return None, None
-    try:
-        share = parse_share(text)
-    except ValueError as exc:
-        raise ConfigError(str(exc), field="--rate") from None
-    if share is not None:
-        return None, share
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(
-            f"{text!r} is neither requests/s (4) nor a share of capacity (50%)", field="--rate"
-        ) from None
-    return value, None  # its range is the load options' to check, as before
+    ctx = parse_command_line(run, args, prog="harness run", field="--")
+    for name in ("--out", "-o", "--force", "--gate"):
+        if any(a.split("=", 1)[0] == name for a in args):
+            raise ConfigError(
+                f"{name} is set by calibrate itself (each run goes to WORKDIR/cal-K; no gate)", field=name
+            )
+    given: dict[str, Any] = {}
+    for opt in RUN_OPTIONS:
+        value = ctx.params.get(opt.name)
+        if value is None or value == []:
+            value = ctx.params.get(f"deprecated__{opt.name}")
+        if value is not None and value != []:
+            place(given, opt.path, value)
+    recipe = ctx.params.get("recipe")
+    return recipe, given

@@ -138,8 +138,12 @@ def summarize_cmd(
         print_summary(s, str(run_dir))
 
 
-HOST = Annotated[str, typer.Option("--host", help="Target base URL (any OpenAI-compatible server).")]
-LADDER_ONLY = frozenset({"plan", "capacity"})
+URL = Annotated[
+    str | None,
+    typer.Option("--url", help="Target base URL (any OpenAI-compatible server).", show_default=False),
+]
+OLD_HOST = Annotated[str | None, typer.Option("--host", hidden=True, help="Deprecated: use --url.")]
+LADDER_ONLY = frozenset({"plan"})
 """Options of the warmup ladder (``locustfiles/warmup.py``), not of a replay."""
 REPLAY_ONLY = frozenset(
     {"schedule", "rate", "arrival", "duration", "max_requests", "speedup", "stage"}
@@ -169,15 +173,37 @@ def _launch(spec: LoadSpec) -> None:
     raise typer.Exit(code)
 
 
-@app.command("replay")
+@app.command(
+    "replay",
+    epilog="Example: harness load replay --url http://127.0.0.1:8000 --corpus runs/corpus --rate 2 "
+    "--duration 30 -o runs/replay",
+)
 @typer_options(*REPLAY_OPTIONS, required={"corpus", "results_dir"})
-def replay_cmd(host: HOST, *, load: dict[str, Any]) -> None:
+def replay_cmd(*, url: URL = None, host: OLD_HOST = None, load: dict[str, Any]) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
-    _launch(LoadSpec(host=host, **load))
+    _launch(LoadSpec(host=_target(url, host), **load))
 
 
-@app.command("ladder")
+@app.command(
+    "ladder",
+    epilog="Example: harness load ladder --url http://127.0.0.1:8000 --corpus runs/corpus "
+    "--plan fixtures/plans/tiny.yaml -o runs/ladder",
+)
 @typer_options(*LADDER_OPTIONS, required={"corpus", "plan", "results_dir"})
-def ladder_cmd(host: HOST, *, load: dict[str, Any]) -> None:
+def ladder_cmd(*, url: URL = None, host: OLD_HOST = None, load: dict[str, Any]) -> None:
     """Run the staged warmup ladder with rollback (headless Locust, locustfiles/warmup.py)."""
-    _launch(LoadSpec(host=host, locustfile="warmup", **load))
+    _launch(LoadSpec(host=_target(url, host), locustfile="warmup", **load))
+
+
+def _target(url: str | None, host: str | None) -> str:
+    """``--url`` (``--host``, its old spelling, with a warning); one of them is required."""
+    from harness.common.options import warn_deprecated
+
+    if host is not None:
+        if url is not None:
+            raise typer.BadParameter("--host is the old spelling of --url: give one", param_hint="--url")
+        warn_deprecated("--host", "--url")
+        return host
+    if url is None:
+        raise typer.BadParameter("Missing option '--url'.", param_hint="--url")
+    return url

@@ -77,6 +77,8 @@ class Inputs:
     sessions: list[SessionPlan] | None = None
     """A session corpus's conversations (:mod:`harness.load.sessions`): then an arrival's ``request``
     is a session index, and the arrival starts that whole conversation."""
+    rate: float | None = None
+    """``--rate`` in requests/s (a share of capacity resolved with ``--capacity``); ``None``: no rate."""
 
     @classmethod
     def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
@@ -128,6 +130,7 @@ class Inputs:
             )
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")
+        rate = None if ladder else opts.rate_rps()  # a share without --capacity is refused here
         sessions = plan_sessions(records, file=opts.corpus)
         if sessions is not None and ladder:
             raise ConfigError(
@@ -180,7 +183,7 @@ class Inputs:
                 raise InputError(
                     f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
                 )
-        return cls(opts, records, requests, schedule, plan, preload_file, sessions)
+        return cls(opts, records, requests, schedule, plan, preload_file, sessions, rate)
 
     def units(self) -> tuple[list[CorpusRecord], list[RequestSpec]]:
         """What one arrival starts: a record and its request, or a session's first turn's."""
@@ -203,9 +206,9 @@ class Inputs:
             return False
         if o.duration is not None and o.duration <= o.max_duration:
             return False
-        if self.schedule is None and o.rate is not None:
+        if self.schedule is None and self.rate is not None:
             if o.max_requests is not None and o.arrival == "constant":
-                return o.max_requests / o.rate > o.max_duration
+                return o.max_requests / self.rate > o.max_duration
             return True
         uncut = self._arrivals(o.duration)
         return any(a.intended_s >= o.max_duration for a in uncut)
@@ -216,10 +219,10 @@ class Inputs:
         window = self.send_window()
         if self.ladder is not None:
             return math.inf
-        if self.schedule is None and o.rate is not None:
+        if self.schedule is None and self.rate is not None:
             ends = [window if window is not None else math.inf]
             if o.max_requests is not None and o.arrival == "constant":
-                ends.append((o.max_requests - 1) / o.rate)
+                ends.append((o.max_requests - 1) / self.rate)
             return min(ends)
         return max((a.intended_s for a in self._arrivals(window)), default=0.0)
 
@@ -253,10 +256,10 @@ class Inputs:
         if self.ladder is not None:
             return RateArrivals(len(requests), process=o.arrival, slot=slot, n=n, seed=o.seed), None
         window = self.send_window()
-        if self.schedule is None and o.rate is not None:
+        if self.schedule is None and self.rate is not None:
             src = RateArrivals(len(requests), process=o.arrival, slot=slot, n=n, seed=o.seed)
             end = window if window is not None else math.inf
-            src.set_segments([Segment(0.0, end, o.rate, None)], final=True)
+            src.set_segments([Segment(0.0, end, self.rate, None)], final=True)
             if o.max_requests is not None:
                 return _Capped(src, o.max_requests, slot, n), None
             return src, None

@@ -110,8 +110,8 @@ class LoadSpec:
             "--only-summary",
         ]
         cmd += opts.to_args()
-        if "--results-dir" not in cmd:  # the default directory, named all the same
-            cmd += ["--results-dir", str(opts.results_dir)]
+        if "--out" not in cmd:  # the default directory, named all the same
+            cmd += ["--out", str(opts.results_dir)]
         if self.processes:
             cmd += ["--processes", str(self.processes)]
             if "--master-bind-port" not in self.extra_args:

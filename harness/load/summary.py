@@ -57,8 +57,8 @@ def build_summary(
     o = inputs.opts
     ladder = control.ladder
     target_rate = None
-    if ladder is None and o.rate is not None:
-        target_rate = o.rate
+    if ladder is None and inputs.rate is not None:
+        target_rate = inputs.rate
     elif ladder is None and records:
         span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
         target_rate = (len(records) - 1) / span if span > 0 else None
@@ -86,7 +86,14 @@ def build_summary(
         preload=preload,
         environment=current_environment(),
         interference=interference,
-        recipe=recipe_of(o, api=api, corpus=corpus, schedule=schedule, sessions=inputs.sessions is not None),
+        recipe=recipe_of(
+            o,
+            api=api,
+            corpus=corpus,
+            schedule=schedule,
+            sessions=inputs.sessions is not None,
+            rate=inputs.rate,
+        ),
         stop_reason=_final_stop_reason(inputs, control, interrupted, precision),
         precision=precision,
         server_metrics=server_metrics,
@@ -95,24 +102,30 @@ def build_summary(
 
 
 def recipe_of(
-    o: LoadOptions, *, api: str, corpus: InputRef | None, schedule: InputRef | None, sessions: bool = False
+    o: LoadOptions,
+    *,
+    api: str,
+    corpus: InputRef | None,
+    schedule: InputRef | None,
+    sessions: bool = False,
+    rate: float | None = None,
 ) -> Recipe:
     """The load a run offered, from its options (``summary.json``: ``recipe``); ``sessions``: the
     corpus is a session corpus (its replay's ``--history`` is part of the load: live answers change
-    every later turn's prompt)."""
+    every later turn's prompt); ``rate``: ``--rate`` in requests/s (a share of capacity resolved)."""
     return Recipe(
         corpus_sha256=corpus.sha256 if corpus else None,
         schedule_sha256=schedule.sha256 if schedule else None,
-        rate=o.rate,
-        rate_of_capacity=round(o.rate / o.capacity, 4) if o.rate is not None and o.capacity else None,
-        arrival=o.arrival if o.rate is not None else None,
+        rate=rate,
+        rate_of_capacity=round(rate / o.capacity, 4) if rate is not None and o.capacity else None,
+        arrival=o.arrival if rate is not None else None,
         duration=o.duration,
         max_requests=o.max_requests,
         max_tokens_cap=o.max_tokens_cap,
         api=api,
         speedup=o.speedup,
         concurrency=o.concurrency,
-        seed=o.seed if o.rate is not None and o.arrival == "poisson" else None,
+        seed=o.seed if rate is not None and o.arrival == "poisson" else None,
         bypass_fraction=o.bypass_fraction,
         history=o.history if sessions else None,
         salt_per_pass=True if o.salt_per_pass else None,

@@ -25,6 +25,7 @@ import orjson
 from flask import Blueprint, Response, request
 
 from harness.load.control import Control
+from harness.load.inputs import Inputs
 from harness.load.live import LIVE_FIELDS, Live
 from harness.load.messages import Workers
 from harness.load.options import LoadOptions
@@ -47,6 +48,8 @@ class RunView(Protocol):
 
     @property
     def opts(self) -> LoadOptions: ...
+    @property
+    def inputs(self) -> Inputs: ...
     @property
     def live(self) -> Live: ...
     @property
@@ -108,7 +111,7 @@ def status(run: RunView | None) -> dict[str, Any]:
     if run is None:
         return {"running": False}
     stage = run.opts.stage
-    target_rate: float | None = run.opts.rate
+    target_rate: float | None = run.inputs.rate
     rollbacks = 0
     stages: list[dict[str, Any]] = []
     ladder = run.control.ladder

@@ -121,11 +121,11 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
             3,
             "no such file",
         ),
-        (["analysis", "decay-sweep", "--url", "u", "--corpus", str(SAMPLE), "--cmr", "0,1"], 2, "at least 3"),
+        (["analysis", "decay-sweep", "--url", "u", "--corpus", str(SAMPLE), "--cmr", "0,1"], 4, "at least 3"),
         (
             ["analysis", "decay-sweep", "--url", "u", "--corpus", str(SAMPLE), "--cmr", "0,1,2"],
-            2,
-            "fractions.2",
+            4,
+            "--cmr': value 3: Input should be less than or equal to 1",
         ),
         (
             [
@@ -140,7 +140,7 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
                 "--settle",
                 "3",
             ],
-            2,
+            4,
             "settle time",
         ),
         (["deploy", "istio", "--host", "h", "--ab", "a=80,b=30"], 4, "add up to 100"),

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.decay import read_points
-from harness.analysis.decay_sweep import DecaySweep, SweepSettings, run_sweep
+from harness.analysis.decay_sweep import DecaySweep, SweepOptions, SweepPlan, run_sweep
 from harness.analysis.tiers import queries_from_corpus
+from harness.experiments.recipe import Recipe
 from harness.load.plan import plan_preload, read_plan
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust
@@ -112,10 +113,13 @@ def test_a_short_live_sweep_measures_the_requested_miss_rates(server: ServerProc
         tmp_path / "corpus.jsonl", [corpus_record(f"sweep{i}", sampling=GREEDY) for i in range(6)]
     )
     fractions = [0.0, 0.5, 1.0]
-    settings = SweepSettings(url=server.url, corpus=corpus, fractions=fractions, duration_s=4.0, settle_s=1.0,
-                             concurrency=8, max_tokens_cap=8, start_delay_s=1.0)  # fmt: skip
+    recipe = Recipe.model_validate({
+        "target": {"url": server.url},
+        "load": {"corpus": corpus, "duration": 4.0, "concurrency": 8, "max_tokens_cap": 8,
+                 "start_delay": 1.0},
+    })  # fmt: skip
     out = tmp_path / "sweep"
-    run_sweep(settings, out)
+    run_sweep(SweepPlan.of(recipe, SweepOptions(fractions=fractions, settle_s=1.0)), out)
     sweep = DecaySweep.model_validate_json((out / "fit.json").read_bytes())
     assert sweep.preload is not None and sweep.preload["failed"] == 0 and sweep.preload["stored"] == 6
     assert [s.bypass_fraction for s in sweep.stages] == fractions

@@ -186,20 +186,18 @@ def test_bad_slo_and_an_unreachable_target_exit_before_probing(tmp_path: Path, c
 def test_run_at_half_of_the_capacity_it_measures_first(tmp_path: Path, corpus: Path) -> None:
     from harness.experiments.paired import PairedRunner
     from harness.experiments.paired_spec import PairedSpec
-    from harness.load.runner import LoadSpec
+    from harness.experiments.recipe import Recipe
 
     out = tmp_path / "run"
     with CapacityServer(Capacity(slots=4, hold_s=0.5)) as srv:
-        spec = PairedSpec(
-            out=out,
-            load=LoadSpec(host="", results_dir=out, corpus=corpus, duration=2.0),
-            url=srv.url,
-            rate_share=0.5,
-            slo=SLO,
-            probes=4,
-            capacity_options={"min_rate": 5.0, "probe_requests": 40, "probe_seconds": 2.0, "resolution": 1.0},
-        )
-        record = PairedRunner(spec).run()
+        recipe = Recipe.model_validate({
+            "target": {"url": srv.url},
+            "load": {"corpus": corpus, "duration": 2.0, "rate": "50%"},
+            "warmup": {"probes": 4},
+            "capacity": {"slo": SLO, "min_rate": 5.0, "probe_requests": 40, "probe_seconds": 2.0,
+                         "resolution": 1.0},
+        })  # fmt: skip
+        record = PairedRunner(PairedSpec(recipe, out=out)).run()
     cap = record.capacity
     assert cap is not None and cap.source == "measured" and cap.rate_share == 0.5
     assert cap.low is not None and cap.high is not None and cap.low <= 8.0 <= cap.high
@@ -211,6 +209,7 @@ def test_run_at_half_of_the_capacity_it_measures_first(tmp_path: Path, corpus: P
         summary = json.loads((out / phase / "summary.json").read_text())
         assert summary["target_rate"] == pytest.approx(cap.rate_rps)
     args = record.load["args"]
-    assert args[args.index("--rate") + 1] == str(cap.rate_rps)
+    assert args[args.index("--rate") + 1] == "50%"
+    assert args[args.index("--capacity") + 1] == str(cap.capacity_rps)
     run_json = json.loads((out / "run.json").read_text())
     assert run_json["capacity"]["capacity_rps"] == cap.capacity_rps

@@ -25,7 +25,7 @@ from harness.common.errors import ExitCode
 from harness.corpus.model import CorpusRecord
 from harness.experiments.driver import check_serve_args
 from harness.experiments.paired_record import exit_code_of
-from harness.experiments.paired_spec import PairedSpec, prepare
+from harness.experiments.paired_spec import prepare
 from harness.experiments.target import Target, flush_all
 from harness.experiments.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
 from harness.gates.compare import compare
@@ -33,6 +33,7 @@ from harness.gates.runs import load_result_set
 from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.runner import LoadSpec
+from tests.experiments.helpers import paired_spec
 from tests.gates.factory import ROOT, make_run
 from tests.load.sse_server import Behaviour, SSEServer
 from tests.server.conftest import harness_server
@@ -377,7 +378,7 @@ def test_planned_requests_are_the_load_stages_own(tmp_path):
     sched.write_text("".join(json.dumps({"offset_s": t, "scenario": "s1"}) + "\n" for t in (0, 1, 2)))
     spec = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, schedule=sched)
     assert Inputs.load(spec.options, ladder=False).planned() == [1, 1, 1]  # scenario s1: record r1
-    prep = prepare(PairedSpec(out=tmp_path / "out", load=spec))
+    prep = prepare(paired_spec(tmp_path / "out", corpus=corpus, schedule=sched))
     assert prep.planned == [1, 1, 1]
 
 
@@ -385,8 +386,7 @@ def test_prepare_counts_the_schedule_and_the_ladder(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", 3)
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL_PLAN)
-    spec = PairedSpec(out=tmp_path / "out", load=LoadSpec(host="", results_dir=tmp_path, corpus=corpus,
-                      rate=3, duration=2), plan=plan)  # fmt: skip
+    spec = paired_spec(tmp_path / "out", corpus=corpus, rate=3, duration=2, plan=plan)
     prep = prepare(spec)
     assert len(prep.planned) == 6 and prep.ladder_requests == 12
     assert prep.serve_args == ["--preset", "tiny", "--cache"] and set(prep.refs) == {"corpus", "plan"}
@@ -491,5 +491,5 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     for spec in launched:  # each phase's, validated when it was made, not again to launch it
         assert validated.count(key({n: getattr(spec.options, n) for n in spec.options.model_fields_set})) == 1
     assert [spec.options.stage for spec in launched] == ["cold", "replay", "warm"]
-    assert [spec.options.rate for spec in launched] == [4.0, None, 4.0]  # 50 % of 8 req/s
-    assert read(out / "run.json")["load"]["args"][:4] == ["--corpus", str(corpus), "--rate", "4.0"]
+    assert [spec.options.rate_rps() for spec in launched] == [4.0, None, 4.0]  # 50 % of 8 req/s
+    assert read(out / "run.json")["load"]["args"][:4] == ["--corpus", str(corpus), "--rate", "50%"]

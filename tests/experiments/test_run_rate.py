@@ -8,47 +8,47 @@ import pytest
 
 from harness.common.errors import ConfigError
 from harness.experiments.paired_spec import PairedSpec, prepare
-from harness.experiments.run_cli import parse_rate
-from harness.load.runner import LoadSpec
+from harness.experiments.recipe import Recipe
+from harness.load.options import LoadOptions, Share
 from tests.load.helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_parse_rate_numbers_and_shares() -> None:
-    assert parse_rate(None) == (None, None)
-    assert parse_rate("4") == (4.0, None)
-    assert parse_rate("2.5") == (2.5, None)
-    assert parse_rate("50%") == (None, 0.5)
-    assert parse_rate("150 %".replace(" ", "")) == (None, 1.5)
-    for bad in ("fast", "x%", "0%", "-10%"):
+def test_a_rate_is_requests_per_second_or_a_share_of_capacity() -> None:
+    assert LoadOptions.validated({"rate": "4"}).rate == 4.0
+    assert LoadOptions.validated({"rate": 2.5}).rate == 2.5
+    assert LoadOptions.validated({"rate": "50%"}).rate == Share(0.5)
+    assert LoadOptions.validated({"rate": "150%"}).rate == Share(1.5)
+    assert LoadOptions.validated({"rate": "50%", "capacity": 8}).rate_rps() == 4.0
+    assert LoadOptions.validated({"rate": "50%"}).to_args() == ["--rate", "50%"]  # round-trips
+    for bad in ("fast", "x%", "0%", "-10%", "0", "-1"):
         with pytest.raises(ConfigError) as err:
-            parse_rate(bad)
+            LoadOptions.validated({"rate": bad})
         assert err.value.field == "--rate"
+    with pytest.raises(ConfigError, match="share of the target's capacity: give --capacity"):
+        LoadOptions.validated({"rate": "50%"}).rate_rps()
 
 
-def test_a_share_of_capacity_is_checked_with_a_stand_in_rate(tmp_path: Path) -> None:
+def _spec(tmp_path: Path, name: str, **load: object) -> PairedSpec:
+    recipe = Recipe.model_validate({"target": {"url": "http://127.0.0.1:9"}, "load": load})
+    return PairedSpec(recipe, out=tmp_path / name)
+
+
+def test_a_share_of_capacity_is_checked_with_a_stand_in_capacity(tmp_path: Path) -> None:
     corpus = make_corpus(tmp_path / "c.jsonl", 4)
-    load = LoadSpec(host="", results_dir=tmp_path, corpus=corpus, duration=3.0)
-    spec = PairedSpec(out=tmp_path / "out", load=load, url="http://127.0.0.1:9", rate_share=0.5)
-    assert spec.needs_capacity()
+    spec = _spec(tmp_path, "out", corpus=corpus, duration=3.0, rate="50%")
+    assert spec.needs_capacity() and spec.rate_share == 0.5
     prep = prepare(spec)
     assert prep.planned  # checked as if at some rate; the real one comes once capacity is known
     plan = ROOT / "fixtures" / "plans" / "relative.yaml"
-    with_plan = PairedSpec(out=tmp_path / "o2", load=load, url="http://x", rate_share=0.5, plan=plan)
+    with_plan = _spec(tmp_path, "o2", corpus=corpus, duration=3.0, rate="50%", plan=plan)
     assert with_plan.plan_shares() and prepare(with_plan).ladder_requests is not None
-    absolute = PairedSpec(
-        out=tmp_path / "o3",
-        load=LoadSpec(host="", results_dir=tmp_path, corpus=corpus, rate=2.0, duration=3.0),
-        url="http://x",
-        plan=ROOT / "fixtures" / "plans" / "tiny.yaml",
+    absolute = _spec(
+        tmp_path, "o3", corpus=corpus, rate=2.0, duration=3.0, plan=ROOT / "fixtures" / "plans" / "tiny.yaml"
     )
     assert not absolute.needs_capacity()
-    both = PairedSpec(
-        out=tmp_path / "o4",
-        load=LoadSpec(host="", results_dir=tmp_path, corpus=corpus, rate=2.0, duration=3.0),
-        url="http://x",
-        rate_share=0.5,
-    )
-    with pytest.raises(ConfigError, match="not both"):
-        prepare(both)
+    # The phases replay; the warm-up (plan, preload) is the run's to post between them.
+    assert absolute.load.options.plan is None and absolute.load.options.capacity is None
+    given = _spec(tmp_path, "o4", corpus=corpus, duration=3.0, rate="50%", capacity=8.0)
+    assert given.load.options.rate_rps() == 4.0 and given.load.options.capacity == 8.0

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiments.paired_spec import PairedSpec, prepare
+from harness.experiments.paired_spec import prepare
 from harness.gates.baseline import precision_min_samples, precision_targets, read_baseline
 from harness.load.precision import parse_precision_on
-from harness.load.runner import LoadSpec
+from tests.experiments.helpers import paired_spec
 from tests.experiments.test_paired import harness_run, read, write_corpus
 from tests.gates.factory import ROOT
 from tests.load.helpers import decided_precision
@@ -44,10 +44,8 @@ def test_precision_targets_are_the_phases_percentile_gates(tmp_path: Path) -> No
 def test_prepare_gives_each_phase_its_gates_to_watch(tmp_path: Path) -> None:
     (tmp_path / "b.yaml").write_text(BASELINE)
     corpus = write_corpus(tmp_path / "c.jsonl", 3)
-    load = LoadSpec(
-        host="", results_dir=tmp_path, corpus=corpus, rate=2, max_duration=5, until_precision="10%"
-    )
-    prep = prepare(PairedSpec(out=tmp_path / "out", load=load, gate=tmp_path / "b.yaml"))
+    load = {"corpus": corpus, "rate": 2, "max_duration": 5, "until_precision": "10%"}
+    prep = prepare(paired_spec(tmp_path / "out", gate=tmp_path / "b.yaml", **load))
     assert len(prep.planned) == 10  # --max-duration bounds the rate: the progress bar's most
     assert prep.phase_load == {
         "cold": {"precision_on": "ttft_from_intended_ms:99,e2e_ms:95", "precision_confidence": 0.9},
@@ -55,11 +53,11 @@ def test_prepare_gives_each_phase_its_gates_to_watch(tmp_path: Path) -> None:
                  "precision_min_samples": 200},
     }  # fmt: skip
     # An explicit --precision-on wins; without --until-precision nothing changes.
-    load = load.replace(precision_on="ttft_ms:50")
-    prep = prepare(PairedSpec(out=tmp_path / "out", load=load, gate=tmp_path / "b.yaml"))
+    load["precision_on"] = "ttft_ms:50"
+    prep = prepare(paired_spec(tmp_path / "out", gate=tmp_path / "b.yaml", **load))
     assert "precision_on" not in prep.phase_load["cold"]
-    load = load.replace(until_precision=None)
-    assert prepare(PairedSpec(out=tmp_path / "out", load=load, gate=tmp_path / "b.yaml")).phase_load == {}
+    del load["until_precision"]
+    assert prepare(paired_spec(tmp_path / "out", gate=tmp_path / "b.yaml", **load)).phase_load == {}
 
 
 @pytest.mark.slow

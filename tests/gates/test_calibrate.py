@@ -1,30 +1,25 @@
-"""``harness baseline calibrate``: the baseline rule on synthetic runs (every run passes it, a rerun
-passes, a 2× slower decode fails), and the driving of ``harness run`` with a stand-in command."""
+"""Calibration's rule on synthetic runs (every run passes it, a rerun passes, a 2× slower decode fails);
+the runs themselves are tests/experiments/test_calibrate_runs.py's."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from harness.common.errors import CannotJudge, ConfigError, ExitCode
+from harness.common.errors import CannotJudge, ConfigError
 from harness.common.fingerprint import Environment, Hardware, Software
-from harness.experiments.calibrate import RunFailed, check_run_args, run_recipe
 from harness.gates.baseline import baseline_from_results, read_baseline, write_baseline
-from harness.gates.calibration import calibrate, load_phases, range_factor
+from harness.gates.calibration import calibrate, range_factor
 from harness.gates.judge import judge
 from harness.gates.runs import ResultSet, load_result_sets
 from harness.load.results import Recipe
-from tests.gates.factory import ROOT, harness_cli, make_run
+from tests.gates.factory import make_run
 
 ENV = Environment(
     hardware=Hardware(cpu_model="AMD EPYC 7B13", cpu_count=2), software=Software(harness="0.1.0")
 )
 RECIPE = Recipe(rate=4.0, max_tokens_cap=16)
-FAKE = f"{sys.executable} -m tests.experiments.fake_harness_run"
 
 
 def _paired(path: Path, seed: int, drift: float = 1.0, decode: float = 1.0, **kw: object) -> list[ResultSet]:
@@ -94,73 +89,6 @@ def test_range_factor_is_the_normal_prediction_quantile() -> None:
     x = np.random.default_rng(7).standard_normal((200_000, 4))
     top, low = x[:, :3].max(axis=1), x[:, :3].min(axis=1)
     assert (x[:, 3] > top + range_factor(3) * (top - low)).mean() == pytest.approx(0.01, abs=0.002)
-
-
-def test_calibrate_refuses_its_own_options() -> None:
-    for args in (["--out", "x"], ["--gate=b.yaml"], ["--force"]):
-        with pytest.raises(ConfigError):
-            check_run_args(["--corpus", "c", *args])
-
-
-def test_run_recipe_streams_and_stops_on_a_failed_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    cmd = FAKE.split()
-    outs = run_recipe(["--corpus", "c"], runs=2, workdir=tmp_path / "w", command=cmd, say=lambda _t: None)
-    assert [o.name for o in outs] == ["cal-1", "cal-2"]
-    assert json.loads((outs[0] / "argv.json").read_text()) == [
-        "--corpus",
-        "c",
-        "--out",
-        str(outs[0]),
-        "--force",
-    ]
-    assert [rs.label for rs in load_phases(outs[0])] == ["cold", "warm"]  # not the ladder
-    monkeypatch.setenv("FAKE_RUN_EXIT", "6")  # measured, a gate or the warm check undecided
-    assert len(run_recipe([], runs=1, workdir=tmp_path / "six", command=cmd, say=lambda _t: None)) == 1
-    monkeypatch.setenv("FAKE_RUN_EXIT", "5")
-    with pytest.raises(RunFailed, match="calibration run 1 of 2 exited 5") as exc:
-        run_recipe([], runs=2, workdir=tmp_path / "five", command=cmd, say=lambda _t: None)
-    assert exc.value.exit_code == ExitCode.UNAVAILABLE
-    assert not (tmp_path / "five" / "cal-2").exists()
-
-
-@pytest.mark.slow
-def test_calibrate_cli_end_to_end_with_a_stand_in_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = tmp_path / "base.yaml"
-    r = harness_cli(
-        "baseline", "calibrate", "--runs", "3", "--out", str(out), "--run-command", FAKE, "--",
-        "--corpus", "runs/corpus", "--rate", "4",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    text = out.read_text()
-    assert text.startswith("# Calibrated by `harness baseline calibrate` on AMD EPYC 7B13 ×2 CPUs, no GPU")
-    assert "# Recipe: harness run --corpus runs/corpus --rate 4" in text
-    raw = yaml.safe_load(text)
-    assert raw["fingerprint"]["environment"]["hardware"]["cpu_model"] == "AMD EPYC 7B13"
-    assert set(raw["fingerprint"]["recipes"]) == {"cold", "warm"}
-    base = read_baseline(out)
-    assert {g.effective_phase for g in base.gates} == {"cold", "warm"}
-    assert (tmp_path / "base.yaml.runs" / "cal-3" / "warm" / "records.jsonl").exists()
-    # Every calibration run passes the file; the gate on one of them says so.
-    g = harness_cli(
-        "gate",
-        "--baseline",
-        str(out),
-        *(f"{p}={tmp_path}/base.yaml.runs/cal-2/{p}" for p in ("cold", "warm")),
-    )
-    assert g.returncode == 0, g.stdout + g.stderr
-    # A run that breaks stops calibration with its code.
-    monkeypatch.setenv("FAKE_RUN_EXIT", "3")
-    x = tmp_path / "x.yaml"
-    r = harness_cli(
-        "baseline", "calibrate", "--runs", "3", "--out", str(x), "--run-command", FAKE, "--", "--corpus", "c"
-    )
-    assert r.returncode == 3 and "calibration run 1 of 3 exited 3" in r.stderr
-    assert not x.exists()
 
 
 def test_runs_too_scattered_to_catch_a_2x_slowdown_make_blind_gates_that_never_pass(tmp_path: Path) -> None:
@@ -237,24 +165,3 @@ def test_a_blind_decode_gate_is_not_covered_by_ttft(tmp_path: Path) -> None:
     assert not any(g.blind for g in cal.baseline.gates if g.spec.column == "ttft_ms")
     assert judge(cal.baseline, paired(tmp_path / "rerun", 99, 1.0)).verdict == "unjudgeable"
     assert judge(cal.baseline, paired(tmp_path / "slow", 98, 2.0)).verdict != "pass"
-
-
-@pytest.mark.slow
-def test_max_runs_adds_runs_while_a_gate_is_blind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run 2 took 30 % longer (a neighbour's burst): three runs leave the latency gates blind, so
-    with --max-runs calibration runs the recipe again, one at a time, until they see (five runs: the
-    allowance falls from 3.7 ranges to 1.2), keeping the slow run; without it, it stops at --runs."""
-    monkeypatch.setenv("FAKE_RUN_DRIFTS", "1,1.3,1.15,1.05,1.1,1,1")
-    args = ("--run-command", FAKE, "--", "--corpus", "c")
-    three = harness_cli("baseline", "calibrate", "--runs", "3", "--out", str(tmp_path / "three.yaml"), *args)
-    assert three.returncode == 0, three.stderr
-    assert "blind: true" in (tmp_path / "three.yaml").read_text() and "one more" not in three.stderr
-    out = tmp_path / "more.yaml"
-    more = harness_cli("baseline", "calibrate", "--runs", "3", "--max-runs", "7", "--out", str(out), *args)
-    assert more.returncode == 0, more.stderr
-    assert "blind: true" not in out.read_text()
-    added = more.stderr.count("one more")
-    assert 1 <= added <= 4 and f"from {3 + added} runs" in more.stderr
-    assert (tmp_path / "more.yaml.runs" / f"cal-{3 + added}").is_dir()
-    assert not (tmp_path / "more.yaml.runs" / f"cal-{4 + added}").exists()
-    assert len(read_baseline(out).provenance.results) == 2 * (3 + added)  # the slow run 2 is kept

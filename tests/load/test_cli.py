@@ -65,7 +65,7 @@ def test_summarize_a_missing_directory_is_an_input_error(
 def test_commands_that_launch_load_take_the_load_options_from_one_table(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.load.options import _HELP
+    from harness.load.options import LoadOptions
 
     monkeypatch.setenv("COLUMNS", "250")
     shared = ("max_tokens_cap", "api", "model", "token_counting", "tokenizer")
@@ -75,9 +75,12 @@ def test_commands_that_launch_load_take_the_load_options_from_one_table(
         shown = capsys.readouterr().out
         for name in (*shared, "corpus", "processes", "api_key", "header", "insecure"):
             assert f"--{name.replace('_', '-')}" in shown, (command, name)
-        for name in shared:  # the same words on every command (the table's, as Locust shows them)
-            assert _HELP[name].split(" (")[0] in shown, (command, name)
-    for command in (["analysis", "plan"], ["analysis", "decay-sweep"]):  # the same flags, their own words
+        for name in shared:  # the same words on every command (the field's, as Locust shows them)
+            assert (LoadOptions.model_fields[name].description or "?").split(" (")[0] in shown, (
+                command,
+                name,
+            )
+    for command in (["analysis", "plan"], ["analysis", "decay-sweep"]):  # the same flags
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         shown = capsys.readouterr().out
@@ -104,22 +107,27 @@ def test_a_generated_command_gets_only_the_options_given() -> None:
     assert runner.invoke(app, ["x", "--corpus", "c"]).exit_code == 0
     assert got.pop() == {"name": "x", "corpus": Path("c")}  # unset options are left out
     args = ["y", "--corpus", "c", "--seed", "1", "--concurrency", "8", "--until-precision", "10%"]
-    assert runner.invoke(app, [*args, "-H", "A:1", "--insecure"]).exit_code == 0
+    assert runner.invoke(app, [*args, "--header", "A:1", "--insecure"]).exit_code == 0
     assert got.pop() == {
         "name": "y", "corpus": Path("c"), "seed": 1, "concurrency": 8, "until_precision": "10%",
         "header": ["A:1"], "insecure": True,
     }  # fmt: skip
-    # An option given its default is the same run as one not given (the launcher's default applies).
+    # An option given, even at its default, is given: the launcher's own default does not replace it.
     assert runner.invoke(app, ["w", "--corpus", "c", "--seed", "0", "--concurrency", "64"]).exit_code == 0
-    assert got.pop() == {"name": "w", "corpus": Path("c")}
+    assert got.pop() == {"name": "w", "corpus": Path("c"), "seed": 0, "concurrency": 64}
     assert runner.invoke(app, ["z"]).exit_code == 2  # --corpus is required
+    # An old spelling still works, with a warning naming the new one; both at once is an error.
+    old = runner.invoke(app, ["v", "--corpus", "c", "-H", "A:1"])
+    assert old.exit_code == 0 and got.pop()["header"] == ["A:1"]
+    assert "-H is deprecated and will be removed: use --header" in old.output
+    assert runner.invoke(app, ["u", "--corpus", "c", "-H", "A:1", "--header", "B:2"]).exit_code == 2
 
 
 def test_replay_refuses_a_bad_option_before_launching(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as ex:
-        main(["load", "replay", "--host", "http://127.0.0.1:9", "--corpus", "c", "--results-dir",
+        main(["load", "replay", "--url", "http://127.0.0.1:9", "--corpus", "c", "--out",
               str(tmp_path / "r"), "--rate", "2", "--duration", "1", "--arrival", "sometimes"])  # fmt: skip
     assert ex.value.code == 4  # a bad option (docs/exit-codes.md), named
     assert "--arrival" in capsys.readouterr().err
@@ -138,3 +146,6 @@ def test_replay_shows_the_error_that_stopped_locust_before_any_load(
     assert ex.value.code == 4  # found by Locust's init, before any request
     err = capsys.readouterr().err
     assert "record 'a-t1' holds its history in 'messages'" in err and "--api completions" in err
+    # The old spellings (--host, --results-dir) still work, each with a warning naming the new one.
+    assert "--host is deprecated and will be removed: use --url" in err
+    assert "--results-dir is deprecated and will be removed: use --out" in err

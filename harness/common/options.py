@@ -1,0 +1,293 @@
+"""Command-line options derived from pydantic models: every option is declared once, as a field.
+
+A field of a model is an option: its type, default and validation are pydantic's, its help is the
+field's ``description``. :class:`Flag` metadata in the field's ``Annotated`` says what the command
+line needs beyond that: a flag spelt otherwise than ``--field-name``, a short form, old spellings that
+still work with a deprecation warning, the help panel, an environment variable, and whether the
+value is text for the model to parse (``10%``). Typer options (:func:`with_options`) and Locust's
+argparse arguments (:func:`harness.load.options.add_arguments`) are generated from these fields, so
+the flag, its type and its help cannot drift apart between commands.
+
+A generated option defaults to ``None`` ("not given"), and the command receives only what was given,
+as a nested mapping by the field's place in the model (``{"load": {"rate": "4"}}``): the model's own
+default, a recipe file's value or a launcher's choice applies to the rest. The help shows the field's
+default all the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+
+import typer
+from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from harness.common import console
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a model field appears on the command line (put it in the field's ``Annotated``)."""
+
+    names: tuple[str, ...] = ()
+    """The flag's spellings, the long one first (default: ``--field-name``). A boolean that defaults to
+    true is given as ``"--flush/--no-flush"``."""
+    deprecated: tuple[str, ...] = ()
+    """Old spellings that still work, with a warning naming the new one."""
+    panel: str | None = None
+    """The help panel (``--help`` groups options by panel)."""
+    envvar: str | None = None
+    """An environment variable the option is read from when the flag is not given."""
+    text: bool = False
+    """Taken as text whatever the field's type: the model parses it (``10%`` for a fraction)."""
+    metavar: str | None = None
+    hidden: bool = False
+
+
+def flag_of(info: FieldInfo) -> Flag:
+    """The field's :class:`Flag` (the default one when it has none)."""
+    return next((m for m in info.metadata if isinstance(m, Flag)), Flag())
+
+
+def flag_names(name: str, info: FieldInfo) -> tuple[str, ...]:
+    """The option strings of field ``name``: its :class:`Flag`'s, else ``--field-name``."""
+    return flag_of(info).names or (f"--{name.replace('_', '-')}",)
+
+
+def long_flag(name: str, info: FieldInfo) -> str:
+    """The field's main flag (``--out``), for messages: ``--on/--off`` gives ``--on``."""
+    return flag_names(name, info)[0].split("/", 1)[0]
+
+
+def description(info: FieldInfo) -> str:
+    """The field's help: its ``description``, which every field that is an option must have."""
+    if not info.description:
+        raise TypeError(f"an option field needs a description: {info}")
+    return info.description
+
+
+def default_text(info: FieldInfo) -> str | None:
+    """The field's default as the help shows it (``None``: no default to show)."""
+    value = info.get_default(call_default_factory=True)
+    if value is PydanticUndefined or value is None or value in ([], ()):
+        return None
+    if isinstance(value, bool):
+        return None  # a switch: the flag's presence says it
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: a field of a model, and where its value goes."""
+
+    name: str
+    """The command function's parameter (the field's name; unique within a command)."""
+    path: tuple[str, ...]
+    """Where a given value goes in the nested mapping the command receives (``("load", "rate")``)."""
+    info: FieldInfo
+
+    @property
+    def flag(self) -> Flag:
+        return flag_of(self.info)
+
+    @property
+    def long(self) -> str:
+        return long_flag(self.name, self.info)
+
+
+def options_of(
+    model: type[BaseModel],
+    *,
+    at: Sequence[str] = (),
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+) -> list[Option]:
+    """The options of ``model``'s fields (``only`` these, in that order; else all but ``exclude``),
+    their values placed under ``at`` in the mapping a command receives."""
+    fields = model.model_fields
+    names = list(only) if only is not None else [n for n in fields if n not in set(exclude)]
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise KeyError(f"{model.__name__} has no field {unknown}")
+    return [Option(n, (*at, n), fields[n]) for n in names]
+
+
+def _typer_type(opt: Option) -> Any:
+    """The type typer parses the option as (always optional: ``None`` is "not given")."""
+    ann = opt.info.annotation
+    if opt.flag.text or get_origin(ann) is Literal:
+        return str | None  # the model parses and checks it: one error message for every command
+    union = get_origin(ann) in (UnionType, Union)
+    args = [a for a in get_args(ann) if a is not type(None)] if union else [ann]
+    base = args[0] if len(args) == 1 else None
+    if base is bool:
+        return bool | None
+    if get_origin(base) is list:
+        (item,) = get_args(base)
+        return list[str] | None if item in (str, SecretStr) else list[item] | None  # type: ignore[valid-type]
+    if base is SecretStr:
+        return str | None
+    for plain in (Path, float, int, str):
+        if base is plain:
+            return plain | None
+    return str | None  # a value type the model parses from text (a share "50%", a rate)
+
+
+def _parameter(opt: Option, panel: str | None, required: bool, default: Any = None) -> inspect.Parameter:
+    flag = opt.flag
+    text = description(opt.info)
+    shown = str(default) if default is not None else default_text(opt.info)
+    option = typer.Option(
+        *flag_names(opt.name, opt.info),
+        help=text + ("" if text.endswith(".") else "."),
+        rich_help_panel=flag.panel or panel,
+        show_default=shown if shown is not None and not required else False,
+        envvar=flag.envvar,
+        show_envvar=flag.envvar is not None,
+        metavar=flag.metavar,
+        hidden=flag.hidden,
+    )
+    kind = inspect.Parameter.KEYWORD_ONLY
+    typ = _typer_type(opt)
+    if required:
+        base = get_args(typ)[0]
+        return inspect.Parameter(opt.name, kind, annotation=Annotated[base, option])
+    return inspect.Parameter(opt.name, kind, annotation=Annotated[typ, option], default=None)
+
+
+def _deprecated_parameter(opt: Option) -> inspect.Parameter | None:
+    """A hidden option taking the field's old spellings; the command warns when it is used."""
+    old = opt.flag.deprecated
+    if not old:
+        return None
+    option = typer.Option(*old, hidden=True, help=f"Deprecated: use {opt.long}.")
+    typ = _typer_type(opt)
+    return inspect.Parameter(
+        _deprecated_name(opt), inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[typ, option], default=None
+    )
+
+
+def _deprecated_name(opt: Option) -> str:
+    return f"deprecated__{opt.name}"
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` still works but is going away."""
+    console.err().print(
+        f"[yellow]warning:[/] {old} is deprecated and will be removed: use {new}", highlight=False
+    )
+
+
+def place(given: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    """Put ``value`` at ``path`` in a nested mapping (creating the levels on the way)."""
+    node = given
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+
+
+def with_options(
+    options: Sequence[Option],
+    *,
+    panel: str | None = None,
+    required: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    param: str = "given",
+) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+    """Give a typer command the ``options`` (one flag each, typed and helped from its field) and hand
+    it, as the keyword ``param``, a nested mapping of the options given on the command line or by
+    their environment variable (``{"load": {"rate": "4"}}``). Options given by a deprecated spelling
+    count as given, after a warning; both spellings at once is an error.
+
+    ``required``: options (by name) the command cannot run without (typer then says so);
+    ``defaults``: the default the help shows where the command applies its own (by name).
+    """
+    opts = list(options)
+    names = [o.name for o in opts]
+    dupes = {n for n in names if names.count(n) > 1}
+    assert not dupes, f"two options share a name: {dupes}"
+    must = set(required)
+    own_default = dict(defaults or {})
+    # A required option with an old spelling is checked here, not by typer (either spelling will do).
+    late = {o.name for o in opts if o.name in must and o.flag.deprecated}
+    generated = [_parameter(o, panel, o.name in must - late, own_default.get(o.name)) for o in opts]
+    generated += [p for o in opts if (p := _deprecated_parameter(o)) is not None]
+
+    def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
+        sig = inspect.signature(func, eval_str=True)
+        assert param in sig.parameters, f"{func.__name__} takes the options as `{param}`"
+        own = [p for p in sig.parameters.values() if p.name != param]
+        clash = {p.name for p in own} & {p.name for p in generated}
+        assert not clash, f"{func.__name__} declares generated options itself: {clash}"
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> _R:
+            given: dict[str, Any] = {}
+            for o in opts:
+                value = kwargs.pop(o.name)
+                old = kwargs.pop(_deprecated_name(o), None) if o.flag.deprecated else None
+                if old is not None and old != []:
+                    if value is not None and value != []:
+                        raise typer.BadParameter(
+                            f"{o.flag.deprecated[0]} is the old spelling of {o.long}: give one",
+                            param_hint=o.long,
+                        )
+                    warn_deprecated("/".join(o.flag.deprecated), o.long)
+                    value = old
+                if value is None or value == []:
+                    if o.name in late:
+                        raise typer.BadParameter(f"Missing option '{o.long}'.", param_hint=o.long)
+                    continue
+                place(given, o.path, value)
+            return func(**kwargs, **{param: given})
+
+        params = [*own, *generated]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__  # typer reads the signature above, not the function's own
+        return command
+
+    return decorate
+
+
+def flag_for(options: Sequence[Option], path: Sequence[str]) -> str | None:
+    """The flag of the option at ``path`` (``None``: no option puts a value there)."""
+    return next((o.long for o in options if o.path == tuple(path)), None)
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` on top, mappings merged level by level (a recipe file, then flags)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_command_line(func: Callable[..., Any], args: Sequence[str], *, prog: str, field: str) -> Any:
+    """Parse ``args`` as the typer command ``func`` would (without running it); the click context,
+    whose ``params`` hold every parameter's value. A mistake (an unknown option, a bad value) is a
+    ``ConfigError`` naming ``field``: the option that carried the arguments (``--serve-args``)."""
+    from harness.common.errors import ConfigError
+
+    app = typer.Typer()
+    app.command()(func)
+    command = typer.main.get_command(app)
+    try:
+        return command.make_context(prog, list(args))
+    except Exception as exc:  # typer's vendored click errors, by their shared interface
+        fmt = getattr(exc, "format_message", None)
+        if fmt is None:
+            raise
+        raise ConfigError(f"{prog} {' '.join(args)}: {fmt()}", field=field) from None

@@ -1,0 +1,360 @@
+"""A run as a file: the target, the load, the warm-up, the capacity search and the gate, each option
+declared once.
+
+A :class:`Recipe` is what ``harness run``, ``harness capacity`` and ``harness baseline calibrate`` are
+configured with (and the target and load of ``harness analysis decay-sweep``). Every field is an
+option, declared once with its type, default, validation and help; the commands' flags are generated
+from the fields (:mod:`harness.common.options`), so ``--max-tokens-cap`` is the same option, with the
+same words, in every command and in a recipe file::
+
+    # fixtures/recipes/ci.yaml
+    target:
+      serve_args: --preset tiny --cache
+    load:
+      corpus: runs/corpus
+      rate: 4
+      duration: 100
+      max_tokens_cap: 16
+      plan: fixtures/plans/tiny.yaml
+    gate:
+      baseline: fixtures/baselines/tiny-cpu.yaml
+
+``--recipe FILE`` reads such a file; flags given beside it override its values (:func:`resolve`). Paths
+in a file are relative to the working directory, as on a command line. Secrets never go in a file
+(``--api-key`` and ``--header`` values come from flags or the environment): a file that holds one is
+refused, except the ``***`` that a written recipe shows in their place. Every run writes the recipe it
+ran beside its results (:func:`write_recipe`: ``OUT/recipe.yaml``), so ``--recipe OUT/recipe.yaml``
+runs it again.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from harness.common.auth import REDACTED, SECRET_OPTIONS
+from harness.common.errors import ConfigError
+from harness.common.io import atomic_write, read_yaml, yaml_line
+from harness.common.model import StrictModel
+from harness.common.options import Flag, Option, flag_for, merge, options_of
+from harness.experiments.slo import DEFAULT_SLO, parse_slo
+from harness.experiments.warmcheck import SEED_WARM_RATE
+from harness.load.options import LaunchOptions, LoadOptions
+
+RECIPE_FILE = "recipe.yaml"
+DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
+TARGET_PANEL = "Target"
+WARM_PANEL = "Warm-up and warm check"
+CAPACITY_PANEL = "Capacity search"
+GATE_PANEL = "Gate"
+
+
+class TargetRecipe(StrictModel):
+    """The target: a ``harness serve`` to start, or a running OpenAI-compatible server."""
+
+    serve_args: Annotated[str | None, Flag(panel=TARGET_PANEL, metavar="ARGS")] = Field(
+        None,
+        description='Start `harness serve` with these arguments (default "--preset tiny --cache"), on a '
+        "free port, stopped at the end",
+    )
+    url: Annotated[str | None, Flag(panel=TARGET_PANEL)] = Field(
+        None, description="Use this running OpenAI-compatible server instead of starting one"
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TargetRecipe:
+        if self.url is not None and self.serve_args is not None:
+            raise ValueError(
+                "give a server to start (--serve-args, target.serve_args) or one to use (--url, target.url), "
+                "not both"
+            )
+        return self
+
+    @field_validator("serve_args")
+    @classmethod
+    def _splits(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"cannot split: {exc}") from None
+        return v
+
+    def serve_argv(self) -> list[str] | None:
+        """The ``harness serve`` arguments to start (``None``: ``url`` is used instead)."""
+        if self.url is not None:
+            return None
+        return shlex.split(self.serve_args) if self.serve_args is not None else list(DEFAULT_SERVE_ARGS)
+
+
+class WarmupRecipe(StrictModel):
+    """The warm check before the warm phase (the warm-up itself is ``load.preload`` and ``load.plan``)."""
+
+    probes: Annotated[int, Flag(panel=WARM_PANEL)] = Field(
+        20, ge=1, description="Probe requests of the warm check (a seeded sample of the warm phase's)"
+    )
+    min_warm_rate: Annotated[float, Flag(panel=WARM_PANEL)] = Field(
+        SEED_WARM_RATE, gt=0, le=1, description="Warm rate needed to call the target warm"
+    )
+
+
+class CapacityRecipe(StrictModel):
+    """The capacity search (``harness capacity``, and ``harness run`` with ``--rate 50%``)."""
+
+    slo: Annotated[str, Flag(panel=CAPACITY_PANEL)] = Field(
+        DEFAULT_SLO,
+        description="Comma-separated metric<=value terms: ttft/e2e/tpot/itl_p50|90|95|99 in ms or Nx the "
+        "reference probe's, error_rate a share",
+    )
+    min_rate: Annotated[float | None, Flag(panel=CAPACITY_PANEL)] = Field(
+        None, gt=0, description="First (reference) probe's rate; default: half of what one stream sustains"
+    )
+    max_rate: Annotated[float | None, Flag(panel=CAPACITY_PANEL)] = Field(
+        None, gt=0, description="Probe no faster than this"
+    )
+    resolution: Annotated[float, Flag(panel=CAPACITY_PANEL)] = Field(
+        0.10, gt=0, description="Stop when the bracket's high/low ≤ 1 + this"
+    )
+    max_probes: Annotated[int, Flag(panel=CAPACITY_PANEL)] = Field(12, ge=1, description="Probes at most")
+    growth: Annotated[float, Flag(panel=CAPACITY_PANEL)] = Field(
+        2.0, gt=1, description="Rate factor while bracketing"
+    )
+    probe_requests: Annotated[int, Flag(panel=CAPACITY_PANEL)] = Field(
+        100, ge=1, description="Requests per probe (at least)"
+    )
+    probe_seconds: Annotated[float, Flag(panel=CAPACITY_PANEL)] = Field(
+        5.0, ge=0, description="A probe lasts at least this long (more requests at high rates)"
+    )
+    flush: Annotated[bool, Flag(names=("--flush/--no-flush",), panel=CAPACITY_PANEL)] = Field(
+        True, description="Empty the target's cache levels before each probe"
+    )
+    bypass_cache: Annotated[bool, Flag(names=("--bypass-cache/--use-cache",), panel=CAPACITY_PANEL)] = Field(
+        True, description="Send probes with Cache-Control: no-cache (measure serving, not the response cache)"
+    )
+    calibration_requests: Annotated[int, Flag(panel=CAPACITY_PANEL)] = Field(
+        4, ge=2, description="Requests sent one at a time to pick the start rate when --min-rate is not given"
+    )
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_parses(cls, v: str) -> str:
+        try:
+            parse_slo(v)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return v
+
+    @model_validator(mode="after")
+    def _rates_ordered(self) -> CapacityRecipe:
+        if self.min_rate is not None and self.max_rate is not None and self.min_rate > self.max_rate:
+            raise ValueError("min_rate is above max_rate")
+        return self
+
+
+class GateRecipe(StrictModel):
+    """What judges the run: a baseline, and the confidence of every interval the run reports."""
+
+    baseline: Annotated[Path | None, Flag(names=("--gate",), panel=GATE_PANEL)] = Field(
+        None, description="Baseline YAML: judge both phases (cold, warm); JUnit + JSON in OUT"
+    )
+    confidence: Annotated[float, Flag(panel=GATE_PANEL)] = Field(
+        0.95, ge=0.5, le=0.999, description="Confidence of every interval: the comparison, the warm check, "
+        "the capacity probes",
+    )  # fmt: skip
+
+
+class Recipe(StrictModel):
+    """One experiment, as a file or as flags (module docstring)."""
+
+    target: TargetRecipe = Field(default_factory=TargetRecipe)
+    load: LoadOptions = Field(default_factory=LoadOptions)
+    launch: LaunchOptions = Field(default_factory=LaunchOptions)
+    warmup: WarmupRecipe = Field(default_factory=WarmupRecipe)
+    capacity: CapacityRecipe = Field(default_factory=CapacityRecipe)
+    gate: GateRecipe = Field(default_factory=GateRecipe)
+    phase_timeout: float = Field(
+        3600.0, ge=1, description="Seconds a load phase (or a capacity probe) may take at most"
+    )
+
+    def with_load(self, **changes: Any) -> Recipe:
+        """This recipe with load options changed (validated: :meth:`LoadOptions.evolve`)."""
+        return self.model_copy(update={"load": self.load.evolve(**changes)})
+
+
+# ---- the commands' options ------------------------------------------------------------------------
+
+RUN_OWN = frozenset({"results_dir", "stage", "warmup_id"})
+"""Load options a run sets itself, per phase or probe: not the recipe's."""
+LOAD_FLAGS: tuple[str, ...] = (
+    "corpus", "schedule", "rate", "duration", "max_requests", "arrival", "speedup", "max_tokens_cap",
+    "concurrency", "api", "model", "token_counting", "seed_policy", "tokenizer", "start_delay", "seed",
+    "until_precision", "max_duration", "precision_on", "history", "salt_per_pass", "plan", "preload",
+    "capacity", "api_key", "admin_token", "header", "ca_bundle", "insecure",
+)  # fmt: skip
+"""The load options ``harness run`` and ``harness baseline calibrate`` take as flags (every load option
+may be set in a recipe file)."""
+CAPACITY_LOAD_FLAGS: tuple[str, ...] = (
+    "corpus", "max_tokens_cap", "concurrency", "api", "model", "token_counting", "seed_policy", "tokenizer",
+    "until_precision", "api_key", "admin_token", "header", "ca_bundle", "insecure",
+)  # fmt: skip
+"""The load options of every capacity probe (each sets its own rate and size)."""
+
+
+def recipe_options(*, load: Sequence[str], sections: Sequence[str]) -> list[Option]:
+    """The options of a command that runs a recipe: the target, the ``load`` options named, the
+    launcher's, and the recipe ``sections`` named (``warmup``, ``capacity``, ``gate``, ``phase_timeout``;
+    ``gate.confidence`` alone as ``confidence``)."""
+    opts = [
+        *options_of(TargetRecipe, at=("target",)),
+        *options_of(LoadOptions, at=("load",), only=load),
+        *options_of(LaunchOptions, at=("launch",)),
+    ]
+    for section in sections:
+        if section == "phase_timeout":
+            opts += options_of(Recipe, only=["phase_timeout"])
+        elif section == "confidence":
+            opts += options_of(GateRecipe, at=("gate",), only=["confidence"])
+        else:
+            model = Recipe.model_fields[section].annotation
+            assert isinstance(model, type)
+            opts += options_of(model, at=(section,))
+    return opts
+
+
+RecipeFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--recipe",
+        help="Recipe YAML (target, load, warmup, capacity, gate: docs/cli.md); the flags given override it.",
+    ),
+]
+"""``--recipe FILE``, the same on every command that runs a recipe."""
+
+
+# ---- reading, resolving, writing ------------------------------------------------------------------
+
+
+def resolve(file: Path | None, given: Mapping[str, Any], options: Sequence[Option] = ()) -> Recipe:
+    """The recipe a command runs: ``file``'s (when given), with the flags ``given`` on top (a nested
+    mapping by section, :func:`harness.common.options.with_options`), validated.
+
+    A bad value names the flag that gave it (``ConfigError``, exit 4), or the file, line and field
+    (``load.rate``) it came from."""
+    data: dict[str, Any] = {}
+    if file is not None:
+        data = read_yaml(file, expected="a recipe (target, load, warmup, capacity, gate)", error=ConfigError)
+        _check_no_secrets(file, data)
+    merged = merge(data, given)
+    for key in RUN_OWN:
+        if key in merged.get("load", {}):
+            raise ConfigError(
+                "is set by the run itself (per phase or probe)",
+                file=file,
+                field=f"load.{key}",
+                hint="--out names where the results go",
+            )
+    try:
+        return Recipe.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(str(x) for x in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        dotted = ".".join(loc) or "recipe"
+        flag = flag_for(options, loc) if _at(given, loc) else None
+        if flag is not None:
+            raise ConfigError(msg, field=flag) from None
+        if file is not None and _at(data, loc):
+            raise ConfigError(msg, file=file, line=yaml_line(file, loc), field=dotted) from None
+        raise ConfigError(msg, field=dotted) from None
+
+
+def check_corpus(recipe: Recipe, file: Path | None) -> Recipe:
+    """``recipe``, refused when it names no corpus (every command that runs one replays a corpus)."""
+    if recipe.load.corpus is None:
+        raise ConfigError(
+            "no corpus to replay", file=file, field="--corpus", hint="--corpus runs/corpus, or load.corpus"
+        )
+    return recipe
+
+
+def _at(mapping: Mapping[str, Any], path: Sequence[str]) -> bool:
+    """Whether ``mapping`` has a value at ``path``."""
+    node: Any = mapping
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_no_secrets(file: Path, data: Mapping[str, Any]) -> None:
+    """Refuse a secret's value in a recipe file (``***``, a written recipe's placeholder, is dropped)."""
+    load = data.get("load")
+    if not isinstance(load, dict):
+        return
+    for name in SECRET_OPTIONS:
+        value = load.get(name)
+        if value is None:
+            continue
+        if value == REDACTED or (isinstance(value, list) and all(v == REDACTED for v in value)):
+            del load[name]
+            continue
+        raise ConfigError(
+            "a secret does not belong in a recipe file (it is shared, committed, printed)",
+            file=file,
+            field=f"load.{name}",
+            hint=f"give --{name.replace('_', '-')} or its environment variable instead",
+        )
+
+
+def recipe_dump(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as a file holds it: the values that differ from the defaults, secrets as ``***``."""
+    doc = recipe.model_dump(mode="json", exclude_defaults=True)
+    load = doc.get("load", {})
+    for name in SECRET_OPTIONS:
+        value = getattr(recipe.load, name)
+        if value:
+            load[name] = [REDACTED] * len(value) if isinstance(value, list) else REDACTED
+    return doc
+
+
+def recipe_args(recipe: Recipe, options: Sequence[Option]) -> list[str]:
+    """The flags that give ``recipe`` (its values that differ from the defaults), as a user would type
+    them, secrets as ``***``: how a baseline's header names the recipe it was calibrated from."""
+    doc = recipe_dump(recipe)
+    args: list[str] = []
+    for opt in options:
+        node: Any = doc
+        for part in opt.path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or node == []:
+            continue
+        flag = opt.long
+        if isinstance(node, bool):
+            names = opt.flag.names[0] if opt.flag.names else flag
+            on, _, off = names.partition("/")
+            args.append(on if node else off or on)
+            continue
+        for value in node if isinstance(node, list) else [node]:
+            args += [flag, str(value)]
+    return args
+
+
+def write_recipe(out: Path, recipe: Recipe, *, source: Path | None = None) -> Path:
+    """Write ``OUT/recipe.yaml``: the recipe this run ran (``--recipe`` it to run it again)."""
+    path = out / RECIPE_FILE
+    header = [
+        "# The recipe this run ran (harness.experiments.recipe): values that differ from the defaults.",
+        f"# Resolved from {source} and the flags given." if source else "# Resolved from the flags given.",
+        "# Secrets show as ***: give them again as flags or environment variables.",
+    ]
+    text = yaml.safe_dump(recipe_dump(recipe), sort_keys=False, allow_unicode=True)
+    with atomic_write(path) as fh:
+        fh.write("\n".join(header) + "\n" + text)
+    return path
