@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from harness.common.errors import InputError
-from harness.common.io import iter_jsonl
+from harness.common.io import iter_jsonl, jsonl_lines, parse_jsonl_line
 from harness.common.registry import Registry
 from harness.corpus.model import FewShotLogEntry
 
@@ -211,13 +211,10 @@ def _read_jsonl(path: Path, data: bytes) -> list[Utterance]:
     out: list[Utterance] = []
     seen: set[str] = set()
     src = f"jsonl:{path.name}"
-    if path.suffix == ".zip":  # iter_jsonl reads files; a zipped JSONL goes through a temp-free parse
-        from harness.common.io import parse_jsonl_line
-
+    if path.suffix == ".zip":  # iter_jsonl reads files; a zipped JSONL's lines are already in memory
         rows = [
             (n, parse_jsonl_line(line, n, FewShotLogEntry, file=path, expected="a request log line"))
-            for n, line in enumerate(data.splitlines(), start=1)
-            if line.strip()
+            for n, line in jsonl_lines(data.splitlines())
         ]
     else:
         rows = list(iter_jsonl(path, FewShotLogEntry, expected="a request log line"))

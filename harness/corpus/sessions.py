@@ -43,7 +43,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from harness.common.errors import ConfigError, InputError
-from harness.common.io import parse_jsonl_line
+from harness.common.io import jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.common.stats import percentile
@@ -229,9 +229,7 @@ def _sniff_jsonl(name: str, head: bytes) -> bool:
 
 def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
     by_session: dict[str, list[tuple[int, SessionLogLine]]] = {}
-    for n, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, line in jsonl_lines(data.splitlines()):
         row = parse_jsonl_line(line, n, SessionLogLine, file=path, expected="a dialogue log line")
         by_session.setdefault(row.session_id, []).append((n, row))
     out: list[Dialogue] = []

@@ -28,7 +28,6 @@ Every percentile here is the project's one definition, :mod:`harness.common.stat
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections import Counter
@@ -44,7 +43,7 @@ from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.host import HostLoad
-from harness.common.io import check_input_file, validation_input_error, write_json
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
 from harness.common.model import StrictModel
 from harness.common.stats import Distribution, percentile
 
@@ -700,8 +699,10 @@ def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
     return rows
 
 
-def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
-    """One ``records.jsonl`` line as a validated record.
+def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
+    """Stream the validated records of a run directory (or a ``records.jsonl`` path): the one reader
+    of ``records.jsonl`` (through :func:`harness.common.io.iter_jsonl`). An empty file is a run with
+    no requests, not an error.
 
     The NaN rule: the ``NaN`` / ``Infinity`` literals (which Python's json module writes, and so may
     a converter from another tool) are read as the non-finite floats they stand for. A measurement
@@ -709,36 +710,11 @@ def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
     is in, naming it (:attr:`harness.gates.runs.RunFrame.nonfinite`). Rejecting the line would make
     the whole run unreadable for one sample; reading it as "absent" would let a percentile silently
     drop it. (Our writer never produces one: orjson writes no NaN literal.)"""
-    try:
-        obj: Any = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        try:
-            obj = json.loads(line)  # accepts NaN / Infinity / -Infinity
-        except ValueError:
-            raise InputError(
-                f"invalid JSON ({exc.msg}), expected a request record", file=path, line=lineno
-            ) from None
-    if not isinstance(obj, dict):
-        raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
-    try:
-        return RequestRecord.parse(obj)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
-
-
-def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
-    """Stream the validated records of a run directory (or a ``records.jsonl`` path): the one reader
-    of ``records.jsonl``. An empty file is a run with no requests, not an error; the NaN rule is
-    :func:`_record`'s."""
     p = Path(run_dir)
     if p.is_dir():
         p = p / RECORDS_FILE
-    p = check_input_file(p, allow_empty=True)
-    with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-            if line.strip():
-                yield _record(line, lineno, p)
+    for _, record in iter_jsonl(p, _RECORD, expected="a request record", allow_empty=True, nonfinite=True):
+        yield record
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

@@ -48,11 +48,10 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from harness.common.auth import Credentials
-from harness.common.errors import InputError
-from harness.common.io import check_input_file, validation_input_error
+from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.load.results import ServerPhase, ServerTelemetry
@@ -659,20 +658,10 @@ def run_phases(
 
 
 def read_server_metrics(run_dir: str | Path) -> Iterator[ServerSample]:
-    """The validated lines of a run's ``server_metrics.jsonl`` (or of that file)."""
+    """The validated lines of a run's ``server_metrics.jsonl`` (or of that file); an empty file (a run
+    that ended before its first scrape) is no lines."""
     p = Path(run_dir)
     if p.is_dir():
         p = p / SERVER_METRICS_FILE
-    p = check_input_file(p, allow_empty=True)
-    with p.open("rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield ServerSample.model_validate_json(line)
-            except ValidationError as exc:
-                raise validation_input_error(
-                    exc, file=p, line=lineno, expected="a server metrics sample"
-                ) from None
-            except ValueError as exc:
-                raise InputError(f"not JSON: {exc}", file=p, line=lineno) from None
+    for _, sample in iter_jsonl(p, ServerSample, expected="a server metrics sample", allow_empty=True):
+        yield sample
