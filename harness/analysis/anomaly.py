@@ -3,7 +3,8 @@
 Input is a time series of our metrics: scrapes of ``/metrics`` (Prometheus text, collected with
 ``harness analysis scrape`` into a JSONL of ``{ts, text}``), or a Prometheus server's HTTP query API
 (``/api/v1/query_range``). Each series is reduced to one value per scrape interval: a gauge's value,
-a counter's increase per second (resets handled), a histogram's mean (Δsum / Δcount). Against a
+a counter's increase per second, a histogram's mean (Δsum / Δcount), every difference by the one
+counter rule (:func:`harness.common.prometheus.counter_increase`: a reset counts from 0). Against a
 **baseline window** (default: the first quarter of the time span) every series of the **test
 window** gets a deviation ``z = (observed mean − baseline mean) / scale`` with
 ``scale = max(baseline stddev, 5 % of the baseline mean, a per-metric floor)``; a deviation in the
@@ -38,6 +39,7 @@ from pydantic import Field
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
+from harness.common.prometheus import counter_increase, parse_exposition
 
 if TYPE_CHECKING:
     import httpx
@@ -163,27 +165,13 @@ class Scrape(StrictModel):
     text: str
 
 
-def parse_exposition(text: str, wanted: Iterable[str] | None = None) -> dict[SeriesKey, float]:
-    """Sample values of a Prometheus text exposition (optionally only some sample names)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    keep = set(wanted) if wanted is not None else None
-    out: dict[SeriesKey, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if keep is not None and s.name not in keep:
-                continue
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
 def series_from_scrapes(scrapes: Iterable[Scrape]) -> dict[SeriesKey, Samples]:
     """Time series of every sample the tree reads, from scrapes in any order."""
     wanted = metric_names()
     series: dict[SeriesKey, Samples] = {}
     for sc in sorted(scrapes, key=lambda s: s.ts):
-        for key, value in parse_exposition(sc.text, wanted).items():
-            series.setdefault(key, []).append((sc.ts, value))
+        for sample in parse_exposition(sc.text, wanted):
+            series.setdefault((sample.name, sample.labels), []).append((sc.ts, sample.value))
     return series
 
 
@@ -256,8 +244,7 @@ def _intervals(samples: Samples, kind: Kind) -> list[tuple[float, float]]:
     for (t0, v0), (t1, v1) in itertools.pairwise(samples):
         if t1 <= t0:
             continue
-        inc = v1 - v0 if v1 >= v0 else v1  # a reset restarted the counter from 0
-        out.append((t1, inc / (t1 - t0)))
+        out.append((t1, counter_increase(v0, v1) / (t1 - t0)))
     return out
 
 
@@ -266,8 +253,7 @@ def _histogram_means(sums: Samples, counts: Samples) -> list[tuple[float, float]
     pairs = [(t, s, by_t[t]) for t, s in sums if t in by_t]
     out: list[tuple[float, float]] = []
     for (_, s0, c0), (t1, s1, c1) in itertools.pairwise(pairs):
-        dc = c1 - c0 if c1 >= c0 else c1
-        ds = s1 - s0 if s1 >= s0 else s1
+        dc, ds = counter_increase(c0, c1), counter_increase(s0, s1)
         if dc > 0:
             out.append((t1, ds / dc))
     return out

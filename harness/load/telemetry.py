@@ -33,9 +33,10 @@ credentials, or one whose names are none of the known kinds is recorded once (an
 the file, a warning in ``summary.json``) and no longer scraped; a scrape that fails otherwise
 (timeout, refused) is recorded once and retried each interval.
 
-This module imports neither gevent nor Locust at module level: the parser and the per-phase deltas
-are used by the gates too (:mod:`harness.experiments.warmcheck`); :class:`Scraper` imports
-``geventhttpclient`` when it starts, inside a Locust process.
+The text is read by the one exposition parser and the deltas by the one counter rule
+(:mod:`harness.common.prometheus`). This module imports neither gevent nor Locust at module level:
+:func:`normalise` is used by the warm check too (:mod:`harness.experiments.warmcheck`); :class:`Scraper`
+imports ``geventhttpclient`` when it starts, inside a Locust process.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from pydantic import Field
 from harness.common.auth import Credentials
 from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
+from harness.common.prometheus import parse_exposition, total_increase
 from harness.common.registry import Registry
 from harness.load.results import ServerPhase, ServerTelemetry
 
@@ -178,14 +180,6 @@ _kind(
 # ------------------------------------------------------------------------------------------ parsing
 
 
-def parse_exposition(text: str, names: frozenset[str] | None = None) -> dict[str, float]:
-    """Prometheus text exposition → sample name → value, summed over label sets. Only the samples
-    ``names`` lists are read (``None``: every registered kind's, :func:`known_names`). Parsed by
-    ``prometheus_client``'s text parser; raises ``ValueError`` for text that is not an exposition."""
-    sums, _ = _label_sets(text, known_names() if names is None else names)
-    return sums
-
-
 def known_names() -> frozenset[str]:
     """Every sample name some registered kind detects by or reads."""
     out: set[str] = set()
@@ -194,35 +188,13 @@ def known_names() -> frozenset[str]:
     return frozenset(out)
 
 
-def _wanted_lines(text: str, names: frozenset[str]) -> str:
-    """The sample lines of ``names`` only. The scrape runs in the Locust process that paces the
-    arrivals, where a scrape's CPU delays them: a server's exposition is mostly histogram buckets
-    (ours: 200 lines, 14 kB), and parsing all of it took 10 ms on a busy 2-core machine; the few
-    lines wanted parse in a fraction of that. Comment lines go too: the samples' own names are all
-    that is read (a counter's ``_total`` included)."""
-    keep: list[str] = []
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        cut = len(line)
-        for sep in ("{", " "):
-            i = line.find(sep)
-            if 0 <= i < cut:
-                cut = i
-        if line[:cut] in names:
-            keep.append(line)
-    return "\n".join(keep) + "\n"
-
-
 def _label_sets(text: str, names: frozenset[str]) -> tuple[dict[str, float], dict[str, int]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """Sample name → its values summed over label sets, and how many label sets there were."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(_wanted_lines(text, names)):
-        for s in family.samples:
-            sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-            counts[s.name] = counts.get(s.name, 0) + 1
+    for s in parse_exposition(text, names):
+        sums[s.name] = sums.get(s.name, 0.0) + s.value
+        counts[s.name] = counts.get(s.name, 0) + 1
     return sums, counts
 
 
@@ -568,9 +540,9 @@ class Scraper:
 
 def counter_delta(points: Sequence[tuple[float, float]], start_s: float, end_s: float) -> float | None:
     """How much a counter grew over ``[start_s, end_s]`` from its scrapes ``(t_s, value)`` (in time
-    order). From the last scrape at or before the start (the first one after it when none is
-    before) to the last at or before the end; a drop is a counter reset (the server restarted):
-    counting goes on from 0. ``None`` with fewer than two scrapes in reach."""
+    order): from the last scrape at or before the start (the first one after it when none is before)
+    to the last at or before the end, by the one rule of :func:`harness.common.prometheus.total_increase`
+    (a reset counts from 0). ``None`` with fewer than two scrapes in reach."""
     if not points:
         return None
     before = [i for i, (t, _) in enumerate(points) if t <= start_s]
@@ -579,12 +551,7 @@ def counter_delta(points: Sequence[tuple[float, float]], start_s: float, end_s: 
     last = upto[-1] if upto else -1
     if last <= first:
         return None
-    total = 0.0
-    prev = points[first][1]
-    for _, v in points[first + 1 : last + 1]:
-        total += v - prev if v >= prev else v
-        prev = v
-    return total
+    return total_increase([v for _, v in points[first : last + 1]])
 
 
 def phase_of(samples: Sequence[ServerSample], name: str, start_s: float, end_s: float) -> ServerPhase:

@@ -26,6 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from harness.common.headers import CACHE_STATUSES
+from harness.common.prometheus import counter_increase
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
 from harness.experiments.capacity_result import CapacityResult
@@ -271,18 +272,20 @@ def server_samples(rs: ResultSet) -> list[ServerSample]:
 
 def _interval_hit_rate(samples: Sequence[ServerSample]) -> tuple[FloatArray, FloatArray]:
     """The server's prefix hit rate between consecutive scrapes (hits grown / queries grown), at the
-    interval's end; intervals with no lookups (or a counter reset) are skipped."""
+    interval's end, each growth by the one counter rule (a reset counts from 0, as in the summary's
+    per-phase deltas); intervals with no lookups are skipped."""
     xs, ys = [], []
-    prev: ServerSample | None = None
+    prev: tuple[float, float] | None = None
     for s in samples:
         if s.prefix_queries is None or s.prefix_hits is None:
             continue
-        if prev is not None and prev.prefix_queries is not None and prev.prefix_hits is not None:
-            dq, dh = s.prefix_queries - prev.prefix_queries, s.prefix_hits - prev.prefix_hits
-            if dq > 0 and dh >= 0:
+        if prev is not None:
+            dq = counter_increase(prev[0], s.prefix_queries)
+            dh = counter_increase(prev[1], s.prefix_hits)
+            if dq > 0:
                 xs.append(s.t_s)
                 ys.append(100.0 * dh / dq)
-        prev = s
+        prev = (s.prefix_queries, s.prefix_hits)
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
