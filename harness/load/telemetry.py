@@ -3,14 +3,16 @@
 A client sees latencies; only the server sees why: how many requests it runs and queues, how full
 its KV cache is, and how many prompt tokens its prefix cache served. The load stage's local or
 master process scrapes ``GET /metrics`` once a second (``--server-metrics-interval``) for the whole
-run, beside ``records.jsonl``:
+run, beside ``records.jsonl``; :class:`Scraper` is the one scraper of the harness (``harness analysis
+scrape`` writes the same lines with it, outside a run):
 
 ``server_metrics.jsonl``
     one :class:`ServerSample` a line: ``t_s`` (seconds since the run's epoch, the records' time
     base, so both share an axis), the server kind detected, five normalised values and the raw
-    samples they came from; with NVML (:mod:`pynvml`, optional, ``pip install nvidia-ml-py``) the
-    local GPUs' memory, utilisation and power in the same line. Each line is flushed as it is
-    written: a crash loses nothing already scraped.
+    samples they came from (and, for ``harness serve``, its cache's and handlers' ``series`` per
+    label set, :attr:`ServerKind.series`); with NVML (:mod:`pynvml`, optional, ``pip install
+    nvidia-ml-py``) the local GPUs' memory, utilisation and power in the same line. Each line is
+    flushed as it is written: a crash loses nothing already scraped.
 
 **Server kinds** (:data:`SERVER_KINDS`, a registry): each names the metric families that identify
 it and where each normalised value comes from. The kind is detected from the names a scrape holds,
@@ -54,7 +56,7 @@ from pydantic import Field
 from harness.common.auth import Credentials
 from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
-from harness.common.prometheus import parse_exposition, total_increase
+from harness.common.prometheus import Sample, parse_exposition, total_increase
 from harness.common.registry import Registry
 from harness.load.results import ServerPhase, ServerTelemetry
 
@@ -87,12 +89,19 @@ class ServerKind:
     spell some differently)."""
     keep: tuple[str, ...] = ()
     """Further samples kept raw in each line (context, not normalised)."""
+    series: tuple[str, ...] = ()
+    """Samples kept per label set in each line's ``series`` (``harness analysis anomaly`` reads them:
+    which tier, tenant or stage moved)."""
     doc: str = ""
     """Where the names come from."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name a line keeps raw."""
         return frozenset(n for names in self.sources.values() for n in names) | frozenset(self.keep)
+
+    def read(self) -> frozenset[str]:
+        """Every sample name a scrape of this kind parses."""
+        return self.wanted() | frozenset(self.detect) | frozenset(self.series)
 
 
 SERVER_KINDS: Registry[ServerKind] = Registry("server kind")
@@ -115,7 +124,23 @@ _kind(
             "kv_usage": ("harness_engine_kv_usage_ratio",),
         },
         keep=("harness_engine_preemptions_total", "harness_server_requests_in_flight"),
-        doc="harness serve (harness/server/metrics.py)",
+        # The response cache's and the request handlers' series by tier / tenant / stage / status:
+        # what the anomaly attribution reads (harness/cache/metrics.py, harness/server/metrics.py).
+        series=(
+            "cache_hit_rate",
+            "cache_fill_rate",
+            "cache_thermal_drift",
+            "cache_errors_total",
+            "cache_evictions_total",
+            "cache_lookup_seconds_sum",
+            "cache_lookup_seconds_count",
+            "harness_server_requests_total",
+            "harness_server_ttft_seconds_sum",
+            "harness_server_ttft_seconds_count",
+            "harness_server_e2e_seconds_sum",
+            "harness_server_e2e_seconds_count",
+        ),
+        doc="harness serve (harness/server/metrics.py, harness/cache/metrics.py)",
     )
 )
 _kind(
@@ -184,15 +209,15 @@ def known_names() -> frozenset[str]:
     """Every sample name some registered kind detects by or reads."""
     out: set[str] = set()
     for _, kind in SERVER_KINDS.items():
-        out |= kind.wanted() | set(kind.detect)
+        out |= kind.read()
     return frozenset(out)
 
 
-def _label_sets(text: str, names: frozenset[str]) -> tuple[dict[str, float], dict[str, int]]:
+def _label_sets(samples: Iterable[Sample]) -> tuple[dict[str, float], dict[str, int]]:
     """Sample name → its values summed over label sets, and how many label sets there were."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for s in parse_exposition(text, names):
+    for s in samples:
         sums[s.name] = sums.get(s.name, 0.0) + s.value
         counts[s.name] = counts.get(s.name, 0) + 1
     return sums, counts
@@ -218,6 +243,14 @@ class GpuSample(StrictModel):
     power_w: float | None = None
 
 
+class SeriesValue(StrictModel):
+    """One sample of a scrape with its labels (a :attr:`ServerKind.series` name)."""
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    value: float
+
+
 class ServerSample(StrictModel):
     """One line of ``server_metrics.jsonl``: a scrape (or the one record of why scraping stopped)."""
 
@@ -233,6 +266,9 @@ class ServerSample(StrictModel):
     kv_usage: float | None = None
     raw: dict[str, float] = Field(default_factory=dict)
     """The samples the normalised values came from, and the kind's ``keep`` ones, as scraped."""
+    series: list[SeriesValue] = Field(default_factory=list)
+    """The kind's :attr:`ServerKind.series` samples, one per label set (finite values only: a NaN
+    gauge says nothing, and JSON has no NaN)."""
     gpu: list[GpuSample] = Field(default_factory=list)
     error: str | None = None
     """Why this scrape gave nothing (recorded once per kind of failure)."""
@@ -246,7 +282,8 @@ def normalise(text: str, t_s: float, kind: ServerKind | None = None) -> ServerSa
     """One scrape's text as a :class:`ServerSample` (``kind`` detected when not given). Raises
     ``ValueError`` for text that is not an exposition, :class:`UnknownServer` for one with none of
     the known names."""
-    sums, counts = _label_sets(text, kind.wanted() | set(kind.detect) if kind else known_names())
+    samples = parse_exposition(text, kind.read() if kind else known_names())
+    sums, counts = _label_sets(samples)
     kind = kind or detect_kind(sums)
     if kind is None:
         raise UnknownServer(
@@ -263,7 +300,12 @@ def normalise(text: str, t_s: float, kind: ServerKind | None = None) -> ServerSa
         else:
             values[field] = sums[name]
     raw = {n: sums[n] for n in sorted(kind.wanted()) if n in sums}
-    return ServerSample(t_s=round(t_s, 4), kind=kind.name, raw=raw, **values)
+    series = [
+        SeriesValue(name=s.name, labels=dict(s.labels), value=s.value)
+        for s in samples
+        if s.name in kind.series and math.isfinite(s.value)
+    ]
+    return ServerSample(t_s=round(t_s, 4), kind=kind.name, raw=raw, series=series, **values)
 
 
 class UnknownServer(ValueError):
@@ -346,7 +388,8 @@ class SampleWriter:
     def write(self, sample: ServerSample) -> None:
         if self._fh.closed:
             return
-        doc = sample.model_dump(exclude_none=True, exclude=None if sample.gpu else {"gpu"})
+        empty = {name for name in ("gpu", "series") if not getattr(sample, name)}
+        doc = sample.model_dump(exclude_none=True, exclude=empty or None)
         self._fh.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
         self._fh.flush()
 
@@ -356,23 +399,30 @@ class SampleWriter:
 
 
 class Scraper:
-    """Scrapes the target's ``/metrics`` every ``interval_s`` (a greenlet of the local / master
-    process) into ``server_metrics.jsonl``; :meth:`stop` takes a last scrape, so the final counters
-    include the run's last requests, and closes the file.
+    """The one scraper of a target's ``/metrics``: each :meth:`scrape` appends a
+    :class:`ServerSample` line to ``path`` (a ``server_metrics.jsonl``).
 
-    ``now`` gives seconds since the run's epoch (:meth:`harness.load.plugin.LoadRun.now_s`). The
-    scrape uses the run's credentials' admin headers: ``harness serve --protect-metrics`` takes the
-    admin token or an API key, and :meth:`Credentials.admin_headers` sends the token, else the key."""
+    In a load run it scrapes every ``interval_s`` (:meth:`start`: a greenlet of the local / master
+    process, through ``geventhttpclient``) and :meth:`stop` takes a last scrape, so the final
+    counters include the run's last requests, and closes the file; ``now`` gives seconds since the
+    run's epoch (:meth:`harness.load.plugin.LoadRun.now_s`). Outside a Locust process
+    (``harness analysis scrape``) it is ``blocking``: the caller calls :meth:`scrape` on its own
+    schedule, through httpx, and :meth:`close` at the end.
+
+    The scrape uses the credentials' admin headers: ``harness serve --protect-metrics`` takes the
+    admin token or an API key, and :meth:`Credentials.admin_headers` sends the token, else the key;
+    TLS is verified as the credentials say."""
 
     def __init__(
         self,
         host: str,
         creds: Credentials,
-        results_dir: Path,
+        path: Path,
         *,
         interval_s: float,
         now: Callable[[], float],
         warn: Callable[[str], None],
+        blocking: bool = False,
     ) -> None:
         from harness.load.client import base_path
 
@@ -381,8 +431,10 @@ class Scraper:
         self.interval_s = interval_s
         self.now = now
         self.warn = warn
-        self.path = results_dir / SERVER_METRICS_FILE
+        self.blocking = blocking
+        self.path = path
         self.url_path = base_path(host) + METRICS_PATH
+        self.url = host.rstrip("/") + METRICS_PATH
         self.writer = SampleWriter(self.path)
         self.samples: list[ServerSample] = []
         """The scrapes so far (what the file holds), for the summary's per-phase deltas."""
@@ -476,18 +528,28 @@ class Scraper:
 
     def _get(self) -> tuple[int, bytes]:
         if self._client is None:
-            from harness.load.client import gevent_client
-
-            self._client = gevent_client(
-                self.host, self.creds, network_timeout=SCRAPE_TIMEOUT_S, connection_timeout=SCRAPE_TIMEOUT_S
-            )
+            self._client = self._connect()
         try:
+            if self.blocking:
+                answer = self._client.get(self.url, headers=self.creds.admin_headers())
+                return int(answer.status_code), bytes(answer.content)
             resp = self._client.get(self.url_path, headers=self.creds.admin_headers())
             return int(resp.status_code), bytes(resp.read())
         except Exception:
             self._client.close()
             self._client = None  # a fresh connection next time
             raise
+
+    def _connect(self) -> Any:
+        if self.blocking:
+            import httpx
+
+            return httpx.Client(timeout=SCRAPE_TIMEOUT_S, verify=self.creds.httpx_verify())
+        from harness.load.client import gevent_client
+
+        return gevent_client(
+            self.host, self.creds, network_timeout=SCRAPE_TIMEOUT_S, connection_timeout=SCRAPE_TIMEOUT_S
+        )
 
     def _failure(self, t: float, error: str, *, final: bool) -> None:
         """Record a failure once per kind of error (a line, a warning); ``final`` stops scraping."""
@@ -517,9 +579,14 @@ class Scraper:
             self.scrape()
         except Exception:
             log.exception("harness load: the last server metrics scrape failed")
+        self.close()
+
+    def close(self) -> None:
+        """Close the file, the connection and NVML (no last scrape: :meth:`stop` takes one)."""
         self.writer.close()
         if self._client is not None:
             self._client.close()
+            self._client = None
         self.nvml.close()
 
     def summary(self, phases: Sequence[tuple[str, float, float]]) -> ServerTelemetry:
