@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.common.formats import Reader
 from harness.common.io import parse_jsonl_line
 from harness.traces._base import (
     REQUEST_READERS,
     ArrivalClock,
     OnSkip,
-    Reader,
     convert_rows,
     first_line,
     iter_lines,
