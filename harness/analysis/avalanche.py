@@ -324,16 +324,13 @@ def measure_rto(
 def measure_rto_run(
     run_dir: str | Path, event_s: float, *, window_s: float = 10.0, recover: float = 0.95
 ) -> float | None:
-    """:func:`measure_rto` over a load run's records (a hit is any ``HIT-*`` cache status)."""
-    from harness.load.results import read_records
+    """:func:`measure_rto` over a load run's records that carry an ``x-cache`` status (a hit as the
+    summary's hit rate counts one, :func:`harness.load.results.cache_hit`: any ``HIT-*``)."""
+    from harness.load.results import cache_hit, read_records, record_columns
 
-    sent: list[float] = []
-    hits: list[bool] = []
-    for r in read_records(run_dir):
-        if r.cache is None:
-            continue
-        sent.append(r.sent_s)
-        hits.append(r.cache.startswith("HIT"))
-    if not sent:
+    told = [r for r in read_records(run_dir) if r.cache is not None]
+    if not told:
         raise InputError("no record carries an x-cache status", file=run_dir, field="cache")
-    return measure_rto(sent, hits, event_s, window_s=window_s, recover=recover)
+    statuses, _ = record_columns(told)
+    hits = cache_hit(statuses).tolist()
+    return measure_rto([r.sent_s for r in told], hits, event_s, window_s=window_s, recover=recover)

@@ -32,7 +32,7 @@ from harness.common.stats import percentile, percentile_interval
 from harness.experiments.capacity_result import CapacityResult
 from harness.gates.metrics import format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet
-from harness.load.results import CLIENT_BOUND_LATENESS_MS
+from harness.load.results import CLIENT_BOUND_LATENESS_MS, cache_counts, prefix_counts, warm_counts
 from harness.load.telemetry import SERVER_METRICS_FILE, ServerSample, read_server_metrics
 
 MAX_POINTS = 20_000
@@ -473,16 +473,14 @@ def pair(sets: Sequence[ResultSet]) -> tuple[ResultSet, ResultSet] | None:
 
 
 def _rate_of(rs: ResultSet, kind: str) -> tuple[int, int]:
-    """``(hits, requests that reported)`` for the response cache, the prefix cache, or either."""
-    f = rs.frame
-    told = f.cache_told()
-    reported, prefix = f.prefix_hit()
+    """``(hits, requests that reported)`` for the response cache, the prefix cache, or either, counted
+    as the gates' ``hit_rate_any``, ``hit_rate_prefix`` and ``warm_rate`` count them."""
+    statuses, cached = rs.frame.text["cache"], rs.frame.col("cached_tokens")
     if kind == "response cache":
-        return int(f.cache_hit().sum()), int(told.sum())
+        return cache_counts(statuses)
     if kind == "prefix cache":
-        return int(prefix.sum()), int(reported.sum())
-    warm = f.cache_hit() | prefix
-    return int(warm[told | reported].sum()), int((told | reported).sum())
+        return prefix_counts(cached)
+    return warm_counts(statuses, cached)
 
 
 @_plot(
