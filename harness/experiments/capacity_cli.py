@@ -16,6 +16,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
+from harness.experiments.slo import DEFAULT_SLO
 from harness.experiments.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
 
@@ -45,7 +46,7 @@ def capacity(
         str | None,
         typer.Option(
             "--slo",
-            help='Comma-separated metric<=value terms (default "ttft_p95<=3x,error_rate<=0.05"); '
+            help=f'Comma-separated metric<=value terms (default "{DEFAULT_SLO}"); '
             "ttft/e2e/tpot/itl_p50|90|95|99 in ms or Nx the reference probe's, error_rate a share.",
         ),
     ] = None,
@@ -131,7 +132,6 @@ def capacity(
     from harness.experiments.capacity import CapacityRunner, CapacitySpec
     from harness.experiments.capacity_result import answer_line
     from harness.experiments.driver import DEFAULT_SERVE_ARGS, parse_serve_args
-    from harness.experiments.slo import DEFAULT_SLO
     from harness.load.runner import LoadSpec
 
     check_one_target(serve_args, url)

@@ -15,6 +15,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ConfigError, ExitCode
+from harness.experiments.slo import DEFAULT_SLO
 from harness.experiments.target_options import ServeArgs, Url, check_one_target
 from harness.load.options import typer_options
 
@@ -95,7 +96,7 @@ def run(
         str | None,
         typer.Option(
             "--slo",
-            help='SLO of that capacity measurement (default "ttft_p95<=3x,error_rate<=0.05").',
+            help=f'SLO of that capacity measurement (default "{DEFAULT_SLO}").',
             rich_help_panel=_LOAD,
         ),
     ] = None,
