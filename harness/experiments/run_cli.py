@@ -110,8 +110,7 @@ def run(
     from harness.experiments.driver import DEFAULT_SERVE_ARGS, parse_serve_args
     from harness.experiments.paired import PairedRunner
     from harness.experiments.paired_spec import PairedSpec
-    from harness.gates.compare import comparison_table
-    from harness.gates.output import gate_table
+    from harness.gates.output import comparison_table, gate_table
     from harness.load.runner import LoadSpec
 
     check_one_target(serve_args, url)
