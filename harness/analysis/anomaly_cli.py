@@ -9,14 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
-from harness.common.auth import (
-    AdminTokenOption,
-    ApiKeyOption,
-    CaBundleOption,
-    Credentials,
-    HeaderOption,
-    InsecureOption,
-)
+from harness.common import auth
 from harness.common.errors import InputError
 from harness.common.io import write_json
 
@@ -31,17 +24,17 @@ def scrape(
     ],
     every_s: Annotated[float, typer.Option("--every-s", min=0.0, help="Seconds between scrapes.")] = 5.0,
     count: Annotated[int, typer.Option("--count", min=1, help="Number of scrapes.")] = 60,
-    api_key: ApiKeyOption = None,
-    admin_token: AdminTokenOption = None,
-    header: HeaderOption = None,
-    ca_bundle: CaBundleOption = None,
-    insecure: InsecureOption = False,
+    api_key: auth.ApiKeyOption = None,
+    admin_token: auth.AdminTokenOption = None,
+    header: auth.HeaderOption = None,
+    ca_bundle: auth.CaBundleOption = None,
+    insecure: auth.InsecureOption = False,
 ) -> None:
     """Scrape /metrics periodically into a server_metrics.jsonl for `harness analysis anomaly`."""
     from harness.analysis.anomaly import scrape_metrics
 
-    creds = Credentials.of(
-        api_key=api_key, admin_token=admin_token, headers=header or (), ca_bundle=ca_bundle, insecure=insecure
+    creds = auth.Credentials.of(
+        api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
     )
     n = scrape_metrics(url, creds, out, every_s=every_s, count=count, warn=say)
     say(f"wrote {n} scrapes to {out}")
@@ -88,11 +81,11 @@ def anomaly(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the tree JSON here.")] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    api_key: ApiKeyOption = None,
-    admin_token: AdminTokenOption = None,
-    header: HeaderOption = None,
-    ca_bundle: CaBundleOption = None,
-    insecure: InsecureOption = False,
+    api_key: auth.ApiKeyOption = None,
+    admin_token: auth.AdminTokenOption = None,
+    header: auth.HeaderOption = None,
+    ca_bundle: auth.CaBundleOption = None,
+    insecure: auth.InsecureOption = False,
 ) -> None:
     """Attribute HitRate/FillRate/ThermalDrift deviations to tier/tenant/scenario and leaf causes."""
     from harness.analysis.anomaly import (
@@ -111,12 +104,8 @@ def anomaly(
     if prometheus is not None:
         if start is None or end is None:
             raise typer.BadParameter("--prometheus needs --start and --end", param_hint="--start")
-        creds = Credentials.of(
-            api_key=api_key,
-            admin_token=admin_token,
-            headers=header or (),
-            ca_bundle=ca_bundle,
-            insecure=insecure,
+        creds = auth.Credentials.of(
+            api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
         )
         series = series_from_prometheus(prometheus, start, end, step_s, creds=creds)
         source = prometheus

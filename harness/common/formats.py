@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
+import orjson
+
 from harness.common.errors import InputError
 
 P = ParamSpec("P")
@@ -49,6 +51,21 @@ def by_priority(readers: Iterable[R]) -> list[R]:
 def sniff(readers: Iterable[R], path: Path, head: bytes) -> R | None:
     """The first of ``readers`` in sniffing order whose ``sniff`` accepts ``path`` and ``head``."""
     return next((r for r in by_priority(readers) if r.sniff(path, head)), None)
+
+
+def first_line(head: bytes) -> bytes:
+    """The first line of a file's first bytes that is not blank (a byte-order mark dropped), stripped:
+    what a line-per-record format's sniff looks at."""
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
+
+
+def first_object(head: bytes) -> dict[str, Any] | None:
+    """:func:`first_line` as a JSON object (a JSONL format's first record), ``None`` when it is not one."""
+    try:
+        obj = orjson.loads(first_line(head))
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def unrecognised(

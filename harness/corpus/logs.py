@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import orjson
 
 from harness.common.errors import InputError
-from harness.common.formats import Reader, sniff, unrecognised
+from harness.common.formats import Reader, first_object, sniff, unrecognised
 from harness.common.io import iter_jsonl, jsonl_lines, parse_jsonl_line
 from harness.common.registry import Registry
 from harness.corpus.model import FewShotLogEntry
@@ -197,12 +197,8 @@ def _json_doc(path: Path, data: bytes, expected: str) -> Any:
 
 
 def _sniff_jsonl(name: Path, head: bytes) -> bool:
-    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
-    try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and "text" in obj and "id" in obj
+    obj = first_object(head)
+    return obj is not None and "text" in obj and "id" in obj
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[Utterance]:

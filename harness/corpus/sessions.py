@@ -43,6 +43,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from harness.common.errors import ConfigError, InputError
+from harness.common.formats import first_object
 from harness.common.io import jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
@@ -219,12 +220,8 @@ def _seconds(v: float | datetime | None) -> float | None:
 
 
 def _sniff_jsonl(name: Path, head: bytes) -> bool:
-    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
-    try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and {"session_id", "turn", "text"} <= obj.keys()
+    obj = first_object(head)
+    return obj is not None and {"session_id", "turn", "text"} <= obj.keys()
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:

@@ -260,10 +260,6 @@ def read_head(path: Path, size: int = MAX_SNIFF) -> bytes:
         return fh.read(size)
 
 
-def first_line(head: bytes) -> bytes:
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
-
-
 # --------------------------------------------------------------------------- rows → events
 
 

@@ -49,3 +49,13 @@ def test_both_stages_register_the_one_reader_type() -> None:
     assert formats()  # importing the API registers the trace formats
     for registry in (LOG_READERS, SESSION_READERS, REQUEST_READERS, TRACE_READERS):
         assert all(isinstance(r, Reader) for _, r in registry.items()), registry.kind
+
+
+def test_the_first_line_and_object_a_jsonl_sniff_looks_at() -> None:
+    from harness.common.formats import first_line, first_object
+
+    head = b'\xef\xbb\xbf\n  {"id": "a", "text": "x"}  \r\n{"id": "b"'  # a read boundary cuts line 2
+    assert first_line(head) == b'{"id": "a", "text": "x"}'
+    assert first_object(head) == {"id": "a", "text": "x"}
+    assert first_object(b"[1, 2]\n") is None and first_object(b"id,text\n") is None
+    assert first_object(b"") is None

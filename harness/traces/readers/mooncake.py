@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from harness.common.formats import Reader
+from harness.common.formats import Reader, first_line
 from harness.common.io import parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.traces._base import (
@@ -16,7 +16,6 @@ from harness.traces._base import (
     ArrivalClock,
     OnSkip,
     convert_rows,
-    first_line,
     iter_lines,
 )
 from harness.traces.model import RequestEvent
