@@ -1,9 +1,12 @@
 """Anomaly attribution: which tier, tenant or scenario moved HitRate, FillRate or ThermalDrift, and why.
 
-Input is a time series of our metrics: scrapes of ``/metrics`` (Prometheus text, collected with
-``harness analysis scrape`` into a JSONL of ``{ts, text}``), or a Prometheus server's HTTP query API
+Input is a time series of our metrics: scrapes of ``/metrics`` in ``server_metrics.jsonl``'s format
+(each line's ``series``: what a load run against ``harness serve`` writes, and what ``harness analysis
+scrape`` writes with the same scraper, :class:`harness.load.telemetry.Scraper`; the ``{ts, text}``
+lines that command wrote before are still read), or a Prometheus server's HTTP query API
 (``/api/v1/query_range``). Each series is reduced to one value per scrape interval: a gauge's value,
-a counter's increase per second (resets handled), a histogram's mean (Δsum / Δcount). Against a
+a counter's increase per second, a histogram's mean (Δsum / Δcount), every difference by the one
+counter rule (:func:`harness.common.prometheus.counter_increase`: a reset counts from 0). Against a
 **baseline window** (default: the first quarter of the time span) every series of the **test
 window** gets a deviation ``z = (observed mean − baseline mean) / scale`` with
 ``scale = max(baseline stddev, 5 % of the baseline mean, a per-metric floor)``; a deviation in the
@@ -27,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -35,9 +38,18 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
+from harness.common.auth import Credentials
 from harness.common.errors import InputError, UnavailableError
-from harness.common.io import iter_jsonl
+from harness.common.io import check_input_file, iter_jsonl, jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
+from harness.common.prometheus import counter_increase, parse_exposition
+from harness.load.telemetry import (
+    METRICS_PATH,
+    SERVER_METRICS_FILE,
+    Scraper,
+    ServerSample,
+    read_server_metrics,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -103,7 +115,8 @@ def metric_names() -> list[str]:
 
 class Window(StrictModel):
     start: float
-    """Unix seconds."""
+    """Seconds on the input's time axis: unix seconds for ``harness analysis scrape`` and a Prometheus
+    query, the run's seconds (``t_s``) for a load run's ``server_metrics.jsonl``."""
     end: float
 
 
@@ -155,75 +168,102 @@ class AnomalyReport(StrictModel):
 # --------------------------------------------------------------------------- inputs
 
 
+def series_from_samples(samples: Iterable[ServerSample]) -> dict[SeriesKey, Samples]:
+    """Time series of every sample the tree reads, from the ``series`` of ``server_metrics.jsonl``
+    lines (a load run's against ``harness serve``, or ``harness analysis scrape``'s), in any order."""
+    wanted = set(metric_names())
+    series: dict[SeriesKey, Samples] = {}
+    for s in sorted(samples, key=lambda s: s.t_s):
+        for v in s.series:
+            if v.name in wanted:
+                series.setdefault((v.name, tuple(sorted(v.labels.items()))), []).append((s.t_s, v.value))
+    return series
+
+
 class Scrape(StrictModel):
-    """One line of a scrapes JSONL: a ``/metrics`` body and when it was taken."""
+    """One line of the scrapes JSONL that ``harness analysis scrape`` wrote before it wrote
+    ``server_metrics.jsonl``'s lines: a ``/metrics`` body and when it was taken. Still read."""
 
     ts: float
     """Unix seconds."""
     text: str
 
 
-def parse_exposition(text: str, wanted: Iterable[str] | None = None) -> dict[SeriesKey, float]:
-    """Sample values of a Prometheus text exposition (optionally only some sample names)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    keep = set(wanted) if wanted is not None else None
-    out: dict[SeriesKey, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if keep is not None and s.name not in keep:
-                continue
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
 def series_from_scrapes(scrapes: Iterable[Scrape]) -> dict[SeriesKey, Samples]:
-    """Time series of every sample the tree reads, from scrapes in any order."""
+    """Time series of every sample the tree reads, from ``{ts, text}`` scrapes in any order."""
     wanted = metric_names()
     series: dict[SeriesKey, Samples] = {}
     for sc in sorted(scrapes, key=lambda s: s.ts):
-        for key, value in parse_exposition(sc.text, wanted).items():
-            series.setdefault(key, []).append((sc.ts, value))
+        for sample in parse_exposition(sc.text, wanted):
+            if math.isfinite(sample.value):  # as the scraper keeps them: a NaN gauge says nothing
+                series.setdefault((sample.name, sample.labels), []).append((sc.ts, sample.value))
     return series
 
 
-def read_scrapes(path: str | Path) -> list[Scrape]:
-    return [s for _, s in iter_jsonl(path, Scrape, expected="a scrape ({ts, text})")]
+def read_series(path: str | Path) -> dict[SeriesKey, Samples]:
+    """Time series of every sample the tree reads from a ``server_metrics.jsonl`` (or a run directory
+    holding one), or from an older ``harness analysis scrape`` file of ``{ts, text}`` lines (told
+    apart by its first line)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / SERVER_METRICS_FILE
+    with check_input_file(p, allow_empty=True).open("rb") as fh:
+        first = next(jsonl_lines(fh), None)
+    if first is not None and set(parse_jsonl_line(first[1], first[0], file=p)) == {"ts", "text"}:
+        return series_from_scrapes(s for _, s in iter_jsonl(p, Scrape, expected="a scrape ({ts, text})"))
+    return series_from_samples(read_server_metrics(p))
 
 
-def collect_scrapes(
-    url: str, *, every_s: float, count: int, timeout_s: float = 5.0, out: str | Path | None = None
-) -> list[Scrape]:
-    """Scrape ``url`` (a ``/metrics`` endpoint) ``count`` times, ``every_s`` apart (blocking)."""
-    import httpx
-
-    from harness.common.io import write_jsonl
-
-    scrapes: list[Scrape] = []
-    with httpx.Client(timeout=timeout_s) as client:
+def scrape_metrics(
+    url: str,
+    creds: Credentials,
+    out: str | Path,
+    *,
+    every_s: float,
+    count: int,
+    warn: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Scrape a ``harness serve``'s ``/metrics`` ``count`` times, ``every_s`` apart, into ``out`` in
+    ``server_metrics.jsonl``'s format, by the load stage's scraper (:class:`Scraper`, blocking) with
+    ``creds``; ``t_s`` is unix seconds. ``url`` is the server's base URL or its ``/metrics`` URL.
+    Returns the scrapes written. Each line is flushed as written, so an interruption keeps what was
+    scraped. A target that cannot be scraped at the first try, or not any more (no ``/metrics``,
+    refused credentials, not our server's names), is an :class:`UnavailableError`; a later failure
+    that may pass (a timeout) is warned about and the next scrape goes on schedule."""
+    host = url.rstrip("/").removesuffix(METRICS_PATH)
+    scraper = Scraper(host, creds, Path(out), interval_s=every_s, now=time.time, warn=warn, blocking=True)
+    try:
         for i in range(count):
             t0 = time.monotonic()
-            try:
-                resp = client.get(url)
-                resp.raise_for_status()
-            except httpx.HTTPError as exc:
-                raise UnavailableError(f"cannot scrape {url}: {exc}", field="--url") from None
-            scrapes.append(Scrape(ts=time.time(), text=resp.text))
-            if out is not None:
-                write_jsonl(out, (s.model_dump() for s in scrapes))  # partial results survive Ctrl-C
+            scraper.scrape()
+            if scraper.server_off or not any(s.kind is not None for s in scraper.samples):
+                raise UnavailableError(f"cannot scrape {scraper.url}: {scraper.first_error}", field="--url")
             if i + 1 < count:
-                time.sleep(max(0.0, every_s - (time.monotonic() - t0)))
-    return scrapes
+                sleep(max(0.0, every_s - (time.monotonic() - t0)))
+    finally:
+        scraper.close()
+    return sum(s.kind is not None for s in scraper.samples)
 
 
 def series_from_prometheus(
-    base_url: str, start: float, end: float, step_s: float, *, transport: httpx.BaseTransport | None = None
+    base_url: str,
+    start: float,
+    end: float,
+    step_s: float,
+    *,
+    creds: Credentials | None = None,
+    transport: httpx.BaseTransport | None = None,
 ) -> dict[SeriesKey, Samples]:
-    """Time series of every sample the tree reads from a Prometheus server's ``query_range`` API."""
+    """Time series of every sample the tree reads from a Prometheus server's ``query_range`` API
+    (with ``creds``' request headers and TLS policy: a Prometheus behind a gateway wants a key)."""
     import httpx
 
+    creds = creds or Credentials()
     series: dict[SeriesKey, Samples] = {}
-    with httpx.Client(timeout=30.0, transport=transport) as client:
+    with httpx.Client(
+        timeout=30.0, transport=transport, headers=creds.request_headers(), verify=creds.httpx_verify()
+    ) as client:
         for name in metric_names():
             try:
                 resp = client.get(
@@ -234,7 +274,7 @@ def series_from_prometheus(
                 doc = resp.json()
             except (httpx.HTTPError, ValueError) as exc:
                 raise UnavailableError(
-                    f"Prometheus query for {name} failed: {exc}", field="--prometheus"
+                    creds.redact(f"Prometheus query for {name} failed: {exc}"), field="--prometheus"
                 ) from None
             if doc.get("status") != "success":
                 raise UnavailableError(f"Prometheus refused the query for {name}: {doc.get('error')}")
@@ -256,8 +296,7 @@ def _intervals(samples: Samples, kind: Kind) -> list[tuple[float, float]]:
     for (t0, v0), (t1, v1) in itertools.pairwise(samples):
         if t1 <= t0:
             continue
-        inc = v1 - v0 if v1 >= v0 else v1  # a reset restarted the counter from 0
-        out.append((t1, inc / (t1 - t0)))
+        out.append((t1, counter_increase(v0, v1) / (t1 - t0)))
     return out
 
 
@@ -266,8 +305,7 @@ def _histogram_means(sums: Samples, counts: Samples) -> list[tuple[float, float]
     pairs = [(t, s, by_t[t]) for t, s in sums if t in by_t]
     out: list[tuple[float, float]] = []
     for (_, s0, c0), (t1, s1, c1) in itertools.pairwise(pairs):
-        dc = c1 - c0 if c1 >= c0 else c1
-        ds = s1 - s0 if s1 >= s0 else s1
+        dc, ds = counter_increase(c0, c1), counter_increase(s0, s1)
         if dc > 0:
             out.append((t1, ds / dc))
     return out

@@ -9,22 +9,35 @@ from typing import Annotated, Any
 import typer
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
+from harness.common import auth
 from harness.common.errors import InputError
 from harness.common.io import write_json
 
 
 def scrape(
     *,
-    url: Annotated[str, typer.Option("--url", help="The /metrics URL to scrape.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Scrapes JSONL to write.")],
-    every_s: Annotated[float, typer.Option("--every-s", help="Seconds between scrapes.")] = 5.0,
-    count: Annotated[int, typer.Option("--count", help="Number of scrapes.")] = 60,
+    url: Annotated[
+        str, typer.Option("--url", help="The server's base URL, or its /metrics URL (harness serve).")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="server_metrics.jsonl to write (t_s in unix seconds).")
+    ],
+    every_s: Annotated[float, typer.Option("--every-s", min=0.0, help="Seconds between scrapes.")] = 5.0,
+    count: Annotated[int, typer.Option("--count", min=1, help="Number of scrapes.")] = 60,
+    api_key: auth.ApiKeyOption = None,
+    admin_token: auth.AdminTokenOption = None,
+    header: auth.HeaderOption = None,
+    ca_bundle: auth.CaBundleOption = None,
+    insecure: auth.InsecureOption = False,
 ) -> None:
-    """Scrape /metrics periodically into a JSONL for `harness analysis anomaly`."""
-    from harness.analysis.anomaly import collect_scrapes
+    """Scrape /metrics periodically into a server_metrics.jsonl for `harness analysis anomaly`."""
+    from harness.analysis.anomaly import scrape_metrics
 
-    scrapes = collect_scrapes(url, every_s=every_s, count=count, out=out)
-    say(f"wrote {len(scrapes)} scrapes to {out}")
+    creds = auth.Credentials.of(
+        api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
+    )
+    n = scrape_metrics(url, creds, out, every_s=every_s, count=count, warn=say)
+    say(f"wrote {n} scrapes to {out}")
 
 
 def _span(text: str | None, t0: float, t1: float, name: str) -> Any:
@@ -47,7 +60,12 @@ def _span(text: str | None, t0: float, t1: float, name: str) -> Any:
 def anomaly(
     *,
     scrapes: Annotated[
-        Path | None, typer.Option("--scrapes", help="Scrapes JSONL (harness analysis scrape).")
+        Path | None,
+        typer.Option(
+            "--scrapes",
+            help="A server_metrics.jsonl (harness analysis scrape, or a load run's against harness serve) "
+            "or the run directory holding it.",
+        ),
     ] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL.")] = None,
     start: Annotated[float | None, typer.Option("--start", help="With --prometheus: unix start.")] = None,
@@ -63,16 +81,20 @@ def anomaly(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the tree JSON here.")] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    api_key: auth.ApiKeyOption = None,
+    admin_token: auth.AdminTokenOption = None,
+    header: auth.HeaderOption = None,
+    ca_bundle: auth.CaBundleOption = None,
+    insecure: auth.InsecureOption = False,
 ) -> None:
     """Attribute HitRate/FillRate/ThermalDrift deviations to tier/tenant/scenario and leaf causes."""
     from harness.analysis.anomaly import (
         AnomalyReport,
         attribute,
-        read_scrapes,
+        read_series,
         render_tree,
         series_from_prometheus,
     )
-    from harness.analysis.anomaly import series_from_scrapes as from_scrapes
 
     if schema:
         echo_json(AnomalyReport.model_json_schema())
@@ -82,11 +104,14 @@ def anomaly(
     if prometheus is not None:
         if start is None or end is None:
             raise typer.BadParameter("--prometheus needs --start and --end", param_hint="--start")
-        series = series_from_prometheus(prometheus, start, end, step_s)
+        creds = auth.Credentials.of(
+            api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
+        )
+        series = series_from_prometheus(prometheus, start, end, step_s, creds=creds)
         source = prometheus
     else:
         assert scrapes is not None
-        series = from_scrapes(read_scrapes(scrapes))
+        series = read_series(scrapes)
         source = str(scrapes)
     times = [t for s in series.values() for t, _ in s]
     if not times:

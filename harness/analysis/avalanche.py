@@ -43,6 +43,7 @@ from pydantic import Field
 from harness.common.errors import InputError
 from harness.common.io import check_input_file, iter_jsonl
 from harness.common.model import StrictModel
+from harness.common.prometheus import parse_exposition
 from harness.common.stats import Distribution
 
 
@@ -201,17 +202,13 @@ def risks_from_state(state_dir: str | Path, window_s: float, by: str = "tier") -
 
 def classes_from_server(stats: dict[str, object], metrics_text: str, write_span_s: float) -> list[KeyClass]:
     """Key classes per value tier from ``GET /cache/stats`` (TTLs) and ``/metrics`` (write-backs)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     ttl = stats.get("ttl_s")
     if not isinstance(ttl, dict):
         raise InputError("cache stats carry no ttl_s", field="ttl_s")
     writes: dict[str, float] = {}
-    for fam in text_string_to_metric_families(metrics_text):
-        for s in fam.samples:
-            if s.name == "cache_writebacks_total":
-                tier = s.labels.get("value_tier", "")
-                writes[tier] = writes.get(tier, 0.0) + float(s.value)
+    for s in parse_exposition(metrics_text, ["cache_writebacks_total"]):
+        tier = dict(s.labels).get("value_tier", "")
+        writes[tier] = writes.get(tier, 0.0) + s.value
     return [
         KeyClass(name=t, keys=int(writes.get(t, 0)), ttl_s=float(v), write_span_s=write_span_s)
         for t, v in ttl.items()
@@ -327,16 +324,13 @@ def measure_rto(
 def measure_rto_run(
     run_dir: str | Path, event_s: float, *, window_s: float = 10.0, recover: float = 0.95
 ) -> float | None:
-    """:func:`measure_rto` over a load run's records (a hit is any ``HIT-*`` cache status)."""
-    from harness.load.results import read_records
+    """:func:`measure_rto` over a load run's records that carry an ``x-cache`` status (a hit as the
+    summary's hit rate counts one, :func:`harness.load.results.cache_hit`: any ``HIT-*``)."""
+    from harness.load.results import cache_hit, read_records, record_columns
 
-    sent: list[float] = []
-    hits: list[bool] = []
-    for r in read_records(run_dir):
-        if r.cache is None:
-            continue
-        sent.append(r.sent_s)
-        hits.append(r.cache.startswith("HIT"))
-    if not sent:
+    told = [r for r in read_records(run_dir) if r.cache is not None]
+    if not told:
         raise InputError("no record carries an x-cache status", file=run_dir, field="cache")
-    return measure_rto(sent, hits, event_s, window_s=window_s, recover=recover)
+    statuses, _ = record_columns(told)
+    hits = cache_hit(statuses).tolist()
+    return measure_rto([r.sent_s for r in told], hits, event_s, window_s=window_s, recover=recover)

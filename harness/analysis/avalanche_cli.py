@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json
+from harness.common.console import table
 from harness.common.io import write_json
 
 
@@ -66,11 +66,8 @@ def avalanche(
     if as_json:
         echo_json(report.model_dump())
         return
-    table = Table(title=f"cache avalanche — window Δ = {window_s:g} s")
-    for col in ("class", "keys", "TTL s", "spread s", "p_i", "together", "jitter s", "source"):
-        table.add_column(col, justify="left" if col in ("class", "source") else "right")
-    for r in report.classes:
-        table.add_row(
+    rows = [
+        (
             r.name,
             f"{r.keys:,}",
             "—" if r.ttl_s is None else f"{r.ttl_s:,.0f}",
@@ -80,7 +77,12 @@ def avalanche(
             "—" if r.jitter_s is None else f"{r.jitter_s:,.0f}",
             r.source,
         )
-    console.print(table)
+        for r in report.classes
+    ]
+    columns = ("class", "keys", "TTL s", "spread s", "p_i", "together", "jitter s", "source")
+    console.print(
+        table(f"cache avalanche — window Δ = {window_s:g} s", columns, rows, left={"class", "source"})
+    )
     msg = f"P = 1 − Π(1 − p_i) = {report.probability:.4f}"
     if report.target is not None:
         msg += f"; target {report.target:g} needs p_i ≤ {report.per_class_target:.4f} per class"
@@ -139,14 +141,13 @@ def rto(
             }
         )
         return
-    table = Table(title="RTO prediction")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("rebuild work W = N·g/(s·(1 − ρ))", f"{case.work_s:,.1f} s")
-    table.add_row("c0 (fixed), c1 (contention)", f"{coef.c0:g} s, {coef.c1:g}")
-    table.add_row("calibrated on", f"{coef.calibrated_on} runs")
-    table.add_row("RTO = c0 + c1 · W", f"{value:,.1f} s")
-    console.print(table)
+    rows = [
+        ("rebuild work W = N·g/(s·(1 − ρ))", f"{case.work_s:,.1f} s"),
+        ("c0 (fixed), c1 (contention)", f"{coef.c0:g} s, {coef.c1:g}"),
+        ("calibrated on", f"{coef.calibrated_on} runs"),
+        ("RTO = c0 + c1 · W", f"{value:,.1f} s"),
+    ]
+    console.print(table("RTO prediction", ("quantity", "value"), rows, left={"quantity"}))
 
 
 def rto_calibrate(

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, err_console, say
 from harness.analysis.decay_sweep import SWEEP_LOAD_DEFAULTS, SweepOptions
+from harness.common.console import table
 from harness.common.errors import ConfigError
 from harness.common.io import write_json
 from harness.common.options import flag_for, options_of, with_options
@@ -47,12 +47,12 @@ def decay(
     if as_json:
         echo_json(fit.model_dump())
         return
-    table = Table(title="QPS decay: QPS = QPS0 · exp(−k · CMR²)")
-    for col in ("CMR", "QPS", "fitted", "residual", "stage"):
-        table.add_column(col, justify="right")
-    for p, r in zip(fit.points, fit.residuals, strict=True):
-        table.add_row(f"{p.cmr:.3f}", f"{p.qps:.3f}", f"{p.qps - r:.3f}", f"{r:+.3f}", p.stage or "")
-    console.print(table)
+    rows = [
+        (f"{p.cmr:.3f}", f"{p.qps:.3f}", f"{p.qps - r:.3f}", f"{r:+.3f}", p.stage or "")
+        for p, r in zip(fit.points, fit.residuals, strict=True)
+    ]
+    columns = ("CMR", "QPS", "fitted", "residual", "stage")
+    console.print(table("QPS decay: QPS = QPS0 · exp(−k · CMR²)", columns, rows, left=()))
     lo, hi = fit.k_interval
     console.print(
         f"k = {fit.k:.4g} ({int(fit.confidence * 100)} % interval {lo:.4g} … {hi:.4g}), "
@@ -146,11 +146,12 @@ def decay_sweep(
     if as_json:
         echo_json(result.model_dump(mode="json"))
         return
-    title = f"QPS decay sweep at {url} — {plan.load.concurrency} in flight, {duration:g} s stages"
-    table = Table(title=title)
-    for col in ("stage", "bypass asked", "bypass sent", "CMR", "QPS", "exp fit", "residual", "mixture",
-                "sent", "errors", "lateness p50 ms", "saturated", "client CPU"):  # fmt: skip
-        table.add_column(col, justify="left" if col == "stage" else "right")
+    shown = table(
+        f"QPS decay sweep at {url} — {plan.load.concurrency} in flight, {duration:g} s stages",
+        ("stage", "bypass asked", "bypass sent", "CMR", "QPS", "exp fit", "residual", "mixture",
+         "sent", "errors", "lateness p50 ms", "saturated", "client CPU"),
+        left={"stage"},
+    )  # fmt: skip
     fitted = {p.stage: p.qps - r for p, r in zip(fit.points, fit.residuals, strict=True)}
     mixed = (
         {p.stage: p.qps - r for p, r in zip(fit.points, result.mixture.residuals, strict=True)}
@@ -160,7 +161,7 @@ def decay_sweep(
     for st in result.stages:
         fv = fitted.get(st.name)
         mv = mixed.get(st.name)
-        table.add_row(
+        shown.add_row(
             st.name,
             f"{st.bypass_fraction:.3f}",
             "—" if st.bypass_share is None else f"{st.bypass_share:.3f}",
@@ -175,7 +176,7 @@ def decay_sweep(
             "yes" if st.saturated else "NO",
             "—" if st.client_cpu_pct is None else f"{st.client_cpu_pct:.0f} %",
         )
-    console.print(table)
+    console.print(shown)
     lo, hi = fit.k_interval
     console.print(
         f"k = {fit.k:.4g} ({int(fit.confidence * 100)} % interval {lo:.4g} … {hi:.4g}), "

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, pct
+from harness.common.console import table
 
 
 def gpu_frag(
@@ -25,18 +25,19 @@ def gpu_frag(
     if as_json:
         echo_json(report.model_dump())
         return
-    table = Table(title=f"GPU fragmentation — {report.device}, {size_mb} MiB transfers")
-    for col in ("scenario", "pieces", "ms", "GB/s", "vs contiguous"):
-        table.add_column(col, justify="left" if col == "scenario" else "right")
-    for r in report.rows:
-        table.add_row(
+    rows = [
+        (
             r.scenario,
             f"{r.pieces:,}",
             f"{r.seconds * 1000:.2f}",
             f"{r.gb_per_s:.2f}",
             f"{r.vs_contiguous:.2f}×",
         )
-    console.print(table)
+        for r in report.rows
+    ]
+    columns = ("scenario", "pieces", "ms", "GB/s", "vs contiguous")
+    title = f"GPU fragmentation — {report.device}, {size_mb} MiB transfers"
+    console.print(table(title, columns, rows, left={"scenario"}))
     console.print(
         f"allocator after fragmenting: reserved {report.reserved_bytes / 2**20:.0f} MiB, "
         f"allocated {report.allocated_bytes / 2**20:.0f} MiB, "

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json
+from harness.common.console import table
 
 
 def index(
@@ -52,27 +52,19 @@ def index(
     if as_json:
         echo_json([r.model_dump() for r in results])
         return
-    table = Table(title=f"FAISS index warmup — {x.shape[0]:,} real vectors, dim {x.shape[1]}")
-    for col in (
-        "kind",
-        "n",
-        "synthetic",
-        "build s",
-        "load ms",
-        "fresh load ms",
-        "file MiB",
-        "RSS MiB",
-        "reconstruct",
-        "self-recall",
-    ):
-        table.add_column(col, justify="left" if col == "kind" else "right")
+    shown = table(
+        f"FAISS index warmup — {x.shape[0]:,} real vectors, dim {x.shape[1]}",
+        ("kind", "n", "synthetic", "build s", "load ms", "fresh load ms", "file MiB", "RSS MiB",
+         "reconstruct", "self-recall"),
+        left={"kind"},
+    )  # fmt: skip
     for r in results:
         rec = (
             "n/a"
             if r.reconstruct_ok is None
             else ("ok" if r.reconstruct_ok else f"FAIL {r.reconstruct_max_err:.1e}")
         )
-        table.add_row(
+        shown.add_row(
             r.kind,
             f"{r.n:,}",
             f"{r.synthetic:,}",
@@ -84,7 +76,7 @@ def index(
             rec,
             f"{r.self_recall:.3f}",
         )
-    console.print(table)
+    console.print(shown)
     if any(r.reconstruct_ok is False for r in results):
         from harness.common.errors import CheckFailed
 

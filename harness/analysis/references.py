@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -195,8 +195,7 @@ def load_refs(
 
 
 def _from_records(path: str | Path, unit: Unit) -> RefTrace:
-    from harness.common.io import iter_jsonl
-    from harness.load.results import RECORDS_FILE
+    from harness.load.results import RECORDS_FILE, read_records
 
     p = Path(path)
     if p.is_dir():
@@ -206,10 +205,6 @@ def _from_records(path: str | Path, unit: Unit) -> RefTrace:
             "a load run's records carry no KV block ids; use --unit entries", file=p, field="unit"
         )
     b = _Builder(unit, str(p))
-    for lineno, row in iter_jsonl(p, expected="a request record"):
-        rid, sent = row.get("id"), row.get("sent_s")
-        if not isinstance(rid, str) or not isinstance(sent, int | float):
-            raise InputError("a record needs 'id' (string) and 'sent_s' (number)", file=p, line=lineno)
-        tenant: Any = row.get("tenant") or ""
-        b.add(float(sent), [(str(tenant), rid)], f"records:{rid}")
+    for r in read_records(p):
+        b.add(r.sent_s, [(r.tenant or "", r.id)], f"records:{r.id}")
     return b.build()

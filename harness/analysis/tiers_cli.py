@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, pct
+from harness.common.console import table
 from harness.common.io import write_json
 
 
@@ -77,13 +77,20 @@ def tiers(
     if as_json:
         echo_json(report.model_dump())
         return
-    table = Table(title=f"hot zones — {report.queries:,} queries, {report.requests:,} requests")
-    for col in ("zone", "tier", "density", "entropy", "queries", "example"):
-        table.add_column(col, justify="left" if col in ("tier", "example") else "right")
-    for z in report.zones[:30]:
-        ent = "—" if z.entropy is None else f"{z.entropy:.2f}"
-        table.add_row(str(z.id), z.tier, f"{z.density:,.0f}", ent, f"{z.queries:,}", z.example[:60])
-    console.print(table)
+    rows = [
+        (
+            str(z.id),
+            z.tier,
+            f"{z.density:,.0f}",
+            "—" if z.entropy is None else f"{z.entropy:.2f}",
+            f"{z.queries:,}",
+            z.example[:60],
+        )
+        for z in report.zones[:30]
+    ]
+    columns = ("zone", "tier", "density", "entropy", "queries", "example")
+    title = f"hot zones — {report.queries:,} queries, {report.requests:,} requests"
+    console.print(table(title, columns, rows, left={"tier", "example"}))
     console.print(
         f"tiers: {report.tiers}; entropy known for {pct(report.entropy_known)} of requests; "
         f"TTLs hot/warm/cold {ttl.hot:g}/{ttl.warm:g}/{ttl.cold:g} s; wrote {out} "

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, pct, say
+from harness.common.console import table
 from harness.common.errors import InputError
 from harness.common.io import write_json
 from harness.load.options import LoadOptions, typer_options
@@ -71,14 +71,13 @@ def hitrate(
     if as_json:
         echo_json(report.model_dump())
         return
-    table = Table(
-        title=f"{trace} — {report.requests:,} requests, {report.refs:,} {unit}, {report.distinct:,} distinct"
-    )
-    for col in ("capacity", "policy", "hits", "hit rate", "requests/s"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
-    for r in report.results:
-        table.add_row(f"{r.capacity:,}", r.policy, f"{r.hits:,}", pct(r.hit_rate), f"{r.requests_per_s:,.0f}")
-    console.print(table)
+    rows = [
+        (f"{r.capacity:,}", r.policy, f"{r.hits:,}", pct(r.hit_rate), f"{r.requests_per_s:,.0f}")
+        for r in report.results
+    ]
+    columns = ("capacity", "policy", "hits", "hit rate", "requests/s")
+    title = f"{trace} — {report.requests:,} requests, {report.refs:,} {unit}, {report.distinct:,} distinct"
+    console.print(table(title, columns, rows, left={"policy"}))
     console.print(f"cold ceiling (infinite capacity): {pct(report.cold_ceiling)}", highlight=False)
 
 
@@ -201,24 +200,24 @@ def plan(
         echo_json(report.model_dump())
         return
     label = "in sample: an upper bound" if report.mode == "in_sample" else "out of sample"
-    table = Table(
-        title=f"warmup plan — capacity {capacity:,} {unit}; judged on {report.window_requests:,} requests "
-        f"after a history of {report.history_requests:,} ({label})"
+    shown = table(
+        f"warmup plan — capacity {capacity:,} {unit}; judged on {report.window_requests:,} requests "
+        f"after a history of {report.history_requests:,} ({label})",
+        ("measure", "hit rate"),
+        left={"measure"},
     )
-    table.add_column("measure")
-    table.add_column("hit rate", justify="right")
-    table.add_row(f"expected: preload + {policy.upper()}", pct(report.expected_hit_rate))
-    table.add_row("preload protected until first hit, then LRU", pct(report.protected_hit_rate))
-    table.add_row("preload + MIN (plan quality)", pct(report.plan_min_hit_rate))
+    shown.add_row(f"expected: preload + {policy.upper()}", pct(report.expected_hit_rate))
+    shown.add_row("preload protected until first hit, then LRU", pct(report.protected_hit_rate))
+    shown.add_row("preload + MIN (plan quality)", pct(report.plan_min_hit_rate))
     for p, v in report.plan_by_policy.items():
         if p not in {policy, "min", "lru-protect"}:  # those have their own rows
-            table.add_row(f"preload + {p.upper()}", pct(v))
-    table.add_row("history ceiling (best preload the history allows + MIN)", pct(report.history_ceiling))
-    table.add_row(f"best history preload + {policy.upper()}", pct(report.history_preload_hit_rate))
-    table.add_row("Belady ceiling (optimal preload + MIN)", pct(report.ceiling))
+            shown.add_row(f"preload + {p.upper()}", pct(v))
+    shown.add_row("history ceiling (best preload the history allows + MIN)", pct(report.history_ceiling))
+    shown.add_row(f"best history preload + {policy.upper()}", pct(report.history_preload_hit_rate))
+    shown.add_row("Belady ceiling (optimal preload + MIN)", pct(report.ceiling))
     for p, v in report.cold.items():
-        table.add_row(f"cold {p.upper()}", pct(v))
-    console.print(table)
+        shown.add_row(f"cold {p.upper()}", pct(v))
+    console.print(shown)
     lim = report.limits
     console.print(
         f"expected / history ceiling = {report.ratio:.3f} (/ Belady {report.ratio_belady:.3f}); window "

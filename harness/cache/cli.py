@@ -122,20 +122,16 @@ def stats_cmd(  # noqa: PLR0917 - typer maps parameters to options
     if as_json:
         typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return
-    from rich.table import Table
-
-    table = Table(title=f"cache at {url} — overall hit rate {data.get('hit_rate', 0.0):.1%}")
     cols = ["hits", "misses", "errors", "hit_rate", "entries", "fill_rate", "evictions",
             "lookup_ms_p50", "lookup_ms_p99", "thermal_drift"]  # fmt: skip
-    table.add_column("tier")
-    for c in cols:
-        table.add_column(c, justify="right")
-    for tier, row in (data.get("tiers") or {}).items():
-        if not row.get("enabled", True):
-            continue
-        table.add_row(tier, *(_fmt(row.get(c)) for c in cols))
+    rows = [
+        (tier, *(_fmt(row.get(c)) for c in cols))
+        for tier, row in (data.get("tiers") or {}).items()
+        if row.get("enabled", True)
+    ]
+    title = f"cache at {url} — overall hit rate {data.get('hit_rate', 0.0):.1%}"
     console = cons.out()
-    console.print(table)
+    console.print(cons.table(title, ["tier", *cols], rows, left={"tier"}))
     bloom = data.get("bloom")
     if bloom:
         console.print(

@@ -87,11 +87,12 @@ class Credentials:
         *,
         api_key: str | None = None,
         admin_token: str | None = None,
-        headers: Iterable[str] = (),
+        headers: Iterable[str] | None = (),
         ca_bundle: str | Path | None = None,
         insecure: bool = False,
     ) -> Credentials:
-        """Build from command-line values (``--header`` items as ``NAME:VALUE``); checks them all."""
+        """Build from command-line values (``--header`` items as ``NAME:VALUE``, ``None`` when the
+        option was not given); checks them all."""
         ca = Path(ca_bundle) if ca_bundle not in (None, "") else None
         if ca is not None and not ca.is_file():
             raise ConfigError(f"no CA bundle at {ca}", field="--ca-bundle")
@@ -102,7 +103,7 @@ class Credentials:
         return cls(
             api_key=api_key or None,
             admin_token=admin_token or None,
-            headers=tuple(parse_header(h) for h in headers),
+            headers=tuple(parse_header(h) for h in headers or ()),
             ca_bundle=ca,
             insecure=insecure,
         )

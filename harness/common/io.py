@@ -4,17 +4,19 @@ Outputs are written to a temporary file beside the target and renamed into place
 Ctrl-C never leaves a half-written report, corpus or index behind: readers see the old file or the
 new one. Inputs are checked before parsing so that a directory, an empty file or a binary file gets
 a clear :class:`InputError` instead of a parser traceback. JSONL inputs (one JSON object per line,
-optionally a pydantic model) are read with :func:`iter_jsonl`, or line by line with
-:func:`parse_jsonl_line` for bodies already in memory, so every stage reports a bad line the same
-way: file, line and the field's dotted path (``messages.0.role``). Whole JSON documents (tier
-policies, scenario sets) are read with :func:`read_json` the same way. YAML documents people write
-(ladder plans, baselines, deployment values) are read with :func:`read_yaml`, which names the line
-of the field at fault too.
+optionally a pydantic model or a dataclass's ``TypeAdapter``) are read with :func:`iter_jsonl`
+(``records.jsonl`` and ``server_metrics.jsonl`` too, through their stage's thin reader), or with
+:func:`jsonl_lines` and :func:`parse_jsonl_line` for a payload already in memory, so every stage
+reports a bad line the same way: file, line and the field's dotted path (``messages.0.role``).
+Whole JSON documents (tier policies, scenario sets) are read with :func:`read_json` the same way.
+YAML documents people write (ladder plans, baselines, deployment values) are read with
+:func:`read_yaml`, which names the line of the field at fault too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from harness.common.errors import HarnessError, InputError
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -122,6 +125,7 @@ def parse_jsonl_line(
     *,
     file: str | Path | None = None,
     expected: str | None = None,
+    nonfinite: bool = False,
 ) -> dict[str, Any]: ...
 
 
@@ -133,32 +137,61 @@ def parse_jsonl_line(
     *,
     file: str | Path | None = None,
     expected: str | None = None,
+    nonfinite: bool = False,
 ) -> M: ...
+
+
+@overload
+def parse_jsonl_line(
+    raw: bytes | str,
+    lineno: int | None,
+    model: TypeAdapter[T],
+    *,
+    file: str | Path | None = None,
+    expected: str | None = None,
+    nonfinite: bool = False,
+) -> T: ...
 
 
 def parse_jsonl_line(
     raw: bytes | str,
     lineno: int | None,
-    model: type[M] | None = None,
+    model: type[M] | TypeAdapter[T] | None = None,
     *,
     file: str | Path | None = None,
     expected: str | None = None,
-) -> M | dict[str, Any]:
-    """One JSONL line as a validated ``model`` (or, without one, as a JSON object).
+    nonfinite: bool = False,
+) -> M | T | dict[str, Any]:
+    """One JSONL line as a validated ``model`` (a pydantic model, or a ``TypeAdapter`` for a
+    dataclass) or, without one, as a JSON object.
 
     Raises :class:`InputError` naming ``file``, ``lineno`` and, for a validation error, the first
-    failing field as a dotted path (``messages.0.role``). ``expected`` (``"a schedule entry"``) is
-    appended to every message as ``…, expected a schedule entry``.
+    failing field as a dotted path (``messages.0.role``); a line that is JSON but not an object is
+    ``not a JSON object``. ``expected`` (``"a schedule entry"``) is appended to every message as
+    ``…, expected a schedule entry``. With ``nonfinite``, the ``NaN`` / ``Infinity`` / ``-Infinity``
+    literals (which Python's json module writes, and strict JSON refuses) are read as the floats they
+    stand for (``records.jsonl``'s NaN rule, :func:`harness.load.results.read_records`).
     """
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(_expecting(f"invalid JSON ({exc.msg})", expected), file=file, line=lineno) from None
+        if not nonfinite:
+            raise InputError(
+                _expecting(f"invalid JSON ({exc.msg})", expected), file=file, line=lineno
+            ) from None
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise InputError(
+                _expecting(f"invalid JSON ({exc.msg})", expected), file=file, line=lineno
+            ) from None
+    if not isinstance(obj, dict):
+        raise InputError(_expecting("not a JSON object", expected), file=file, line=lineno)
     if model is None:
-        if not isinstance(obj, dict):
-            raise InputError(_expecting("not a JSON object", expected), file=file, line=lineno)
         return obj
     try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(obj)
         return model.model_validate(obj)
     except ValidationError as exc:
         raise validation_input_error(exc, file=file, line=lineno, expected=expected) from None
@@ -328,31 +361,70 @@ def read_yaml(
         ) from None
 
 
+def jsonl_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(1-based line number, line)`` of each line that is not blank, a UTF-8 byte-order mark on the
+    first one dropped: the lines of a JSONL file (its handle) or of a payload already in memory (a
+    zipped log's member, ``data.splitlines()``). Blank lines are counted, so numbers stay the file's."""
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+        if line.strip():
+            yield lineno, line
+
+
 @overload
 def iter_jsonl(
-    path: str | Path, model: None = None, *, expected: str | None = None
+    path: str | Path,
+    model: None = None,
+    *,
+    expected: str | None = None,
+    allow_empty: bool = False,
+    nonfinite: bool = False,
 ) -> Iterator[tuple[int, dict[str, Any]]]: ...
 
 
 @overload
 def iter_jsonl(
-    path: str | Path, model: type[M], *, expected: str | None = None
+    path: str | Path,
+    model: type[M],
+    *,
+    expected: str | None = None,
+    allow_empty: bool = False,
+    nonfinite: bool = False,
 ) -> Iterator[tuple[int, M]]: ...
 
 
+@overload
 def iter_jsonl(
-    path: str | Path, model: type[M] | None = None, *, expected: str | None = None
-) -> Iterator[tuple[int, M | dict[str, Any]]]:
-    """Stream ``(1-based line number, value)`` from a JSONL file, one line in memory at a time.
+    path: str | Path,
+    model: TypeAdapter[T],
+    *,
+    expected: str | None = None,
+    allow_empty: bool = False,
+    nonfinite: bool = False,
+) -> Iterator[tuple[int, T]]: ...
 
-    The file is checked with :func:`check_input_file` first; blank lines are skipped and a UTF-8
-    byte-order mark on the first line is ignored. Each line goes through :func:`parse_jsonl_line`,
-    so the first bad line raises :class:`InputError` naming the file, line and field.
+
+def iter_jsonl(
+    path: str | Path,
+    model: type[M] | TypeAdapter[T] | None = None,
+    *,
+    expected: str | None = None,
+    allow_empty: bool = False,
+    nonfinite: bool = False,
+) -> Iterator[tuple[int, M | T | dict[str, Any]]]:
+    """Stream ``(1-based line number, value)`` from a JSONL file, one line in memory at a time: the
+    one JSONL file reader of the project (``records.jsonl`` and ``server_metrics.jsonl`` included).
+
+    The file is checked with :func:`check_input_file` first (``allow_empty``: an empty file is no
+    rows, not an error, as for a run that sent no request); lines come from :func:`jsonl_lines`
+    (blank ones skipped, a byte-order mark ignored) and each goes through :func:`parse_jsonl_line`
+    (``nonfinite`` as there), so the first bad line raises :class:`InputError` naming the file, line
+    and field.
     """
-    p = check_input_file(path)
+    p = check_input_file(path, allow_empty=allow_empty)
     with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-            if not line.strip():
-                continue
-            yield lineno, parse_jsonl_line(line, lineno, model, file=p, expected=expected)
+        for lineno, line in jsonl_lines(fh):
+            yield (
+                lineno,
+                parse_jsonl_line(line, lineno, model, file=p, expected=expected, nonfinite=nonfinite),
+            )

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 
 from harness.common import console as cons
 from harness.common.errors import CheckFailed, ConfigError, InputError
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from harness.corpus.settings import Thresholds
 
 app = typer.Typer(
     help="Synthetic request corpora: templates, few-shot pool, dedup, quality.", no_args_is_help=True
@@ -97,7 +102,6 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from harness.common.settings import load_settings
-    from harness.corpus import quality
     from harness.corpus.build import BuildInputs, build_corpus
     from harness.corpus.settings import CorpusSettings, Thresholds
 
@@ -141,7 +145,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
 
         result = build_corpus(inputs, settings, tick)
     thresholds = Thresholds.of(settings)
-    cons.out().print(quality.table(result.metrics, thresholds))
+    cons.out().print(_quality_table(result.metrics, thresholds))
     console.print(
         f"wrote {len(result.records)} requests to {out} ({result.candidates} candidates, "
         f"{result.dropped} near-duplicates dropped)"
@@ -173,8 +177,6 @@ def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to ses
     settings: object,
     check: bool,
 ) -> None:
-    from rich.table import Table
-
     from harness.corpus.sessions import (
         DEFAULT_SESSION_TEMPLATE,
         SessionBuildInputs,
@@ -194,12 +196,7 @@ def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to ses
         template_roots=list(template_root or []),
     )
     result = build_sessions(inputs, settings)
-    t = Table(title="sessions")
-    t.add_column("metric")
-    t.add_column("value")
-    for k, v in result.metrics.items():
-        t.add_row(k, str(v))
-    cons.out().print(t)
+    cons.out().print(_metrics_table("sessions", result.metrics))
     console.print(
         f"wrote {result.metrics['sessions']} sessions, {len(result.records)} turns to {out} "
         f"({result.dropped} sessions dropped: first turn a near-duplicate)"
@@ -214,8 +211,6 @@ def stats(
 ) -> None:
     """Recompute quality metrics from a corpus on disk (no embeddings: diversity is lexical only)."""
     from collections import Counter
-
-    from rich.table import Table
 
     from harness.common.settings import load_settings
     from harness.corpus import quality
@@ -235,32 +230,43 @@ def stats(
         return
     out = cons.out()
     # The same thresholds `build` checks, so HARNESS__CORPUS__MIN_* settings apply here too.
-    out.print(quality.table(metrics, Thresholds.of(load_settings(CorpusSettings))))
-    t = Table(title="composition")
-    t.add_column("field")
-    t.add_column("counts")
-    for name, counter in (
+    out.print(_quality_table(metrics, Thresholds.of(load_settings(CorpusSettings))))
+    composition = (
         ("lang", Counter(r.lang for r in records)),
         ("domain", Counter(r.domain for r in records)),
         ("scenario", Counter(r.scenario or "—" for r in records)),
         ("prefix groups", Counter("shared" if r.prefix_group else "none" for r in records)),
-    ):
-        t.add_row(name, ", ".join(f"{k}: {v}" for k, v in counter.most_common(8)))
-    out.print(t)
+    )
+    counts = [(name, ", ".join(f"{k}: {v}" for k, v in c.most_common(8))) for name, c in composition]
+    out.print(cons.table("composition", ("field", "counts"), counts))
     if per_session is not None:
         session_metrics, rows = per_session
-        t = Table(title="sessions")
-        t.add_column("metric")
-        t.add_column("value")
-        for k, v in session_metrics.items():
-            t.add_row(k, str(v))
-        out.print(t)
-        t = Table(title=f"per session ({len(rows)})")
-        for col in rows[0]:
-            t.add_column(col)
-        for row in rows:
-            t.add_row(*(str(v) for v in row.values()))
-        out.print(t)
+        out.print(_metrics_table("sessions", session_metrics))
+        cells = [[str(v) for v in row.values()] for row in rows]
+        out.print(cons.table(f"per session ({len(rows)})", rows[0], cells))
+
+
+def _metrics_table(title: str, metrics: dict[str, Any]) -> Table:
+    return cons.table(title, ("metric", "value"), [(k, str(v)) for k, v in metrics.items()])
+
+
+def _quality_table(metrics: dict[str, float | int | None], thresholds: Thresholds) -> Table:
+    """The quality metrics with their thresholds (:func:`harness.corpus.quality.limits`) and marks."""
+    from harness.corpus import quality
+
+    limits = quality.limits(thresholds)
+    rows: list[tuple[str, str, str, str]] = []
+    for name, value in metrics.items():
+        shown = "—" if value is None else (f"{value:.4f}" if isinstance(value, float) else str(value))
+        limit, kind = limits.get(name, (None, ""))
+        if limit is None or value is None:
+            rows.append((name, shown, "", ""))
+            continue
+        mark = "[green]✓[/]" if quality.meets(value, limit, kind) else "[red]✗[/]"
+        rows.append((name, shown, f"{'≥' if kind == 'min' else '≤'} {limit}", mark))
+    return cons.table(
+        "corpus quality", ("metric", ("value", "right"), ("threshold", "right"), ("ok", "center")), rows
+    )
 
 
 def _session_stats(corpus: Path, records: list[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:

@@ -23,15 +23,16 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from harness.common.errors import InputError
-from harness.common.io import iter_jsonl
+from harness.common.formats import Reader, first_object, sniff, unrecognised
+from harness.common.io import iter_jsonl, jsonl_lines, parse_jsonl_line
 from harness.common.registry import Registry
 from harness.corpus.model import FewShotLogEntry
 
@@ -75,23 +76,12 @@ def detect_lang(text: str) -> str:
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)  # not slots=True: calling an alias such as LogReader(...) sets __orig_class__
-class Reader(Generic[T]):
-    """One log format yielding ``T`` items (request logs: :class:`Utterance`; dialogue logs:
-    :class:`harness.corpus.sessions.Dialogue`): ``sniff(name, head)`` says whether a file is in it
-    (``name``: the file's or its zip member's name; ``head``: the first :data:`SNIFF_BYTES`), and
-    ``read(path, data)`` parses the whole payload. Readers of a registry are tried in ascending
-    ``priority``."""
-
-    name: str
-    description: str
-    sniff: Callable[[str, bytes], bool]
-    read: Callable[[Path, bytes], list[T]]
-    priority: int = 50
-
-
-LogReader = Reader[Utterance]
+CorpusReader = Reader[[Path, bytes], list[T]]
+"""A log format of the corpus stage yielding ``T`` items (request logs: :class:`Utterance`; dialogue
+logs: :class:`harness.corpus.sessions.Dialogue`), the one reader type
+(:class:`harness.common.formats.Reader`): ``sniff(name, head)`` sees the file's or its zip member's
+name and the first :data:`SNIFF_BYTES`, ``read(path, data)`` parses the whole payload."""
+LogReader = CorpusReader[Utterance]
 """A request log format (:data:`LOG_READERS`)."""
 
 LOG_READERS: Registry[LogReader] = Registry("request log format")
@@ -124,16 +114,18 @@ def _payload(path: Path) -> tuple[str, bytes]:
         raise InputError(f"not a readable zip archive ({exc})", file=path) from None
 
 
-def _sniffed(readers: Registry[Reader[T]], p: Path, name: str, data: bytes, *, what: str, hint: str) -> str:
+def _sniffed(
+    readers: Registry[CorpusReader[T]], p: Path, name: str, data: bytes, *, what: str, hint: str
+) -> str:
     """The first reader by priority whose sniff accepts this payload; :class:`InputError` if none does."""
-    head = data[:SNIFF_BYTES]
-    for reader in sorted((r for _, r in readers.items()), key=lambda r: r.priority):
-        if reader.sniff(name, head):
-            return reader.name
-    raise InputError(f"unrecognised {what}; expected one of " + ", ".join(readers.names()), file=p, hint=hint)
+    every = [r for _, r in readers.items()]
+    found = sniff(every, Path(name), data[:SNIFF_BYTES])
+    if found is None:
+        raise unrecognised(every, p, what=what, hint=hint)
+    return found.name
 
 
-def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, hint: str) -> str:
+def detect_format(readers: Registry[CorpusReader[T]], path: str | Path, *, what: str, hint: str) -> str:
     """The format in ``readers`` of the file at ``path``, from its content (the first reader by
     priority whose sniff accepts it); :class:`InputError` ``unrecognised <what>`` if none does."""
     p = Path(path)
@@ -142,7 +134,13 @@ def detect_format(readers: Registry[Reader[T]], path: str | Path, *, what: str, 
 
 
 def read_with(
-    readers: Registry[Reader[T]], path: str | Path, format: str | None, *, what: str, hint: str, empty: str
+    readers: Registry[CorpusReader[T]],
+    path: str | Path,
+    format: str | None,
+    *,
+    what: str,
+    hint: str,
+    empty: str,
 ) -> list[T]:
     """Every item of the file at ``path`` by the reader of ``format`` (detected unless given, see
     :func:`detect_format`; the file is read once either way); an :class:`InputError` ``<empty>``
@@ -198,26 +196,19 @@ def _json_doc(path: Path, data: bytes, expected: str) -> Any:
 # --------------------------------------------------------------------------- jsonl
 
 
-def _sniff_jsonl(name: str, head: bytes) -> bool:
-    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
-    try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and "text" in obj and "id" in obj
+def _sniff_jsonl(name: Path, head: bytes) -> bool:
+    obj = first_object(head)
+    return obj is not None and "text" in obj and "id" in obj
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[Utterance]:
     out: list[Utterance] = []
     seen: set[str] = set()
     src = f"jsonl:{path.name}"
-    if path.suffix == ".zip":  # iter_jsonl reads files; a zipped JSONL goes through a temp-free parse
-        from harness.common.io import parse_jsonl_line
-
+    if path.suffix == ".zip":  # iter_jsonl reads files; a zipped JSONL's lines are already in memory
         rows = [
             (n, parse_jsonl_line(line, n, FewShotLogEntry, file=path, expected="a request log line"))
-            for n, line in enumerate(data.splitlines(), start=1)
-            if line.strip()
+            for n, line in jsonl_lines(data.splitlines())
         ]
     else:
         rows = list(iter_jsonl(path, FewShotLogEntry, expected="a request log line"))
@@ -251,7 +242,7 @@ def _read_jsonl(path: Path, data: bytes) -> list[Utterance]:
 CLINC_SPLITS = ("train", "val", "test")
 
 
-def _sniff_clinc(name: str, head: bytes) -> bool:
+def _sniff_clinc(name: Path, head: bytes) -> bool:
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     return (
         text.startswith(b"{") and re.search(rb'"(oos_)?(train|val|test)"\s*:\s*\[\s*\[\s*"', text) is not None
@@ -336,7 +327,7 @@ CROSSWOZ_SLOTS = {
 }
 
 
-def _sniff_crosswoz(name: str, head: bytes) -> bool:
+def _sniff_crosswoz(name: Path, head: bytes) -> bool:
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     return text.startswith(b"{") and (
         b'"sys-usr"' in head or (b'"messages"' in head and b'"dialog_act"' in head)

@@ -230,14 +230,24 @@ _CHECKS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def limits(thresholds: Thresholds) -> dict[str, tuple[float | None, str]]:
+    """Metric → ``(limit, kind)``: the threshold it is checked against (``None``: not set) and
+    whether that is a ``min`` or a ``max``."""
+    return {metric: (getattr(thresholds, tname), kind) for tname, metric, kind in _CHECKS}
+
+
+def meets(value: float | int, limit: float, kind: str) -> bool:
+    """Whether ``value`` is within a ``min`` or ``max`` ``limit``."""
+    return value >= limit if kind == "min" else value <= limit
+
+
 def failures(metrics: dict[str, float | int | None], thresholds: Thresholds) -> list[str]:
     out: list[str] = []
-    for tname, metric, kind in _CHECKS:
-        limit = getattr(thresholds, tname)
+    for metric, (limit, kind) in limits(thresholds).items():
         value = metrics.get(metric)
         if limit is None or value is None:
             continue
-        if (kind == "min" and value < limit) or (kind == "max" and value > limit):
+        if not meets(value, limit, kind):
             op = "≥" if kind == "min" else "≤"
             out.append(f"{metric} = {value:.4f}, needs {op} {limit}")
     return out
@@ -248,26 +258,3 @@ def check(metrics: dict[str, float | int | None], thresholds: Thresholds, file: 
     bad = failures(metrics, thresholds)
     if bad:
         raise CheckFailed("corpus quality below threshold: " + "; ".join(bad), file=file)
-
-
-def table(metrics: dict[str, float | int | None], thresholds: Thresholds) -> object:
-    """A rich table of metrics with their thresholds and pass/fail marks."""
-    from rich.table import Table
-
-    limits = {metric: (getattr(thresholds, t), kind) for t, metric, kind in _CHECKS}
-    t = Table(title="corpus quality")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_column("threshold", justify="right")
-    t.add_column("ok", justify="center")
-    for name, value in metrics.items():
-        shown = "—" if value is None else (f"{value:.4f}" if isinstance(value, float) else str(value))
-        limit, kind = limits.get(name, (None, ""))
-        if limit is None or value is None:
-            t.add_row(name, shown, "", "")
-            continue
-        ok = value >= limit if kind == "min" else value <= limit
-        t.add_row(
-            name, shown, f"{'≥' if kind == 'min' else '≤'} {limit}", "[green]✓[/]" if ok else "[red]✗[/]"
-        )
-    return t

@@ -43,7 +43,8 @@ import orjson
 from pydantic import Field, ValidationError
 
 from harness.common.errors import ConfigError, InputError
-from harness.common.io import parse_jsonl_line
+from harness.common.formats import first_object
+from harness.common.io import jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.common.stats import percentile
@@ -52,7 +53,7 @@ from harness.corpus import dedup as dedup_mod
 from harness.corpus.assemble import PromptTemplate, load_template
 from harness.corpus.logs import (
     CROSSWOZ_DOMAINS,
-    Reader,
+    CorpusReader,
     _most_common_first,
     _payload,
     crosswoz_intent,
@@ -111,7 +112,7 @@ class Dialogue:
     """Venues the conversation names (CrossWOZ), in order: the session's retrieved context."""
 
 
-SessionReader = Reader[Dialogue]
+SessionReader = CorpusReader[Dialogue]
 """A dialogue log format (:data:`SESSION_READERS`): the request logs' reader type, yielding dialogues."""
 
 SESSION_READERS: Registry[SessionReader] = Registry("dialogue log format")
@@ -145,7 +146,7 @@ def _rest(d: Dialogue) -> tuple[Any, ...]:
     return (d.source, d.lang, d.domain, d.intent, d.turns, d.venues)
 
 
-def _sniff_crosswoz(name: str, head: bytes) -> bool:
+def _sniff_crosswoz(name: Path, head: bytes) -> bool:
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     return (
         text.startswith(b"{") and b'"messages"' in head and (b'"sys-usr"' in head or b'"dialog_act"' in head)
@@ -218,20 +219,14 @@ def _seconds(v: float | datetime | None) -> float | None:
     return v.timestamp() if isinstance(v, datetime) else float(v)
 
 
-def _sniff_jsonl(name: str, head: bytes) -> bool:
-    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
-    try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and {"session_id", "turn", "text"} <= obj.keys()
+def _sniff_jsonl(name: Path, head: bytes) -> bool:
+    obj = first_object(head)
+    return obj is not None and {"session_id", "turn", "text"} <= obj.keys()
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
     by_session: dict[str, list[tuple[int, SessionLogLine]]] = {}
-    for n, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, line in jsonl_lines(data.splitlines()):
         row = parse_jsonl_line(line, n, SessionLogLine, file=path, expected="a dialogue log line")
         by_session.setdefault(row.session_id, []).append((n, row))
     out: list[Dialogue] = []
@@ -265,10 +260,10 @@ def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
 
 
 SESSION_READERS.register("crosswoz")(
-    Reader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
+    SessionReader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
 )
 SESSION_READERS.register("jsonl")(
-    Reader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
+    SessionReader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
 )
 
 

@@ -96,19 +96,17 @@ def capacity(
 
 def result_table(result: CapacityResult) -> Table:
     """One row per probe: rate, requests, each term's value with its interval, the verdict."""
-    from rich.table import Table
-
     from harness.gates.metrics import format_interval, format_value
 
-    table = Table(title=f"capacity probes (SLO {result.slo}, {result.confidence:.0%} intervals)")
-    table.add_column("#", justify="right")
-    table.add_column("offered req/s", justify="right")
-    table.add_column("achieved", justify="right")
-    table.add_column("requests", justify="right")
-    table.add_column("errors", justify="right")
-    for t, lim in zip(result.terms, result.limits, strict=True):
-        table.add_column(f"{t.metric} ≤ {format_value(lim, t.unit)}", justify="right")
-    table.add_column("verdict")
+    terms = [
+        f"{t.metric} ≤ {format_value(lim, t.unit)}"
+        for t, lim in zip(result.terms, result.limits, strict=True)
+    ]
+    table = cons.table(
+        f"capacity probes (SLO {result.slo}, {result.confidence:.0%} intervals)",
+        ["#", "offered req/s", "achieved", "requests", "errors", *terms, "verdict"],
+        left={"verdict"},
+    )
     colours = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
     for p in sorted(result.probes, key=lambda p: p.rate):
         cells = [

@@ -59,8 +59,7 @@ def run(
     """
     from harness.experiments.paired import PairedRunner
     from harness.experiments.paired_spec import PairedSpec
-    from harness.gates.compare import comparison_table
-    from harness.gates.output import gate_table
+    from harness.gates.output import comparison_table, gate_table
 
     resolved = check_corpus(resolve(recipe, given, RUN_OPTIONS), recipe)
     spec = PairedSpec(resolved, out=out, force=force, source=recipe)

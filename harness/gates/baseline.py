@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import yaml
@@ -46,6 +46,7 @@ from harness.common.errors import ConfigError, InputError
 from harness.common.io import atomic_write, read_yaml
 from harness.common.model import StrictModel
 from harness.common.stats import percentile
+from harness.common.units import fraction
 from harness.gates.fingerprints import BaselineFingerprint, fingerprint_from_results
 from harness.gates.metrics import (
     METRICS,
@@ -69,17 +70,8 @@ if TYPE_CHECKING:
 BASELINE_SCHEMA_VERSION: Literal[1] = 1
 
 
-def parse_fraction(value: Any) -> Any:
-    """``"10%"`` → 0.1; numbers pass through (so YAML may say ``rel_tolerance: 10%`` or ``0.1``)."""
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            return float(value.strip()[:-1]) / 100.0
-        except ValueError:
-            raise ValueError(f"{value!r} is not a percentage like 10%") from None
-    return value
-
-
-Fraction = Annotated[float, BeforeValidator(parse_fraction), Field(ge=0.0, allow_inf_nan=False)]
+# So YAML may say rel_tolerance: 10% or 0.1.
+Fraction = Annotated[float, BeforeValidator(fraction), Field(ge=0.0, allow_inf_nan=False)]
 
 
 class Gate(StrictModel):
@@ -338,7 +330,7 @@ Key = tuple[str, str | None]
 def parse_headroom(text: str) -> float:
     """``"10%"`` or ``"0.1"`` → 0.1."""
     try:
-        value = float(parse_fraction(text))
+        value = float(fraction(text))
     except (TypeError, ValueError):
         raise ConfigError(f"headroom {text!r} is not a fraction or a percentage like 10%") from None
     if not 0.0 <= value < 1.0:

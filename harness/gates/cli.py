@@ -109,15 +109,15 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
 @app.command()
 def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")]) -> None:
     """Validate a baseline and show its gates with their limits."""
-    from rich.table import Table
-
     from harness.gates.baseline import read_baseline
     from harness.gates.metrics import format_value
 
     spec = read_baseline(baseline)
-    t = Table(title=escape(f"baseline {spec.name} (confidence {spec.confidence:.0%})"), title_justify="left")
-    for col in ("gate", "phase", "threshold", "limit", "min samples"):
-        t.add_column(col)
+    t = cons.table(
+        escape(f"baseline {spec.name} (confidence {spec.confidence:.0%})"),
+        ("gate", "phase", "threshold", "limit", "min samples"),
+        title_justify="left",
+    )
     for g in spec.gates:
         sign = "≤" if g.effective_direction == "at_most" else "≥"
         t.add_row(
@@ -130,16 +130,13 @@ def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")])
 @app.command()
 def metrics() -> None:
     """List the metrics a baseline can gate on."""
-    from rich.table import Table
-
     from harness.gates.metrics import METRICS
 
-    t = Table(title="gate metrics", title_justify="left")
-    for col in ("metric", "unit", "direction", "phase", "what"):
-        t.add_column(col)
-    for name, m in METRICS.items():
-        t.add_row(name, m.unit, m.direction, m.default_phase or "any", m.description)
-    cons.wide(160).print(t)
+    rows = [
+        (name, m.unit, m.direction, m.default_phase or "any", m.description) for name, m in METRICS.items()
+    ]
+    columns = ("metric", "unit", "direction", "phase", "what")
+    cons.wide(160).print(cons.table("gate metrics", columns, rows, title_justify="left"))
 
 
 @app.command()
@@ -151,7 +148,6 @@ def noise(
 ) -> None:
     """Estimate how often an identical rerun would fail or be inconclusive (bootstrap of these runs)."""
     from rich.progress import track
-    from rich.table import Table
 
     from harness.gates.baseline import read_baseline
     from harness.gates.noise import NoiseEstimate, rerun_verdicts
@@ -166,16 +162,14 @@ def noise(
         est.overall.update(part.overall)
         for key, counts in part.per_gate.items():
             est.per_gate.setdefault(key, type(counts)()).update(counts)
-    t = Table(
-        title=f"{reps} bootstrap reruns against {escape(spec.name)}: "
+    verdicts = ("pass", "fail", "inconclusive", "unjudgeable")
+    t = cons.table(
+        f"{reps} bootstrap reruns against {escape(spec.name)}: "
         f"{est.rate('pass'):.1%} pass, {est.rate('fail'):.1%} fail, "
         f"{est.rate('unjudgeable'):.1%} cannot be judged",
+        ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable"),
+        [(escape(key), *(f"{est.rate(v, key):.1%}" for v in verdicts)) for key in est.per_gate],
+        left={"gate"},
         title_justify="left",
     )
-    for col in ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable"):
-        t.add_column(col, justify="left" if col == "gate" else "right")
-    for key in est.per_gate:
-        t.add_row(
-            escape(key), *(f"{est.rate(v, key):.1%}" for v in ("pass", "fail", "inconclusive", "unjudgeable"))
-        )
     cons.wide(120).print(t)

@@ -1,8 +1,8 @@
 """Cold vs warm: what the caches changed, with an interval on every difference.
 
-``harness run`` writes ``comparison.json`` (and prints it as a table): for each metric in
-:data:`COMPARED` the cold value, the warm value, each with its interval, and the difference
-``warm − cold`` with an interval.
+``harness run`` writes ``comparison.json`` (and prints it as a table,
+:func:`harness.gates.output.comparison_table`): for each metric in :data:`COMPARED` the cold value,
+the warm value, each with its interval, and the difference ``warm − cold`` with an interval.
 
 Every number comes from the gates' metric registry (:data:`harness.gates.metrics.METRICS`): the
 project's one percentile definition with its distribution-free order-statistic interval, exact
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import math
 
-from rich.table import Table
-
 from harness.common.model import StrictModel
-from harness.gates.metrics import METRICS, Measurement, MetricContext, format_interval, format_value
+from harness.gates.metrics import METRICS, Measurement, MetricContext
 from harness.gates.runs import ResultSet
 
 COMPARED: tuple[str, ...] = (
@@ -121,34 +119,3 @@ def compare(cold: ResultSet, warm: ResultSet, *, confidence: float = 0.95) -> Co
             )
         )
     return Comparison(confidence=confidence, cold=str(cold.path), warm=str(warm.path), rows=rows)
-
-
-def comparison_table(cmp: Comparison) -> Table:
-    """The comparison as a rich table: value [interval] per phase, the difference, the verdict."""
-    t = Table(title=f"cold vs warm ({cmp.confidence:.0%} intervals)", title_justify="left")
-    for col in ("metric", "cold", "warm", "warm − cold", "change", "n cold/warm", "verdict"):
-        t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
-    for r in cmp.rows:
-
-        def cell(s: Side, unit: str = r.unit) -> str:
-            value = format_value(s.value, unit)
-            if s.value is None or s.lo is None or s.hi is None or s.lo == s.hi:
-                return value
-            return f"{value} {format_interval(s.lo, s.hi, unit)}"
-
-        rel = "—" if r.relative is None else f"{r.relative:+.0%}"
-        t.add_row(
-            r.metric, cell(r.cold), cell(r.warm), _signed(r.difference, r.unit), rel,
-            f"{r.cold.n}/{r.warm.n}", r.verdict,
-        )  # fmt: skip
-    return t
-
-
-def _signed(s: Side, unit: str) -> str:
-    if s.value is None:
-        return "—"
-    sign = "+" if s.value > 0 else "−" if s.value < 0 else "±"
-    text = f"{sign}{format_value(abs(s.value), unit)}"
-    if s.lo is not None and s.hi is not None:
-        text += f" [{format_value(s.lo, unit)}, {format_value(s.hi, unit)}]"
-    return text

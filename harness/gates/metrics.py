@@ -46,6 +46,7 @@ import numpy as np
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
 from harness.gates.runs import FloatArray, RunFrame
+from harness.load.results import cache_counts, prefix_counts, warm_counts
 
 Direction = Literal["at_most", "at_least"]
 """``at_most``: the measured value must not exceed the limit (latency, bytes, error rate);
@@ -354,26 +355,21 @@ def _errors(frame: RunFrame) -> tuple[int, int]:
 
 def _cache_share(tier: str | None) -> Counts:
     """Share of requests answered by ``tier`` (``None``: any ``HIT-*``), among those that carried an
-    ``x-cache`` header (as in ``summary.json``'s ``hit_rate``)."""
+    ``x-cache`` header: :func:`harness.load.results.cache_counts`, as ``summary.json``'s ``hit_rate``."""
 
     def count(frame: RunFrame) -> tuple[int, int]:
-        return int(frame.cache_hit(tier).sum()), int(frame.cache_told().sum())
+        return cache_counts(frame.text["cache"], tier)
 
     return count
 
 
 def _prefix_share(frame: RunFrame) -> tuple[int, int]:
-    reported, hit = frame.prefix_hit()
-    return int(hit.sum()), int(reported.sum())
+    return prefix_counts(frame.col("cached_tokens"))
 
 
 def _warm_share(frame: RunFrame) -> tuple[int, int]:
-    """Requests served warm: a response-cache hit or a prefix-cache hit, among requests where the
-    target reported either (an ``x-cache`` header or ``cached_tokens``)."""
-    reported, prefix = frame.prefix_hit()
-    told = frame.cache_told() | reported
-    warm = frame.cache_hit() | prefix
-    return int(warm[told].sum()), int(told.sum())
+    """Requests served warm: :func:`harness.load.results.warm_counts`."""
+    return warm_counts(frame.text["cache"], frame.col("cached_tokens"))
 
 
 # ------------------------------------------------------------------------------------ the registry

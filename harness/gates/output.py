@@ -1,4 +1,5 @@
-"""What ``harness gate`` prints and writes besides the JSON verdict: a rich table and JUnit XML.
+"""What the gates print and write besides their JSON: rich tables (a verdict, a baseline, a cold vs
+warm comparison) and JUnit XML.
 
 JUnit: one ``<testsuite>`` per result set (``gate.<label>``), one ``<testcase>`` per gate judged on it
 (``name`` = the gate id, ``classname`` = ``gate.<label>``). A failed gate carries ``<failure
@@ -17,10 +18,12 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from harness.common.console import table
 from harness.common.io import atomic_write
 from harness.gates.baseline import Baseline
+from harness.gates.compare import Comparison, Side
 from harness.gates.judge import GateReport, GateResult
-from harness.gates.metrics import format_value
+from harness.gates.metrics import format_interval, format_value
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "unjudgeable": "yellow"}
 
@@ -37,19 +40,15 @@ def _delta_text(g: GateResult) -> str:
 
 def gate_table(report: GateReport) -> Table:
     """Metric, baseline, limit, measured, delta, interval, n and verdict for every judged gate."""
-    t = Table(
-        title=escape(f"gate: {report.baseline.name} — {report.headline()}"),
+    t = table(
+        escape(f"gate: {report.baseline.name} — {report.headline()}"),
+        ("run", "metric", "baseline", "limit", "measured", "delta", "interval", "n", "verdict"),
+        left={"run", "metric", "verdict"},
         title_justify="left",
         caption=f"intervals at {report.confidence:.0%} confidence; "
         "pass only when the interval is within the limit",
         caption_justify="left",
     )
-    for col, just in (
-        ("run", "left"), ("metric", "left"), ("baseline", "right"), ("limit", "right"),
-        ("measured", "right"), ("delta", "right"), ("interval", "right"), ("n", "right"),
-        ("verdict", "left"),
-    ):  # fmt: skip
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
     for g in report.gates:
         sign = "≤" if g.direction == "at_most" else "≥"
         t.add_row(
@@ -64,6 +63,40 @@ def gate_table(report: GateReport) -> Table:
             f"[{VERDICT_STYLE[g.verdict]}]{g.verdict}[/]",
         )
     return t
+
+
+def comparison_table(cmp: Comparison) -> Table:
+    """The comparison as a rich table: value [interval] per phase, the difference, the verdict."""
+    t = table(
+        f"cold vs warm ({cmp.confidence:.0%} intervals)",
+        ("metric", "cold", "warm", "warm − cold", "change", "n cold/warm", "verdict"),
+        left={"metric", "verdict"},
+        title_justify="left",
+    )
+    for r in cmp.rows:
+
+        def cell(s: Side, unit: str = r.unit) -> str:
+            value = format_value(s.value, unit)
+            if s.value is None or s.lo is None or s.hi is None or s.lo == s.hi:
+                return value
+            return f"{value} {format_interval(s.lo, s.hi, unit)}"
+
+        rel = "—" if r.relative is None else f"{r.relative:+.0%}"
+        t.add_row(
+            r.metric, cell(r.cold), cell(r.warm), _signed(r.difference, r.unit), rel,
+            f"{r.cold.n}/{r.warm.n}", r.verdict,
+        )  # fmt: skip
+    return t
+
+
+def _signed(s: Side, unit: str) -> str:
+    if s.value is None:
+        return "—"
+    sign = "+" if s.value > 0 else "−" if s.value < 0 else "±"
+    text = f"{sign}{format_value(abs(s.value), unit)}"
+    if s.lo is not None and s.hi is not None:
+        text += f" [{format_value(s.lo, unit)}, {format_value(s.hi, unit)}]"
+    return text
 
 
 def junit_xml(report: GateReport) -> ET.Element:
@@ -141,9 +174,11 @@ def write_junit(path: str | Path, report: GateReport) -> None:
 
 def baseline_table(spec: Baseline, comments: dict[int, str]) -> Table:
     """A baseline's gates: threshold, limit, the fewest samples, and each gate's comment."""
-    t = Table(title=escape(f"baseline {spec.name}: {len(spec.gates)} gates"), title_justify="left")
-    for col in ("gate", "phase", "threshold", "limit", "min n", "note"):
-        t.add_column(col)
+    t = table(
+        escape(f"baseline {spec.name}: {len(spec.gates)} gates"),
+        ("gate", "phase", "threshold", "limit", "min n", "note"),
+        title_justify="left",
+    )
     for i, g in enumerate(spec.gates):
         sign = "≤" if g.effective_direction == "at_most" else "≥"
         t.add_row(

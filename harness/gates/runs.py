@@ -24,7 +24,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +38,9 @@ from harness.load.results import (
     RequestRecord,
     RunSummary,
     ServerTelemetry,
+    cache_hit,
+    cache_told,
+    prefix_hit,
     read_records,
     read_summary,
 )
@@ -138,27 +140,18 @@ class RunFrame:
         )
 
     def cache_told(self) -> BoolArray:
-        """Rows whose response carried an ``x-cache`` header."""
-        cache: Any = self.text["cache"]  # numpy's stubs do not compare object arrays with None
-        told: BoolArray = np.asarray(cache != None, dtype=bool)  # noqa: E711 - elementwise, not identity
-        return told
+        """Rows whose response carried an ``x-cache`` header (:func:`harness.load.results.cache_told`)."""
+        return cache_told(self.text["cache"])
 
     def cache_hit(self, tier: str | None = None) -> BoolArray:
-        """Rows answered by response-cache ``tier`` (``HIT-L1`` …), or by any tier (``HIT-*``)."""
-        cache = self.text["cache"]
-        if tier is not None:
-            exact: BoolArray = np.asarray(cache == tier, dtype=bool)
-            return exact
-        told = self.cache_told()
-        out = np.zeros(self.n, dtype=bool)
-        out[told] = np.char.startswith(cache[told].astype(str), "HIT")
-        return out
+        """Rows answered by response-cache ``tier`` (``HIT-L1`` …), or by any tier (``HIT-*``): the one
+        definition, :func:`harness.load.results.cache_hit`."""
+        return cache_hit(self.text["cache"], tier)
 
     def prefix_hit(self) -> tuple[BoolArray, BoolArray]:
-        """``(reported, hit)``: rows that reported ``cached_tokens``, and those with ``cached_tokens > 0``."""
-        cached = self.col("cached_tokens")
-        reported = ~np.isnan(cached)
-        return reported, reported & (np.nan_to_num(cached) > 0)
+        """``(reported, hit)``: rows that reported ``cached_tokens``, and those with ``cached_tokens > 0``
+        (:func:`harness.load.results.prefix_hit`)."""
+        return prefix_hit(self.col("cached_tokens"))
 
     def values(self, name: str) -> list[str]:
         """Distinct non-null values of a text column, in first-seen order."""

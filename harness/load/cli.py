@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from harness.common import console as cons
 from harness.common.errors import InputError
@@ -78,12 +77,8 @@ def load_summary(run_dir: Path) -> RunSummary:
 
 
 def print_summary(s: RunSummary, title: str) -> None:
-    table = Table(title=title)
-    for col in ("metric", "n", "p50", "p90", "p95", "p99", "max", "mean"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in summary_table(s.metrics):
-        table.add_row(*row)
-    console.print(table)
+    columns = ("metric", "n", "p50", "p90", "p95", "p99", "max", "mean")
+    console.print(cons.table(title, columns, summary_table(s.metrics), left={"metric"}))
     rate = f"{s.achieved_rate:.2f}/s" + (f" of {s.target_rate:.2f}/s" if s.target_rate else "")
     hit = s.hit_rate.get("any")
     console.print(
@@ -107,9 +102,11 @@ def print_summary(s: RunSummary, title: str) -> None:
         if w.missing:
             console.print(f"  worker {w.worker}: LOST, {w.recorded} of {w.scheduled} recorded")
     if s.turns:
-        turns = Table(title=f"per turn ({s.sessions} sessions)")
-        for col in ("turn", "requests", "errors", "TTFT p50", "TTFT p95", "cached share", "prefix hits"):
-            turns.add_column(col, justify="right")
+        turns = cons.table(
+            f"per turn ({s.sessions} sessions)",
+            ("turn", "requests", "errors", "TTFT p50", "TTFT p95", "cached share", "prefix hits"),
+            left=(),
+        )
         for t in s.turns:
             p50, p95, share, prefix = t.ttft_ms.p50, t.ttft_ms.p95, t.cached_share, t.hit_rate.get("prefix")
             turns.add_row(

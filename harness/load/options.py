@@ -44,6 +44,7 @@ from harness.common.options import (
     options_of,
     with_options,
 )
+from harness.common.units import fraction
 from harness.load.arrivals import ApiChoice, ArrivalProcess, SeedPolicy
 from harness.load.stream import TOKEN_COUNTINGS, TokenCounting
 
@@ -54,24 +55,14 @@ DEFAULT_PRECISION_ON = "ttft_ms:95,tpot_ms:95"
 LOAD_PANEL = "Load"
 
 
-def _relative(value: Any) -> Any:
-    """``"10%"`` → 0.1 (the command line, a config file and the web UI give text); numbers pass."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a relative width like 10% or 0.1") from None
-    return value
-
-
 def _in_unit(value: float) -> float:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"a relative half-width must be in (0, 1]: 10% or 0.1, not {value:g}")
     return value
 
 
-RelativeWidth = Annotated[float, BeforeValidator(_relative), Field(allow_inf_nan=False)]
+# "10%" or 0.1: the command line, a config file and the web UI give text.
+RelativeWidth = Annotated[float, BeforeValidator(fraction), Field(allow_inf_nan=False)]
 
 
 @dataclass(frozen=True)

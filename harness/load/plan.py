@@ -29,7 +29,6 @@ and retry becomes a :class:`~harness.load.results.StageOutcome` in ``summary.jso
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from harness.common.errors import ConfigError
 from harness.common.io import read_yaml
 from harness.common.model import StrictModel
+from harness.common.units import parse_percent
 from harness.load.arrivals import Segment
 from harness.load.results import StageOutcome
 
@@ -49,14 +49,8 @@ def parse_share(text: str) -> float | None:
 
     Raises ``ValueError`` for a percentage that is not a positive finite number (``"-5%"``, ``"x%"``).
     """
-    t = text.strip()
-    if not t.endswith("%"):
-        return None
-    try:
-        share = float(t[:-1]) / 100.0
-    except ValueError:
-        raise ValueError(f"{text!r} is not a percentage (50%)") from None
-    if not math.isfinite(share) or share <= 0:
+    share = parse_percent(text)
+    if share is not None and share <= 0:
         raise ValueError(f"{text!r}: a share of capacity must be above 0 %")
     return share
 

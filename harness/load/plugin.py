@@ -102,7 +102,7 @@ from harness.load.results import (
 )
 from harness.load.stream import Tokenize, load_tokenizer
 from harness.load.summary import build_summary
-from harness.load.telemetry import Scraper, run_phases
+from harness.load.telemetry import SERVER_METRICS_FILE, Scraper, run_phases
 from harness.load.tracing import Tracing
 from harness.load.web import mount
 
@@ -254,7 +254,7 @@ class LoadRun:
                 self.scraper = Scraper(
                     self.env.host or "",
                     self.credentials,
-                    self.results_dir,
+                    self.results_dir / SERVER_METRICS_FILE,
                     interval_s=self.opts.server_metrics_interval,
                     now=self.now_s,
                     warn=self._warn,

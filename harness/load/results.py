@@ -28,15 +28,16 @@ Every percentile here is the project's one definition, :mod:`harness.common.stat
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
@@ -44,9 +45,14 @@ from harness.common.errors import InputError
 from harness.common.fingerprint import Environment
 from harness.common.headers import CACHE_STATUSES
 from harness.common.host import HostLoad
-from harness.common.io import check_input_file, validation_input_error, write_json
+from harness.common.io import check_input_file, iter_jsonl, validation_input_error, write_json
 from harness.common.model import StrictModel
 from harness.common.stats import Distribution, percentile
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+ObjArray = npt.NDArray[np.object_]
+"""Columns of records (the gates' :class:`~harness.gates.runs.RunFrame` holds them so)."""
 
 SCHEMA_VERSION: Literal[1] = 1
 RECORDS_FILE = "records.jsonl"
@@ -513,23 +519,75 @@ def client_lateness(lateness_ms: float, queue_wait_ms: float | None) -> float:
     return max(0.0, lateness_ms - (queue_wait_ms or 0.0))
 
 
+def cache_told(statuses: ObjArray) -> BoolArray:
+    """Rows (of an ``x-cache`` column, ``None`` where the response had no header) whose response
+    carried an ``x-cache`` header: the denominator of every response-cache hit rate."""
+    told: BoolArray = np.asarray(statuses != None, dtype=bool)  # noqa: E711 - elementwise, not identity
+    return told
+
+
+def cache_hit(statuses: ObjArray, status: str | None = None) -> BoolArray:
+    """Rows answered by the response cache: with ``x-cache`` ``status`` (``HIT-L1`` …), or, without
+    one, any tier (a status starting ``HIT``). The one definition of a response-cache hit: the
+    summary's :func:`hit_rates`, the gates' ``hit_rate_*`` and the report's plots count by it."""
+    if status is not None:
+        exact: BoolArray = np.asarray(statuses == status, dtype=bool)
+        return exact
+    told = cache_told(statuses)
+    out = np.zeros(len(statuses), dtype=bool)
+    out[told] = np.char.startswith(statuses[told].astype(str), "HIT")
+    return out
+
+
+def prefix_hit(cached_tokens: FloatArray) -> tuple[BoolArray, BoolArray]:
+    """``(reported, hit)``: rows (of a ``cached_tokens`` column, NaN where the target did not report
+    it) that reported ``cached_tokens``, and those with ``cached_tokens > 0``: a prefix-cache hit."""
+    reported = ~np.isnan(cached_tokens)
+    return reported, reported & (np.nan_to_num(cached_tokens) > 0)
+
+
+def cache_counts(statuses: ObjArray, status: str | None = None) -> tuple[int, int]:
+    """``(hits, told)``: :func:`cache_hit` rows and :func:`cache_told` rows; the hit rate is their ratio."""
+    return int(cache_hit(statuses, status).sum()), int(cache_told(statuses).sum())
+
+
+def prefix_counts(cached_tokens: FloatArray) -> tuple[int, int]:
+    """``(hits, reported)`` of :func:`prefix_hit`."""
+    reported, hit = prefix_hit(cached_tokens)
+    return int(hit.sum()), int(reported.sum())
+
+
+def warm_counts(statuses: ObjArray, cached_tokens: FloatArray) -> tuple[int, int]:
+    """``(warm, reported)``: requests served warm (a response-cache or a prefix-cache hit) among those
+    where the target reported either (an ``x-cache`` header or ``cached_tokens``)."""
+    reported, prefix = prefix_hit(cached_tokens)
+    told = cache_told(statuses) | reported
+    warm = cache_hit(statuses) | prefix
+    return int(warm[told].sum()), int(told.sum())
+
+
+def record_columns(records: Sequence[RequestRecord]) -> tuple[ObjArray, FloatArray]:
+    """The ``x-cache`` and ``cached_tokens`` columns of ``records`` (``None`` / NaN where absent)."""
+    statuses = np.empty(len(records), dtype=object)
+    statuses[:] = [r.cache for r in records]
+    cached = np.asarray(
+        [math.nan if r.cached_tokens is None else r.cached_tokens for r in records], dtype=np.float64
+    )
+    return statuses, cached
+
+
 def hit_rates(records: Iterable[RequestRecord]) -> dict[str, float]:
-    """Share of requests per ``x-cache`` status, ``any`` hit, and ``prefix`` (``cached_tokens > 0``)."""
-    cache: Counter[str] = Counter()
-    told = prefix = with_usage = 0
-    for r in records:
-        if r.cache is not None:
-            told += 1
-            cache[r.cache] += 1
-        if r.cached_tokens is not None:
-            with_usage += 1
-            prefix += r.cached_tokens > 0
+    """Share of requests per ``x-cache`` status, ``any`` hit, and ``prefix`` (``cached_tokens > 0``),
+    by :func:`cache_counts` and :func:`prefix_counts` (what the gates' ``hit_rate_*`` metrics count)."""
+    statuses, cached = record_columns(list(records))
     out: dict[str, float] = {}
+    hits, told = cache_counts(statuses)
     if told:
-        out = {status: cache[status] / told for status in CACHE_STATUSES}
-        out["any"] = sum(n for status, n in cache.items() if status.startswith("HIT")) / told
-    if with_usage:
-        out["prefix"] = prefix / with_usage
+        out = {status: cache_counts(statuses, status)[0] / told for status in CACHE_STATUSES}
+        out["any"] = hits / told
+    hits, reported = prefix_counts(cached)
+    if reported:
+        out["prefix"] = hits / reported
     return out
 
 
@@ -700,8 +758,10 @@ def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
     return rows
 
 
-def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
-    """One ``records.jsonl`` line as a validated record.
+def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
+    """Stream the validated records of a run directory (or a ``records.jsonl`` path): the one reader
+    of ``records.jsonl`` (through :func:`harness.common.io.iter_jsonl`). An empty file is a run with
+    no requests, not an error.
 
     The NaN rule: the ``NaN`` / ``Infinity`` literals (which Python's json module writes, and so may
     a converter from another tool) are read as the non-finite floats they stand for. A measurement
@@ -709,36 +769,11 @@ def _record(line: bytes, lineno: int, path: Path) -> RequestRecord:
     is in, naming it (:attr:`harness.gates.runs.RunFrame.nonfinite`). Rejecting the line would make
     the whole run unreadable for one sample; reading it as "absent" would let a percentile silently
     drop it. (Our writer never produces one: orjson writes no NaN literal.)"""
-    try:
-        obj: Any = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        try:
-            obj = json.loads(line)  # accepts NaN / Infinity / -Infinity
-        except ValueError:
-            raise InputError(
-                f"invalid JSON ({exc.msg}), expected a request record", file=path, line=lineno
-            ) from None
-    if not isinstance(obj, dict):
-        raise InputError("not a JSON object, expected a request record", file=path, line=lineno)
-    try:
-        return RequestRecord.parse(obj)
-    except ValidationError as exc:
-        raise validation_input_error(exc, file=path, line=lineno, expected="a request record") from None
-
-
-def read_records(run_dir: str | Path) -> Iterator[RequestRecord]:
-    """Stream the validated records of a run directory (or a ``records.jsonl`` path): the one reader
-    of ``records.jsonl``. An empty file is a run with no requests, not an error; the NaN rule is
-    :func:`_record`'s."""
     p = Path(run_dir)
     if p.is_dir():
         p = p / RECORDS_FILE
-    p = check_input_file(p, allow_empty=True)
-    with p.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-            if line.strip():
-                yield _record(line, lineno, p)
+    for _, record in iter_jsonl(p, _RECORD, expected="a request record", allow_empty=True, nonfinite=True):
+        yield record
 
 
 def read_summary(run_dir: str | Path) -> RunSummary:

@@ -3,14 +3,16 @@
 A client sees latencies; only the server sees why: how many requests it runs and queues, how full
 its KV cache is, and how many prompt tokens its prefix cache served. The load stage's local or
 master process scrapes ``GET /metrics`` once a second (``--server-metrics-interval``) for the whole
-run, beside ``records.jsonl``:
+run, beside ``records.jsonl``; :class:`Scraper` is the one scraper of the harness (``harness analysis
+scrape`` writes the same lines with it, outside a run):
 
 ``server_metrics.jsonl``
     one :class:`ServerSample` a line: ``t_s`` (seconds since the run's epoch, the records' time
     base, so both share an axis), the server kind detected, five normalised values and the raw
-    samples they came from; with NVML (:mod:`pynvml`, optional, ``pip install nvidia-ml-py``) the
-    local GPUs' memory, utilisation and power in the same line. Each line is flushed as it is
-    written: a crash loses nothing already scraped.
+    samples they came from (and, for ``harness serve``, its cache's and handlers' ``series`` per
+    label set, :attr:`ServerKind.series`); with NVML (:mod:`pynvml`, optional, ``pip install
+    nvidia-ml-py``) the local GPUs' memory, utilisation and power in the same line. Each line is
+    flushed as it is written: a crash loses nothing already scraped.
 
 **Server kinds** (:data:`SERVER_KINDS`, a registry): each names the metric families that identify
 it and where each normalised value comes from. The kind is detected from the names a scrape holds,
@@ -33,9 +35,10 @@ credentials, or one whose names are none of the known kinds is recorded once (an
 the file, a warning in ``summary.json``) and no longer scraped; a scrape that fails otherwise
 (timeout, refused) is recorded once and retried each interval.
 
-This module imports neither gevent nor Locust at module level: the parser and the per-phase deltas
-are used by the gates too (:mod:`harness.experiments.warmcheck`); :class:`Scraper` imports
-``geventhttpclient`` when it starts, inside a Locust process.
+The text is read by the one exposition parser and the deltas by the one counter rule
+(:mod:`harness.common.prometheus`). This module imports neither gevent nor Locust at module level:
+:func:`normalise` is used by the warm check too (:mod:`harness.experiments.warmcheck`); :class:`Scraper`
+imports ``geventhttpclient`` when it starts, inside a Locust process.
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from harness.common.auth import Credentials
-from harness.common.errors import InputError
-from harness.common.io import check_input_file, validation_input_error
+from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
+from harness.common.prometheus import Sample, parse_exposition, total_increase
 from harness.common.registry import Registry
 from harness.load.results import ServerPhase, ServerTelemetry
 
@@ -86,12 +89,19 @@ class ServerKind:
     spell some differently)."""
     keep: tuple[str, ...] = ()
     """Further samples kept raw in each line (context, not normalised)."""
+    series: tuple[str, ...] = ()
+    """Samples kept per label set in each line's ``series`` (``harness analysis anomaly`` reads them:
+    which tier, tenant or stage moved)."""
     doc: str = ""
     """Where the names come from."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name a line keeps raw."""
         return frozenset(n for names in self.sources.values() for n in names) | frozenset(self.keep)
+
+    def read(self) -> frozenset[str]:
+        """Every sample name a scrape of this kind parses."""
+        return self.wanted() | frozenset(self.detect) | frozenset(self.series)
 
 
 SERVER_KINDS: Registry[ServerKind] = Registry("server kind")
@@ -114,7 +124,23 @@ _kind(
             "kv_usage": ("harness_engine_kv_usage_ratio",),
         },
         keep=("harness_engine_preemptions_total", "harness_server_requests_in_flight"),
-        doc="harness serve (harness/server/metrics.py)",
+        # The response cache's and the request handlers' series by tier / tenant / stage / status:
+        # what the anomaly attribution reads (harness/cache/metrics.py, harness/server/metrics.py).
+        series=(
+            "cache_hit_rate",
+            "cache_fill_rate",
+            "cache_thermal_drift",
+            "cache_errors_total",
+            "cache_evictions_total",
+            "cache_lookup_seconds_sum",
+            "cache_lookup_seconds_count",
+            "harness_server_requests_total",
+            "harness_server_ttft_seconds_sum",
+            "harness_server_ttft_seconds_count",
+            "harness_server_e2e_seconds_sum",
+            "harness_server_e2e_seconds_count",
+        ),
+        doc="harness serve (harness/server/metrics.py, harness/cache/metrics.py)",
     )
 )
 _kind(
@@ -179,51 +205,21 @@ _kind(
 # ------------------------------------------------------------------------------------------ parsing
 
 
-def parse_exposition(text: str, names: frozenset[str] | None = None) -> dict[str, float]:
-    """Prometheus text exposition → sample name → value, summed over label sets. Only the samples
-    ``names`` lists are read (``None``: every registered kind's, :func:`known_names`). Parsed by
-    ``prometheus_client``'s text parser; raises ``ValueError`` for text that is not an exposition."""
-    sums, _ = _label_sets(text, known_names() if names is None else names)
-    return sums
-
-
 def known_names() -> frozenset[str]:
     """Every sample name some registered kind detects by or reads."""
     out: set[str] = set()
     for _, kind in SERVER_KINDS.items():
-        out |= kind.wanted() | set(kind.detect)
+        out |= kind.read()
     return frozenset(out)
 
 
-def _wanted_lines(text: str, names: frozenset[str]) -> str:
-    """The sample lines of ``names`` only. The scrape runs in the Locust process that paces the
-    arrivals, where a scrape's CPU delays them: a server's exposition is mostly histogram buckets
-    (ours: 200 lines, 14 kB), and parsing all of it took 10 ms on a busy 2-core machine; the few
-    lines wanted parse in a fraction of that. Comment lines go too: the samples' own names are all
-    that is read (a counter's ``_total`` included)."""
-    keep: list[str] = []
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        cut = len(line)
-        for sep in ("{", " "):
-            i = line.find(sep)
-            if 0 <= i < cut:
-                cut = i
-        if line[:cut] in names:
-            keep.append(line)
-    return "\n".join(keep) + "\n"
-
-
-def _label_sets(text: str, names: frozenset[str]) -> tuple[dict[str, float], dict[str, int]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
+def _label_sets(samples: Iterable[Sample]) -> tuple[dict[str, float], dict[str, int]]:
+    """Sample name → its values summed over label sets, and how many label sets there were."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(_wanted_lines(text, names)):
-        for s in family.samples:
-            sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-            counts[s.name] = counts.get(s.name, 0) + 1
+    for s in samples:
+        sums[s.name] = sums.get(s.name, 0.0) + s.value
+        counts[s.name] = counts.get(s.name, 0) + 1
     return sums, counts
 
 
@@ -247,6 +243,14 @@ class GpuSample(StrictModel):
     power_w: float | None = None
 
 
+class SeriesValue(StrictModel):
+    """One sample of a scrape with its labels (a :attr:`ServerKind.series` name)."""
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    value: float
+
+
 class ServerSample(StrictModel):
     """One line of ``server_metrics.jsonl``: a scrape (or the one record of why scraping stopped)."""
 
@@ -262,6 +266,9 @@ class ServerSample(StrictModel):
     kv_usage: float | None = None
     raw: dict[str, float] = Field(default_factory=dict)
     """The samples the normalised values came from, and the kind's ``keep`` ones, as scraped."""
+    series: list[SeriesValue] = Field(default_factory=list)
+    """The kind's :attr:`ServerKind.series` samples, one per label set (finite values only: a NaN
+    gauge says nothing, and JSON has no NaN)."""
     gpu: list[GpuSample] = Field(default_factory=list)
     error: str | None = None
     """Why this scrape gave nothing (recorded once per kind of failure)."""
@@ -275,7 +282,8 @@ def normalise(text: str, t_s: float, kind: ServerKind | None = None) -> ServerSa
     """One scrape's text as a :class:`ServerSample` (``kind`` detected when not given). Raises
     ``ValueError`` for text that is not an exposition, :class:`UnknownServer` for one with none of
     the known names."""
-    sums, counts = _label_sets(text, kind.wanted() | set(kind.detect) if kind else known_names())
+    samples = parse_exposition(text, kind.read() if kind else known_names())
+    sums, counts = _label_sets(samples)
     kind = kind or detect_kind(sums)
     if kind is None:
         raise UnknownServer(
@@ -292,7 +300,12 @@ def normalise(text: str, t_s: float, kind: ServerKind | None = None) -> ServerSa
         else:
             values[field] = sums[name]
     raw = {n: sums[n] for n in sorted(kind.wanted()) if n in sums}
-    return ServerSample(t_s=round(t_s, 4), kind=kind.name, raw=raw, **values)
+    series = [
+        SeriesValue(name=s.name, labels=dict(s.labels), value=s.value)
+        for s in samples
+        if s.name in kind.series and math.isfinite(s.value)
+    ]
+    return ServerSample(t_s=round(t_s, 4), kind=kind.name, raw=raw, series=series, **values)
 
 
 class UnknownServer(ValueError):
@@ -375,7 +388,8 @@ class SampleWriter:
     def write(self, sample: ServerSample) -> None:
         if self._fh.closed:
             return
-        doc = sample.model_dump(exclude_none=True, exclude=None if sample.gpu else {"gpu"})
+        empty = {name for name in ("gpu", "series") if not getattr(sample, name)}
+        doc = sample.model_dump(exclude_none=True, exclude=empty or None)
         self._fh.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
         self._fh.flush()
 
@@ -385,23 +399,30 @@ class SampleWriter:
 
 
 class Scraper:
-    """Scrapes the target's ``/metrics`` every ``interval_s`` (a greenlet of the local / master
-    process) into ``server_metrics.jsonl``; :meth:`stop` takes a last scrape, so the final counters
-    include the run's last requests, and closes the file.
+    """The one scraper of a target's ``/metrics``: each :meth:`scrape` appends a
+    :class:`ServerSample` line to ``path`` (a ``server_metrics.jsonl``).
 
-    ``now`` gives seconds since the run's epoch (:meth:`harness.load.plugin.LoadRun.now_s`). The
-    scrape uses the run's credentials' admin headers: ``harness serve --protect-metrics`` takes the
-    admin token or an API key, and :meth:`Credentials.admin_headers` sends the token, else the key."""
+    In a load run it scrapes every ``interval_s`` (:meth:`start`: a greenlet of the local / master
+    process, through ``geventhttpclient``) and :meth:`stop` takes a last scrape, so the final
+    counters include the run's last requests, and closes the file; ``now`` gives seconds since the
+    run's epoch (:meth:`harness.load.plugin.LoadRun.now_s`). Outside a Locust process
+    (``harness analysis scrape``) it is ``blocking``: the caller calls :meth:`scrape` on its own
+    schedule, through httpx, and :meth:`close` at the end.
+
+    The scrape uses the credentials' admin headers: ``harness serve --protect-metrics`` takes the
+    admin token or an API key, and :meth:`Credentials.admin_headers` sends the token, else the key;
+    TLS is verified as the credentials say."""
 
     def __init__(
         self,
         host: str,
         creds: Credentials,
-        results_dir: Path,
+        path: Path,
         *,
         interval_s: float,
         now: Callable[[], float],
         warn: Callable[[str], None],
+        blocking: bool = False,
     ) -> None:
         from harness.load.client import base_path
 
@@ -410,8 +431,10 @@ class Scraper:
         self.interval_s = interval_s
         self.now = now
         self.warn = warn
-        self.path = results_dir / SERVER_METRICS_FILE
+        self.blocking = blocking
+        self.path = path
         self.url_path = base_path(host) + METRICS_PATH
+        self.url = host.rstrip("/") + METRICS_PATH
         self.writer = SampleWriter(self.path)
         self.samples: list[ServerSample] = []
         """The scrapes so far (what the file holds), for the summary's per-phase deltas."""
@@ -505,18 +528,28 @@ class Scraper:
 
     def _get(self) -> tuple[int, bytes]:
         if self._client is None:
-            from harness.load.client import gevent_client
-
-            self._client = gevent_client(
-                self.host, self.creds, network_timeout=SCRAPE_TIMEOUT_S, connection_timeout=SCRAPE_TIMEOUT_S
-            )
+            self._client = self._connect()
         try:
+            if self.blocking:
+                answer = self._client.get(self.url, headers=self.creds.admin_headers())
+                return int(answer.status_code), bytes(answer.content)
             resp = self._client.get(self.url_path, headers=self.creds.admin_headers())
             return int(resp.status_code), bytes(resp.read())
         except Exception:
             self._client.close()
             self._client = None  # a fresh connection next time
             raise
+
+    def _connect(self) -> Any:
+        if self.blocking:
+            import httpx
+
+            return httpx.Client(timeout=SCRAPE_TIMEOUT_S, verify=self.creds.httpx_verify())
+        from harness.load.client import gevent_client
+
+        return gevent_client(
+            self.host, self.creds, network_timeout=SCRAPE_TIMEOUT_S, connection_timeout=SCRAPE_TIMEOUT_S
+        )
 
     def _failure(self, t: float, error: str, *, final: bool) -> None:
         """Record a failure once per kind of error (a line, a warning); ``final`` stops scraping."""
@@ -546,9 +579,14 @@ class Scraper:
             self.scrape()
         except Exception:
             log.exception("harness load: the last server metrics scrape failed")
+        self.close()
+
+    def close(self) -> None:
+        """Close the file, the connection and NVML (no last scrape: :meth:`stop` takes one)."""
         self.writer.close()
         if self._client is not None:
             self._client.close()
+            self._client = None
         self.nvml.close()
 
     def summary(self, phases: Sequence[tuple[str, float, float]]) -> ServerTelemetry:
@@ -569,9 +607,9 @@ class Scraper:
 
 def counter_delta(points: Sequence[tuple[float, float]], start_s: float, end_s: float) -> float | None:
     """How much a counter grew over ``[start_s, end_s]`` from its scrapes ``(t_s, value)`` (in time
-    order). From the last scrape at or before the start (the first one after it when none is
-    before) to the last at or before the end; a drop is a counter reset (the server restarted):
-    counting goes on from 0. ``None`` with fewer than two scrapes in reach."""
+    order): from the last scrape at or before the start (the first one after it when none is before)
+    to the last at or before the end, by the one rule of :func:`harness.common.prometheus.total_increase`
+    (a reset counts from 0). ``None`` with fewer than two scrapes in reach."""
     if not points:
         return None
     before = [i for i, (t, _) in enumerate(points) if t <= start_s]
@@ -580,12 +618,7 @@ def counter_delta(points: Sequence[tuple[float, float]], start_s: float, end_s: 
     last = upto[-1] if upto else -1
     if last <= first:
         return None
-    total = 0.0
-    prev = points[first][1]
-    for _, v in points[first + 1 : last + 1]:
-        total += v - prev if v >= prev else v
-        prev = v
-    return total
+    return total_increase([v for _, v in points[first : last + 1]])
 
 
 def phase_of(samples: Sequence[ServerSample], name: str, start_s: float, end_s: float) -> ServerPhase:
@@ -659,20 +692,10 @@ def run_phases(
 
 
 def read_server_metrics(run_dir: str | Path) -> Iterator[ServerSample]:
-    """The validated lines of a run's ``server_metrics.jsonl`` (or of that file)."""
+    """The validated lines of a run's ``server_metrics.jsonl`` (or of that file); an empty file (a run
+    that ended before its first scrape) is no lines."""
     p = Path(run_dir)
     if p.is_dir():
         p = p / SERVER_METRICS_FILE
-    p = check_input_file(p, allow_empty=True)
-    with p.open("rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield ServerSample.model_validate_json(line)
-            except ValidationError as exc:
-                raise validation_input_error(
-                    exc, file=p, line=lineno, expected="a server metrics sample"
-                ) from None
-            except ValueError as exc:
-                raise InputError(f"not JSON: {exc}", file=p, line=lineno) from None
+    for _, sample in iter_jsonl(p, ServerSample, expected="a server metrics sample", allow_empty=True):
+        yield sample

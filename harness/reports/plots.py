@@ -26,12 +26,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from harness.common.headers import CACHE_STATUSES
+from harness.common.prometheus import counter_increase
 from harness.common.registry import Registry
 from harness.common.stats import percentile, percentile_interval
 from harness.experiments.capacity_result import CapacityResult
 from harness.gates.metrics import format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet
-from harness.load.results import CLIENT_BOUND_LATENESS_MS
+from harness.load.results import CLIENT_BOUND_LATENESS_MS, cache_counts, prefix_counts, warm_counts
 from harness.load.telemetry import SERVER_METRICS_FILE, ServerSample, read_server_metrics
 
 MAX_POINTS = 20_000
@@ -271,18 +272,20 @@ def server_samples(rs: ResultSet) -> list[ServerSample]:
 
 def _interval_hit_rate(samples: Sequence[ServerSample]) -> tuple[FloatArray, FloatArray]:
     """The server's prefix hit rate between consecutive scrapes (hits grown / queries grown), at the
-    interval's end; intervals with no lookups (or a counter reset) are skipped."""
+    interval's end, each growth by the one counter rule (a reset counts from 0, as in the summary's
+    per-phase deltas); intervals with no lookups are skipped."""
     xs, ys = [], []
-    prev: ServerSample | None = None
+    prev: tuple[float, float] | None = None
     for s in samples:
         if s.prefix_queries is None or s.prefix_hits is None:
             continue
-        if prev is not None and prev.prefix_queries is not None and prev.prefix_hits is not None:
-            dq, dh = s.prefix_queries - prev.prefix_queries, s.prefix_hits - prev.prefix_hits
-            if dq > 0 and dh >= 0:
+        if prev is not None:
+            dq = counter_increase(prev[0], s.prefix_queries)
+            dh = counter_increase(prev[1], s.prefix_hits)
+            if dq > 0:
                 xs.append(s.t_s)
                 ys.append(100.0 * dh / dq)
-        prev = s
+        prev = (s.prefix_queries, s.prefix_hits)
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
@@ -470,16 +473,14 @@ def pair(sets: Sequence[ResultSet]) -> tuple[ResultSet, ResultSet] | None:
 
 
 def _rate_of(rs: ResultSet, kind: str) -> tuple[int, int]:
-    """``(hits, requests that reported)`` for the response cache, the prefix cache, or either."""
-    f = rs.frame
-    told = f.cache_told()
-    reported, prefix = f.prefix_hit()
+    """``(hits, requests that reported)`` for the response cache, the prefix cache, or either, counted
+    as the gates' ``hit_rate_any``, ``hit_rate_prefix`` and ``warm_rate`` count them."""
+    statuses, cached = rs.frame.text["cache"], rs.frame.col("cached_tokens")
     if kind == "response cache":
-        return int(f.cache_hit().sum()), int(told.sum())
+        return cache_counts(statuses)
     if kind == "prefix cache":
-        return int(prefix.sum()), int(reported.sum())
-    warm = f.cache_hit() | prefix
-    return int(warm[told | reported].sum()), int((told | reported).sum())
+        return prefix_counts(cached)
+    return warm_counts(statuses, cached)
 
 
 @_plot(

@@ -1,7 +1,8 @@
-"""Shared plumbing for the trace readers: the reader registry, ID and tag normalization, line streaming.
+"""Shared plumbing for the trace readers: the reader registries, ID and tag normalization, line streaming.
 
-Every reader module registers a :class:`Reader` under its format name, in :data:`REQUEST_READERS`
-or :data:`TRACE_READERS` by what it yields (names are unique across both). Readers
+Every reader module registers a :class:`~harness.common.formats.Reader` (the one reader type, shared
+with the corpus stage's log readers) under its format name, in :data:`REQUEST_READERS` or
+:data:`TRACE_READERS` by what it yields (names are unique across both). Readers
 stream: JSONL and CSV are read line by line from a binary handle (so invalid UTF-8 is located to the
 line), big JSON documents go through ``ijson``. Row-level problems become :class:`InputError` naming
 file, line and field; with ``skip_invalid`` they are passed to an ``on_skip`` callback instead and
@@ -18,9 +19,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from harness.common.errors import ConfigError, InputError
+from harness.common.formats import Reader, by_priority
 from harness.common.registry import Registry
 from harness.traces.model import RequestEvent, TagValue, Trace
 
@@ -35,40 +37,31 @@ P = TypeVar("P")
 E = TypeVar("E", RequestEvent, Trace)
 
 
-@dataclass(frozen=True, slots=True)
-class Reader(Generic[E]):
-    """One input format: how to recognise it and how to stream it.
+RequestReader = Reader[..., Iterator[RequestEvent]]
+"""A request-trace format: ``read(path, skip_invalid, on_skip)`` streams :class:`RequestEvent` values
+(``path`` a :class:`Path`, a URL string for live sources)."""
+TraceReader = Reader[..., Iterator[Trace]]
+"""A distributed-trace format: ``read(path, skip_invalid, on_skip)`` streams :class:`Trace` values."""
 
-    ``sniff`` gets the path and the first bytes of the file and answers whether the file is in this
-    format; ``read(path, skip_invalid, on_skip)`` yields the format's items: :class:`RequestEvent`
-    for a reader in :data:`REQUEST_READERS`, :class:`Trace` for one in :data:`TRACE_READERS`.
-    ``path`` is a :class:`Path` (a URL string for live sources).
-    """
-
-    name: str
-    description: str
-    sniff: Callable[[Path, bytes], bool]
-    read: Callable[..., Iterator[E]]
-    priority: int = 50
-    """Lower sniffs first; specific formats go before generic ones."""
-
-
-REQUEST_READERS: Registry[Reader[RequestEvent]] = Registry("request-trace format")
+REQUEST_READERS: Registry[RequestReader] = Registry("request-trace format")
 """LLM request traces (Mooncake, Azure, BurstGPT, Splitwise, cold paths) → :class:`RequestEvent`."""
-TRACE_READERS: Registry[Reader[Trace]] = Registry("distributed-trace format")
+TRACE_READERS: Registry[TraceReader] = Registry("distributed-trace format")
 """Distributed traces (Jaeger, OTLP, a Jaeger query service) → :class:`Trace` with its span tree."""
-FAMILIES: dict[Family, Registry[Reader[RequestEvent]] | Registry[Reader[Trace]]] = {
+FAMILIES: dict[Family, Registry[RequestReader] | Registry[TraceReader]] = {
     "requests": REQUEST_READERS,
     "traces": TRACE_READERS,
 }
 
 
-def all_readers() -> list[tuple[Family, Reader[RequestEvent] | Reader[Trace]]]:
-    """Every registered format with its family, in sniffing order (lowest ``priority`` first)."""
-    found: list[tuple[Family, Reader[RequestEvent] | Reader[Trace]]] = []
-    for family, registry in FAMILIES.items():
-        found.extend((family, r) for _, r in registry.items())
-    return sorted(found, key=lambda fr: fr[1].priority)
+def all_readers() -> list[tuple[Family, RequestReader | TraceReader]]:
+    """Every registered format with its family, in sniffing order (:func:`by_priority`)."""
+    family: dict[str, Family] = {}
+    found: list[RequestReader | TraceReader] = []
+    for fam, registry in FAMILIES.items():
+        for name, reader in registry.items():
+            family[name] = fam
+            found.append(reader)
+    return [(family[r.name], r) for r in by_priority(found)]
 
 
 def family_of(name: str) -> Family:
@@ -265,10 +258,6 @@ def iter_lines(
 def read_head(path: Path, size: int = MAX_SNIFF) -> bytes:
     with path.open("rb") as fh:
         return fh.read(size)
-
-
-def first_line(head: bytes) -> bytes:
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
 
 
 # --------------------------------------------------------------------------- rows → events

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.common.errors import InputError
+from harness.common.formats import Reader, sniff, unrecognised
 from harness.common.io import check_input_file, iter_jsonl, read_json
 from harness.common.registry import Registry
 from harness.traces import readers as _readers  # noqa: F401  (registers the formats)
@@ -18,7 +19,6 @@ from harness.traces._base import (
     E,
     Family,
     OnSkip,
-    Reader,
     all_readers,
     default_on_skip,
     family_of,
@@ -45,18 +45,14 @@ def detect_format(path: str | Path) -> str:
         return "jaeger-query"
     p = check_input_file(path)
     head = read_head(p)
-    for _, reader in all_readers():
-        if reader.sniff(p, head):
-            return reader.name
+    readers = [r for _, r in all_readers()]
+    found = sniff(readers, p, head)
+    if found is not None:
+        return found.name
     bad_utf8 = utf8_error(p, head)
     if bad_utf8 is not None:
         raise bad_utf8
-    raise InputError(
-        "unrecognised format; expected one of " + ", ".join(formats()),
-        file=p,
-        line=1,
-        hint="pass --format to name it",
-    )
+    raise unrecognised(readers, p, what="format", hint="pass --format to name it", line=1)
 
 
 _WRONG_FAMILY: dict[Family, tuple[str, str]] = {
@@ -73,8 +69,8 @@ _WRONG_FAMILY: dict[Family, tuple[str, str]] = {
 
 
 def _reader(
-    path: str | Path, format: str | None, family: Family, registry: Registry[Reader[E]]
-) -> tuple[Reader[E], Path | str]:
+    path: str | Path, format: str | None, family: Family, registry: Registry[Reader[..., Iterator[E]]]
+) -> tuple[Reader[..., Iterator[E]], Path | str]:
     """The reader of ``family`` for ``path`` (detected unless ``format`` names it) and the checked path."""
     name = format or detect_format(path)
     if name not in registry:

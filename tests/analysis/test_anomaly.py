@@ -1,10 +1,13 @@
-"""The anomaly tree on planted deviations, from real metric registries, scrapes and a Prometheus API."""
+"""The anomaly tree on planted deviations, from real metric registries: scraped into
+server_metrics.jsonl by the load stage's scraper, as older {ts, text} scrapes, and through a
+Prometheus API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -20,14 +23,19 @@ from harness.analysis.anomaly import (
     SeriesKey,
     Window,
     attribute,
-    read_scrapes,
+    metric_names,
+    read_series,
+    scrape_metrics,
     series_from_prometheus,
     series_from_scrapes,
 )
 from harness.cache.metrics import CacheMetrics
-from harness.common.errors import InputError
+from harness.common.auth import Credentials
+from harness.common.errors import InputError, UnavailableError
 from harness.common.io import write_jsonl
-from harness.server.metrics import ServerMetrics
+from harness.engine.api import EngineStats
+from harness.load.telemetry import SERVER_KINDS, SampleWriter, normalise
+from harness.server.metrics import EngineCollector, ServerMetrics
 
 T0 = 1_800_000_000.0
 
@@ -35,8 +43,9 @@ T0 = 1_800_000_000.0
 def planted_scrapes(n: int = 40, change_at: int = 20) -> list[Scrape]:
     """40 scrapes 5 s apart of a real registry. From scrape 20 on, L2 misses surge (its hit rate
     falls), L2 evicts 50× more, its lookups get 10× slower, and stage "warm" starts failing (503);
-    L1, L3 and fill rates stay as they were."""
+    L1, L3 and fill rates stay as they were. The engine's gauges are there as in ``harness serve``."""
     reg = CollectorRegistry()
+    reg.register(EngineCollector(EngineStats))
     m = CacheMetrics(reg)
     m.bind_gauges(lambda t: {"l1": 0.3, "l2": 0.5, "l3": 0.1}[t], lambda _t: 100.0, lambda: 0.0)
     server = ServerMetrics(reg)
@@ -64,6 +73,15 @@ def planted_scrapes(n: int = 40, change_at: int = 20) -> list[Scrape]:
     return scrapes
 
 
+def write_server_metrics(path: Path, scrapes: list[Scrape]) -> Path:
+    """The scrapes as the load stage's scraper writes them (server_metrics.jsonl)."""
+    writer = SampleWriter(path)
+    for sc in scrapes:
+        writer.write(normalise(sc.text, sc.ts))
+    writer.close()
+    return path
+
+
 def first_path(node: AnomalyNode) -> list[str]:
     out = [node.name]
     while node.children:
@@ -83,9 +101,8 @@ def find(node: AnomalyNode, name: str) -> AnomalyNode | None:
 
 
 def test_planted_l2_degradation_is_attributed_to_tier_l2(tmp_path: Path) -> None:
-    path = tmp_path / "scrapes.jsonl"
-    write_jsonl(path, (s.model_dump() for s in planted_scrapes()))
-    series = series_from_scrapes(read_scrapes(path))
+    path = write_server_metrics(tmp_path / "server_metrics.jsonl", planted_scrapes())
+    series = read_series(tmp_path)  # a run directory holding it
     report = attribute(series, source=str(path))
     root = report.root
     assert [c.name for c in root.children] == ["tier", "stage"]
@@ -150,30 +167,17 @@ def test_json_schema_is_stable() -> None:
     }  # fmt: skip
 
 
-@pytest.fixture
-def prometheus() -> Iterator[str]:
-    """A stand-in for a Prometheus server's query_range API (no Prometheus binary here), serving the
-    planted scrapes in Prometheus' JSON format: the parsing and time alignment are what is tested."""
-    series = series_from_scrapes(planted_scrapes())
+@contextlib.contextmanager
+def serving(respond: Callable[[BaseHTTPRequestHandler], tuple[int, bytes]]) -> Iterator[str]:
+    """A local HTTP server whose every GET is answered by ``respond(request) -> (status, body)``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
-            name = q["query"][0]
-            result = [
-                {
-                    "metric": {"__name__": n, **dict(labels), "job": "harness"},
-                    "values": [[t, str(v)] for t, v in s],
-                }
-                for (n, labels), s in series.items()
-                if n == name
-            ]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
-            self.send_response(200 if url.path == "/api/v1/query_range" else 404)
-            self.send_header("Content-Type", "application/json")
+            code, body = respond(self)
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body.encode())
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -188,6 +192,30 @@ def prometheus() -> Iterator[str]:
         thread.join(timeout=10)
 
 
+@pytest.fixture
+def prometheus() -> Iterator[str]:
+    """A stand-in for a Prometheus server's query_range API (no Prometheus binary here), serving the
+    planted scrapes in Prometheus' JSON format: the parsing and time alignment are what is tested."""
+    series = series_from_scrapes(planted_scrapes())
+
+    def respond(req: BaseHTTPRequestHandler) -> tuple[int, bytes]:
+        url = urlparse(req.path)
+        name = parse_qs(url.query)["query"][0]
+        result = [
+            {
+                "metric": {"__name__": n, **dict(labels), "job": "harness"},
+                "values": [[t, str(v)] for t, v in ss],
+            }
+            for (n, labels), ss in series.items()
+            if n == name
+        ]
+        body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+        return 200 if url.path == "/api/v1/query_range" else 404, body.encode()
+
+    with serving(respond) as url:
+        yield url
+
+
 def test_prometheus_query_api_gives_the_same_tree(prometheus: str) -> None:
     series: dict[SeriesKey, Samples] = series_from_prometheus(prometheus, T0, T0 + 200, 5.0)
     assert all(dict(labels).get("job") == "harness" for _, labels in series)
@@ -195,3 +223,111 @@ def test_prometheus_query_api_gives_the_same_tree(prometheus: str) -> None:
     via_scrapes = attribute(series_from_scrapes(planted_scrapes()), source="scrapes")
     ids = lambda n: [n.id, *(i for c in n.children for i in ids(c))]  # noqa: E731
     assert ids(via_api.root) == ids(via_scrapes.root)
+
+
+def test_the_scraper_keeps_every_series_the_tree_reads() -> None:
+    """The load stage's scraper keeps our server's series per label set by a list of its own (the load
+    stage cannot import the analysis): it must hold every name the tree reads."""
+    assert set(metric_names()) <= set(SERVER_KINDS.get("harness").series)
+
+
+def test_older_scrape_files_read_as_the_same_series(tmp_path: Path) -> None:
+    scrapes = planted_scrapes()
+    legacy = tmp_path / "scrapes.jsonl"
+    write_jsonl(legacy, (s.model_dump() for s in scrapes))
+    samples = write_server_metrics(tmp_path / "server_metrics.jsonl", scrapes)
+    assert read_series(legacy) == read_series(samples) == series_from_scrapes(scrapes)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"t": 1, "body": "x"}\n')
+    with pytest.raises(InputError) as err:  # neither: named as the format it is not
+        read_series(other)
+    assert err.value.line == 1 and "expected a server metrics sample" in err.value.message
+
+
+def test_counters_across_a_server_restart_count_from_zero() -> None:
+    """An eviction counter that restarts (the server did) gives the rate since the restart, by the one
+    counter rule, not a negative rate or a spike of the whole counter."""
+    from harness.analysis.anomaly import CAUSES, deviations
+
+    key: SeriesKey = ("cache_evictions_total", (("tier", "l2"),))
+    values = [(0.0, 100.0), (10.0, 110.0), (20.0, 5.0), (30.0, 15.0)]
+    ((_, _, d),) = deviations(
+        {key: values},
+        {"evictions": CAUSES["evictions"]},
+        Window(start=0.0, end=10.0),
+        Window(start=10.0, end=30.0),
+    )
+    assert d.baseline == pytest.approx(1.0) and d.observed == pytest.approx((0.5 + 1.0) / 2)
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[tuple[str, list[str | None]]]:
+    """A ``/metrics`` that wants a bearer token, serving the planted scrapes one by one; the
+    Authorization header of every GET is recorded."""
+    texts = iter([sc.text for sc in planted_scrapes(n=6, change_at=3)])
+    seen: list[str | None] = []
+
+    def respond(req: BaseHTTPRequestHandler) -> tuple[int, bytes]:
+        seen.append(req.headers.get("Authorization"))
+        if req.path != "/metrics":
+            return 404, b""
+        if req.headers.get("Authorization") != "Bearer s3cret":
+            return 401, b""
+        return 200, next(texts).encode()
+
+    with serving(respond) as url:
+        yield url, seen
+
+
+def test_scrape_sends_the_credentials_and_writes_server_metrics(
+    metrics_server: tuple[str, list[str | None]], tmp_path: Path
+) -> None:
+    url, seen = metrics_server
+    out = tmp_path / "server_metrics.jsonl"
+    warned: list[str] = []
+    n = scrape_metrics(
+        url + "/metrics", Credentials(admin_token="s3cret"), out, every_s=0.0, count=6,
+        warn=warned.append, sleep=lambda _s: None,
+    )  # fmt: skip
+    assert n == 6 and warned == [] and seen == ["Bearer s3cret"] * 6
+    from harness.load.telemetry import read_server_metrics
+
+    lines = list(read_server_metrics(out))
+    assert [s.kind for s in lines] == ["harness"] * 6
+    assert all(s.series for s in lines) and lines[0].t_s > 1e9  # unix seconds
+    series = read_series(out)
+    hit = series[("cache_hit_rate", (("tier", "l2"),))]
+    # The gauge is cumulative: 27 of 30 lookups hit by the third scrape, 28 of 40 by the fourth.
+    assert [v for _, v in hit][2:4] == [pytest.approx(0.9), pytest.approx(0.7)]
+
+
+def test_scrape_refused_or_absent_is_unavailable(
+    metrics_server: tuple[str, list[str | None]], tmp_path: Path
+) -> None:
+    url, seen = metrics_server
+    with pytest.raises(UnavailableError, match="answered 401") as err:
+        scrape_metrics(url, Credentials(), tmp_path / "a.jsonl", every_s=0.0, count=3, warn=lambda _: None)
+    assert err.value.field == "--url" and seen == [None]  # not asked again
+    with pytest.raises(UnavailableError, match="Connect"):
+        scrape_metrics(
+            "http://127.0.0.1:9", Credentials(), tmp_path / "b.jsonl", every_s=0.0, count=3,
+            warn=lambda _: None,
+        )  # fmt: skip
+
+
+def test_the_scrape_command_takes_the_credentials_options(
+    metrics_server: tuple[str, list[str | None]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    url, seen = metrics_server
+    out = tmp_path / "m.jsonl"
+    args = ["analysis", "scrape", "--url", url, "-o", str(out), "--every-s", "0", "--count", "2"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--admin-token", "s3cret"])
+    assert exc.value.code == 0 and seen == ["Bearer s3cret"] * 2
+    assert "wrote 2 scrapes" in capsys.readouterr().err
+    assert len(read_series(out)[("cache_hit_rate", (("tier", "l1"),))]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "-H", "Authorization: Bearer wrong"])
+    assert exc.value.code == 5 and "answered 401" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from harness.common.io import write_jsonl
 from harness.load.plan import read_plan
 
 from .conftest import corpus_record
-from .test_anomaly import planted_scrapes
+from .test_anomaly import planted_scrapes, write_server_metrics
 from .test_warmup import SAMPLE
 
 PROV = {"seed": 0, "candidate": 0, "template": "t", "template_sha256": "0" * 64}
@@ -224,8 +224,7 @@ def test_decay_avalanche_rto(capsys: pytest.CaptureFixture[str], tmp_path: Path)
 
 
 def test_anomaly_and_index(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    scrapes = tmp_path / "scrapes.jsonl"
-    write_jsonl(scrapes, (s.model_dump() for s in planted_scrapes()))
+    scrapes = write_server_metrics(tmp_path / "server_metrics.jsonl", planted_scrapes())
     rc, out, _ = run(
         capsys,
         "analysis",

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.analysis.anomaly import parse_exposition
 from harness.analysis.tiers import build_tiers, embed_queries, queries_from_rows
 from harness.cache.policy import TierTTLs
 from harness.common.io import write_json, write_jsonl
+from harness.common.prometheus import parse_exposition
 from tests.server.conftest import ServerProc, harness_server
 
 HOT_Q = "How do I reset my password?"
@@ -22,10 +22,7 @@ COLD_Q = "Tell me something surprising about penguins"
 
 def _writebacks(server: ServerProc) -> dict[str, float]:
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    return {
-        dict(labels)["value_tier"]: v
-        for (name, labels), v in parse_exposition(text, ["cache_writebacks_total"]).items()
-    }
+    return {dict(s.labels)["value_tier"]: s.value for s in parse_exposition(text, ["cache_writebacks_total"])}
 
 
 def _wait_writeback(server: ServerProc, tier: str, n: float, deadline_s: float = 120.0) -> None:

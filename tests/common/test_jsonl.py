@@ -7,14 +7,16 @@ lines we wrote, values from ``json.loads``), never from a run of the code under 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from harness.common.errors import InputError
-from harness.common.io import iter_jsonl, parse_jsonl_line, read_json, validation_input_error
+from harness.common.io import iter_jsonl, jsonl_lines, parse_jsonl_line, read_json, validation_input_error
 
 
 class Msg(BaseModel):
@@ -164,3 +166,54 @@ def test_read_json_a_whole_document(tmp_path: Path) -> None:
     assert exc.value.field == "messages.0.role" and exc.value.file == str(bad)
     with pytest.raises(InputError):
         read_json(tmp_path / "missing.json", Req, expected="a request")
+
+
+def test_an_empty_file_is_no_rows_only_when_allowed(tmp_path: Path) -> None:
+    """``records.jsonl`` of a run that sent nothing, ``server_metrics.jsonl`` of a run whose target
+    never answered: empty, and readable as no rows; other inputs must hold something."""
+    p = tmp_path / "empty.jsonl"
+    p.write_bytes(b"")
+    assert list(iter_jsonl(p, allow_empty=True)) == []
+    with pytest.raises(InputError, match="file is empty"):
+        list(iter_jsonl(p))
+
+
+def test_nonfinite_literals_are_read_only_when_asked(tmp_path: Path) -> None:
+    """The NaN rule of ``records.jsonl``: Python's json writes ``NaN``; strict JSON refuses it."""
+    p = _write(tmp_path, ['{"a": NaN, "b": -Infinity}'])
+    [(n, row)] = list(iter_jsonl(p, nonfinite=True))
+    assert n == 1 and math.isnan(row["a"]) and row["b"] == -math.inf
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p))
+    assert info.value.line == 1 and info.value.message.startswith("invalid JSON (")
+    with pytest.raises(InputError, match="invalid JSON"):  # not JSON either way
+        parse_jsonl_line(b"{nope", 4, nonfinite=True)
+
+
+@dataclass
+class Point:
+    x: float
+    label: str = ""
+
+
+def test_a_type_adapter_validates_a_dataclass_row(tmp_path: Path) -> None:
+    p = _write(tmp_path, ['{"x": 1.5}', '{"x": "far"}'])
+    rows = iter_jsonl(p, TypeAdapter(Point), expected="a point")
+    assert next(rows) == (1, Point(1.5))
+    with pytest.raises(InputError) as info:
+        next(rows)
+    assert (info.value.line, info.value.field) == (2, "x")
+    assert info.value.message.endswith(", expected a point")
+
+
+def test_a_line_that_is_not_an_object_is_named_so_with_a_model_too(tmp_path: Path) -> None:
+    p = _write(tmp_path, ["[1, 2]"])
+    with pytest.raises(InputError) as info:
+        list(iter_jsonl(p, Req, expected="a request"))
+    assert info.value.line == 1 and info.value.message == "not a JSON object, expected a request"
+
+
+def test_jsonl_lines_of_a_payload_in_memory_keep_the_file_numbers() -> None:
+    data = b'\xef\xbb\xbf{"a": 1}\r\n\n  \n{"a": 2}'
+    assert list(jsonl_lines(data.splitlines())) == [(1, b'{"a": 1}'), (4, b'{"a": 2}')]
+    assert list(jsonl_lines([])) == []

@@ -5,6 +5,7 @@ the search (with an injected probe function) and its edges. The real probes are 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from harness.common.errors import ConfigError, ExitCode
 from harness.experiments.capacity_result import CapacityResult
 from harness.experiments.capacity_search import crossing, isotonic_increasing, search
 from harness.experiments.slo import (
+    DEFAULT_SLO,
     ProbeSamples,
     check_probe_size,
     judge_probe,
@@ -61,7 +63,7 @@ def test_bad_slo_is_a_config_error_naming_the_term(text: str, needle: str) -> No
 
 
 def test_an_slo_no_probe_could_pass_is_refused_with_the_size_it_needs() -> None:
-    check_probe_size(parse_slo("ttft_p95<=3x,error_rate<=0.05"), 100, 0.95)  # the default fits
+    check_probe_size(parse_slo(DEFAULT_SLO), 100, 0.95)  # the default fits
     with pytest.raises(ConfigError, match="--probe-requests 368"):
         check_probe_size(parse_slo("error_rate<=0.01"), 100, 0.95)
     with pytest.raises(ConfigError, match="--probe-requests 72"):
@@ -308,3 +310,18 @@ def test_capacity_refuses_a_bad_until_precision_before_starting_anything(tmp_pat
     )  # fmt: skip
     assert res.returncode == int(ExitCode.CONFIG), res.stderr
     assert "--until-precision" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_default_slo_is_said_as_the_code_has_it(repo_root: Path) -> None:
+    """Both commands show DEFAULT_SLO as --slo's default (the recipe field's, declared once); the docs
+    that repeat it must agree."""
+    import typer
+
+    from harness.cli import build_app
+
+    commands = typer.main.get_command(build_app()).commands  # type: ignore[attr-defined]
+    for name in ("run", "capacity"):
+        (slo,) = [p for p in commands[name].params if p.name == "slo"]
+        assert slo.show_default == DEFAULT_SLO, name
+    for doc in ("docs/capacity.md", "README.md"):
+        assert f"`{DEFAULT_SLO}`" in (repo_root / doc).read_text(encoding="utf-8"), doc

@@ -133,7 +133,7 @@ def test_until_precision_takes_a_percentage_or_a_fraction(text: object, value: f
     ("field", "value", "needle"),
     [
         ("until_precision", "10", "in (0, 1]"),
-        ("until_precision", "ten", "not a relative width"),
+        ("until_precision", "ten", "not a percentage like 10% or a fraction like 0.1"),
         ("until_precision", "0%", "in (0, 1]"),
         ("precision_on", "ttft:95", "not a latency field"),
         ("precision_on", "ttft_ms", "not FIELD:Q"),

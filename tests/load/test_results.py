@@ -141,3 +141,30 @@ def test_the_one_reader_keeps_a_nan_literal_as_a_broken_sample_and_reads_an_empt
     assert err.value.line == 2
     (tmp_path / "records.jsonl").write_bytes(b"")
     assert list(read_records(tmp_path)) == []
+
+
+def test_the_summary_hit_rate_and_the_gates_count_alike(tmp_path: Path) -> None:
+    """One definition of a hit: summary.json's hit_rate and the gates' hit_rate_* / warm_rate count the
+    same records the same way (a header-less response is in no denominator of the response cache; a
+    target that reports no cached_tokens is in none of the prefix cache)."""
+    from harness.gates.metrics import METRICS, MetricContext
+    from harness.gates.runs import load_result_set
+    from tests.analysis.conftest import write_run
+
+    rows = [  # (x-cache, cached_tokens)
+        ("HIT-L1", None), ("HIT-L2", 0), ("HIT-L3", 12), ("MISS", 0), ("MISS", 40),
+        ("BYPASS", None), (None, 8), (None, 0), (None, None), ("MISS", None),
+    ]  # fmt: skip
+    recs = [record(i, cache=c, cached_tokens=t) for i, (c, t) in enumerate(rows)]
+    s = summarize(recs, started_at="x", duration_s=1.0, target=TargetInfo(url="u"))
+    # Told: 7 with a header, 3 of them HIT-*; reported cached_tokens: 6, 3 of them > 0.
+    assert s.hit_rate["any"] == pytest.approx(3 / 7) and s.hit_rate["HIT-L2"] == pytest.approx(1 / 7)
+    assert s.hit_rate["MISS"] == pytest.approx(3 / 7) and s.hit_rate["prefix"] == pytest.approx(3 / 6)
+    frame = load_result_set(write_run(tmp_path / "run", recs)).frame
+    for metric, want in (("hit_rate_any", (3, 7)), ("hit_rate_l2", (1, 7)), ("hit_rate_prefix", (3, 6))):
+        counts = METRICS.get(metric).counts
+        assert counts is not None and counts(frame) == want, metric
+        assert METRICS.get(metric).compute(frame, MetricContext()).value == pytest.approx(want[0] / want[1])
+    # Warm: a response-cache or a prefix-cache hit, among rows reporting either (9 of the 10).
+    warm = METRICS.get("warm_rate").counts
+    assert warm is not None and warm(frame) == (5, 9)

@@ -15,7 +15,9 @@ import pytest
 
 from harness.load.telemetry import (
     SERVER_KINDS,
+    SERVER_METRICS_FILE,
     Nvml,
+    SampleWriter,
     ServerSample,
     UnknownServer,
     counter_delta,
@@ -165,6 +167,31 @@ def test_our_server_is_detected_first_and_unknown_names_are_refused() -> None:
     assert {"harness", "vllm", "sglang", "llamacpp", "tgi"} <= set(SERVER_KINDS.names())
 
 
+def test_our_servers_series_are_kept_per_label_set(tmp_path: Path) -> None:
+    """What harness analysis anomaly reads: the cache's and the handlers' series with their labels
+    (a NaN gauge left out: it says nothing, and JSON has no NaN); other kinds keep none."""
+    ours = (
+        '# TYPE harness_engine_running_requests gauge\nharness_engine_running_requests{device="cpu"} 1\n'
+        '# TYPE cache_hit_rate gauge\ncache_hit_rate{tier="l1"} 0.25\ncache_hit_rate{tier="l2"} NaN\n'
+        "# TYPE cache_evictions counter\n"
+        'cache_evictions_total{tier="l1"} 3.0\ncache_evictions_created{tier="l1"} 1.7e+09\n'
+    )
+    s = normalise(ours, 2.0)
+    assert [(v.name, v.labels, v.value) for v in s.series] == [
+        ("cache_hit_rate", {"tier": "l1"}, 0.25),
+        ("cache_evictions_total", {"tier": "l1"}, 3.0),
+    ]
+    assert normalise(VLLM, 0.0).series == []
+    writer = SampleWriter(tmp_path / SERVER_METRICS_FILE)
+    writer.write(s)
+    writer.write(normalise(VLLM, 1.0))
+    writer.close()
+    lines = (tmp_path / SERVER_METRICS_FILE).read_text().splitlines()
+    assert '"series":[{"name":"cache_hit_rate"' in lines[0] and "series" not in lines[1]
+    first, _ = read_server_metrics(tmp_path)
+    assert first == s
+
+
 def test_counter_deltas_handle_phases_and_resets() -> None:
     pts = [(-0.5, 100.0), (1.0, 150.0), (2.0, 180.0), (3.0, 20.0), (4.0, 50.0)]  # reset before 3.0
     assert counter_delta(pts, -math.inf, math.inf) == 50 + 30 + 20 + 30
@@ -206,7 +233,8 @@ def test_a_scrape_is_stamped_when_its_answer_arrived(tmp_path: Path) -> None:
     from harness.load.telemetry import Scraper
 
     clock = [2.9]
-    scraper = Scraper("http://127.0.0.1:9", Credentials(), tmp_path, interval_s=1.0, now=lambda: clock[0],
+    scraper = Scraper("http://127.0.0.1:9", Credentials(), tmp_path / SERVER_METRICS_FILE, interval_s=1.0,
+                      now=lambda: clock[0],
                       warn=lambda _: None)  # fmt: skip
     before = VLLM.replace("} 512.0", "} 0.0").replace("} 256.0", "} 0.0")  # no hit yet
     answers = iter([(0.0, before), (0.3, VLLM)])

@@ -73,6 +73,10 @@ def check_server_metrics(run: Path, stage: str) -> None:
     hits = [x.prefix_hits for x in samples]
     assert all(h is not None for h in hits) and hits == sorted(hits)  # type: ignore[type-var]
     assert samples[-1].raw["harness_engine_prefix_cache_hit_tokens_total"] == hits[-1]
+    # Per label set, what harness analysis anomaly reads: the requests by endpoint, status and stage.
+    served = {tuple(sorted(v.labels.items())): v.value for v in samples[-1].series
+              if v.name == "harness_server_requests_total"}  # fmt: skip
+    assert sum(v for k, v in served.items() if ("stage", stage) in k) >= len(list(read_records(run)))
     sm = read_summary(run).server_metrics
     assert sm is not None and sm.kind == "harness" and sm.failed == 0 and sm.error is None
     (phase,) = sm.phases

@@ -302,3 +302,16 @@ def test_a_session_run_gets_a_per_turn_section(tmp_path: Path) -> None:
     )  # turn 4: 300 of 400 prompt tokens were cached
     plain = load_result_sets([("plain", write_run(tmp_path / "p", recs))])
     assert per_turn(plain).rows == [] and "### Per turn" not in render_markdown(plain)
+
+
+def test_the_server_hit_rate_across_a_restart_counts_from_zero() -> None:
+    """The plot's per-interval rate uses the summary's counter rule: after a restart the counters'
+    values are what the server did since it came back (it used to drop that interval)."""
+    from harness.load.telemetry import ServerSample
+    from harness.reports.plots import _interval_hit_rate
+
+    rows = ((0, 0, 0), (1, 100, 50), (2, 40, 30), (3, 140, 30), (4, 140, 30))
+    samples = [ServerSample(t_s=t, kind="vllm", prefix_queries=q, prefix_hits=h) for t, q, h in rows]
+    xs, ys = _interval_hit_rate(samples)
+    # 50 of 100; restarted: 30 of the 40 since; 0 of 100; no lookups in the last interval: no point.
+    assert xs.tolist() == [1, 2, 3] and ys.tolist() == [50.0, 75.0, 0.0]

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.common.errors import InputError
+from harness.common.formats import Reader
 from harness.traces._base import (
     REQUEST_READERS,
     ArrivalClock,
     OnSkip,
-    Reader,
     convert_rows,
     iter_lines,
     reject,

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.common.formats import Reader, first_line
 from harness.common.io import parse_jsonl_line
 from harness.traces._base import (
     REQUEST_READERS,
     ArrivalClock,
     OnSkip,
-    Reader,
     convert_rows,
-    first_line,
     iter_lines,
 )
 from harness.traces.model import ColdPathRecord, RequestEvent, TagValue

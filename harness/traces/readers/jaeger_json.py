@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.common.errors import InputError
+from harness.common.formats import Reader
 from harness.traces._base import (
     TRACE_READERS,
     OnSkip,
-    Reader,
     coerce_tag,
     error_from_tags,
     normalize_id,

@@ -28,7 +28,8 @@ import httpx
 import orjson
 
 from harness.common.errors import InputError, UnavailableError
-from harness.traces._base import TRACE_READERS, OnSkip, Reader, normalize_id
+from harness.common.formats import Reader
+from harness.traces._base import TRACE_READERS, OnSkip, normalize_id
 from harness.traces.model import Trace
 from harness.traces.readers.jaeger_json import convert_trace
 from harness.traces.readers.otlp_json import document_spans

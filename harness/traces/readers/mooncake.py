@@ -8,15 +8,14 @@ from pathlib import Path
 
 from pydantic import Field
 
+from harness.common.formats import Reader, first_line
 from harness.common.io import parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.traces._base import (
     REQUEST_READERS,
     ArrivalClock,
     OnSkip,
-    Reader,
     convert_rows,
-    first_line,
     iter_lines,
 )
 from harness.traces.model import RequestEvent

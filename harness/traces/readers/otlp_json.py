@@ -17,10 +17,10 @@ from typing import Any
 import orjson
 
 from harness.common.errors import InputError
+from harness.common.formats import Reader
 from harness.traces._base import (
     TRACE_READERS,
     OnSkip,
-    Reader,
     error_from_tags,
     normalize_otlp_id,
     reject,
