@@ -69,10 +69,11 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402  (after the path is set)
-from harness.gates.baseline import Baseline, Gate, baseline_from_results  # noqa: E402
+from harness.gates.baseline import Baseline, Gate  # noqa: E402
 from harness.gates.judge import judge  # noqa: E402
 from harness.gates.noise import rerun_verdicts  # noqa: E402
 from harness.gates.runs import ResultSet, RunFrame, load_result_set  # noqa: E402
+from harness.gates.update import baseline_from_results  # noqa: E402
 
 SIGMA = 0.5
 TPOT_MEDIAN = 4.0

@@ -331,6 +331,6 @@ def measure_rto_run(
     told = [r for r in read_records(run_dir) if r.cache is not None]
     if not told:
         raise InputError("no record carries an x-cache status", file=run_dir, field="cache")
-    statuses, _ = record_columns(told)
+    statuses, _, _ = record_columns(told)
     hits = cache_hit(statuses).tolist()
     return measure_rto([r.sent_s for r in told], hits, event_s, window_s=window_s, recover=recover)

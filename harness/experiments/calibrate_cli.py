@@ -101,10 +101,11 @@ def calibrate(
     from harness.common.options import merge, warn_deprecated
     from harness.experiments.calibrate import run_recipe
     from harness.experiments.run_cli import parse_run_args
-    from harness.gates.baseline import parse_headroom, write_baseline
+    from harness.gates.baseline import write_baseline
     from harness.gates.calibration import Calibration, load_phases
     from harness.gates.calibration import calibrate as make
     from harness.gates.output import baseline_table
+    from harness.gates.update import parse_headroom
 
     if run_args:
         warn_deprecated("`-- <harness run arguments>`", "the same options before --, or --recipe FILE")

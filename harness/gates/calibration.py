@@ -9,7 +9,7 @@ metric and phase that every run supports, by this rule (docs/gates.md, *Calibrat
 - ``tolerance`` = the largest of
   1. ``headroom · |threshold|`` (the drift a person allows),
   2. the metric's floor (1 ms of lateness, 1 point of error rate),
-  3. the largest single-run rerun margin (:func:`~harness.gates.baseline.rerun_margin`): never tighter
+  3. the largest single-run rerun margin (:func:`~harness.gates.update.rerun_margin`): never tighter
      than ``harness baseline update`` from any one of the runs,
   4. the largest run's own interval half-width toward the limit **plus** ``k(N) ×`` the run-to-run
      range (``max v − min v``): a rerun's interval end is its value plus about that half-width, and
@@ -34,21 +34,12 @@ from pathlib import Path
 
 from harness import __version__
 from harness.common.errors import CannotJudge, ConfigError, InputError
-from harness.gates.baseline import (
-    BASELINE_SCHEMA_VERSION,
-    Baseline,
-    Candidate,
-    Gate,
-    Provenance,
-    _gate_from,
-    _provenance,
-    _round,
-    candidates,
-)
+from harness.gates.baseline import BASELINE_SCHEMA_VERSION, Baseline, Gate, Provenance, _round
 from harness.gates.fingerprints import fingerprint_from_results
 from harness.gates.judge import GateResult, judge
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet, load_result_set
+from harness.gates.update import Candidate, _gate_from, _provenance, candidates
 from harness.load.results import RECORDS_FILE
 
 NOT_PHASES = frozenset({"ladder", "server"})

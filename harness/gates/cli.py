@@ -85,9 +85,10 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
     Skipped metrics say why (a P99 needs ≥ 1164 samples for a stable gate …). The file records the
     runs' machine, target and recipe (fingerprint): elsewhere its latency gates cannot be judged.
     """
-    from harness.gates.baseline import baseline_from_results, parse_headroom, write_baseline
+    from harness.gates.baseline import write_baseline
     from harness.gates.output import baseline_table
     from harness.gates.runs import load_result_sets
+    from harness.gates.update import baseline_from_results, parse_headroom
 
     sets = load_result_sets(results)
     spec, comments, skipped = baseline_from_results(

@@ -43,7 +43,8 @@ from harness.common.model import StrictModel
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
 from harness.gates.fingerprints import EnvironmentMatch, compare
 from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
-from harness.gates.runs import ResultSet
+from harness.gates.power import CountTest, describe_need
+from harness.gates.runs import ResultSet, RunFrame
 
 GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
 
@@ -89,6 +90,12 @@ class GateResult(StrictModel):
     jitter: float = 0.0
     """The client's own lateness (ms) at the metric's quantile by which ``lo``/``hi`` were widened
     (0: not widened)."""
+    detect: float | None = None
+    """The regression the gate was to catch (:attr:`harness.gates.baseline.Gate.detect`)."""
+    power: float | None = None
+    """The exact test's power against ``detect`` at this run's size (``None``: no count test)."""
+    needed: int | None = None
+    """The samples that would give the baseline's power (``None``: none reach it, or no count test)."""
 
     @property
     def case_name(self) -> str:
@@ -179,6 +186,69 @@ def decide(m: Measurement, limit: float, direction: Direction, min_samples: int)
     )
 
 
+def count_test(
+    gate: Gate, frame: RunFrame, m: Measurement, confidence: float, want: float
+) -> CountTest | None:
+    """The exact count test of a gate with ``detect`` on these records (:mod:`harness.gates.power`);
+    ``None`` where the gate has none (no ``detect``, or a metric that is not a rate or a percentile).
+
+    A rate counts the requests on the wrong side of the limit (``error_rate``: errors; a hit rate:
+    hits, tested from below). A percentile ``q`` counts the samples above the limit (above the limit
+    plus the client's own jitter for client-timed latencies, so jitter can only make a fail harder):
+    at the limit that share is ``1 − q``. Its power is the plug-in one: were this run's samples scaled
+    so that the percentile sat at ``detect ×`` the threshold, the share above the limit would be the
+    one the test must catch."""
+    spec, detect = gate.spec, gate.detect
+    if detect is None:
+        return None
+    alpha = 1.0 - confidence
+    if spec.kind == "rate" and spec.counts is not None:
+        k, n = spec.counts(frame)
+        upper = gate.effective_direction == "at_most"
+        if not upper:  # at-least: k counts hits, tested from below against the hit-rate limit
+            return CountTest(k, n, gate.limit, detect, alpha, upper=False, want=want)
+        return CountTest(k, n, gate.limit, detect, alpha, upper=True, want=want)
+    if spec.kind == "percentile" and spec.samples is not None and spec.q is not None:
+        values, _ = spec.samples(frame)
+        n = int(values.size)
+        if n == 0 or not math.isfinite(m.value) or m.value <= 0:
+            return None
+        bar = gate.limit + (m.jitter if math.isfinite(m.jitter) else 0.0)
+        k = int((values > bar).sum())
+        scale = detect * gate.threshold / m.value
+        p1 = float((values * scale > bar).mean())
+        p0 = 1.0 - spec.q / 100.0
+        return CountTest(k, n, p0, p1 if p1 > p0 else None, alpha, upper=True, want=want)
+    return None
+
+
+def decide_count(test: CountTest, gate: Gate) -> tuple[Verdict, str]:
+    """Fail when the count proves the limit exceeded; pass when it does not and the test had the power
+    asked for against ``detect``; otherwise cannot be judged, naming the run size that would decide."""
+    spec = gate.spec
+    if spec.kind == "rate":
+        wrong = "errors" if test.upper else "hits"
+        shown = f"{test.k} {wrong} of {test.n}"
+        target = format_value(gate.detect, spec.unit)
+    else:
+        shown = f"{test.k} of {test.n} samples above the limit (at most {test.p0:.0%} expected at it)"
+        target = f"{gate.detect:g}× the baseline"
+    if test.failed:
+        return "fail", f"{shown}: p = {test.p_value():.2g} ≤ {test.alpha:g}, proven beyond the limit"
+    if test.powered:
+        return (
+            "pass",
+            f"{shown}: not beyond the limit, and the test had power {test.power:.2f} against {target}",
+        )
+    if test.p1 is None:
+        why = f"{shown}: not beyond the limit, but this run gives the test no power against {target}"
+        return "inconclusive", why
+    return "inconclusive", (
+        f"{shown}: not beyond the limit, but too small to catch {target} (power {test.power:.2f} < "
+        f"{test.want:.2f}): {describe_need(test)}"
+    )
+
+
 def _message(gate: Gate, m: Measurement, verdict: Verdict, why: str, confidence: float) -> str:
     unit = gate.spec.unit
     sign = "≤" if gate.effective_direction == "at_most" else "≥"
@@ -227,12 +297,14 @@ def judge_gate(
     *,
     reference: ResultSet | None = None,
     match: EnvironmentMatch | None = None,
+    want: float = 0.95,
 ) -> GateResult:
     """Judge one gate on one result set (``None``: no result set of the gate's phase was given).
 
     ``reference``: the set labelled ``reference`` (the ``*_rel`` metrics divide by it); ``match``: the
     set compared with the baseline's fingerprint: when it does not match, a speed-dependent gate
-    cannot be judged (its numbers are still shown)."""
+    cannot be judged (its numbers are still shown); ``want``: the power a gate with ``detect`` must have
+    had to pass (the baseline's ``power``)."""
     unit = gate.spec.unit
     min_n = gate.effective_min_samples(confidence)
     base = {
@@ -246,6 +318,7 @@ def judge_gate(
         "limit": gate.limit,
         "confidence": confidence,
         "min_samples": min_n,
+        "detect": gate.detect,
     }
     if rs is None:
         phase = gate.effective_phase
@@ -265,6 +338,9 @@ def judge_gate(
         ctx = replace(ctx, reference=reference.frame.select(scenario=gate.scenario))
     m = gate.spec.compute(frame, ctx)
     verdict, why = decide(m, gate.limit, gate.effective_direction, min_n)
+    test = count_test(gate, frame, m, confidence, want) if verdict != "unjudgeable" else None
+    if test is not None:
+        verdict, why = decide_count(test, gate)
     if m.n == 0 and not m.problems and (gate.scenario or gate.stage):
         sel = ", ".join(f"{k}={v!r}" for k, v in (("scenario", gate.scenario), ("stage", gate.stage)) if v)
         why = f"no records with {sel}"
@@ -307,6 +383,8 @@ def judge_gate(
         reason=_message(gate, m, verdict, why, confidence),
         why=why,
         jitter=m.jitter if math.isfinite(m.jitter) else 0.0,
+        power=test.power if test is not None else None,
+        needed=test.needed if test is not None and not test.powered else None,
         **base,
     )
 
@@ -331,7 +409,7 @@ def judge(
     results = [
         judge_gate(
             g, rs, baseline.confidence, reference=reference,
-            match=matches.get(rs.label) if rs is not None else None,
+            match=matches.get(rs.label) if rs is not None else None, want=baseline.power,
         )
         for g in baseline.gates
         for rs in targets(g, result_sets)

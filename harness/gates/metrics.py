@@ -355,21 +355,22 @@ def _errors(frame: RunFrame) -> tuple[int, int]:
 
 def _cache_share(tier: str | None) -> Counts:
     """Share of requests answered by ``tier`` (``None``: any ``HIT-*``), among those that carried an
-    ``x-cache`` header: :func:`harness.load.results.cache_counts`, as ``summary.json``'s ``hit_rate``."""
+    ``x-cache`` header, failed requests counted as misses: :func:`harness.load.results.cache_counts`,
+    as ``summary.json``'s ``hit_rate``."""
 
     def count(frame: RunFrame) -> tuple[int, int]:
-        return cache_counts(frame.text["cache"], tier)
+        return cache_counts(frame.text["cache"], tier, frame.ok)
 
     return count
 
 
 def _prefix_share(frame: RunFrame) -> tuple[int, int]:
-    return prefix_counts(frame.col("cached_tokens"))
+    return prefix_counts(frame.col("cached_tokens"), frame.ok)
 
 
 def _warm_share(frame: RunFrame) -> tuple[int, int]:
     """Requests served warm: :func:`harness.load.results.warm_counts`."""
-    return warm_counts(frame.text["cache"], frame.col("cached_tokens"))
+    return warm_counts(frame.text["cache"], frame.col("cached_tokens"), frame.ok)
 
 
 # ------------------------------------------------------------------------------------ the registry

@@ -546,48 +546,65 @@ def prefix_hit(cached_tokens: FloatArray) -> tuple[BoolArray, BoolArray]:
     return reported, reported & (np.nan_to_num(cached_tokens) > 0)
 
 
-def cache_counts(statuses: ObjArray, status: str | None = None) -> tuple[int, int]:
-    """``(hits, told)``: :func:`cache_hit` rows and :func:`cache_told` rows; the hit rate is their ratio."""
-    return int(cache_hit(statuses, status).sum()), int(cache_told(statuses).sum())
+def _among(told: BoolArray, ok: BoolArray) -> BoolArray:
+    """``told`` plus the requests that failed, where the target reports the signal at all: a failed
+    request was not served from a cache, so it counts as a miss (an erroring target then shows a lower
+    hit rate, and fails a hit-rate gate, instead of shrinking the sample it is judged on)."""
+    if not told.any():
+        return told
+    among: BoolArray = told | ~ok
+    return among
 
 
-def prefix_counts(cached_tokens: FloatArray) -> tuple[int, int]:
-    """``(hits, reported)`` of :func:`prefix_hit`."""
+def cache_counts(statuses: ObjArray, status: str | None, ok: BoolArray) -> tuple[int, int]:
+    """``(rows, among)``: :func:`cache_hit` rows (a hit only when the request succeeded), among
+    :func:`cache_told` rows and the failed requests (misses); the share is their ratio."""
+    rows = cache_hit(statuses, status)
+    if status is None or status.startswith("HIT"):
+        rows = rows & ok
+    return int(rows.sum()), int(_among(cache_told(statuses), ok).sum())
+
+
+def prefix_counts(cached_tokens: FloatArray, ok: BoolArray) -> tuple[int, int]:
+    """``(hits, among)`` of :func:`prefix_hit`, failed requests counted as misses."""
     reported, hit = prefix_hit(cached_tokens)
-    return int(hit.sum()), int(reported.sum())
+    return int((hit & ok).sum()), int(_among(reported, ok).sum())
 
 
-def warm_counts(statuses: ObjArray, cached_tokens: FloatArray) -> tuple[int, int]:
-    """``(warm, reported)``: requests served warm (a response-cache or a prefix-cache hit) among those
-    where the target reported either (an ``x-cache`` header or ``cached_tokens``)."""
+def warm_counts(statuses: ObjArray, cached_tokens: FloatArray, ok: BoolArray) -> tuple[int, int]:
+    """``(warm, among)``: requests served warm (a response-cache or a prefix-cache hit) among those
+    where the target reported either (an ``x-cache`` header or ``cached_tokens``), and the failed ones."""
     reported, prefix = prefix_hit(cached_tokens)
-    told = cache_told(statuses) | reported
-    warm = cache_hit(statuses) | prefix
+    told = _among(cache_told(statuses) | reported, ok)
+    warm = (cache_hit(statuses) | prefix) & ok
     return int(warm[told].sum()), int(told.sum())
 
 
-def record_columns(records: Sequence[RequestRecord]) -> tuple[ObjArray, FloatArray]:
-    """The ``x-cache`` and ``cached_tokens`` columns of ``records`` (``None`` / NaN where absent)."""
+def record_columns(records: Sequence[RequestRecord]) -> tuple[ObjArray, FloatArray, BoolArray]:
+    """The ``x-cache``, ``cached_tokens`` and success columns of ``records`` (``None`` / NaN where
+    absent)."""
     statuses = np.empty(len(records), dtype=object)
     statuses[:] = [r.cache for r in records]
     cached = np.asarray(
         [math.nan if r.cached_tokens is None else r.cached_tokens for r in records], dtype=np.float64
     )
-    return statuses, cached
+    ok = np.asarray([r.ok for r in records], dtype=bool)
+    return statuses, cached, ok
 
 
 def hit_rates(records: Iterable[RequestRecord]) -> dict[str, float]:
     """Share of requests per ``x-cache`` status, ``any`` hit, and ``prefix`` (``cached_tokens > 0``),
-    by :func:`cache_counts` and :func:`prefix_counts` (what the gates' ``hit_rate_*`` metrics count)."""
-    statuses, cached = record_columns(list(records))
+    failed requests counted as misses: :func:`cache_counts` and :func:`prefix_counts`, exactly what the
+    gates' ``hit_rate_*`` metrics count."""
+    statuses, cached, ok = record_columns(list(records))
     out: dict[str, float] = {}
-    hits, told = cache_counts(statuses)
-    if told:
-        out = {status: cache_counts(statuses, status)[0] / told for status in CACHE_STATUSES}
-        out["any"] = hits / told
-    hits, reported = prefix_counts(cached)
-    if reported:
-        out["prefix"] = hits / reported
+    hits, among = cache_counts(statuses, None, ok)
+    if among:
+        out = {status: cache_counts(statuses, status, ok)[0] / among for status in CACHE_STATUSES}
+        out["any"] = hits / among
+    hits, among = prefix_counts(cached, ok)
+    if among:
+        out["prefix"] = hits / among
     return out
 
 

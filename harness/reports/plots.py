@@ -475,12 +475,12 @@ def pair(sets: Sequence[ResultSet]) -> tuple[ResultSet, ResultSet] | None:
 def _rate_of(rs: ResultSet, kind: str) -> tuple[int, int]:
     """``(hits, requests that reported)`` for the response cache, the prefix cache, or either, counted
     as the gates' ``hit_rate_any``, ``hit_rate_prefix`` and ``warm_rate`` count them."""
-    statuses, cached = rs.frame.text["cache"], rs.frame.col("cached_tokens")
+    statuses, cached, ok = rs.frame.text["cache"], rs.frame.col("cached_tokens"), rs.frame.ok
     if kind == "response cache":
-        return cache_counts(statuses)
+        return cache_counts(statuses, None, ok)
     if kind == "prefix cache":
-        return prefix_counts(cached)
-    return warm_counts(statuses, cached)
+        return prefix_counts(cached, ok)
+    return warm_counts(statuses, cached, ok)
 
 
 @_plot(

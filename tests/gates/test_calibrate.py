@@ -9,10 +9,11 @@ import pytest
 
 from harness.common.errors import CannotJudge, ConfigError
 from harness.common.fingerprint import Environment, Hardware, Software
-from harness.gates.baseline import baseline_from_results, read_baseline, write_baseline
+from harness.gates.baseline import read_baseline, write_baseline
 from harness.gates.calibration import calibrate, range_factor
 from harness.gates.judge import judge
 from harness.gates.runs import ResultSet, load_result_sets
+from harness.gates.update import baseline_from_results
 from harness.load.results import Recipe
 from tests.gates.factory import make_run
 

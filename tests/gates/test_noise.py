@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from harness.common.stats import percentile
-from harness.gates.baseline import Baseline, Gate, baseline_from_results
+from harness.gates.baseline import Baseline, Gate
 from harness.gates.judge import judge
 from harness.gates.noise import rerun_verdicts
 from harness.gates.runs import ResultSet, RunFrame, load_result_set
+from harness.gates.update import baseline_from_results
 
 SIGMA = 0.5
 Z95 = 1.6448536269514722

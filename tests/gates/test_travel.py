@@ -13,19 +13,12 @@ import pytest
 from harness.common.fingerprint import Environment, Hardware, Software
 from harness.common.host import HostLoad
 from harness.common.stats import percentile, percentile_interval
-from harness.gates.baseline import (
-    Baseline,
-    Gate,
-    baseline_from_results,
-    read_baseline,
-    rerun_margin,
-    rerun_min_samples,
-    write_baseline,
-)
+from harness.gates.baseline import Baseline, Gate, read_baseline, write_baseline
 from harness.gates.fingerprints import busier_than_calibrated, fingerprint_from_results
 from harness.gates.judge import GateReport, judge, read_report_json, write_report_json
 from harness.gates.metrics import METRICS, MetricContext, relative_confidence
 from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
+from harness.gates.update import baseline_from_results, rerun_margin, rerun_min_samples
 from harness.load.results import Recipe, TargetInfo, target_identity
 from tests.gates.factory import make_run
 

@@ -48,6 +48,10 @@ def test_summary_metrics_come_from_the_records() -> None:
     assert s.metrics["itl_ms"].n == 63  # every gap of every request, pooled
     assert s.metrics["prefill_kv_bytes"].n == 0 and s.metrics["prefill_kv_bytes"].p95 is None
     assert s.hit_rate["MISS"] == 1.0 and s.hit_rate["any"] == 0.0 and s.hit_rate["prefix"] == 0.0
+    # A failed request is a miss, never a hit, whatever its header said (the gates count the same).
+    hits = [record(i, cache="HIT-L1") for i in range(3)] + [record(3, status=500, error="x", cache="HIT-L1")]
+    h = summarize(hits, started_at="2026-12-01T00:00:00Z", duration_s=1.0, target=TargetInfo(url="http://x"))
+    assert h.hit_rate["any"] == 0.75 and h.hit_rate["HIT-L1"] == 0.75
     assert s.achieved_rate == pytest.approx(10.0)
     assert not s.client_bound
 
