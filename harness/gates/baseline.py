@@ -95,6 +95,11 @@ class Gate(StrictModel):
     a hit rate: 0.70). A latency percentile: a factor of the threshold (1.3: the percentile at 1.3×
     the baseline's). With it the gate is judged by the exact count test and passes only when it had
     ``power`` against this regression (:mod:`harness.gates.power`); without it, by the interval rule."""
+    detect_share: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    """Percentile gates with ``detect``: the share of requests above the limit under that regression
+    (the runs the gate was made from, each scaled to ``detect ×`` the threshold; the smallest of them).
+    The test's power at a run's size follows from it, before the run, as for a rate. Without it the
+    judge takes the share from the run's own samples (plug-in)."""
 
     @field_validator("metric")
     @classmethod
@@ -111,6 +116,8 @@ class Gate(StrictModel):
             raise ValueError(f"{self.metric} is a ratio; its threshold must be within 0–1 (92 % is 0.92)")
         if self.detect is not None:
             self._check_detect(self.detect)
+        if self.detect_share is not None and (self.detect is None or self.spec.kind != "percentile"):
+            raise ValueError("detect_share goes with detect, on a percentile gate")
         return self
 
     def _check_detect(self, detect: float) -> None:

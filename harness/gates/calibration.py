@@ -38,6 +38,7 @@ from harness.gates.baseline import BASELINE_SCHEMA_VERSION, Baseline, Gate, Prov
 from harness.gates.fingerprints import fingerprint_from_results
 from harness.gates.judge import GateResult, judge
 from harness.gates.metrics import format_value
+from harness.gates.policy import GatePolicy
 from harness.gates.runs import ResultSet, load_result_set
 from harness.gates.update import Candidate, _gate_from, _provenance, candidates
 from harness.load.results import RECORDS_FILE
@@ -100,8 +101,13 @@ class Calibration:
     out): more runs shrink that term (``--max-runs``), unlike one run's own rerun margin."""
 
 
-def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, float, float, str]:
-    """``(threshold, abs_tolerance, spread, which term set it)`` by the rule in the module docstring."""
+def _tolerance(
+    cands: Sequence[Candidate], *, headroom: float, counted: bool = False
+) -> tuple[float, float, float, str]:
+    """``(threshold, abs_tolerance, spread, which term set it)`` by the rule in the module docstring.
+    ``counted``: a percentile judged by the exact count test, whose limit bounds the true percentile
+    of a rerun: the runs' spread and the headroom, not an interval a rerun must fit inside (the count
+    test needs none to pass), so neither the runs' interval half-widths nor their rerun margins."""
     metric = cands[0].metric
     values = [c.m.value for c in cands]
     at_most = metric.direction == "at_most"
@@ -115,12 +121,19 @@ def _tolerance(cands: Sequence[Candidate], *, headroom: float) -> tuple[float, f
         half = max(c.m.value - c.m.lo for c in cands)
     margins = [c.margin for c in cands if math.isfinite(c.margin)]
     k = range_factor(len(cands)) if spread > 0 else 0.0
-    terms = {
-        "headroom": headroom * abs(threshold),
-        "the metric's floor": metric.abs_tolerance_floor,
-        "one run's rerun margin": max(margins, default=0.0),
-        f"interval half-width + {k:.2g} × run-to-run range": half + k * spread,
-    }
+    if counted and metric.kind == "percentile":
+        terms = {
+            "headroom": headroom * abs(threshold),
+            "the metric's floor": metric.abs_tolerance_floor,
+            f"{k:.2g} × run-to-run range": k * spread,
+        }
+    else:
+        terms = {
+            "headroom": headroom * abs(threshold),
+            "the metric's floor": metric.abs_tolerance_floor,
+            "one run's rerun margin": max(margins, default=0.0),
+            f"interval half-width + {k:.2g} × run-to-run range": half + k * spread,
+        }
     which = max(terms, key=lambda t: terms[t])
     abs_tol = max(0.0, *(v for k, v in terms.items() if k != "headroom"))
     if metric.unit == "ratio":
@@ -198,9 +211,12 @@ def calibrate(
     per_scenario: bool = False,
     run_names: Sequence[str] | None = None,
     command: str | None = None,
+    policy: GatePolicy | None = None,
 ) -> Calibration:
     """The baseline that every one of ``runs`` (each: its result sets by label) passes, with tolerances
-    from their run-to-run spread (module docstring); checked against the runs themselves."""
+    from their run-to-run spread (module docstring), rates and percentiles declared by ``policy``
+    (:class:`~harness.gates.policy.GatePolicy`); checked against the runs themselves."""
+    policy = policy or GatePolicy()
     if len(runs) < MIN_RUNS:
         raise ConfigError(
             f"{len(runs)} calibration run(s): at least {MIN_RUNS} are needed to measure a run-to-run spread",
@@ -235,10 +251,11 @@ def calibrate(
             continue
         why_not = None
         singles: list[Gate] = []
+        counted = policy.applies(first.metric)
         for rn, c in present:
             gate, note = _gate_from(
                 c.metric, c.m, c.margin, headroom=headroom, confidence=confidence, phase=c.phase,
-                scenario=c.scenario,
+                scenario=c.scenario, counted=counted, several=True,
             )  # fmt: skip
             if gate is None:
                 why_not = f"{rn}: {note}"
@@ -249,13 +266,14 @@ def calibrate(
             continue
         cands = [c for _, c in present]
         metric = first.metric
-        threshold, abs_tol, spread, which = _tolerance(cands, headroom=headroom)
+        threshold, abs_tol, spread, which = _tolerance(cands, headroom=headroom, counted=counted)
         gate = singles[0].model_copy(
             update={
                 "threshold": _round(threshold),
                 "abs_tolerance": _round_up(abs_tol),
                 "min_samples": max(
-                    singles[0].spec.default_min_samples(confidence), min(c.m.n for c in cands) // 2
+                    1 if counted else singles[0].spec.default_min_samples(confidence),
+                    min(c.m.n for c in cands) // 2,
                 ),
             }
         )
@@ -275,17 +293,31 @@ def calibrate(
             f"{format_value(spread, metric.unit)}{rel_spread}; "
             f"tolerance {format_value(gate.tolerance, metric.unit)} from {source}"
         )
-        # Blind: twice the fastest run's value is within the limit, so a 2× slower target that ran as
-        # that run did would pass (judged against the worst run's value, the threshold, a limit of
-        # 1.6× it let a 2× slower decode through: TPOT 10.7 → 21.8 ms under a 23.7 ms limit).
+        if counted:
+            declared, notes = policy.declare(gate, [c.measurement() for c in cands], confidence=confidence)
+            if declared is None:
+                skipped.append(f"{first.where}: {notes[0]}")
+                continue
+            gate = declared
+            if metric.kind == "rate":  # the policy declared its limit: the runs' spread did not set it
+                note = f"{vals} over {len(cands)} runs (n ≥ {min(c.m.n for c in cands)})"
+            note = "; ".join([note, *notes])
+            warnings += [
+                f"{first.where}: {n.removeprefix('LOOSE: ')}" for n in notes if n.startswith("LOOSE")
+            ]
+        # Blind: a 2× slower target that ran as the fastest run did would pass: its limit holds twice
+        # that run's value (judged against the worst run's value, the threshold, a limit of 1.6× it
+        # let a 2× slower decode through: TPOT 10.7 → 21.8 ms under a 23.7 ms limit), or its count
+        # test cannot reach the power asked against a 2× slowdown.
         fastest = min(c.m.value for c in cands)
-        if _is_latency(gate) and gate.limit >= 2 * fastest:
+        reach = gate.detect if counted and gate.detect is not None else None
+        if _is_latency(gate) and (gate.limit >= 2 * fastest or (reach is not None and reach > 2)):
             note += "; cannot catch a 2× slowdown: a run within it cannot be judged"
             gate = gate.model_copy(update={"blind": True})
             blind_where[len(gates)] = first.where
             # More runs shrink the run-to-run term, not one run's own margin, and not a worst run
             # that is itself twice the fastest (it stays the threshold).
-            if which.startswith("interval half-width") and threshold < 2 * fastest:
+            if "run-to-run range" in which and threshold < 2 * fastest:
                 spread_blind.append(first.where)
         comments[len(gates)] = note
         gates.append(gate)
@@ -301,6 +333,7 @@ def calibrate(
         schema_version=BASELINE_SCHEMA_VERSION,
         name=name,
         confidence=confidence,
+        power=policy.power,
         gates=gates,
         provenance=Provenance(
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -43,7 +43,7 @@ from harness.common.model import StrictModel
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
 from harness.gates.fingerprints import EnvironmentMatch, compare
 from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
-from harness.gates.power import CountTest, describe_need
+from harness.gates.power import CountTest, describe_need, exceedance_test
 from harness.gates.runs import ResultSet, RunFrame
 
 GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
@@ -210,15 +210,14 @@ def count_test(
         return CountTest(k, n, gate.limit, detect, alpha, upper=True, want=want)
     if spec.kind == "percentile" and spec.samples is not None and spec.q is not None:
         values, _ = spec.samples(frame)
-        n = int(values.size)
-        if n == 0 or not math.isfinite(m.value) or m.value <= 0:
+        if values.size == 0 or not math.isfinite(m.value) or m.value <= 0:
             return None
         bar = gate.limit + (m.jitter if math.isfinite(m.jitter) else 0.0)
-        k = int((values > bar).sum())
         scale = detect * gate.threshold / m.value
-        p1 = float((values * scale > bar).mean())
-        p0 = 1.0 - spec.q / 100.0
-        return CountTest(k, n, p0, p1 if p1 > p0 else None, alpha, upper=True, want=want)
+        test = exceedance_test(values, spec.q, bar, scale=scale, alpha=alpha, want=want)
+        if gate.detect_share is not None:  # the calibration runs' share: the power before the run
+            test = replace(test, p1=gate.detect_share if gate.detect_share > test.p0 else None)
+        return test
     return None
 
 
@@ -243,9 +242,9 @@ def decide_count(test: CountTest, gate: Gate) -> tuple[Verdict, str]:
     if test.p1 is None:
         why = f"{shown}: not beyond the limit, but this run gives the test no power against {target}"
         return "inconclusive", why
-    return "inconclusive", (
-        f"{shown}: not beyond the limit, but too small to catch {target} (power {test.power:.2f} < "
-        f"{test.want:.2f}): {describe_need(test)}"
+    return (
+        "inconclusive",
+        f"{shown}: not beyond the limit, but too small to catch {target}: {describe_need(test)}",
     )
 
 

@@ -15,7 +15,8 @@ is a binomial draw, so the test is exact, whatever the latency distribution:
   (:func:`samples_for_power`) and, after it, whether the run had that power.
 
 A gate passes only when it did not fail **and** it had the power asked for (``power``, default
-0.95): a run too small to see the regression it guards against cannot be judged, rather than pass.
+0.95), i.e. the run had at least the requests that first reach it: a run too small to see the
+regression it guards against cannot be judged, rather than pass.
 ``upper`` says which way is wrong: ``True`` for at-most gates (errors, samples above a latency
 limit), ``False`` for at-least gates (hits).
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 MAX_SAMPLES = 1_000_000
 """Where :func:`samples_for_power` stops looking (a regression that close to the limit is not
@@ -138,11 +141,28 @@ class CountTest:
 
     @property
     def powered(self) -> bool:
-        p = self.power
-        return p is not None and p >= self.want
+        """At least the size that first reaches :attr:`want` (:func:`samples_for_power`): a discrete
+        test's power saws up and down by a point or so above that size, and a gate must not flip
+        between pass and cannot-be-judged on one request more or less."""
+        need = self.needed
+        return need is not None and self.n >= need
 
     def p_value(self) -> float:
         return p_value(self.k, self.n, self.p0, self.upper)
+
+
+def exceedance_test(
+    values: np.ndarray, q: float, bar: float, *, scale: float, alpha: float, want: float
+) -> CountTest:
+    """The count test of an at-most ``q``-th percentile gate: ``k`` samples above ``bar`` (the limit, plus
+    the client's jitter for client-timed latencies), against ``1 − q/100``, the share above the limit
+    when the percentile sits at it. Its power is the plug-in one: the share of these samples that
+    would lie above ``bar`` were every one ``scale`` times larger (the regression to catch)."""
+    n = int(values.size)
+    k = int((values > bar).sum())
+    p0 = 1.0 - q / 100.0
+    p1 = float((values * scale > bar).mean()) if n else 0.0
+    return CountTest(k, n, p0, p1 if p1 > p0 else None, alpha, upper=True, want=want)
 
 
 def describe_need(test: CountTest) -> str:

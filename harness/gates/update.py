@@ -40,6 +40,7 @@ from harness.gates.metrics import (
     rate_interval,
     relative_confidence,
 )
+from harness.gates.policy import GatePolicy, Measured
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
 UPDATE_METRICS: tuple[str, ...] = (
@@ -274,18 +275,25 @@ def _gate_from(
     confidence: float,
     phase: str | None,
     scenario: str | None,
+    counted: bool = False,
+    several: bool = False,
 ) -> tuple[Gate | None, str]:
-    """A gate that this measurement's reruns pass, or why there is none."""
+    """A gate that this measurement's reruns pass, or why there is none. ``counted``: the gate will be
+    judged by the exact count test (:class:`~harness.gates.policy.GatePolicy` declares it), which needs
+    no interval of its own to pass; ``several``: one of several calibration runs, whose spread bounds
+    the limit, so a percentile too noisy for one run's own margin is still a gate."""
     if m.n == 0 or not math.isfinite(m.value):
         return None, "no samples"
     if m.problems:
         return None, "; ".join(m.problems)
-    floor = metric.default_min_samples(confidence)
+    floor = 1 if counted else metric.default_min_samples(confidence)
     needs = needs_text(metric, confidence)
     if m.n < floor:
         more = f"; a gate from one run: {needs}" if needs else ""
         return None, f"{m.n} samples, fewer than the {floor} it needs to be judged at all{more}"
-    if math.isinf(margin) or (metric.direction == "at_most" and math.isinf(m.hi)):
+    if counted and several and metric.kind == "percentile":
+        margin = margin if math.isfinite(margin) else 0.0  # the spread of the runs bounds the limit
+    elif math.isinf(margin) or (metric.direction == "at_most" and math.isinf(m.hi)):
         return None, (
             f"P{metric.q:g} of {m.n} samples is too noisy to gate on (a rerun's interval may reach past "
             f"the largest sample): {needs}, this run has {m.n}; record more requests"
@@ -328,6 +336,13 @@ class Candidate:
     margin: float
     measured: bool
     """For the prefill peak: measured (CUDA), not estimated."""
+    samples: FloatArray | None = None
+    """Percentile metrics: the samples ranked (the policy's power is computed on them)."""
+
+    def measurement(self) -> Measured:
+        """What :class:`~harness.gates.policy.GatePolicy` needs of this run's measurement."""
+        jitter = self.m.jitter if math.isfinite(self.m.jitter) else 0.0
+        return Measured(self.m.value, self.m.n, self.samples, jitter)
 
     @property
     def key(self) -> tuple[str, str, str | None]:
@@ -375,7 +390,8 @@ def candidates(
                 measured = True
             phase = rs.label if several or rs.label == metric.default_phase else None
             margin = rerun_margin(metric, frame, confidence=confidence, reference=ref)
-            yield Candidate(rs.label, metric, scenario, phase, m, margin, measured)
+            samples = metric.samples(frame)[0] if metric.kind == "percentile" and metric.samples else None
+            yield Candidate(rs.label, metric, scenario, phase, m, margin, measured, samples)
 
 
 def baseline_from_results(
@@ -385,9 +401,11 @@ def baseline_from_results(
     name: str = "baseline",
     confidence: float = 0.95,
     per_scenario: bool = False,
+    policy: GatePolicy | None = None,
 ) -> tuple[Baseline, dict[int, str], list[str]]:
     """A baseline that these runs pass, and identical reruns of them pass too, with ``headroom`` (a
-    fraction) as the relative tolerance.
+    fraction) as the relative tolerance; rate and percentile gates declared by ``policy`` (default
+    :class:`GatePolicy`'s) with the regression each must catch.
 
     For every result set and metric with data: ``threshold`` is the measured value, ``rel_tolerance``
     the headroom, ``abs_tolerance`` the larger of the metric's floor and the noise margin of
@@ -403,14 +421,21 @@ def baseline_from_results(
     for rs in result_sets:
         if rs.problems:
             raise InputError(f"cannot write a baseline from this run: {'; '.join(rs.problems)}", file=rs.path)
+    policy = policy or GatePolicy()
     gates: list[Gate] = []
     comments: dict[int, str] = {}
     skipped: list[str] = []
     for c in candidates(result_sets, confidence=confidence, per_scenario=per_scenario):
+        counted = policy.applies(c.metric)
         gate, note = _gate_from(
             c.metric, c.m, c.margin, headroom=headroom, confidence=confidence, phase=c.phase,
-            scenario=c.scenario,
+            scenario=c.scenario, counted=counted,
         )  # fmt: skip
+        if gate is not None and counted:
+            if c.metric.kind == "rate":  # the policy declares its limit: the run's noise did not set it
+                note = f"{format_value(c.m.value, c.metric.unit)} from n={c.m.n}"
+            gate, notes = policy.declare(gate, [c.measurement()], confidence=confidence)
+            note = "; ".join([note, *notes]) if gate is not None else notes[0]
         if gate is None:
             skipped.append(f"{c.where}: {note}")
             continue
@@ -435,6 +460,7 @@ def baseline_from_results(
         schema_version=BASELINE_SCHEMA_VERSION,
         name=name,
         confidence=confidence,
+        power=policy.power,
         gates=gates,
         provenance=provenance,
         fingerprint=fingerprint_from_results([result_sets]),

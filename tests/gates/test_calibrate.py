@@ -13,7 +13,6 @@ from harness.gates.baseline import read_baseline, write_baseline
 from harness.gates.calibration import calibrate, range_factor
 from harness.gates.judge import judge
 from harness.gates.runs import ResultSet, load_result_sets
-from harness.gates.update import baseline_from_results
 from harness.load.results import Recipe
 from tests.gates.factory import make_run
 
@@ -46,16 +45,14 @@ def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
     tpot = gates[("tpot_p95", "cold")]
     values = [judge(cal.baseline, sets).gates for sets in runs]
     measured = [next(g for g in gs if g.id == "tpot_p95" and g.label == "cold") for gs in values]
-    # threshold: the worst run; the limit covers each run's interval end plus the runs' range
+    # threshold: the worst run; the limit covers the runs' range (the count test needs no interval of a
+    # rerun to fit under it: it fails only what a rerun's count proves beyond the limit)
     assert tpot.threshold == pytest.approx(max(m.measured or 0 for m in measured), rel=1e-4)
     spread = max(m.measured or 0 for m in measured) - min(m.measured or 0 for m in measured)
-    half = max((m.hi or 0) - (m.measured or 0) for m in measured)
-    assert tpot.tolerance >= half + range_factor(3) * spread - 1e-3
-    # …and never tighter than `baseline update` from any one run
-    for sets in runs:
-        single, _, _ = baseline_from_results(sets, headroom=0.1)
-        one = next(g for g in single.gates if g.metric == "tpot_p95" and g.phase == "cold")
-        assert tpot.tolerance >= one.abs_tolerance - 1e-3
+    assert tpot.tolerance == pytest.approx(max(range_factor(3) * spread, 0.1 * tpot.threshold), rel=1e-2)
+    # The regression it must catch, and the share of requests above the limit under it, from the runs.
+    assert tpot.detect == 2.0 and tpot.detect_share is not None and tpot.detect_share > 0.05
+    assert all(v.power is not None and v.power >= 0.95 for v in measured)
     # An unchanged rerun (within the drift seen) passes; a 2× slower decode fails.
     assert judge(cal.baseline, _paired(tmp_path / "rerun", 99, 1.03)).verdict == "pass"
     slow = judge(cal.baseline, _paired(tmp_path / "slow", 77, 1.0, decode=2.0))
@@ -66,7 +63,7 @@ def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
         "Calibrated by `harness baseline calibrate` on AMD EPYC 7B13 ×2 CPUs, no GPU"
     )
     assert any("over 3 runs" in c and "spread" in c for c in cal.comments.values())
-    assert any(s.startswith("cold: ttft_p99") and "needs ≥" in s for s in cal.skipped)
+    assert not any(s.startswith("cold: tpot_p95") for s in cal.skipped)
 
 
 def test_a_run_that_cannot_be_measured_from_is_refused(tmp_path: Path) -> None:

@@ -344,5 +344,4 @@ def test_update_says_how_many_requests_a_skipped_gate_needs(tmp_path: Path) -> N
     tiny: ResultSet = load_result_set(_run(tmp_path / "tiny", 100))
     _, _, skipped = baseline_from_results([tiny], headroom=0.1)
     p99 = next(s for s in skipped if s.startswith("tiny: ttft_p99"))
-    assert "100 samples, fewer than the 368 it needs to be judged at all" in p99
     assert f"P99 needs ≥ {rerun_min_samples(99, 0.95)} samples" in p99
