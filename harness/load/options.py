@@ -247,6 +247,21 @@ class LoadOptions(StrictModel):
         return args
 
 
+def credential_options(creds: Credentials) -> dict[str, Any]:
+    """The load options that carry ``creds`` (``LoadSpec(host=…, **credential_options(creds))``):
+    a command that holds a target's credentials hands them to the Locust runs it launches."""
+    out: dict[str, Any] = {"header": [f"{name}: {value}" for name, value in creds.headers]}
+    if creds.api_key:
+        out["api_key"] = creds.api_key
+    if creds.admin_token:
+        out["admin_token"] = creds.admin_token
+    if creds.ca_bundle is not None:
+        out["ca_bundle"] = creds.ca_bundle
+    if creds.insecure:
+        out["insecure"] = True
+    return out
+
+
 SECRET_FIELDS: frozenset[str] = frozenset(SECRET_OPTIONS)
 """Options never written to a command line, a results file or the web UI (they go by environment)."""
 _LAST_NAMESPACE: dict[str, Any] = {}
