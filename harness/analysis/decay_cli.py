@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json, err_console, say
+from harness.analysis.cli_common import (
+    ACCESS_OPTIONS,
+    JSON_HELP,
+    access_of,
+    check_api,
+    console,
+    echo_json,
+    err_console,
+    say,
+)
 from harness.common.io import write_json
 from harness.load.options import typer_options
 
@@ -67,7 +76,7 @@ def _print_mixture(m: Any) -> None:
 
 
 @typer_options(
-    "concurrency", "max_tokens_cap", "api", "model", "seed",
+    "concurrency", "max_tokens_cap", "api", "model", "seed", *ACCESS_OPTIONS,
     help_for={"concurrency": "Requests in flight at saturation (the user pool; default 32)."},
 )  # fmt: skip
 def decay_sweep(
@@ -99,7 +108,8 @@ def decay_sweep(
 
     Warms the cache with the corpus, runs one headless Locust stage per bypass fraction (that share of
     requests sends Cache-Control: no-cache) at an offered rate far above capacity with a fixed pool of
-    users, measures each stage's cache-miss rate and completed requests/s, fits and plots.
+    users, measures each stage's cache-miss rate and completed requests/s, fits and plots. The preload
+    takes --admin-token, the stages --api-key.
     """
     from pydantic import ValidationError
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -108,6 +118,8 @@ def decay_sweep(
 
     if "api" in load:
         check_api(str(load["api"]))
+    # The secrets go to the target and the stages' Locust runs, never into the settings (fit.json).
+    credentials = access_of({k: load.pop(k) for k in ACCESS_OPTIONS if k in load})
     try:
         fractions = [float(x) for x in cmr.split(",") if x.strip()]
     except ValueError:
@@ -137,7 +149,9 @@ def decay_sweep(
         transient=True,
     ) as bar:
         task = bar.add_task("decay sweep", total=None)
-        sweep = run_sweep(settings, out, progress=lambda msg: bar.update(task, description=msg))
+        sweep = run_sweep(
+            settings, out, progress=lambda msg: bar.update(task, description=msg), credentials=credentials
+        )
     fit = sweep.fit
     assert fit is not None  # run_sweep raises when it cannot fit
     if as_json:

@@ -42,9 +42,9 @@ most the engine's batch, ``--max-num-seqs``, plus its queue before the server an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -57,6 +57,7 @@ from harness.analysis.decay import (
     fit_mixture,
     plot_decay,
 )
+from harness.common.auth import Credentials
 from harness.common.errors import (
     ConfigError,
     HarnessError,
@@ -67,6 +68,10 @@ from harness.common.io import write_json, write_jsonl
 from harness.common.model import StrictModel
 from harness.common.stats import percentile
 from harness.load.arrivals import ApiChoice, is_sampled
+
+if TYPE_CHECKING:  # httpx and the load stage's client: imported when a sweep runs
+    from harness.corpus.model import CorpusRecord
+    from harness.load.target import TargetClient
 
 DEFAULT_RATE = 1000.0
 """Offered arrivals/s of a stage: far above what a single inference server serves per client pool."""
@@ -249,8 +254,12 @@ def stage_warnings(stage: SweepStage) -> list[str]:
 # --------------------------------------------------------------------------- run
 
 
-def corpus_preload(settings: SweepSettings) -> list[dict[str, Any]]:
-    """One ``/cache/preload`` line per distinct request of the corpus, as the stages will send it."""
+def corpus_preload(
+    settings: SweepSettings, *, model: str | None = None, records: Iterable[CorpusRecord] | None = None
+) -> list[dict[str, Any]]:
+    """One ``/cache/preload`` line per distinct request of the corpus (``records``, else read from
+    ``settings.corpus``), as the stages will send it (naming ``settings.model``, else ``model``: the
+    target's, which the stages then name too)."""
     import orjson
 
     from harness.corpus.model import read_corpus
@@ -258,9 +267,9 @@ def corpus_preload(settings: SweepSettings) -> list[dict[str, Any]]:
 
     seen: set[bytes] = set()
     lines: list[dict[str, Any]] = []
-    for rec in read_corpus(settings.corpus):
+    for rec in records if records is not None else read_corpus(settings.corpus):
         line = preload_line(
-            rec, api=settings.api, model=settings.model, max_tokens_cap=settings.max_tokens_cap
+            rec, api=settings.api, model=settings.model or model, max_tokens_cap=settings.max_tokens_cap
         )
         key = orjson.dumps(line, option=orjson.OPT_SORT_KEYS)
         if key not in seen:
@@ -271,29 +280,21 @@ def corpus_preload(settings: SweepSettings) -> list[dict[str, Any]]:
     return lines
 
 
-def post_preload(url: str, path: Path, *, timeout_s: float = 3600.0) -> dict[str, int]:
-    """``POST /cache/preload`` with the file; the server's counts. Errors name the file or the target."""
-    import httpx
+def post_preload(client: TargetClient, path: Path) -> dict[str, int]:
+    """``POST /cache/preload`` with the file (the admin token from ``client``'s credentials); the
+    server's counts. A target without a response cache is an :class:`UnavailableError` saying so;
+    the other errors are the client's (unreachable or refused: exit 5, a rejected file: exit 3)."""
+    from harness.load.client import preload_counts
+    from harness.load.target import NotExposed
 
-    full = url.rstrip("/") + "/cache/preload"
     try:
-        resp = httpx.post(
-            full,
-            content=path.read_bytes(),
-            headers={"Content-Type": "application/x-ndjson"},
-            timeout=timeout_s,
-        )
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"cannot reach {full}: {exc}") from None
-    if resp.status_code == 404:
+        answer = client.cache_preload(path)
+    except NotExposed as exc:
         raise UnavailableError(
-            f"{full} answered 404: the target has no response cache",
+            f"{exc.message}: the target has no response cache",
             hint="harness serve --cache (a sweep needs a cache to miss)",
-        )
-    if resp.status_code != 200:
-        raise InputError(f"{full} answered {resp.status_code}: {resp.text[:300]}", file=path)
-    data = resp.json()
-    return {k: int(data[k]) for k in ("lines", "stored", "generated", "failed") if k in data}
+        ) from None
+    return preload_counts(answer)
 
 
 def _stage_error(code: int, run_dir: Path) -> HarnessError:
@@ -312,8 +313,14 @@ def run_sweep(
     out: str | Path,
     *,
     progress: Callable[[str], None] | None = None,
+    credentials: Credentials | None = None,
 ) -> DecaySweep:
     """Warm, run one saturating stage per bypass fraction, measure, fit; writes every file in ``out``.
+
+    ``credentials`` go with every call to the target: the preload (its admin token) and each stage's
+    requests (its API key, extra headers, TLS policy). Without ``settings.model`` the target's first
+    ``GET /v1/models`` id is asked for once and named by the preload and every stage alike (a target
+    without a model list: no model is sent).
 
     Files: ``preload.jsonl``, ``stages/<name>/`` (each stage's load run), ``points.jsonl`` (the fit's
     input, ``harness analysis decay --points`` reads it), ``fit.json`` (:class:`DecaySweep`) and
@@ -321,11 +328,17 @@ def run_sweep(
     the rate, at most ``rate_raises`` times. A stage whose Locust run fails (exit code other than 0
     or 1) stops the sweep with its error; ``fit.json`` then holds the stages so far.
     """
+    from harness.corpus.model import read_corpus
+    from harness.load.target import TargetClient
+
     say = progress or (lambda _msg: None)
+    client = TargetClient(settings.url, credentials or Credentials())
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     preload_file = out_dir / PRELOAD_FILE
-    lines = corpus_preload(settings)
+    records = list(read_corpus(settings.corpus))  # a bad corpus is an error before any request
+    model = settings.model or client.first_model()
+    lines = corpus_preload(settings, model=model, records=records)
     write_jsonl(preload_file, lines)
     sweep = DecaySweep(settings=settings, preload=None, stages=[], fit=None)
     sampled = sum(is_sampled(line) for line in lines)
@@ -338,7 +351,7 @@ def run_sweep(
 
     def warm(before: str) -> None:
         say(f"preloading {preload_file} into {settings.url} before {before}")
-        sweep.preload = post_preload(settings.url, preload_file)
+        sweep.preload = post_preload(client, preload_file)
         if sweep.preload.get("failed"):
             sweep.warnings.append(
                 f"preload before {before}: {sweep.preload['failed']} of {sweep.preload.get('lines')} "
@@ -350,7 +363,7 @@ def run_sweep(
         for attempt in range(settings.rate_raises + 1):
             if settings.preload and (i == attempt == 0 or settings.rewarm):
                 warm(f"cmr-{f:g}")
-            stage = _run_stage(settings, out_dir, f, rate, say)
+            stage = _run_stage(settings, out_dir, f, rate, say, client=client, model=model)
             if stage.saturated or attempt == settings.rate_raises:
                 break
             # The target kept up: what was measured is the offered rate, not the capacity.
@@ -374,11 +387,19 @@ def run_sweep(
 
 
 def _run_stage(
-    settings: SweepSettings, out_dir: Path, fraction: float, rate: float, say: Callable[[str], None]
+    settings: SweepSettings,
+    out_dir: Path,
+    fraction: float,
+    rate: float,
+    say: Callable[[str], None],
+    *,
+    client: TargetClient,
+    model: str | None,
 ) -> SweepStage:
     """One stage's Locust run (its directory is replaced by a rerun) and its measurement."""
     import shutil
 
+    from harness.load.options import credential_options
     from harness.load.runner import LoadSpec, run_locust
 
     name = f"cmr-{fraction:g}"
@@ -398,10 +419,11 @@ def _run_stage(
         concurrency=settings.concurrency,
         max_tokens_cap=settings.max_tokens_cap,
         api=settings.api,
-        model=settings.model,
+        model=model,
         seed=settings.seed,
         start_delay=settings.start_delay_s,
         run_time=f"{cap_s}s",
+        **credential_options(client.credentials),
     )
     code = run_locust(spec, timeout_s=cap_s + 300.0)
     if code not in OK_EXIT_CODES:
