@@ -121,9 +121,9 @@ TENANT_MISMATCH = "tenant_mismatch"
 """The error code of a keyed server whose API key belongs to another tenant than ``X-Tenant-ID``."""
 TENANT_MISMATCH_HINT = (
     "with a key file each API key is one tenant: replay each tenant's records with that tenant's "
-    "--api-key (a corpus of one tenant: harness corpus build --tenant T), or give the server one "
-    "operator --api-key (no key file), whose holder may name any tenant; records of tenant "
-    "'default' send no X-Tenant-ID and take the key's tenant"
+    "--api-key (a corpus of one tenant: HARNESS__CORPUS__TENANT=T harness corpus build), or give the "
+    "server one operator --api-key (no key file), whose holder may name any tenant; records of "
+    "tenant 'default' send no X-Tenant-ID and take the key's tenant"
 )
 """What to do about a 403 ``tenant_mismatch``: how a corpus's tenants map to a keyed server's keys."""
 

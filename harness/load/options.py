@@ -277,7 +277,7 @@ _HELP: dict[str, str] = {
     "max_requests": "send at most this many arrivals (a session corpus: sessions, each with all its turns)",
     "speedup": "divide schedule times by this",
     "results_dir": "directory for records.jsonl and summary.json",
-    "model": "model name to send (default: the corpus's / the server's)",
+    "model": "model name to send (default: the target's first GET /v1/models id; none if it lists none)",
     "max_tokens_cap": "cap every request's max_tokens",
     "api": "auto (the record's shape), chat or completions",
     "stage": "traffic stage label (X-Traffic-Stage)",
