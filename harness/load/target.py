@@ -69,7 +69,6 @@ from harness.load.client import (
     tenant_header,
 )
 from harness.load.results import request_ok
-from harness.load.telemetry import METRICS_PATH
 
 DEFAULT_TIMEOUT_S = 120.0
 """Seconds a call may take unless it says otherwise (a flush of a large L2 takes seconds)."""
@@ -78,6 +77,9 @@ PROBE_TIMEOUT_S = 300.0
 PROBE_STAGE = "warm-check"
 """``X-Traffic-Stage`` of probe requests, so server metrics keep them apart from the phases."""
 HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+"""Prometheus text. Named here, not imported from :mod:`harness.load.telemetry`: the scraper there may
+use this client, and must be able to import it without a cycle."""
 
 Route = Literal["openai", "admin", "metrics", "open"]
 """Which credentials a route takes: the API key (``/v1/*``), the admin token (``/cache/*``,
