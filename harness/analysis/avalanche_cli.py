@@ -8,9 +8,20 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.analysis.cli_common import JSON_HELP, console, echo_json
+from harness.analysis.cli_common import JSON_HELP, access_of, console, echo_json
+from harness.common.auth import (
+    AdminTokenOption,
+    ApiKeyOption,
+    CaBundleOption,
+    Credentials,
+    HeaderOption,
+    InsecureOption,
+)
 from harness.common.console import table
 from harness.common.io import write_json
+
+FETCH_TIMEOUT_S = 10.0
+"""How long ``--url``'s ``/cache/stats`` and ``/metrics`` may take each."""
 
 
 def avalanche(
@@ -33,8 +44,15 @@ def avalanche(
     ] = None,
     by: Annotated[str, typer.Option("--by", help="With --cache-state: 'tier' or 'tenant-tier'.")] = "tier",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    api_key: ApiKeyOption = None,
+    admin_token: AdminTokenOption = None,
+    header: HeaderOption = None,
+    ca_bundle: CaBundleOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Avalanche probability P = 1 − Π(1 − p_i) over key classes, with the jitter advice."""
+    """Avalanche probability P = 1 − Π(1 − p_i) over key classes, with the jitter advice.
+
+    With --url the server's /cache/stats needs its admin token (--admin-token), as /metrics may."""
     from harness.analysis.avalanche import (
         assess,
         classes_from_server,
@@ -58,7 +76,9 @@ def avalanche(
         risks = risks_from_state(cache_state, window_s, by)
     else:
         assert url is not None
-        stats, metrics = _fetch_server(url)
+        access = {"api_key": api_key, "admin_token": admin_token, "header": header,
+                  "ca_bundle": ca_bundle, "insecure": insecure}  # fmt: skip
+        stats, metrics = _fetch_server(url, access_of(access))
         described = classes_from_server(stats, metrics, write_span_s)
         spans = {c.name: c.write_span_s for c in described}
         risks = risks_from_classes(described, window_s)
@@ -89,21 +109,13 @@ def avalanche(
     console.print(msg, highlight=False)
 
 
-def _fetch_server(url: str) -> tuple[dict[str, Any], str]:
-    import httpx
+def _fetch_server(url: str, credentials: Credentials) -> tuple[dict[str, Any], str]:
+    """The server's ``/cache/stats`` and ``/metrics`` text, through the target's client (its errors:
+    unreachable or refused, exit 5 with a hint; a target without a response cache, exit 5 too)."""
+    from harness.load.target import TargetClient
 
-    from harness.common.errors import UnavailableError
-
-    base = url.rstrip("/")
-    try:
-        with httpx.Client(timeout=10.0) as client:
-            stats = client.get(base + "/cache/stats")
-            stats.raise_for_status()
-            metrics = client.get(base + "/metrics")
-            metrics.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"cannot read the server's cache stats: {exc}", field="--url") from None
-    return stats.json(), metrics.text
+    client = TargetClient(url, credentials, timeout_s=FETCH_TIMEOUT_S)
+    return client.cache_stats(), client.metrics()
 
 
 def rto(

@@ -42,10 +42,10 @@ most the engine's batch, ``--max-num-seqs``, plus its queue before the server an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
@@ -72,6 +72,10 @@ from harness.common.stats import percentile
 from harness.experiments.recipe import Recipe
 from harness.load.arrivals import is_sampled
 from harness.load.options import LoadOptions, Share
+
+if TYPE_CHECKING:  # httpx and the load stage's client: imported when a sweep runs
+    from harness.corpus.model import CorpusRecord
+    from harness.load.target import TargetClient
 
 DEFAULT_RATE = 1000.0
 """Offered arrivals/s of a stage: far above what a single inference server serves per client pool."""
@@ -308,8 +312,12 @@ def stage_warnings(stage: SweepStage) -> list[str]:
 # --------------------------------------------------------------------------- run
 
 
-def corpus_preload(load: LoadOptions) -> list[dict[str, Any]]:
-    """One ``/cache/preload`` line per distinct request of the corpus, as the stages will send it."""
+def corpus_preload(
+    load: LoadOptions, *, model: str | None = None, records: Iterable[CorpusRecord] | None = None
+) -> list[dict[str, Any]]:
+    """One ``/cache/preload`` line per distinct request of the corpus (``records``, else read from
+    ``load.corpus``), as the stages will send it (naming ``load.model``, else ``model``: the target's,
+    which the stages then name too)."""
     import orjson
 
     from harness.corpus.model import read_corpus
@@ -318,8 +326,8 @@ def corpus_preload(load: LoadOptions) -> list[dict[str, Any]]:
     seen: set[bytes] = set()
     lines: list[dict[str, Any]] = []
     assert load.corpus is not None
-    for rec in read_corpus(load.corpus):
-        line = preload_line(rec, api=load.api, model=load.model, max_tokens_cap=load.max_tokens_cap)
+    for rec in records if records is not None else read_corpus(load.corpus):
+        line = preload_line(rec, api=load.api, model=load.model or model, max_tokens_cap=load.max_tokens_cap)
         key = orjson.dumps(line, option=orjson.OPT_SORT_KEYS)
         if key not in seen:
             seen.add(key)
@@ -329,29 +337,21 @@ def corpus_preload(load: LoadOptions) -> list[dict[str, Any]]:
     return lines
 
 
-def post_preload(url: str, path: Path, *, timeout_s: float = 3600.0) -> dict[str, int]:
-    """``POST /cache/preload`` with the file; the server's counts. Errors name the file or the target."""
-    import httpx
+def post_preload(client: TargetClient, path: Path) -> dict[str, int]:
+    """``POST /cache/preload`` with the file (the admin token from ``client``'s credentials); the
+    server's counts. A target without a response cache is an :class:`UnavailableError` saying so;
+    the other errors are the client's (unreachable or refused: exit 5, a rejected file: exit 3)."""
+    from harness.load.client import preload_counts
+    from harness.load.target import NotExposed
 
-    full = url.rstrip("/") + "/cache/preload"
     try:
-        resp = httpx.post(
-            full,
-            content=path.read_bytes(),
-            headers={"Content-Type": "application/x-ndjson"},
-            timeout=timeout_s,
-        )
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"cannot reach {full}: {exc}") from None
-    if resp.status_code == 404:
+        answer = client.cache_preload(path)
+    except NotExposed as exc:
         raise UnavailableError(
-            f"{full} answered 404: the target has no response cache",
+            f"{exc.message}: the target has no response cache",
             hint="harness serve --cache (a sweep needs a cache to miss)",
-        )
-    if resp.status_code != 200:
-        raise InputError(f"{full} answered {resp.status_code}: {resp.text[:300]}", file=path)
-    data = resp.json()
-    return {k: int(data[k]) for k in ("lines", "stored", "generated", "failed") if k in data}
+        ) from None
+    return preload_counts(answer)
 
 
 def _stage_error(code: int, run_dir: Path) -> HarnessError:
@@ -379,11 +379,21 @@ def run_sweep(
     the rate, at most ``rate_raises`` times. A stage whose Locust run fails (exit code other than 0
     or 1) stops the sweep with its error; ``fit.json`` then holds the stages so far.
     """
+    from harness.corpus.model import read_corpus
+    from harness.load.target import TargetClient
+
     say = progress or (lambda _msg: None)
+    client = TargetClient(plan.url, plan.load.credentials())
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     preload_file = out_dir / PRELOAD_FILE
-    lines = corpus_preload(plan.load)
+    assert plan.load.corpus is not None
+    records = list(read_corpus(plan.load.corpus))  # a bad corpus is an error before any request
+    # Without --model, the target's first model, asked once: the preload and every stage name it.
+    model = plan.load.model or client.first_model()
+    if model is not None and plan.load.model is None:
+        plan = replace(plan, load=plan.load.evolve(model=model))
+    lines = corpus_preload(plan.load, records=records)
     write_jsonl(preload_file, lines)
     load_doc = plan.load.model_dump(mode="json", exclude_defaults=True, exclude=set(SECRET_OPTIONS))
     sweep = DecaySweep(sweep=plan.sweep, load=load_doc, preload=None, stages=[], fit=None)
@@ -397,7 +407,7 @@ def run_sweep(
 
     def warm(before: str) -> None:
         say(f"preloading {preload_file} into {plan.url} before {before}")
-        sweep.preload = post_preload(plan.url, preload_file)
+        sweep.preload = post_preload(client, preload_file)
         if sweep.preload.get("failed"):
             sweep.warnings.append(
                 f"preload before {before}: {sweep.preload['failed']} of {sweep.preload.get('lines')} "

@@ -9,14 +9,17 @@
 * ``harness cache drain --url URL`` — ``POST /cache/drain``: returns once the write-backs of finished
   requests are in L2/L3 (before a snapshot, a restart or a warm pass that must hit L2).
 
-An unreachable server is an :class:`UnavailableError` (exit 5); a rejected request (HTTP 4xx) is an
-:class:`InputError` (exit 3) carrying the server's message.
+Every call goes through the target's one client (:class:`harness.load.target.TargetClient`), with
+the credentials options of :mod:`harness.common.auth`: an unreachable server, or one that refuses the
+admin token (401/403: the hint names ``--admin-token``), is an :class:`UnavailableError` (exit 5); a
+rejected request (another HTTP 4xx) is an :class:`InputError` (exit 3) carrying the server's message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
@@ -31,10 +34,11 @@ from harness.common.auth import (
     HeaderOption,
     InsecureOption,
 )
-from harness.common.errors import ConfigError, InputError, UnavailableError
-from harness.common.headers import TENANT
+from harness.common.errors import InputError, UnavailableError
 from harness.common.io import iter_jsonl
-from harness.common.openai import RESET_PREFIX_CACHE_PATH
+
+if TYPE_CHECKING:  # imported when a command runs: every `harness` command imports this module
+    from harness.load.target import TargetClient
 
 app = typer.Typer(help="Inspect, preload and flush a running server's response cache.", no_args_is_help=True)
 
@@ -45,63 +49,21 @@ KV_TIER = "kv"
 FLUSH_CHOICES = (*FLUSH_TIERS, KV_TIER, FLUSH_ALL)
 
 
-class NotExposed(UnavailableError):
-    """The server answered 404: it does not expose this endpoint (no ``--cache``, another server)."""
-
-
-def _access(
+def _client(  # noqa: PLR0917 - the options of every command, in their order
+    url: str,
+    timeout: float,
     api_key: str | None,
     admin_token: str | None,
     header: list[str] | None,
     ca_bundle: Path | None,
     insecure: bool,
-) -> Credentials:
-    return Credentials.of(
+) -> TargetClient:
+    from harness.load.target import TargetClient
+
+    creds = Credentials.of(
         api_key=api_key, admin_token=admin_token, headers=header or (), ca_bundle=ca_bundle, insecure=insecure
     )
-
-
-def _request(
-    method: str,
-    url: str,
-    path: str,
-    timeout: float,
-    *,
-    creds: Credentials,
-    content: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> Any:
-    """One admin call (``creds.admin_headers()``); its JSON. Errors never show a secret."""
-    import httpx
-
-    full = url.rstrip("/") + path
-    sent = {**creds.admin_headers(), **(headers or {})}
-    try:
-        resp = httpx.request(
-            method, full, content=content, headers=sent, timeout=timeout, verify=creds.httpx_verify()
-        )
-    except httpx.HTTPError as exc:
-        raise UnavailableError(
-            creds.redact(f"cannot reach {full}: {exc}"), hint="is `harness serve --cache` running there?"
-        ) from None
-    try:
-        data = orjson.loads(resp.content) if resp.content else {}
-    except orjson.JSONDecodeError:
-        data = {"raw": resp.text[:500]}
-    if resp.status_code >= 400:
-        err = data.get("error") if isinstance(data, dict) else None
-        message = err.get("message") if isinstance(err, dict) else str(data)[:500]
-        message = creds.redact(str(message))
-        if resp.status_code == 404:
-            raise NotExposed(f"{method} {full} answered 404: {message}")
-        if resp.status_code in (401, 403):
-            raise ConfigError(
-                f"{method} {full} answered {resp.status_code}: {message}",
-                hint="the admin routes need --admin-token (or $HARNESS_ADMIN_TOKEN)",
-            )
-        cls = InputError if resp.status_code < 500 else UnavailableError
-        raise cls(f"{method} {full} answered {resp.status_code}: {message}")
-    return data
+    return TargetClient(url, creds, timeout_s=timeout)
 
 
 @app.command("stats")
@@ -116,9 +78,7 @@ def stats_cmd(  # noqa: PLR0917 - typer maps parameters to options
     insecure: InsecureOption = False,
 ) -> None:
     """Per-tier hits, misses, errors, hit rate, fill rate, entries, evictions and latency."""
-    data = _request(
-        "GET", url, "/cache/stats", timeout, creds=_access(api_key, admin_token, header, ca_bundle, insecure)
-    )
+    data = _client(url, timeout, api_key, admin_token, header, ca_bundle, insecure).cache_stats()
     if as_json:
         typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return
@@ -169,13 +129,8 @@ def preload_cmd(  # noqa: PLR0917 - typer maps parameters to options
     for number, obj in iter_jsonl(file, expected="an OpenAI request body"):
         if not ({"prompt", "messages"} & obj.keys()):
             raise InputError("expected an object with 'prompt' or 'messages'", file=file, line=number)
-    headers = {"Content-Type": "application/x-ndjson"}
-    if tenant:
-        headers[TENANT] = tenant
-    creds = _access(api_key, admin_token, header, ca_bundle, insecure)
-    data = _request(
-        "POST", url, "/cache/preload", timeout, creds=creds, content=file.read_bytes(), headers=headers
-    )
+    client = _client(url, timeout, api_key, admin_token, header, ca_bundle, insecure)
+    data = client.cache_preload(file, tenant=tenant, timeout_s=timeout)
     typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
 
 
@@ -191,23 +146,28 @@ def flush_cmd(  # noqa: PLR0917 - typer maps parameters to options
     insecure: InsecureOption = False,
 ) -> None:
     """Drop the entries of one tier, the KV prefix cache (kv), or every level (all)."""
-    creds = _access(api_key, admin_token, header, ca_bundle, insecure)
+    from harness.load.target import NotExposed
+
+    client = _client(url, timeout, api_key, admin_token, header, ca_bundle, insecure)
     tier = tier.lower()
     if tier not in FLUSH_CHOICES:
         raise InputError(f"unknown tier {tier!r}; expected one of {', '.join(FLUSH_CHOICES)}", field="--tier")
     if tier == KV_TIER:
-        data = _request("POST", url, RESET_PREFIX_CACHE_PATH, timeout, creds=creds)
+        data = client.reset_prefix_cache()
     elif tier != FLUSH_ALL:
-        data = _request("POST", url, f"/cache/flush?tier={tier}", timeout, creds=creds)
+        data = client.cache_flush(tier)
     else:
         # Every level the server exposes: a server without --cache (or vLLM outside its dev mode)
         # answers 404 for one of them, which is reported, not fatal; none at all is.
         data = {"tier": FLUSH_ALL}
         skipped: dict[str, str] = {}
-        levels = (("response", f"/cache/flush?tier={FLUSH_ALL}"), (KV_TIER, RESET_PREFIX_CACHE_PATH))
-        for name, path in levels:
+        levels: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+            ("response", lambda: client.cache_flush(FLUSH_ALL)),
+            (KV_TIER, client.reset_prefix_cache),
+        )
+        for name, call in levels:
             try:
-                answer = _request("POST", url, path, timeout, creds=creds)
+                answer = call()
             except NotExposed as exc:
                 skipped[name] = exc.message
                 continue
@@ -238,13 +198,7 @@ def drain_cmd(  # noqa: PLR0917 - typer maps parameters to options
     insecure: InsecureOption = False,
 ) -> None:
     """Wait until the write-backs of finished requests have landed in L2 and L3."""
-    data = _request(
-        "POST",
-        url,
-        f"/cache/drain?timeout_s={wait:g}",
-        wait + 10.0,
-        creds=_access(api_key, admin_token, header, ca_bundle, insecure),
-    )
+    data = _client(url, wait + 10.0, api_key, admin_token, header, ca_bundle, insecure).cache_drain(wait)
     pending = int(data.get("pending", 0))
     if pending:
         raise UnavailableError(

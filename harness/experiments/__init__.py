@@ -5,7 +5,8 @@ and ``gates`` (which judge what it measured); ``gates`` only judges.
 
 - :mod:`~harness.experiments.driver`: a target started from ``--serve-args`` or reached at ``--url``,
   the progress display, ``--out``, SIGTERM as Ctrl-C;
-- :mod:`~harness.experiments.target`: the target's cache levels (flush), probes and preload;
+- :mod:`~harness.experiments.target`: the target (its client, :class:`harness.load.target.TargetClient`,
+  its model, the ``harness serve`` child started for it) and its cache levels (flush);
 - :mod:`~harness.experiments.paired` (``harness run``): flush, cold replay, warm-up, warm check
   (:mod:`~harness.experiments.warmcheck`), warm replay, comparison, gate;
 - :mod:`~harness.experiments.capacity` (``harness capacity``): probes at constant rates, each judged

@@ -53,7 +53,7 @@ from harness.experiments.slo import (
     precision_on,
     probe_min_requests,
 )
-from harness.experiments.target import NotExposed, Target, flush_all
+from harness.experiments.target import Target, flush_all
 from harness.load.arrivals import RequestSpec
 from harness.load.results import RECORDS_FILE
 from harness.load.runner import LoadSpec, run_locust
@@ -154,7 +154,9 @@ class CapacityRunner:
         if requests is None:
             from harness.load.inputs import Inputs
 
-            requests = Inputs.load(spec.load.options.evolve(rate=1.0, duration=1.0), ladder=False).requests
+            inputs = Inputs.load(spec.load.options.evolve(rate=1.0, duration=1.0), ladder=False)
+            # The model the probes' Locust processes will ask the target for, when --model names none.
+            requests = inputs.with_default_model(target.model).requests
         calibration = None
         start = spec.search.min_rate
         if start is None:
@@ -227,10 +229,7 @@ class CapacityRunner:
         with self.ui.step(f"calibrating: {n} requests one at a time"):
             for i, spec in enumerate(picked):
                 t0 = time.perf_counter()
-                try:
-                    (res,) = target.probe([spec], no_cache=self.spec.search.bypass_cache, concurrency=1)
-                except NotExposed as exc:  # pragma: no cover - probe does not raise it; defensive
-                    raise UnavailableError(str(exc)) from None
+                (res,) = target.client.probe([spec], no_cache=self.spec.search.bypass_cache, concurrency=1)
                 elapsed = time.perf_counter() - t0
                 if not res.ok:
                     raise UnavailableError(
@@ -265,7 +264,7 @@ class _LocustProber:
         duration = n / rate
         results = self.runner.out / PROBES_DIR / f"{index:02d}-{rate:.4g}rps"
         if spec.search.flush:
-            flushed = flush_all(self.target)
+            flushed = flush_all(self.target.client)
             if index == 1:
                 for f in flushed:
                     mark = (

@@ -39,7 +39,11 @@ from harness.common.errors import (
     TargetDied,
     UnavailableError,
 )
-from harness.experiments.target import NotExposed, Target
+from harness.experiments.target import Target
+from harness.load.target import TargetClient
+
+MODELS_TIMEOUT_S = 30.0
+"""How long a ``--url`` target may take to list its models (the first call: it proves it is there)."""
 
 ERRORS_BY_CODE: dict[int, type[HarnessError]] = {
     int(ExitCode.INPUT): InputError,
@@ -121,9 +125,10 @@ def open_target(
     *,
     credentials: Credentials | None = None,
 ) -> Iterator[Target]:
-    """``url``: that server (its model from ``GET /v1/models``); else ``harness serve SERVE_ARGS``
-    started on a free port (its log and run directory in ``log_dir``; ``Target.server`` set) and
-    stopped on every exit path.
+    """``url``: that server (its model: the first id of its ``GET /v1/models``, ``None`` when it has
+    none); else ``harness serve SERVE_ARGS`` started on a free port (its log and run directory in
+    ``log_dir``; ``Target.server`` set) and stopped on every exit path. An unreachable ``url``, or
+    one that refuses the API key, is an :class:`UnavailableError` here, before anything else.
 
     A server started here is keyed with ``credentials`` (through its environment) and always gets an
     admin token: the one given, else a fresh random one that only this run knows, so that nothing
@@ -132,15 +137,10 @@ def open_target(
 
     creds = credentials if credentials is not None else Credentials()
     if url is not None:
-        target = Target(url=url.rstrip("/"), credentials=creds)
+        client = TargetClient(url, creds)
         with ui.step(f"target {url}"):
-            try:
-                models = target.admin("GET", "/v1/models", timeout_s=30)
-            except NotExposed:
-                models = {}
-        data = models.get("data") if isinstance(models, dict) else None
-        target.model = data[0].get("id") if isinstance(data, list) and data else None
-        yield target
+            model = client.first_model(timeout_s=MODELS_TIMEOUT_S)
+        yield Target(client, model=model)
         return
     assert serve_args is not None
     # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of an
@@ -155,7 +155,7 @@ def open_target(
                 running_server(serve_args, log_dir=log_dir, env=env, timeout_s=server_timeout_s)
             )
         ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
-        yield Target(url=server.url, model=server.model, server=server, credentials=creds)
+        yield Target(TargetClient(server.url, creds), model=server.model, server=server)
     ui.say("[green]✓[/] server stopped")
 
 

@@ -86,13 +86,14 @@ from harness.experiments.paired_record import (
 )
 from harness.experiments.paired_spec import PairedSpec, Prepared, prepare
 from harness.experiments.recipe import write_recipe
-from harness.experiments.target import NotExposed, Target, flush_all
+from harness.experiments.target import Target, flush_all
 from harness.experiments.warmcheck import check_warm
 from harness.gates.compare import Comparison
 from harness.gates.judge import GateReport
 from harness.load.arrivals import RequestSpec
 from harness.load.results import RECORDS_FILE, read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.target import NotExposed
 
 # ------------------------------------------------------------------------------------------ running
 
@@ -223,6 +224,9 @@ class PairedRunner:
             credentials=creds,
         ) as target:
             started = target.server is not None
+            # The probes and the capacity calibration send from here: the same model the phases'
+            # Locust processes will ask the target for, when --model names none.
+            prep.inputs = prep.inputs.with_default_model(target.model)
             self.record.target = TargetRecord(
                 url=target.url, model=target.model, started=started,
                 serve_args=list(prep.serve_args or ()) if started else None,
@@ -234,7 +238,7 @@ class PairedRunner:
     def _measure(self, target: Target, prep: Prepared) -> None:
         spec = self.spec
         with self.ui.step("flushing every cache level"):
-            flushed = flush_all(target)
+            flushed = flush_all(target.client)
         self.record.flush = [FlushRecord.of(f) for f in flushed]
         self.record.skipped_levels = [f.level for f in flushed if f.status == "not exposed"]
         for f in flushed:
@@ -260,8 +264,8 @@ class PairedRunner:
         sample = self._probe_sample(prep)
         with self.ui.step(f"warm check: {len(sample)} probe requests"):
             check = check_warm(
-                target, sample, min_warm_rate=spec.recipe.warmup.min_warm_rate, confidence=spec.confidence,
-                concurrency=min(4, spec.load.options.concurrency),
+                target.client, sample, min_warm_rate=spec.recipe.warmup.min_warm_rate,
+                confidence=spec.confidence, concurrency=min(4, spec.load.options.concurrency),
             )  # fmt: skip
         write_json(self.out / WARM_CHECK_FILE, check.model_dump(mode="json"))
         self.record.warm_check = check.model_copy(update={"probes": []})  # the probes are in warm-check.json
@@ -287,12 +291,12 @@ class PairedRunner:
     def _preload(self, target: Target, path: Path) -> None:
         with self.ui.step(f"preloading {path.name}"):
             try:
-                answer = target.preload(path)
+                answer = target.client.cache_preload(path)
             except NotExposed as exc:
                 self.record.preload = {"skipped": f"the target has no response cache to preload ({exc})"}
                 self.ui.say(f"[yellow]–[/] preload skipped: {escape(str(exc))}")
             else:
-                self.record.preload = answer if isinstance(answer, dict) else {"answer": answer}
+                self.record.preload = answer
                 self.ui.say(f"[green]✓[/] preloaded: {escape(str(self.record.preload))}")
         self.save()
 

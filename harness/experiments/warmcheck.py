@@ -40,17 +40,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx
 import numpy as np
 from pydantic import Field
 
+from harness.common.errors import HarnessError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
-from harness.experiments.target import NotExposed, ProbeResult, Target
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
 from harness.gates.runs import RunFrame
 from harness.load.arrivals import RequestSpec
-from harness.load.telemetry import METRICS_PATH, SCRAPE_TIMEOUT_S, normalise
+from harness.load.target import NotExposed, ProbeResult, TargetClient
+from harness.load.telemetry import SCRAPE_TIMEOUT_S, normalise
 
 SEED_WARM_RATE = 0.92
 """The seed's baseline: at least 92 % of requests served warm."""
@@ -127,7 +127,7 @@ class WarmCheck(StrictModel):
 class CheckContext:
     """What the level checks share: the target, the probe sample, the probes' answers so far."""
 
-    target: Target
+    target: TargetClient
     sample: Sequence[RequestSpec]
     min_warm_rate: float
     confidence: float = 0.95
@@ -198,8 +198,8 @@ def _grade(level: str, probes: Sequence[ProbeResult], rate: Rate, what: str, min
 @WARM_LEVELS.register("embedding")
 def _embedding(ctx: CheckContext) -> LevelCheck:
     try:
-        ctx.target.admin("POST", "/cache/drain?timeout_s=60")
-        stats = ctx.target.admin("GET", "/cache/stats")
+        ctx.target.cache_drain(60.0)
+        stats = ctx.target.cache_stats()
     except NotExposed:
         return LevelCheck(level="embedding", status="skipped", detail="no /cache/stats: no response cache")
     l3: dict[str, Any] = ((stats or {}).get("tiers") or {}).get("l3") or {}
@@ -228,21 +228,12 @@ def _embedding(ctx: CheckContext) -> LevelCheck:
     )
 
 
-def server_prefix_hits(target: Target) -> float | None:
+def server_prefix_hits(target: TargetClient) -> float | None:
     """The target's prefix-hit counter now (tokens, from its ``/metrics``); ``None`` when it has no
     ``/metrics``, refuses it, or reports no prefix-cache counters."""
-    creds = target.credentials
     try:
-        resp = httpx.get(
-            target.url.rstrip("/") + METRICS_PATH,
-            headers=creds.admin_headers(),
-            timeout=SCRAPE_TIMEOUT_S,
-            verify=creds.httpx_verify(),
-        )
-        if resp.status_code != 200:
-            return None
-        sample = normalise(resp.text, 0.0)
-    except (httpx.HTTPError, ValueError):
+        sample = normalise(target.metrics(timeout_s=SCRAPE_TIMEOUT_S), 0.0)
+    except (HarnessError, ValueError):
         return None
     return sample.prefix_hits if sample.prefix_queries is not None else None
 
@@ -302,7 +293,7 @@ def _response(ctx: CheckContext) -> LevelCheck:
 
 
 def check_warm(
-    target: Target,
+    target: TargetClient,
     sample: Sequence[RequestSpec],
     *,
     min_warm_rate: float = SEED_WARM_RATE,

@@ -1,13 +1,18 @@
 """The load path's one OpenAI client: request headers, the SSE read, the one TTFT rule, typed usage,
-and the admin calls a run makes (``GET /v1/models``, ``POST /cache/preload``).
+and the calls a Locust run makes besides its requests (``GET /v1/models``, ``POST /cache/preload``).
 
-Three callers send requests to a target: the Locust replay user (:mod:`harness.load.user`), the warm
-check's probes (:meth:`harness.experiments.target.Target.probe`) and ``harness run``'s preload
-(:mod:`harness.experiments.paired`). They share everything here and differ only in the socket read: inside
-Locust the transport is the user's own keep-alive connection (:mod:`harness.load.wire`, gevent,
-monkey-patched); in the ``harness run`` process it is ``httpx``, because gevent must never run
-there. So this module imports neither gevent nor Locust at module level; the gevent-side helpers
-import ``geventhttpclient`` when called.
+Two transports send requests to a target: the Locust replay user (:mod:`harness.load.user`) and,
+outside Locust, the target's client (:class:`harness.load.target.TargetClient`: the warm check's and
+the capacity calibration's probes, the admin calls of ``harness run``, ``harness cache …`` and the
+analyses). They share everything here and differ only in the socket read: inside Locust the
+transport is the user's own keep-alive connection (:mod:`harness.load.wire`, gevent,
+monkey-patched); in a command's own process it is ``httpx``, because gevent must never run there.
+So this module imports neither gevent nor Locust at module level; the gevent-side helpers import
+``geventhttpclient`` when called.
+
+**Tenants and models.** A record's tenant goes as ``X-Tenant-ID`` unless it is the default one
+(:func:`tenant_header`); a request names ``--model``, else the first id of the target's
+``GET /v1/models`` (:func:`model_ids`), asked once per run.
 
 **The SSE read** (:func:`read_sse`) keeps each ``data:`` line with its ``perf_counter`` arrival time
 and stops at ``data: [DONE]``; parsing waits until the stream ended (:mod:`harness.load.stream`),
@@ -56,6 +61,7 @@ ERROR_TEXT = 300
 """Characters of an error response kept in a record or a probe's error."""
 IDENTITY_TIMEOUT_S = 5.0
 """How long ``GET /v1/models`` may take; a target that does not answer has no identity, nothing worse."""
+MODELS_PATH = "/v1/models"
 PRELOAD_PATH = "/cache/preload"
 PRELOAD_TIMEOUT_S = 3600.0
 """A preload stores (and may generate) every line before it answers: minutes for a large file."""
@@ -65,10 +71,23 @@ PRELOAD_COUNTS = ("lines", "stored", "generated", "failed")
 # ------------------------------------------------------------------------------------------ headers
 
 
+def tenant_header(tenant: str | None) -> dict[str, str]:
+    """``X-Tenant-ID`` for a record of ``tenant``: none for the default tenant (or none at all).
+
+    Without the header a server takes the default tenant (ours unkeyed, or keyed with one operator
+    ``--api-key``) or the tenant of the API key (ours with ``--api-keys FILE``); other servers ignore
+    it. So a default-tenant record says nothing, and a corpus of them replays with any tenant's key;
+    a record of another tenant claims it, which a keyed server allows only to that tenant's key
+    (403 ``tenant_mismatch`` otherwise, see :data:`TENANT_MISMATCH_HINT`)."""
+    if not tenant or tenant == H.DEFAULT_TENANT:
+        return {}
+    return {H.TENANT: tenant}
+
+
 def stream_headers(
     *,
     stage: str,
-    tenant: str,
+    tenant: str | None,
     extra: dict[str, str],
     warmup_id: str | None = None,
     trace_id: str | None = None,
@@ -76,6 +95,7 @@ def stream_headers(
 ) -> dict[str, str]:
     """The headers of one streamed generation request.
 
+    ``tenant`` goes as ``X-Tenant-ID`` unless it is the default one (:func:`tenant_header`).
     ``extra`` (:meth:`Credentials.request_headers`: ``--api-key``, ``--header``) goes last, so that a
     user's header wins. ``bypass`` asks a response cache to pass the request through
     (``Cache-Control: no-cache``). Trace context (``traceparent``) is added by
@@ -85,7 +105,7 @@ def stream_headers(
         "Accept": "text/event-stream",
         "Accept-Encoding": "identity",  # compressed SSE cannot be read line by line
         H.STAGE: stage,
-        H.TENANT: tenant,
+        **tenant_header(tenant),
     }
     if warmup_id is not None:
         hdrs[H.WARMUP_ID] = warmup_id
@@ -97,10 +117,25 @@ def stream_headers(
     return hdrs
 
 
+TENANT_MISMATCH = "tenant_mismatch"
+"""The error code of a keyed server whose API key belongs to another tenant than ``X-Tenant-ID``."""
+TENANT_MISMATCH_HINT = (
+    "with a key file each API key is one tenant: replay each tenant's records with that tenant's "
+    "--api-key (a corpus of one tenant: HARNESS__CORPUS__TENANT=T harness corpus build), or give the "
+    "server one operator --api-key (no key file), whose holder may name any tenant; records of "
+    "tenant 'default' send no X-Tenant-ID and take the key's tenant"
+)
+"""What to do about a 403 ``tenant_mismatch``: how a corpus's tenants map to a keyed server's keys."""
+
+
 def http_error(status: int, body: bytes, creds: Credentials) -> str:
-    """What a non-200 answer says, for a record or a probe (a server may echo a secret: redacted)."""
+    """What a non-200 answer says, for a record or a probe (a server may echo a secret: redacted).
+    A 403 ``tenant_mismatch`` adds :data:`TENANT_MISMATCH_HINT`."""
     text = creds.redact(body[:MAX_ERROR_BODY].decode("utf-8", "replace"))
-    return f"HTTP {status}: {text[:ERROR_TEXT]}"
+    out = f"HTTP {status}: {text[:ERROR_TEXT]}"
+    if status == 403 and TENANT_MISMATCH in text:
+        out += f" (hint: {TENANT_MISMATCH_HINT})"
+    return out
 
 
 # ---------------------------------------------------------------------------------------- SSE read
@@ -212,11 +247,11 @@ def read_response(
 
 @dataclass(frozen=True)
 class PreloadCall:
-    """``POST /cache/preload`` of a file (an admin call): what both transports send.
-
-    The gevent side (``--preload`` of a load run) reads the answer with :meth:`answer`; ``harness
-    run`` sends it through :meth:`harness.experiments.target.Target.admin`, whose errors say which cache
-    level a target does not expose (a 404 there skips the preload rather than failing the run)."""
+    """``POST /cache/preload`` of a file (an admin call) from a Locust process (``--preload`` of a
+    load run, a plan's preload), whose answer :meth:`answer` reads: the run was asked to preload, so
+    every answer but 200 is an error naming the file. Outside Locust the same call is
+    :meth:`harness.load.target.TargetClient.cache_preload`, where a 404 (no response cache) is
+    :class:`~harness.load.target.NotExposed` and ``harness run`` skips the preload."""
 
     file: Path
     body: bytes
@@ -238,6 +273,15 @@ class PreloadCall:
         if not isinstance(data, dict):
             raise InputError(f"{PRELOAD_PATH} answered 200 without a JSON object", file=self.file)
         return data
+
+
+def model_ids(models_answer: Any) -> list[str]:
+    """The model ids a ``GET /v1/models`` answer lists, in its order (``[]``: none, or not an OpenAI
+    model list). The first is the model a request without ``--model`` names."""
+    data = models_answer.get("data") if isinstance(models_answer, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
 
 
 def preload_counts(answer: dict[str, Any]) -> dict[str, int]:
@@ -271,21 +315,28 @@ def gevent_client(host: str, creds: Credentials, *, network_timeout: float, conn
     )
 
 
-def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
-    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
-    it does not answer (never raises: an identity is context, the run does not depend on it)."""
+def fetch_models(host: str, creds: Credentials) -> Any:
+    """The target's ``GET /v1/models`` answer (its JSON) from a Locust process; ``None`` when it does
+    not answer 200 with JSON (never raises: the model list is context, or a default for ``model``; a
+    run does not depend on it)."""
     try:
         client = gevent_client(
             host, creds, network_timeout=IDENTITY_TIMEOUT_S, connection_timeout=IDENTITY_TIMEOUT_S
         )
         try:
-            resp = client.get(base_path(host) + "/v1/models", headers=creds.request_headers())
+            resp = client.get(base_path(host) + MODELS_PATH, headers=creds.request_headers())
             body = resp.read()
         finally:
             client.close()
-        return target_identity(orjson.loads(body)) if resp.status_code == 200 else None
-    except Exception:  # any failure (refused, timeout, not JSON) leaves the identity unknown
+        return orjson.loads(body) if resp.status_code == 200 else None
+    except Exception:  # any failure (refused, timeout, not JSON) leaves it unknown
         return None
+
+
+def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
+    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
+    it does not answer (never raises: an identity is context, the run does not depend on it)."""
+    return target_identity(fetch_models(host, creds))
 
 
 def preload(host: str, path: Path, creds: Credentials) -> dict[str, int]:

@@ -12,6 +12,7 @@ apply the same rules; it imports nothing that patches gevent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,24 @@ class Inputs:
     is a session index, and the arrival starts that whole conversation."""
     rate: float | None = None
     """``--rate`` in requests/s (a share of capacity resolved with ``--capacity``); ``None``: no rate."""
+    default_model: str | None = None
+    """The ``model`` the requests name when the options give none: the target's first
+    ``GET /v1/models`` id (:meth:`with_default_model`). ``None``: no ``model`` is sent."""
+
+    @property
+    def model(self) -> str | None:
+        """The ``model`` every request names: ``--model``, else :attr:`default_model`."""
+        return self.opts.model or self.default_model
+
+    def with_default_model(self, model: str | None) -> Inputs:
+        """These inputs with ``model`` named by every request that ``--model`` does not name (the
+        request bodies serialized again; the same inputs when nothing changes)."""
+        if model == self.default_model:
+            return self
+        changed = dataclasses.replace(self, default_model=model)
+        if self.opts.model is None:
+            changed.requests = _prepare(self.opts, self.records, model)
+        return changed
 
     @classmethod
     def load(cls, opts: LoadOptions, *, ladder: bool, posts_preload: bool = True) -> Inputs:
@@ -104,7 +123,13 @@ class Inputs:
         )
         requests = self.requests if same_requests else None
         return self._checked(
-            opts, self.records, self.schedule, requests, ladder=ladder, posts_preload=posts_preload
+            opts,
+            self.records,
+            self.schedule,
+            requests,
+            ladder=ladder,
+            posts_preload=posts_preload,
+            default_model=self.default_model,
         )
 
     @classmethod
@@ -117,17 +142,11 @@ class Inputs:
         *,
         ladder: bool,
         posts_preload: bool,
+        default_model: str | None = None,
     ) -> Inputs:
         """The run's rules applied to inputs already read."""
         if requests is None:
-            requests = prepare_requests(
-                records,
-                api=opts.api,
-                model=opts.model,
-                max_tokens_cap=opts.max_tokens_cap,
-                token_counting=opts.token_counting,
-                seed_policy=opts.seed_policy,
-            )
+            requests = _prepare(opts, records, default_model)
         if opts.schedule is not None and opts.rate is not None:
             raise ConfigError("give --schedule or --rate, not both", field="--rate")
         rate = None if ladder else opts.rate_rps()  # a share without --capacity is refused here
@@ -183,7 +202,17 @@ class Inputs:
                 raise InputError(
                     f"the plan's preload file {preload_file} does not exist", file=opts.plan, field="preload"
                 )
-        return cls(opts, records, requests, schedule, plan, preload_file, sessions, rate)
+        return cls(
+            opts,
+            records,
+            requests,
+            schedule,
+            plan,
+            preload_file,
+            sessions,
+            rate=rate,
+            default_model=default_model,
+        )
 
     def units(self) -> tuple[list[CorpusRecord], list[RequestSpec]]:
         """What one arrival starts: a record and its request, or a session's first turn's."""
@@ -281,6 +310,19 @@ class Inputs:
             unit = src.pop().request
             out.extend(self.sessions[unit].turns if self.sessions is not None else (unit,))
         return out
+
+
+def _prepare(opts: LoadOptions, records: list[CorpusRecord], default_model: str | None) -> list[RequestSpec]:
+    """The request bodies of ``records`` as ``opts`` shape them, naming ``--model`` or else
+    ``default_model``."""
+    return prepare_requests(
+        records,
+        api=opts.api,
+        model=opts.model or default_model,
+        max_tokens_cap=opts.max_tokens_cap,
+        token_counting=opts.token_counting,
+        seed_policy=opts.seed_policy,
+    )
 
 
 class _Capped:

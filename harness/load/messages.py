@@ -3,8 +3,9 @@
 Everything that crosses between Locust processes is written and read here, so the wire format has one
 place:
 
-* at the start, the master puts the run's epoch, warmup id, worker indexes and (a ladder) its first
-  rate segments on ``parsed_options``, which Locust ships to every worker with its spawn message
+* at the start, the master puts the run's epoch, warmup id, worker indexes, the model the requests
+  name when ``--model`` names none (the target's, asked once) and (a ladder) its first rate segments
+  on ``parsed_options``, which Locust ships to every worker with its spawn message
   (:func:`publish_start`, read back by :func:`read_start`);
 * ``harness_records`` (worker → master, once a second): a :class:`Batch` of records and the worker's
   progress;
@@ -99,14 +100,23 @@ class Start:
     """Every worker's index, in slot order."""
     segments: list[Segment] | None
     """The ladder's first rate segments (``None``: not a ladder run)."""
+    model: str | None = None
+    """The target's model, for requests ``--model`` does not name (``None``: none to send)."""
 
 
 def publish_start(
-    po: Any, *, epoch_unix: float, warmup_id: str, workers: list[int] | None, segments: list[Segment] | None
+    po: Any,
+    *,
+    epoch_unix: float,
+    warmup_id: str,
+    workers: list[int] | None,
+    segments: list[Segment] | None,
+    model: str | None = None,
 ) -> None:
     """Local / master: put the run's start on ``parsed_options`` (Locust ships them to the workers)."""
     po.harness_epoch = epoch_unix
     po.harness_warmup_id = warmup_id
+    po.harness_model = model  # set every test: a web UI's next test may meet another target
     if workers is not None:
         po.harness_workers = workers
     if segments is not None:
@@ -116,11 +126,13 @@ def publish_start(
 def read_start(po: Any) -> Start:
     """Worker: the run's start, as the master published it."""
     raw = getattr(po, "harness_segments", None)
+    model = getattr(po, "harness_model", None)
     return Start(
         epoch_unix=float(po.harness_epoch),
         warmup_id=str(po.harness_warmup_id),
         workers=list(po.harness_workers),
         segments=decode_segments(raw) if raw else None,
+        model=str(model) if model else None,
     )
 
 

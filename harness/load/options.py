@@ -137,8 +137,10 @@ class LoadOptions(AccessOptions):
     results_dir: Annotated[Path, Flag(names=("--out",), deprecated=("--results-dir",))] = Field(
         Path("runs/load"), description="Directory for records.jsonl and summary.json"
     )
-    model: str | None = Field(None, description="Model name to send (default: the record's, else the "
-                              "target's first /v1/models id)")  # fmt: skip
+    model: str | None = Field(
+        None, description="Model name to send (default: the target's first GET /v1/models id; none if it "
+        "lists none)",
+    )  # fmt: skip
     max_tokens_cap: int | None = Field(None, ge=1, description="Cap every request's max_tokens at this")
     api: ApiChoice = Field("auto", description="Request shape: auto (the record's), chat or completions")
     stage: str = Field(

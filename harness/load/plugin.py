@@ -69,7 +69,7 @@ from harness.load.arrivals import (
     Segment,
     bypass_offset,
 )
-from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, preload
+from harness.load.client import IDENTITY_TIMEOUT_S, fetch_identity, fetch_models, model_ids, preload
 from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.live import Live
@@ -98,6 +98,7 @@ from harness.load.results import (
     ServerTelemetry,
     TargetDeath,
     read_records,
+    target_identity,
     write_summary,
 )
 from harness.load.stream import Tokenize, load_tokenizer
@@ -175,6 +176,8 @@ class LoadRun:
         of whether a latency is the target's or a neighbour's)."""
         self._ticker: gevent.Greenlet[[], None] | None = None
         self._identity: gevent.Greenlet[[str], dict[str, Any] | None] | None = None
+        self.identity: dict[str, Any] | None = None
+        """What the target says it is (``GET /v1/models``), once known."""
         self.precision: PrecisionTracker | None = None
         """``--until-precision``: the watched percentiles (local / master: it holds every record)."""
         arrivals_end_s = math.inf
@@ -211,6 +214,7 @@ class LoadRun:
         po = self.env.parsed_options
         assert po is not None  # test_start only fires in a process that parsed its options
         shipped: Start | None = None
+        indexes: list[int] | None = None
         if self.role == "worker":
             assert isinstance(self.env.runner, WorkerRunner)
             shipped = read_start(po)
@@ -220,16 +224,23 @@ class LoadRun:
             indexes = shipped.workers
             self.n_slots = len(indexes)
             self.slot = indexes.index(self.worker_index) if self.worker_index in indexes else 0
+            self.inputs = self.inputs.with_default_model(shipped.model)
+        elif self.opts.model is None:
+            # Requests must name a model (the OpenAI API requires one): the target's first, asked
+            # once before the epoch, and its answer is the identity too. None listed: none sent.
+            models = fetch_models(self.env.host or "", self.credentials)
+            self.identity = target_identity(models)
+            self.inputs = self.inputs.with_default_model(next(iter(model_ids(models)), None))
         else:
             # Asked once, beside the run (never in its way): what the target says it is.
             self._identity = gevent.spawn(fetch_identity, self.env.host or "", self.credentials)
+        if self.role != "worker":
             if self.watch is not None:  # alive at the start: a later death is a death, not "never there"
                 watch = self.watch
                 gevent.spawn(lambda: watch.note_start(watch.probe()))
             if self.inputs.preload is not None:
                 self.preload_result = preload(self.env.host or "", self.inputs.preload, self.credentials)
             self.epoch_unix = time.time() + self.opts.start_delay
-            indexes = None
             if self.role == "master":
                 assert isinstance(self.env.runner, MasterRunner)
                 indexes = ready_workers(self.env.runner)
@@ -245,6 +256,7 @@ class LoadRun:
                 warmup_id=self.warmup_id,
                 workers=indexes,
                 segments=segments if self.role == "master" else None,
+                model=self.inputs.default_model,
             )
         if self.role in ("local", "master"):
             self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +505,7 @@ class LoadRun:
             self._watching.join(timeout=2 * HEALTH_TIMEOUT_S * len(HEALTH_PATHS))
         if self.watch is not None and not interrupted:
             self.watch.check(self.now_s(), final=True)  # a run that ended inside a streak: ask once
-        identity = None
+        identity = self.identity
         if self._identity is not None:
             self._identity.join(timeout=IDENTITY_TIMEOUT_S)
             identity = self._identity.value if self._identity.successful() else None

@@ -200,6 +200,12 @@ class InputRef(StrictModel):
 class TargetInfo(StrictModel):
     url: str
     model: str | None = None
+    """The ``model`` the run's requests named (``None``: none was sent); :attr:`model_source` says
+    where it came from."""
+    model_source: Literal["option", "target"] | None = None
+    """``option``: ``--model``; ``target``: the first id of the target's ``GET /v1/models``, asked at
+    the start because no ``--model`` was given; ``None``: no model sent (the target lists none, or
+    has no ``/v1/models``), or a summary from before this field."""
     api: Literal["chat", "completions"] = "chat"
     identity: dict[str, Any] | None = None
     """What the target says it is (:func:`target_identity` of its ``GET /v1/models`` answer); ``None``:

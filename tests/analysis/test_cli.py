@@ -161,11 +161,15 @@ def test_decay_sweep_against_no_server_is_unavailable(
     corpus = tmp_path / "corpus.jsonl"
     write_jsonl(corpus, [corpus_record("a", sampling={"temperature": 0.0}).model_dump(exclude_none=True)])
     args = ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", str(corpus)]
-    rc, _, err = run(capsys, *args, "-o", str(tmp_path / "out"))
+    # Without --model the target is asked for its model first.
+    rc, _, err = run(capsys, *args, "-o", str(tmp_path / "ask"))
+    assert rc == 5 and "cannot reach http://127.0.0.1:9/v1/models" in err and "Traceback" not in err
+    rc, _, err = run(capsys, *args, "--model", "m", "-o", str(tmp_path / "out"))
     assert rc == 5 and "cannot reach http://127.0.0.1:9/cache/preload" in err
     # The preload it would have posted is the replay's request, left for inspection.
     line = json.loads((tmp_path / "out" / "preload.jsonl").read_text())
     assert line["messages"][-1]["content"] == "question a" and line["temperature"] == 0.0
+    assert line["model"] == "m"
 
 
 def test_decay_avalanche_rto(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -213,3 +213,27 @@ def test_run_at_half_of_the_capacity_it_measures_first(tmp_path: Path, corpus: P
     assert args[args.index("--capacity") + 1] == str(cap.capacity_rps)
     run_json = json.loads((out / "run.json").read_text())
     assert run_json["capacity"]["capacity_rps"] == cap.capacity_rps
+
+
+@pytest.mark.slow
+def test_without_model_the_calibration_and_probes_name_the_targets(tmp_path: Path, corpus: Path) -> None:
+    """A target that answers 400 to a body without ``model`` (as one enforcing the OpenAI API does):
+    the calibration requests and the probe's Locust run name its first ``GET /v1/models`` id."""
+    from tests.load.sse_server import Behaviour, SSEServer
+
+    strict = Behaviour(
+        first_token_s=0.005, gap_s=0.001, tokens=3, models=("served-model",), require_model=True
+    )
+    out = tmp_path / "cap"
+    with SSEServer(strict) as srv:
+        proc = harness_capacity(
+            "--url", srv.url, "--corpus", str(corpus), "--out", str(out), "--max-probes", "1",
+            "--max-rate", "10", "--probe-requests", "20", "--probe-seconds", "1", "--slo", "error_rate<=0.5",
+        )  # fmt: skip
+        served = srv.requests
+    assert proc.returncode == 0, proc.stderr
+    result = read_capacity(out / "capacity.json")
+    assert result.calibration is not None and [p.errors for p in result.probes] == [0]
+    assert len(served) == 4 + 20 and {(x.status, x.body.get("model")) for x in served} == {
+        (200, "served-model")
+    }

@@ -26,13 +26,14 @@ from harness.corpus.model import CorpusRecord
 from harness.experiments.driver import check_serve_args
 from harness.experiments.paired_record import exit_code_of
 from harness.experiments.paired_spec import prepare
-from harness.experiments.target import Target, flush_all
+from harness.experiments.target import flush_all
 from harness.experiments.warmcheck import LevelCheck, Rate, WarmCheck, check_warm
 from harness.gates.compare import compare
 from harness.gates.runs import load_result_set
 from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.runner import LoadSpec
+from harness.load.target import TargetClient
 from tests.experiments.helpers import paired_spec
 from tests.gates.factory import ROOT, make_run
 from tests.load.sse_server import Behaviour, SSEServer
@@ -184,7 +185,7 @@ def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cach
     reqs = prepare_requests(
         CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
     )
-    target = Target(cached_server.url, credentials=KEYED)
+    target = TargetClient(cached_server.url, KEYED)
     flushed = flush_all(target)
     assert [f.status for f in flushed] == ["flushed", "flushed"]
     cold = check_warm(target, reqs)
@@ -209,7 +210,7 @@ def test_warm_check_takes_the_servers_prefix_counter_where_cached_tokens_is_abse
         CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
     )
     with SSEServer(Behaviour(tokens=2, usage="none", metrics=True, x_cache=None)) as srv:
-        target = Target(srv.url)
+        target = TargetClient(srv.url)
         cold = check_warm(target, reqs)
         warm = check_warm(target, reqs)  # the cold check's probes filled the prefix cache
     kv = {c.level: c for c in cold.levels}["kv"]
@@ -221,7 +222,7 @@ def test_warm_check_takes_the_servers_prefix_counter_where_cached_tokens_is_abse
     assert "KV evidence: the server's prefix-hit counter" in warm.reason
     assert [p.server_hit_tokens for p in warm.probes if p.kind == "kv"] == [5.0] * 4
     with SSEServer(Behaviour(tokens=2, usage="none", x_cache=None)) as srv:  # neither signal: cannot tell
-        neither = check_warm(Target(srv.url), reqs)
+        neither = check_warm(TargetClient(srv.url), reqs)
     assert not neither.warm and neither.kv_evidence is None and "cannot tell" in neither.reason
 
 
@@ -460,7 +461,7 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     monkeypatch.setattr(LoadOptions, "validated", classmethod(counting))
 
     class FakeTarget:
-        url, model, server, credentials = "http://127.0.0.1:9", "m", None, Credentials()
+        url, model, server, credentials, client = "http://127.0.0.1:9", "m", None, Credentials(), None
 
     @contextlib.contextmanager
     def fake_target(*_args, **_kw):

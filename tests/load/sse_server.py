@@ -13,10 +13,12 @@ written (``first_write - received``) and the gaps between token writes. Behaviou
 * ``fail_above_rps``: answer 503 while requests arrive faster than this (over the last 0.5 s);
 * every request's headers and body are kept (``requests``) for header assertions; ``POST
   /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``), other
-  ``/cache/*`` routes with 404 (no response cache);
+  ``/cache/*`` routes and any POST but a completion (``/reset_prefix_cache``) with 404;
 * ``metrics``: answer ``GET /metrics`` as vLLM does, with a prefix cache that counts 5 prompt tokens
   queried per request and 5 hit when the same body came before (else GET answers 501, as a server
-  without it does).
+  without it does);
+* ``models``: answer ``GET /v1/models`` with these ids (an OpenAI model list); ``require_model``:
+  answer 400 to a completion body without ``model``, as a server that enforces the OpenAI API does.
 
 Times are absolute targets from the request's arrival (no drift across tokens); TCP_NODELAY is on so
 that small writes leave at once.
@@ -56,6 +58,10 @@ class Behaviour:
     metrics: bool = False
     x_cache: str | None = "MISS"
     """The ``x-cache`` header of every answer (``None``: none, as vLLM sends)."""
+    models: tuple[str, ...] | None = None
+    """``GET /v1/models`` lists these ids (``None``: no model list, as before)."""
+    require_model: bool = False
+    """A completion body without ``model`` is answered 400 (the OpenAI API requires the field)."""
 
 
 @dataclass
@@ -116,11 +122,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(out)
             return
-        if self.path.startswith("/cache/"):
-            self._answer(404, b'{"detail": "Not Found"}')
+        if self.path.startswith("/cache/") or not self.path.endswith("/completions"):
+            self._answer(404, b'{"detail": "Not Found"}')  # no response cache, no KV reset
             return
         body = json.loads(raw or b"{}")
         b = srv.behaviour
+        if b.require_model and not body.get("model"):
+            with srv.lock:
+                srv.requests.append(
+                    Served(len(srv.requests), self.path, dict(self.headers.items()), body, received, 400)
+                )
+            refusal = {"message": "you must provide a model parameter", "type": "invalid_request_error",
+                       "param": "model", "code": None}  # fmt: skip
+            self._answer(400, json.dumps({"error": refusal}).encode())
+            return
         with srv.lock:
             srv.prefix_queries += 5
             srv.prefix_hits += 5 if raw in srv.seen else 0
@@ -204,6 +219,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         srv = self.server
+        if self.path == "/v1/models" and srv.behaviour.models is not None:
+            with srv.lock:
+                srv.gets.append(dict(self.headers.items()))
+            data = [
+                {"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in srv.behaviour.models
+            ]
+            self._answer(200, json.dumps({"object": "list", "data": data}).encode())
+            return
         if not srv.behaviour.metrics:
             self.send_error(501, f"Unsupported method ({self.command!r})")
             return
@@ -237,6 +260,8 @@ class _Server(ThreadingHTTPServer):
         self.requests: list[Served] = []
         self.arrivals: deque[float] = deque()
         self.preloads: list[bytes] = []
+        self.gets: list[dict[str, str]] = []
+        """The headers of every ``GET /v1/models``."""
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.seen: set[bytes] = set()
@@ -268,6 +293,12 @@ class SSEServer:
     @property
     def preloads(self) -> list[bytes]:
         return list(self._srv.preloads)
+
+    @property
+    def model_lists(self) -> int:
+        """How many times ``GET /v1/models`` was answered."""
+        with self._srv.lock:
+            return len(self._srv.gets)
 
     def __enter__(self) -> SSEServer:
         self._thread.start()

@@ -516,8 +516,9 @@ def test_cli_refuses_with_exit_4_before_loading(tmp_path: Path, args: list[str],
 
 @pytest.mark.slow
 def test_harness_cache_needs_the_admin_token_and_never_prints_it(keyed):
-    """The operator's client (`harness cache …`): refused without the token (exit 4, a hint, no
-    traceback), served with it from the environment; the token is in none of its output."""
+    """The operator's client (`harness cache …`): refused without the token (exit 5, a hint naming
+    --admin-token, no traceback), served with it from the environment; the token is in none of its
+    output."""
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_ADMIN_TOKEN"}
 
     def cache(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -526,10 +527,10 @@ def test_harness_cache_needs_the_admin_token_and_never_prints_it(keyed):
         return subprocess.run(cmd, check=False, capture_output=True, text=True, env={**env, **extra})
 
     anon = cache("stats")
-    assert anon.returncode == int(ExitCode.CONFIG), anon.stderr
+    assert anon.returncode == int(ExitCode.UNAVAILABLE), anon.stderr
     assert "--admin-token" in anon.stderr and "Traceback" not in anon.stderr
     wrong = cache("flush", "--admin-token", ADMIN + "x")
-    assert wrong.returncode == int(ExitCode.CONFIG) and ADMIN not in wrong.stderr
+    assert wrong.returncode == int(ExitCode.UNAVAILABLE) and ADMIN not in wrong.stderr
     ok = cache("flush", token=ADMIN)
     assert ok.returncode == 0, ok.stderr
     assert '"dropped"' in ok.stdout and ADMIN not in ok.stdout + ok.stderr

@@ -17,10 +17,10 @@ import pytest
 
 from harness.common.auth import Credentials
 from harness.corpus.model import CorpusRecord
-from harness.experiments.target import Target
 from harness.load.arrivals import RequestSpec
 from harness.load.results import read_records, read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.target import TargetClient
 from tests.gates.factory import harness_cli
 from tests.server.conftest import harness_server
 from tests.vllm.conftest import VLLM_MODEL_NAME
@@ -168,7 +168,7 @@ ADMISSION: dict[str, tuple[Mutation, int, int, str]] = {
 the difference is documented in docs/ci.md ("Against vLLM")."""
 
 
-def _probe(target: Target, body: dict[str, Any]) -> tuple[int, str]:
+def _probe(target: TargetClient, body: dict[str, Any]) -> tuple[int, str]:
     spec = RequestSpec(id="x", path="/v1/chat/completions", body=orjson.dumps(body), scenario=None,
                        tenant="default", trace_id=None, affinity="x")  # fmt: skip
     (res,) = target.probe([spec], concurrency=1)
@@ -181,8 +181,8 @@ def test_every_admission_error_is_recorded_as_ours_are(vllm_url: str, tmp_path: 
             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
     seen: dict[str, dict[str, tuple[int, str]]] = {"ours": {}, "vllm": {}}
     with harness_server(tmp_path / "ours") as ours:
-        targets = {"ours": (Target(ours.url, credentials=Credentials()), ours.model),
-                   "vllm": (Target(vllm_url, credentials=Credentials()), VLLM_MODEL_NAME)}  # fmt: skip
+        targets = {"ours": (TargetClient(ours.url, Credentials()), ours.model),
+                   "vllm": (TargetClient(vllm_url, Credentials()), VLLM_MODEL_NAME)}  # fmt: skip
         for name, (target, model) in targets.items():
             for case, (mutate, *_rest) in ADMISSION.items():
                 body = json.loads(json.dumps({**base, "model": model}))
