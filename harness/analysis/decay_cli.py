@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, err_console, say
 from harness.analysis.decay_sweep import SWEEP_LOAD_DEFAULTS, SweepOptions
 from harness.common.console import table
-from harness.common.errors import ConfigError
 from harness.common.io import write_json
-from harness.common.options import flag_for, options_of, with_options
+from harness.common.options import options_of, validated, with_options
 from harness.experiments.recipe import GateRecipe, RecipeFile, TargetRecipe
 from harness.load.options import LoadOptions
 
@@ -119,17 +117,7 @@ def decay_sweep(
     from harness.analysis.decay_sweep import FIT_FILE, PLOT_FILE, SweepPlan, run_sweep
     from harness.experiments.recipe import resolve
 
-    sweep_given = given.pop("sweep", {})
-    try:
-        sweep = SweepOptions.model_validate(sweep_given)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = err.get("loc", ())
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if len(where) > 1 and isinstance(where[1], int):
-            msg = f"value {where[1] + 1}: {msg}"
-        flag = flag_for(SWEEP_OPTIONS, ("sweep", str(where[0]))) if where else None
-        raise ConfigError(msg, field=flag or "--cmr") from None
+    sweep = validated(SweepOptions, given.pop("sweep", {}), SWEEP_OPTIONS, at=("sweep",))
     plan = SweepPlan.of(resolve(recipe, given, SWEEP_OPTIONS), sweep)
     url, duration = plan.url, plan.duration_s
     with Progress(

@@ -32,6 +32,7 @@ from pydantic_core import PydanticUndefined
 from harness.common import console
 
 _R = TypeVar("_R")
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,27 @@ def with_options(
 def flag_for(options: Sequence[Option], path: Sequence[str]) -> str | None:
     """The flag of the option at ``path`` (``None``: no option puts a value there)."""
     return next((o.long for o in options if o.path == tuple(path)), None)
+
+
+def validated(
+    model: type[M], given: Mapping[str, Any], options: Sequence[Option], *, at: Sequence[str] = ()
+) -> M:
+    """``model`` from the options ``given`` (its fields' values, placed under ``at`` among ``options``);
+    a bad value is a ``ConfigError`` naming the flag that gave it (an item of a list by its position)."""
+    from pydantic import ValidationError
+
+    from harness.common.errors import ConfigError
+
+    try:
+        return model.model_validate(dict(given))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err.get("loc", ())
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if len(loc) > 1 and isinstance(loc[1], int):
+            msg = f"value {loc[1] + 1}: {msg}"
+        flag = flag_for(options, (*at, str(loc[0]))) if loc else None
+        raise ConfigError(msg, field=flag or (".".join(map(str, loc)) or model.__name__)) from None
 
 
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

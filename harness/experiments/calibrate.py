@@ -81,3 +81,35 @@ def run_recipe(
             )
         outs.append(out)
     return outs
+
+
+def history_runs(folder: Path, *, most: int | None = None) -> list[Path]:
+    """The earlier runs of a recipe kept in ``folder`` (``--from-runs``): each subdirectory that is a
+    ``harness run`` output (a measured ``cold`` phase), oldest first by the time it started
+    (``run.json``), the newest ``most`` of them. A CI job keeps such a folder by saving each run of
+    main as an artifact (docs/ci.md). Fewer than 3 runs: a :class:`ConfigError` (a spread needs them)."""
+    from harness.common.io import read_json
+    from harness.experiments.paired_record import RUN_FILE, PairedRun
+    from harness.gates.calibration import MIN_RUNS
+    from harness.load.results import RECORDS_FILE
+
+    if not folder.is_dir():
+        raise ConfigError("no such directory", file=folder, field="--from-runs")
+    found: list[tuple[str, Path]] = []
+    for d in sorted(folder.iterdir()):
+        if not (d / "cold" / RECORDS_FILE).is_file():
+            continue
+        started = ""
+        if (d / RUN_FILE).is_file():
+            started = read_json(d / RUN_FILE, PairedRun, expected="a harness run record").started_at or ""
+        found.append((started, d))
+    found.sort(key=lambda item: (item[0], item[1].name))
+    dirs = [d for _, d in found][-most:] if most else [d for _, d in found]
+    if len(dirs) < MIN_RUNS:
+        raise ConfigError(
+            f"{len(dirs)} runs of the recipe here (subdirectories with cold/records.jsonl): at least "
+            f"{MIN_RUNS} are needed",
+            file=folder,
+            field="--from-runs",
+        )
+    return dirs

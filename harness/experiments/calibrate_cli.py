@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge
-from harness.common.options import options_of, with_options
+from harness.common.options import options_of, validated, with_options
 from harness.experiments.recipe import (
     LOAD_FLAGS,
     CapacityRecipe,
@@ -25,6 +25,7 @@ from harness.experiments.recipe import (
     recipe_options,
     resolve,
 )
+from harness.gates.policy import GatePolicy
 from harness.load.options import LOAD_PANEL
 
 stderr = cons.err()
@@ -35,6 +36,8 @@ CALIBRATE_OPTIONS = [
     *options_of(CapacityRecipe, at=("capacity",), only=["slo"]),
 ]
 """The recipe's options, as ``harness run`` takes them (no ``--gate``: calibration writes the baseline)."""
+POLICY_OPTIONS = options_of(GatePolicy, at=("policy",))
+"""What each gate of the written baseline must catch (:class:`~harness.gates.policy.GatePolicy`)."""
 
 COMMAND_SETTINGS = {
     "context_settings": {"allow_interspersed_args": False},
@@ -44,7 +47,7 @@ COMMAND_SETTINGS = {
 """How ``harness/cli.py`` registers :func:`calibrate` in the ``baseline`` group."""
 
 
-@with_options(CALIBRATE_OPTIONS, panel=LOAD_PANEL)
+@with_options([*CALIBRATE_OPTIONS, *POLICY_OPTIONS], panel=LOAD_PANEL)
 def calibrate(
     *,
     given: dict[str, Any],
@@ -89,6 +92,15 @@ def calibrate(
             "--reuse", help="Do not run: calibrate from the runs already in WORKDIR (cal-1 … cal-N)."
         ),
     ] = False,
+    past: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-runs",
+            help="Do not run: calibrate from the earlier runs of the recipe in this directory (each "
+            "subdirectory a `harness run` output, e.g. CI artifacts of main; the newest --max-runs).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a recipe N times on this machine; write the baseline they all pass, tolerances from their spread.
 
@@ -99,7 +111,7 @@ def calibrate(
     Exit 0 written and every run passes it; 6 a run could not be measured from, or does not pass it.
     """
     from harness.common.options import merge, warn_deprecated
-    from harness.experiments.calibrate import run_recipe
+    from harness.experiments.calibrate import history_runs, run_recipe
     from harness.experiments.run_cli import parse_run_args
     from harness.gates.baseline import write_baseline
     from harness.gates.calibration import Calibration, load_phases
@@ -107,12 +119,15 @@ def calibrate(
     from harness.gates.output import baseline_table
     from harness.gates.update import parse_headroom
 
+    policy = validated(GatePolicy, given.pop("policy", {}), POLICY_OPTIONS, at=("policy",))
     if run_args:
         warn_deprecated("`-- <harness run arguments>`", "the same options before --, or --recipe FILE")
         file, old = parse_run_args(run_args)
         recipe = recipe or file
         given = merge(old, given)
-    resolved = check_corpus(resolve(recipe, given, CALIBRATE_OPTIONS), recipe)
+    resolved = resolve(recipe, given, CALIBRATE_OPTIONS)
+    if past is None and not reuse:
+        check_corpus(resolved, recipe)
     confidence = resolved.gate.confidence
     fraction = parse_headroom(headroom)
     most = max(runs, max_runs or runs)
@@ -121,24 +136,28 @@ def calibrate(
     def say(text: str) -> None:
         stderr.print(escape(text), highlight=False, soft_wrap=True)
 
-    if reuse:
+    command = "harness run " + shlex.join(recipe_args(resolved, CALIBRATE_OPTIONS))  # the baseline records it
+    if past is not None:
+        dirs = history_runs(past, most=max_runs)
+        command = f"the {len(dirs)} newest runs in {past}"
+        say(f"calibrating from {command}: {', '.join(d.name for d in dirs)}")
+    elif reuse:
         dirs = [work / f"cal-{k}" for k in range(1, runs + 1)]
     else:
         dirs = run_recipe(resolved, runs=runs, workdir=work, source=recipe, say=say)
-    command = "harness run " + shlex.join(recipe_args(resolved, CALIBRATE_OPTIONS))  # the baseline records it
 
     phases = [load_phases(d) for d in dirs]  # each run read once, however many runs follow
 
     def calibrated() -> Calibration:
         return make(
             phases, headroom=fraction, name=name or out.stem, confidence=confidence,
-            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=command,
+            per_scenario=per_scenario, run_names=[d.name for d in dirs], command=command, policy=policy,
         )  # fmt: skip
 
     cal = calibrated()
     # More runs shrink the run-to-run allowance (3.7 ranges at 3 runs, 1.2 at 5): a run that a
     # neighbour slowed stays in, and is outweighed rather than dropped.
-    while cal.spread_blind and len(dirs) < most and not reuse:
+    while cal.spread_blind and len(dirs) < most and not reuse and past is None:
         which = "; ".join(cal.spread_blind)
         say(
             f"after {len(dirs)} runs the run-to-run spread leaves {which} unable to catch a 2× slowdown: "
@@ -156,7 +175,7 @@ def calibrate(
         stderr.print(f"skipped {escape(line)}", highlight=False, soft_wrap=True)
     for line in cal.warnings:
         stderr.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
-    stderr.print(f"wrote {out} from {len(dirs)} runs in {work}", highlight=False)
+    stderr.print(f"wrote {out} from {len(dirs)} runs in {past or work}", highlight=False)
     if cal.not_passed:
         raise CannotJudge(
             f"{len(cal.not_passed)} gate(s) of the written baseline do not pass on a calibration run; first: "

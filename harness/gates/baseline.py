@@ -131,13 +131,11 @@ class Gate(StrictModel):
                     f"detect {detect:g} must lie {side} the limit {self.limit:g}: the regression to catch "
                     "is beyond what the gate allows"
                 )
-        elif kind == "percentile" and at_most:
+        elif kind in ("percentile", "pooled") and at_most:
             if detect <= 1.0:
                 raise ValueError(f"detect of {self.metric} is a slowdown factor above 1, like 1.3")
         else:
-            raise ValueError(
-                f"detect applies to rates and at-most percentiles (the exact count test), not {self.metric}"
-            )
+            raise ValueError(f"detect applies to rates and at-most percentiles, not {self.metric}")
 
     @property
     def spec(self) -> Metric:
@@ -163,7 +161,13 @@ class Gate(StrictModel):
         return self.threshold - self.tolerance
 
     def effective_min_samples(self, confidence: float) -> int:
-        return self.min_samples if self.min_samples is not None else self.spec.default_min_samples(confidence)
+        """``min_samples``, else the fewest the metric needs to be judged at all: for a percentile judged
+        by the count test (``detect``) none beyond one, its power says whether the run was big enough."""
+        if self.min_samples is not None:
+            return self.min_samples
+        if self.detect is not None and self.spec.kind == "percentile":
+            return 1
+        return self.spec.default_min_samples(confidence)
 
     def context(self, confidence: float) -> MetricContext:
         return MetricContext(

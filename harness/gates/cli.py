@@ -12,13 +12,15 @@ regression (:class:`~harness.common.errors.CheckFailed`) and 6 when a run cannot
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed
+from harness.common.options import options_of, validated, with_options
+from harness.gates.policy import GatePolicy
 
 if TYPE_CHECKING:
     pass
@@ -63,8 +65,15 @@ def gate(
         raise CannotJudge(report.headline() + ". First: " + reasons[0], file=baseline)
 
 
+POLICY_OPTIONS = options_of(GatePolicy)
+"""What each gate of a written baseline must catch (:class:`~harness.gates.policy.GatePolicy`)."""
+
+
 @app.command()
-def update(  # noqa: PLR0917 - typer maps parameters to options
+@with_options(POLICY_OPTIONS)
+def update(
+    *,
+    given: dict[str, Any],
     results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="Baseline YAML to write.")],
     headroom: Annotated[
@@ -97,6 +106,7 @@ def update(  # noqa: PLR0917 - typer maps parameters to options
         name=name or out.stem,
         confidence=confidence,
         per_scenario=per_scenario,
+        policy=validated(GatePolicy, given, POLICY_OPTIONS),
     )
     write_baseline(out, spec, comments)
     cons.wide(150).print(baseline_table(spec, comments))

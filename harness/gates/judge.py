@@ -248,6 +248,22 @@ def decide_count(test: CountTest, gate: Gate) -> tuple[Verdict, str]:
     )
 
 
+def _decide_pooled(gate: Gate, m: Measurement) -> tuple[Verdict, str]:
+    """A pooled percentile (every token's gap) with ``detect``: its gaps are not independent draws, so
+    there is no exact count; the interval resampling whole requests stands in. Not proven beyond the
+    limit (the interval's low end within it), it passes when its high end rules out the regression to
+    catch (``detect ×`` the threshold): such a regression passes at most ``(1 − c) / 2`` of the time."""
+    assert gate.detect is not None
+    bar = gate.detect * gate.threshold
+    unit = gate.spec.unit
+    if m.hi <= bar:
+        return "pass", f"interval within {gate.detect:g}× the baseline ({format_value(bar, unit)}): ruled out"
+    return "inconclusive", (
+        f"the interval reaches {format_value(m.hi, unit)}, past {gate.detect:g}× the baseline "
+        f"({format_value(bar, unit)}): too few requests to rule that regression out"
+    )
+
+
 def _message(gate: Gate, m: Measurement, verdict: Verdict, why: str, confidence: float) -> str:
     unit = gate.spec.unit
     sign = "≤" if gate.effective_direction == "at_most" else "≥"
@@ -340,6 +356,8 @@ def judge_gate(
     test = count_test(gate, frame, m, confidence, want) if verdict != "unjudgeable" else None
     if test is not None:
         verdict, why = decide_count(test, gate)
+    elif gate.detect is not None and gate.spec.kind == "pooled" and verdict in ("pass", "inconclusive"):
+        verdict, why = _decide_pooled(gate, m)
     if m.n == 0 and not m.problems and (gate.scenario or gate.stage):
         sel = ", ".join(f"{k}={v!r}" for k, v in (("scenario", gate.scenario), ("stage", gate.stage)) if v)
         why = f"no records with {sel}"

@@ -14,6 +14,10 @@ Three kinds of statistic, each with its own interval:
   (Clopper–Pearson) binomial interval;
 - **maxima** (``prefill_peak_bytes_max``): the largest value seen; a run's own peak has no sampling
   interval, so its interval is the point;
+- **pooled percentiles** (``itl_p95``): one percentile of every inter-token gap of every request, with a
+  percentile-bootstrap interval that resamples whole requests (:func:`cluster_percentile_interval`): the
+  gaps of one request are correlated (one slow step delays them all), so resampling gaps would claim a
+  precision the run does not have;
 - **server counters** (``server_prefix_hit_rate``): the target's own counters over the phase, from
   ``summary.json``'s ``server_metrics`` (:mod:`harness.load.telemetry`). The server counted every
   token, so there is no sampling interval either: the interval is the point, ``n`` the tokens
@@ -36,7 +40,7 @@ without ``queue_wait_ms`` (files from before it) count all their lateness as the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -97,7 +101,7 @@ class Metric:
     """The natural direction: which side of the threshold is good."""
     description: str
     compute: Callable[[RunFrame, MetricContext], Measurement]
-    kind: Literal["percentile", "rate", "max", "relative", "counter"]
+    kind: Literal["percentile", "rate", "max", "relative", "counter", "pooled"]
     q: float | None = None
     """The percentile, for percentile metrics."""
     default_phase: str | None = None
@@ -129,6 +133,8 @@ class Metric:
             return min_samples_for_bound(self.q, relative_confidence(confidence))
         if self.kind == "rate":
             return 30
+        if self.kind == "pooled":
+            return POOLED_MIN_REQUESTS
         return 1
 
 
@@ -247,6 +253,76 @@ def percentile_metric(
         if jitter > 0:
             lo, hi = min(lo, max(0.0, lo - jitter)), hi + jitter
         return Measurement(percentile(values, q), lo, hi, int(values.size), problems, jitter)
+
+    return compute
+
+
+POOLED_MIN_REQUESTS = 20
+"""Fewer requests than this and a bootstrap over requests understates how wide the interval is."""
+CLUSTER_RESAMPLES = 1000
+"""Replicates of :func:`cluster_percentile_interval` (its ends move by well under a percent between seeds)."""
+
+
+def cluster_percentile_interval(
+    groups: Sequence[FloatArray],
+    q: float,
+    confidence: float,
+    *,
+    resamples: int = CLUSTER_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """A percentile-bootstrap interval of the nearest-rank ``q``-th percentile of every value of every
+    group pooled, resampling whole groups (requests) with replacement: ``resamples`` replicates, each
+    the percentile of the pooled values of as many groups drawn as there are, weighted by how often each
+    was drawn. Seeded, so a run's interval is the same every time it is judged.
+
+    Vectorised: the values are sorted once with their group, a replicate's draw counts become weights,
+    and the weighted nearest rank is found on the cumulative weights (chunks of replicates keep memory
+    at a few MB)."""
+    sizes = np.asarray([len(g) for g in groups], dtype=np.int64)
+    if sizes.sum() == 0:
+        return (math.nan, math.nan)
+    values = np.concatenate([np.asarray(g, dtype=np.float64) for g in groups if len(g)])
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    order = np.argsort(values, kind="stable")
+    ranked, owned = values[order], owner[order]
+    rng = np.random.default_rng(seed)
+    n = sizes.size
+    reps: list[FloatArray] = []
+    chunk = max(1, 2_000_000 // max(1, ranked.size))
+    done = 0
+    while done < resamples:
+        b = min(chunk, resamples - done)
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=b)  # draws of each request, per replicate
+        cum = np.cumsum(counts[:, owned], axis=1)
+        total = cum[:, -1]
+        rank = np.maximum(1, np.ceil(q / 100.0 * total - 1e-9))  # nearest rank, 1-based
+        reps.append(ranked[np.argmax(cum >= rank[:, None], axis=1)])
+        done += b
+    draws = np.concatenate(reps)
+    alpha = 1.0 - confidence
+    return (
+        float(np.quantile(draws, alpha / 2, method="inverted_cdf")),
+        float(np.quantile(draws, 1.0 - alpha / 2, method="inverted_cdf")),
+    )
+
+
+def pooled_metric(q: float) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """The ``q``-th percentile of every inter-token gap pooled, its interval resampling whole requests;
+    ``n`` is the number of requests the gaps came from (the unit the interval resamples)."""
+
+    def compute(frame: RunFrame, ctx: MetricContext) -> Measurement:
+        groups = [g for g in frame.gaps() if len(g)]
+        if not groups:
+            return Measurement(math.nan, math.nan, math.nan, 0)
+        pooled = np.concatenate(groups)
+        bad = int((~np.isfinite(pooled)).sum())
+        if bad:
+            return Measurement(
+                math.nan, math.nan, math.nan, len(groups), _nonfinite_problem("itl_ms", bad, pooled.size)
+            )
+        lo, hi = cluster_percentile_interval(groups, q, ctx.confidence)
+        return Measurement(percentile(pooled, q), lo, hi, len(groups))
 
     return compute
 
@@ -403,6 +479,22 @@ for _short, _column, _qs, _what in _PERCENTILE_FIELDS:
             )
         )
 
+for _q in (50, 95, 99):
+    _register(
+        Metric(
+            name=f"itl_p{_q}",
+            unit="ms",
+            direction="at_most",
+            description=f"P{_q} inter-token latency, every gap of every request pooled (itl_ms), its "
+            "interval resampling whole requests",
+            compute=pooled_metric(_q),
+            kind="pooled",
+            q=_q,
+            speed_dependent=True,
+            column="itl_ms",
+            client_timed=True,  # timed by the client: a slower target moves it (its interval is not widened)
+        )
+    )
 _register(
     Metric(
         name="prefill_kv_bytes_per_token_p95",

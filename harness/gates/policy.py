@@ -19,6 +19,7 @@ out, with the size it would need, rather than written to pass on too little.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -90,8 +91,10 @@ class GatePolicy(StrictModel):
     )
 
     def applies(self, metric: Metric) -> bool:
-        """Whether gates on ``metric`` are declared by this policy (the exact count test applies)."""
-        return metric.kind == "rate" or (metric.kind == "percentile" and metric.direction == "at_most")
+        """Whether gates on ``metric`` are declared by this policy (rates and at-most percentiles)."""
+        return metric.kind == "rate" or (
+            metric.kind in ("percentile", "pooled") and metric.direction == "at_most"
+        )
 
     def declare(
         self, gate: Gate, measured: Sequence[Measured], *, confidence: float
@@ -140,7 +143,22 @@ class GatePolicy(StrictModel):
             if self.max_hit_drop > LOOSE_HIT_DROP:
                 notes.append(f"LOOSE: a hit rate may drop {format_value(self.max_hit_drop, 'ratio')}")
             return self._powered(gate, gate.limit, detect, alpha, n_min, upper=False, notes=notes)
+        if spec.kind == "pooled":
+            return self._pooled(gate, measured)
         return self._percentile(gate, measured, alpha)
+
+    def _pooled(self, gate: Gate, measured: Sequence[Measured]) -> tuple[Gate | None, list[str]]:
+        """A pooled percentile passes when its interval's high end rules out ``detect ×`` the threshold:
+        the smallest factor every run's interval was within, with a tenth more for a rerun's scatter."""
+        his = [m.hi for m in measured]
+        if not his or not all(math.isfinite(h) and h > 0 for h in his) or gate.threshold <= 0:
+            return None, ["no interval to size it on"]
+        reach = math.ceil(max(his) / gate.threshold * 1.1 * 20) / 20  # to 0.05 above
+        detect = max(self.detect_slowdown, reach)
+        notes = [f"catches {detect:g}× (its interval, resampling whole requests, rules it out)"]
+        if reach > self.detect_slowdown:
+            notes.append(f"not {self.detect_slowdown:g}× as asked: these runs reach {reach:g}×")
+        return gate.model_copy(update={"detect": detect}), notes
 
     def _powered(
         self, gate: Gate, p0: float, p1: float, alpha: float, n_min: int, *, upper: bool, notes: list[str]
@@ -205,3 +223,5 @@ class Measured:
     n: int
     samples: FloatArray | None = None
     jitter: float = 0.0
+    hi: float = math.nan
+    """The run's interval's high end (pooled percentiles size their reach on it)."""

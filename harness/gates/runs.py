@@ -90,6 +90,9 @@ class RunFrame:
     """The stage :meth:`select` narrowed to (``None``: the whole run)."""
     server_scenario: str | None = None
     """The scenario :meth:`select` narrowed to: server counters cannot be split by it."""
+    itl: ObjArray | None = None
+    """Each row's inter-token gaps (ms) as a float array (``None``: not kept; :meth:`gaps` is then
+    empty): the per-token ITL gates pool them, and resample whole requests."""
 
     @property
     def n(self) -> int:
@@ -117,7 +120,16 @@ class RunFrame:
             server=self.server,
             server_stage=self.server_stage,
             server_scenario=self.server_scenario,
+            itl=self.itl[rows] if self.itl is not None else None,
         )
+
+    def gaps(self) -> ObjArray:
+        """Each row's inter-token gaps (an empty array for a row with none)."""
+        if self.itl is not None:
+            return self.itl
+        out = np.empty(self.n, dtype=object)
+        out[:] = [_NO_GAPS] * self.n
+        return out
 
     def sample(self, rng: np.random.Generator, n: int) -> RunFrame:
         """``n`` rows drawn with replacement: a bootstrap replicate of the run."""
@@ -169,8 +181,10 @@ class RunFrame:
         floats: dict[str, FloatArray] | None = None,
         text: dict[str, Sequence[str | None]] | None = None,
         ok: BoolArray | None = None,
+        itl: Sequence[Sequence[float]] | None = None,
     ) -> RunFrame:
-        """A frame of ``n`` successful requests from arrays (simulations; absent columns are NaN/None)."""
+        """A frame of ``n`` successful requests from arrays (simulations; absent columns are NaN/None;
+        ``itl``: each request's inter-token gaps)."""
         floats = floats or {}
         text = text or {}
         unknown = (set(floats) - set(FLOAT_COLUMNS)) | (set(text) - set(TEXT_COLUMNS))
@@ -186,6 +200,7 @@ class RunFrame:
             ok=ok_arr,
             peak_measured=np.full(n, -1, dtype=np.int8),
             worker=np.zeros(n, dtype=np.int64),
+            itl=_ragged(itl) if itl is not None else None,
         )
 
     @classmethod
@@ -197,8 +212,10 @@ class RunFrame:
         ok: list[bool] = []
         peak: list[int] = []
         worker: list[int] = []
+        itl: list[list[float]] = []
         nonfinite_rows: dict[str, list[int]] = {}
         for i, r in enumerate(records):
+            itl.append(r.itl_ms)
             for k in FLOAT_COLUMNS:
                 v = getattr(r, k)
                 if v is None:
@@ -228,7 +245,18 @@ class RunFrame:
             peak_measured=np.asarray(peak, dtype=np.int8),
             worker=np.asarray(worker, dtype=np.int64),
             nonfinite=nonfinite,
+            itl=_ragged(itl),
         )
+
+
+_NO_GAPS: FloatArray = np.zeros(0, dtype=np.float64)
+
+
+def _ragged(rows: Sequence[Sequence[float]]) -> ObjArray:
+    """One float array per row, in an object array (a row's gaps stay together when rows are taken)."""
+    out = np.empty(len(rows), dtype=object)
+    out[:] = [np.asarray(r, dtype=np.float64) if len(r) else _NO_GAPS for r in rows]
+    return out
 
 
 def _object_array(values: Sequence[str | None]) -> ObjArray:

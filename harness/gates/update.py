@@ -49,10 +49,12 @@ UPDATE_METRICS: tuple[str, ...] = (
     "ttft_p99",
     "tpot_p50",
     "tpot_p95",
+    "itl_p95",
     "e2e_p95",
     "lateness_p99",
     "error_rate",
     "prefill_kv_bytes_per_token_p95",
+    "prefill_kv_bytes_p95",
     "prefill_peak_bytes_max",
     "hit_rate_any",
     "hit_rate_l1",
@@ -342,7 +344,7 @@ class Candidate:
     def measurement(self) -> Measured:
         """What :class:`~harness.gates.policy.GatePolicy` needs of this run's measurement."""
         jitter = self.m.jitter if math.isfinite(self.m.jitter) else 0.0
-        return Measured(self.m.value, self.m.n, self.samples, jitter)
+        return Measured(self.m.value, self.m.n, self.samples, jitter, self.m.hi)
 
     @property
     def key(self) -> tuple[str, str, str | None]:
