@@ -1,7 +1,10 @@
 """Is the target warm? Each cache level checked in the seed's order, embedding → KV → response.
 
 Before a paired run measures its warm phase it asks every level it can see, and calls the target
-warm only when none of them is cold and the **warm rate** reaches the seed's 92 %:
+warm only when none of them is cold and the **warm rate** is not shown below the seed's 92 % by the
+exact count test (:mod:`harness.gates.power`, from below, at the run's confidence) *and* the probes
+were enough to catch a cache only 60 % warm with power 0.95 (20 probes are; 10 are not: too few
+probes cannot call a target warm, they say so and how many would):
 
 ``embedding``
     the semantic (L3) index: ``GET /cache/stats`` says it is enabled, holds entries, and loaded
@@ -47,6 +50,7 @@ from harness.common.errors import HarnessError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
+from harness.gates.power import CountTest, describe_need
 from harness.gates.runs import RunFrame
 from harness.load.arrivals import RequestSpec
 from harness.load.target import NotExposed, ProbeResult, TargetClient
@@ -54,6 +58,10 @@ from harness.load.telemetry import SCRAPE_TIMEOUT_S, normalise
 
 SEED_WARM_RATE = 0.92
 """The seed's baseline: at least 92 % of requests served warm."""
+COLD_WARM_RATE = 0.60
+"""A warm rate the check must be able to catch (the power asked for below): a cache that lost two
+fifths of its warmth. Fewer probes than that takes cannot call the target warm."""
+WARM_CHECK_POWER = 0.95
 
 LevelStatus = Literal["warm", "partial", "cold", "skipped"]
 Evidence = Literal["cached_tokens", "server_counter"]
@@ -307,21 +315,35 @@ def check_warm(
         METRICS.get("warm_rate").compute(_warm_frame(ctx), MetricContext(confidence=confidence))
     )
     cold = [lv for lv in levels if lv.status == "cold"]
+    # The exact count test, from below: not warm when the probes prove the warm rate under the minimum;
+    # warm when they do not and they were enough to catch a cache at COLD_WARM_RATE.
+    test = None
+    if warm_rate.value is not None and warm_rate.n:
+        hits = round(warm_rate.value * warm_rate.n)
+        catch = min(COLD_WARM_RATE, 0.65 * min_warm_rate)
+        test = CountTest(hits, warm_rate.n, min_warm_rate, catch, 1.0 - confidence, False, WARM_CHECK_POWER)
+    shown = f"warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes" if test else ""
     if cold:
         reason = "cold: " + "; ".join(f"{lv.level}: {lv.detail}" for lv in cold)
-    elif warm_rate.value is None:
+    elif test is None:
         reason = "cannot tell: the probes report neither x-cache nor cached_tokens, so no level is observable"
-    elif warm_rate.value < min_warm_rate:
+    elif test.failed:
         reason = (
-            f"not warm: warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes is below "
-            f"the minimum {format_value(min_warm_rate, 'ratio')}"
+            f"not warm: {shown} proves it below the minimum {format_value(min_warm_rate, 'ratio')} "
+            f"(p = {test.p_value():.2g})"
+        )
+    elif not test.powered:
+        reason = (
+            f"cannot tell: {shown} is not below the minimum, but too few to catch a warm rate of "
+            f"{format_value(test.p1 or 0.0, 'ratio')}: {describe_need(test)} (--probes)"
         )
     else:
         skipped = [lv.level for lv in levels if lv.status == "skipped"]
-        reason = f"warm: warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes" + (
-            f" (not observable here: {', '.join(skipped)})" if skipped else ""
+        reason = (
+            f"warm: {shown}, not below {format_value(min_warm_rate, 'ratio')} (power {test.power:.2f})"
+            + (f" (not observable here: {', '.join(skipped)})" if skipped else "")
         )
-    warm = not cold and warm_rate.value is not None and warm_rate.value >= min_warm_rate
+    warm = not cold and test is not None and not test.failed and test.powered
     server_hits = ctx.kv_server_hits or [None] * len(ctx.kv_probes)
     rows = [_row(p, "kv", h) for p, h in zip(ctx.kv_probes, server_hits, strict=True)]
     rows += [_row(p, "response") for p in ctx.response_probes]

@@ -181,7 +181,8 @@ def test_paired_run_cold_then_warm_with_preload_ladder_and_gate(tmp_path, cached
 
 @pytest.mark.slow
 def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cached_server):
-    corpus = write_corpus(tmp_path / "corpus.jsonl", 6)
+    # 20 probes: the fewest that catch a cache only 60 % warm with power 0.95 (fewer cannot call it warm).
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 20)
     reqs = prepare_requests(
         CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
     )
@@ -205,7 +206,7 @@ def test_warm_check_refuses_a_flushed_cache_then_passes_once_warm(tmp_path, cach
 def test_warm_check_takes_the_servers_prefix_counter_where_cached_tokens_is_absent(tmp_path):
     # A vLLM-like target that reports no cached_tokens (no usage at all) but counts its prefix hits
     # on /metrics: each KV probe's hits are the counter's growth while it ran.
-    corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 20)
     reqs = prepare_requests(
         CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
     )
@@ -213,14 +214,18 @@ def test_warm_check_takes_the_servers_prefix_counter_where_cached_tokens_is_abse
         target = TargetClient(srv.url)
         cold = check_warm(target, reqs)
         warm = check_warm(target, reqs)  # the cold check's probes filled the prefix cache
+        few = check_warm(target, reqs[:4])
     kv = {c.level: c for c in cold.levels}["kv"]
     assert kv.status == "cold" and kv.evidence == "server_counter" and "server's own counter" in kv.detail
     assert not cold.warm and cold.kv_evidence == "server_counter"
-    assert [p.server_hit_tokens for p in cold.probes if p.kind == "kv"] == [0.0] * 4
+    assert [p.server_hit_tokens for p in cold.probes if p.kind == "kv"] == [0.0] * 20
     assert all(p.cached_tokens is None for p in cold.probes)
-    assert warm.warm and warm.warm_rate.value == 1.0 and warm.warm_rate.n == 4, warm.reason
+    assert warm.warm and warm.warm_rate.value == 1.0 and warm.warm_rate.n == 20, warm.reason
     assert "KV evidence: the server's prefix-hit counter" in warm.reason
-    assert [p.server_hit_tokens for p in warm.probes if p.kind == "kv"] == [5.0] * 4
+    assert [p.server_hit_tokens for p in warm.probes if p.kind == "kv"] == [5.0] * 20
+    # Four probes, all warm, cannot call the target warm: they could not have caught a 60 % cache.
+    assert not few.warm and few.warm_rate.value == 1.0 and "cannot tell" in few.reason
+    assert "too few to catch a warm rate of 59.80 %" in few.reason and "20 would reach" in few.reason
     with SSEServer(Behaviour(tokens=2, usage="none", x_cache=None)) as srv:  # neither signal: cannot tell
         neither = check_warm(TargetClient(srv.url), reqs)
     assert not neither.warm and neither.kv_evidence is None and "cannot tell" in neither.reason
