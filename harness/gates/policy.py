@@ -225,3 +225,17 @@ class Measured:
     jitter: float = 0.0
     hi: float = math.nan
     """The run's interval's high end (pooled percentiles size their reach on it)."""
+
+
+def loose_limit(metric: str, unit: str, direction: str, baseline: float, limit: float) -> str | None:
+    """Why a gate's limit is looser than a user would set (``None``: it is not), for a report or a
+    calibration to flag: an error-rate limit above 10 %, a hit rate allowed to fall more than 20 points."""
+    if unit != "ratio":
+        return None
+    if direction == "at_most" and metric == "error_rate" and limit > LOOSE_ERROR_RATE:
+        return (
+            f"an error-rate limit of {format_value(limit, 'ratio')} lets one request in {1 / limit:.0f} fail"
+        )
+    if direction == "at_least" and baseline - limit > LOOSE_HIT_DROP:
+        return f"{metric} may fall {format_value(baseline - limit, 'ratio')} below its baseline"
+    return None

@@ -31,7 +31,13 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         typer.Option("--baseline", "-b", help="Judge the runs against this baseline and show the verdict."),
     ] = None,
     verdict: Annotated[
-        Path | None, typer.Option("--verdict", help="Show this JSON verdict (from `harness gate --json`).")
+        list[str] | None,
+        typer.Option(
+            "--verdict",
+            help="Show this JSON verdict (gate.json of `harness gate` or `harness run --gate`), as FILE or "
+            "NAME=FILE; repeatable: each is listed with its verdict, the first in detail.",
+            show_default=False,
+        ),
     ] = None,
     title: Annotated[str, typer.Option("--title", help="Report title.")] = "harness load report",
     capacity: Annotated[
@@ -48,10 +54,11 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from harness.gates import judge, load_result_sets, read_baseline, read_report_json
+    from harness.gates.judge import GateReport
     from harness.reports.plots import PLOTS
-    from harness.reports.render import write_report
+    from harness.reports.render import named_verdicts, write_report
 
-    if baseline is not None and verdict is not None:
+    if baseline is not None and verdict:
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
     cap = None
     if capacity is not None:
@@ -63,10 +70,15 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         results = [f"{p.index:02d}-{p.rate:.4g}rps={p.dir}" for p in sorted(cap.probes, key=lambda p: p.rate)]
     sets = load_result_sets(results or [])
     gate = None
+    named: list[tuple[str, GateReport, str]] = []
     if baseline is not None:
         gate = judge(read_baseline(baseline), sets, baseline_path=baseline)
-    elif verdict is not None:
-        gate = read_report_json(verdict)
+    for item in verdict or []:
+        name, sep, file = item.partition("=")
+        path = Path(file if sep else item)
+        named.append((name if sep else path.parent.name or path.stem, read_report_json(path), str(path)))
+    if named:
+        gate = named[0][1]
     md = markdown if markdown is not None else out.with_suffix(".md")
     with Progress(
         TextColumn("{task.description:>22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -77,7 +89,11 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         def tick(plot_id: str) -> None:
             bar.update(task, advance=1, description=plot_id)
 
-        files = write_report(sets, out, markdown_path=md, gate=gate, title=title, tick=tick, capacity=cap)
+        files = write_report(
+            sets, out, markdown_path=md, gate=gate, title=title, tick=tick, capacity=cap,
+            verdicts=named_verdicts(named) if len(named) > 1 else (),
+        )  # fmt: skip
     stderr.print(f"wrote {files.html} and {files.markdown}", highlight=False)
-    if gate is not None:
-        stderr.print(gate.headline(), highlight=False)
+    shown = named if named else [("gate", gate, "")] if gate is not None else []
+    for name, rep, _ in shown:
+        stderr.print(f"{name}: {rep.headline()}", highlight=False)

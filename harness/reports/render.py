@@ -87,6 +87,7 @@ _TEMPLATE = """<!doctype html>
 {% for rs in sets %}<code>{{ rs.label }}</code> = <code>{{ rs.path }}</code>
 {%- if not loop.last %}, {% endif %}{% endfor %}.</p>
 <div id="verdict" class="verdict verdict-{{ verdict_class }}">{{ verdict_text }}</div>
+{% if verdicts %}<section id="verdicts"><h2>Verdicts</h2>{{ verdicts }}</section>{% endif %}
 <nav><a href="#runs">Runs</a><a href="#plots">Plots</a><a href="#scenarios">Per scenario</a>
 {% if turns %}<a href="#turns">Per turn</a>{% endif %}<a href="#gate">Gate</a></nav>
 </header>
@@ -131,9 +132,11 @@ extends the previous one's, so a prefix cache shows as falling TTFT and a rising
 <h2>Gate</h2>
 {% if gate %}<p class="meta">Baseline <code>{{ gate.baseline.name }}</code>
 {%- if gate.baseline.path %} (<code>{{ gate.baseline.path }}</code>){% endif %};
-intervals at {{ '%.0f'|format(gate.confidence * 100) }} % confidence. A gate passes only when the whole
-interval is within the limit and fails only when the whole interval is beyond it; otherwise it cannot be
-judged (docs/gates.md).</p>
+{{ '%.0f'|format(gate.confidence * 100) }} % confidence. A gate fails only when its run proves the limit
+exceeded; one with a regression to catch passes only when the run had the power to catch it, otherwise it
+cannot be judged (docs/gates.md).</p>
+{% if loose %}<ul class="problems">{% for l in loose %}
+<li>looser than a user would set: {{ l }}</li>{% endfor %}</ul>{% endif %}
 {{ gate_table }}
 {% else %}<p>No gate was run: pass <code>--baseline FILE</code> or <code>--verdict gate.json</code>.</p>
 {% endif %}
@@ -190,6 +193,35 @@ def gate_rows(report: GateReport) -> Table:
     return Table(GATE_COLUMNS, rows)
 
 
+@dataclass(frozen=True)
+class NamedVerdict:
+    """One verdict the report shows beside the others: what was judged, and where the file is."""
+
+    name: str
+    verdict: str
+    """``pass``, ``fail`` or ``unjudgeable``."""
+    exit_code: int
+    headline: str
+    file: str
+
+
+def named_verdicts(reports: Sequence[tuple[str, GateReport, str]]) -> list[NamedVerdict]:
+    """``(name, report, file)`` → rows of the report's verdict table."""
+    return [NamedVerdict(n, r.verdict, r.exit_code, r.headline(), f) for n, r, f in reports]
+
+
+def loose_gates(report: GateReport) -> list[str]:
+    """The gates whose limit is looser than a user would set (:func:`harness.gates.policy.loose_limit`)."""
+    from harness.gates.policy import loose_limit
+
+    out = []
+    for g in report.gates:
+        why = loose_limit(g.metric, g.unit, g.direction, g.baseline, g.limit)
+        if why is not None:
+            out.append(f"{g.id}@{g.label or '—'}: {why}")
+    return list(dict.fromkeys(out))
+
+
 def verdict_text(report: GateReport | None) -> tuple[str, str]:
     """The banner text and its CSS class."""
     if report is None:
@@ -242,8 +274,10 @@ def render_html(
     title: str = "harness load report",
     tick: Tick | None = None,
     capacity: CapacityResult | None = None,
+    verdicts: Sequence[NamedVerdict] = (),
 ) -> str:
-    """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first."""
+    """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first;
+    ``verdicts`` are shown as a table under the banner (``gate``, the first, in detail)."""
     plots = render_plots(sets, tick)
     turn_table = per_turn(sets)
     if capacity is not None:
@@ -273,7 +307,23 @@ def render_html(
         gate=gate,
         gate_table=_markup(gate_rows(gate), left=2, classes=[g.verdict for g in gate.gates]) if gate else "",
         capacity_line=answer_line(capacity) if capacity is not None else "",
+        verdicts=_markup(_verdict_table(verdicts), left=4, classes=[v.verdict for v in verdicts])
+        if verdicts
+        else "",
+        loose=loose_gates(gate) if gate else [],
     )
+
+
+VERDICT_COLUMNS = ("judged", "verdict", "exit", "what", "file")
+
+
+def _verdict_table(verdicts: Sequence[NamedVerdict]) -> Table:
+    words: dict[str, str] = {str(k): v for k, v in VERDICT_WORDS.items()}
+    rows: list[tuple[str, ...]] = [
+        (v.name, words.get(v.verdict, v.verdict.upper()), str(v.exit_code), v.headline, v.file)
+        for v in verdicts
+    ]
+    return Table(VERDICT_COLUMNS, rows)
 
 
 def _markup(table: Table, left: int = 1, classes: Sequence[str] | None = None) -> Markup:
@@ -298,12 +348,19 @@ MD_MAX_GATES = 30
 
 
 def render_markdown(
-    sets: Sequence[ResultSet], gate: GateReport | None = None, html_name: str | None = None
+    sets: Sequence[ResultSet],
+    gate: GateReport | None = None,
+    html_name: str | None = None,
+    verdicts: Sequence[NamedVerdict] = (),
 ) -> str:
     """A short Markdown summary for a CI comment: verdict, one row per run, gates that did not pass."""
     text, _ = verdict_text(gate)
     icon = {"pass": "✅", "fail": "❌", "unjudgeable": "⚠️"}.get(gate.verdict if gate else "", "ℹ️")
     lines = [f"## {icon} {text}", ""]
+    if verdicts:
+        lines += [*_md_table(_verdict_table(verdicts)), ""]
+    if gate is not None:
+        lines += [f"- looser than a user would set: {loose}" for loose in loose_gates(gate)]
     ov = overview(sets)
     keep = ("run", "requests", "errors", "TTFT P95", "TPOT P95", "E2E P95", "hit rate", "warm rate", "status")
     idx = [ov.columns.index(c) for c in keep]
@@ -350,15 +407,16 @@ def write_report(
     title: str = "harness load report",
     tick: Tick | None = None,
     capacity: CapacityResult | None = None,
+    verdicts: Sequence[NamedVerdict] = (),
 ) -> ReportFiles:
     """Write the HTML report (and the Markdown summary when ``markdown_path`` is given), atomically."""
     out = Path(html_path)
-    page = render_html(sets, gate, title=title, tick=tick, capacity=capacity)
+    page = render_html(sets, gate, title=title, tick=tick, capacity=capacity, verdicts=verdicts)
     with atomic_write(out) as fh:
         fh.write(page)
     md: Path | None = None
     if markdown_path is not None:
         md = Path(markdown_path)
         with atomic_write(md) as fh:
-            fh.write(render_markdown(sets, gate, html_name=out.name))
+            fh.write(render_markdown(sets, gate, html_name=out.name, verdicts=verdicts))
     return ReportFiles(out, md)
