@@ -419,6 +419,7 @@ async def _phase(
                     prefill_kv_bytes=extra.get("prefill_kv_bytes"),
                     prefill_peak_bytes=extra.get("prefill_peak_bytes"),
                     peak_measured=extra.get("peak_measured"),
+                    prefill_kv_measured=extra.get("prefill_kv_measured"),
                 )
             records.append(RequestRecord.parse(rec))
 

@@ -67,16 +67,34 @@ class ResponseCache(Protocol):
     """What ``harness serve`` calls; implemented by :mod:`harness.cache.stack`."""
 
     async def begin(
-        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
-    ) -> CacheTicket: ...
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        tenant: str,
+        *,
+        no_cache: bool = False,
+        force_miss: bool = False,
+    ) -> CacheTicket:
+        """What to do with a request. ``no_cache``: BYPASS (not looked up, not stored).
+        ``force_miss`` (the server's ``--inject-cache-miss-rate``): a ``MISS`` ticket without any
+        lookup (no tier, no Bloom filter, no single-flight), counted as a miss, whose
+        :meth:`finish` stores nothing, so the next identical request finds what it would have
+        found without this one; ``no_cache`` wins over it."""
+        ...
 
     def begin_nowait(
-        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        tenant: str,
+        *,
+        no_cache: bool = False,
+        force_miss: bool = False,
     ) -> CacheTicket | None:
-        """The answers :meth:`begin` can give without I/O (a BYPASS, an in-process hit), or ``None``:
-        then call :meth:`begin` with the same arguments. An implementation without such a fast
-        path always returns ``None``. The server tries it first, so an in-process hit needs no task
-        and no disconnect watcher."""
+        """The answers :meth:`begin` can give without I/O (a BYPASS, a forced miss, an in-process
+        hit), or ``None``: then call :meth:`begin` with the same arguments. An implementation
+        without such a fast path always returns ``None``. The server tries it first, so an
+        in-process hit needs no task and no disconnect watcher."""
         ...
 
     async def finish(self, ticket: CacheTicket, completion: CachedCompletion | None) -> None: ...

@@ -128,7 +128,13 @@ class CacheStack:
     # ------------------------------------------------------------------ protocol
 
     async def begin(
-        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        tenant: str,
+        *,
+        no_cache: bool = False,
+        force_miss: bool = False,
     ) -> CacheTicket:
         t0 = time.perf_counter()
         self._ensure_background()
@@ -145,6 +151,8 @@ class CacheStack:
                 return self._ticket("BYPASS", "", tenant, t0, context={"reason": f"unkeyable: {exc}"})
         if no_cache or (req.sampled and not self.settings.cache_sampled):
             return self._bypass(req, tenant, t0, no_cache)
+        if force_miss:
+            return self._forced_miss(req, tenant, t0)
         deadline = time.monotonic() + self.settings.singleflight_timeout_s
         while True:
             fut = self._inflight.get(req.key)
@@ -181,7 +189,13 @@ class CacheStack:
         return self._ticket("MISS", req.key, tenant, t0, is_leader=True, context=ctx)
 
     def begin_nowait(
-        self, endpoint: Endpoint, body: Mapping[str, Any], tenant: str, *, no_cache: bool = False
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        tenant: str,
+        *,
+        no_cache: bool = False,
+        force_miss: bool = False,
     ) -> CacheTicket | None:
         """:meth:`begin` for the answers that need no I/O: a BYPASS or an L1 hit, with the same
         statuses and counters ``begin`` would give (the local tiers: L1). ``None`` means "now call
@@ -197,6 +211,8 @@ class CacheStack:
             return None  # ``begin`` answers it (BYPASS, with the reason)
         if no_cache or (req.sampled and not self.settings.cache_sampled):
             return self._bypass(req, tenant, t0, no_cache)
+        if force_miss:
+            return self._forced_miss(req, tenant, t0)
         if req.key in self._inflight:
             self._put_memo(_Memo(body, endpoint, tenant, self.model_revision, req, None))
             return None  # a leader is at work: ``begin`` waits for it
@@ -212,6 +228,12 @@ class CacheStack:
     def _bypass(self, req: NormalizedRequest, tenant: str, t0: float, no_cache: bool) -> CacheTicket:
         reason = "no-cache" if no_cache else "sampled"
         return self._ticket("BYPASS", req.key, tenant, t0, context={"reason": reason})
+
+    def _forced_miss(self, req: NormalizedRequest, tenant: str, t0: float) -> CacheTicket:
+        """An injected miss: counted as a MISS, nothing looked up. Not a single-flight leader (an
+        identical request meanwhile looks up and leads on its own), and nothing to store: its
+        context has no ``req`` for :meth:`finish` to store under."""
+        return self._ticket("MISS", req.key, tenant, t0, context={"forced_miss": True})
 
     def _put_memo(self, memo: _Memo) -> None:
         self._memos[id(memo.body)] = memo
@@ -233,7 +255,7 @@ class CacheStack:
         return None
 
     async def finish(self, ticket: CacheTicket, completion: CachedCompletion | None) -> None:
-        if ticket.status != "MISS":
+        if ticket.status != "MISS" or "forced_miss" in ticket.context:
             return
         req: NormalizedRequest | None = ticket.context.get("req")
         fut = ticket.context.pop("future", None)

@@ -31,3 +31,6 @@ CacheStatus = Literal["HIT-L1", "HIT-L2", "HIT-L3", "MISS", "BYPASS"]
 """Which response-cache tier answered (``HIT-*``), or that the engine did (``MISS``, ``BYPASS``)."""
 CACHE_STATUSES: tuple[CacheStatus, ...] = get_args(CacheStatus)
 CACHE_KEY = "x-cache-key"
+FAULT = "x-harness-fault"
+"""Response header of a request that a fault injection of ``harness serve`` hit (``error``,
+``cache-miss``); absent on every other response, and on every response of a server without injection."""

@@ -161,8 +161,12 @@ class HarnessUsage(_Lenient):
     """Our extension of ``usage``: what the engine measured for this request.
 
     ``prefill_peak_bytes`` is measured on CUDA (``peak_measured=True``) and an analytic estimate on
-    CPU. On a response-cache hit no engine ran: the prefill fields are 0 and ``cache`` says which tier
-    answered; ``ttft_ms`` / ``tpot_ms`` are then the server's own timings of the replayed stream.
+    CPU. ``prefill_kv_bytes`` is the KV the engine's block manager allocated for this request's
+    prefill, counted where it hands out blocks (``prefill_kv_measured=True``; false from a server
+    that computes it from token counts, or does not say). On a response-cache hit no engine ran:
+    the prefill fields are 0 (``prefill_kv_measured`` true: nothing was allocated, exactly) and
+    ``cache`` says which tier answered; ``ttft_ms`` / ``tpot_ms`` are then the server's own timings
+    of the replayed stream.
 
     ``mean_entropy`` is the mean over the generated tokens of the entropy (nats) of the model's
     next-token distribution at each step (raw logits: temperature 1, before bias, penalties and
@@ -175,6 +179,7 @@ class HarnessUsage(_Lenient):
     prefill_kv_bytes: int = 0
     prefill_peak_bytes: int = 0
     peak_measured: bool = False
+    prefill_kv_measured: bool = False
     device: str = "cpu"
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0

@@ -95,6 +95,10 @@ class RequestMetrics:
 
     ``prefill_peak_bytes`` is measured from CUDA memory stats on a GPU (``peak_measured=True``);
     on CPU it is an estimate (weights are not counted: activations + KV written) and says so.
+    ``prefill_kv_bytes`` is counted where the block manager hands out blocks: the KV blocks this
+    request took from the pool while its prompt was prefilled (over every chunk, and again after a
+    preemption before its first token), times the bytes one block occupies in the KV tensor
+    (``prefill_kv_measured=True``); blocks shared from the prefix cache cost nothing and count 0.
     """
 
     prompt_tokens: int = 0
@@ -105,6 +109,9 @@ class RequestMetrics:
     prefill_kv_bytes: int = 0
     prefill_peak_bytes: int = 0
     peak_measured: bool = False
+    prefill_kv_measured: bool = False
+    """``prefill_kv_bytes`` is the block manager's count of the blocks this request allocated, not a
+    formula on token counts (always true once the engine has prefilled the request)."""
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
     """Mean time per output token after the first: (e2e - ttft) / (output_tokens - 1)."""
@@ -206,11 +213,21 @@ class AsyncEngine(Protocol):
     def tokenizer(self) -> Tokenizer: ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[TokenEvent]:
         """Stream the request's tokens. Raises :class:`EngineFull` or :class:`PromptTooLong`
         before the first event. Cancelling the iteration (client gone) aborts the request and
-        returns its KV blocks to the pool."""
+        returns its KV blocks to the pool.
+
+        ``use_prefix_cache=False`` serves the request as if the prefix cache were empty: no cached
+        block is shared with it (the whole prompt is computed, ``cached_prompt_tokens`` 0), and the
+        blocks it computes are not registered in the cache either, so no later request hits them
+        (the server's ``--inject-cache-miss-rate``)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -110,17 +110,22 @@ class ThreadedAsyncEngine:
             raise EngineError(f"request id {request_id!r} is already in use")
 
     def generate(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[TokenEvent]:
         """Validate now (raising :class:`EngineFull` / :class:`PromptTooLong` at once), stream later."""
         if self._thread is None:
             raise EngineError("the engine is not started")
         self.core.check_prompt(prompt_token_ids)
         self._check(request_id, prompt_token_ids, params)
-        return self._stream(request_id, list(prompt_token_ids), params)
+        return self._stream(request_id, list(prompt_token_ids), params, use_prefix_cache)
 
     async def _stream(
-        self, request_id: str, prompt: list[int], params: SamplingParams
+        self, request_id: str, prompt: list[int], params: SamplingParams, use_prefix_cache: bool
     ) -> AsyncIterator[TokenEvent]:
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -128,7 +133,7 @@ class ThreadedAsyncEngine:
             stream = _Stream(loop, asyncio.Queue())
             self._streams[request_id] = stream
             self._pending += 1
-        self._inbox.put(("add", (request_id, prompt, params)))
+        self._inbox.put(("add", (request_id, prompt, params, use_prefix_cache)))
         finished = False
         try:
             while True:
@@ -188,11 +193,13 @@ class ThreadedAsyncEngine:
     def _handle(self, kind: str, payload: object) -> None:
         core = self.core
         if kind == "add":
-            request_id, prompt, params = cast("tuple[str, list[int], SamplingParams]", payload)
+            request_id, prompt, params, use_prefix_cache = cast(
+                "tuple[str, list[int], SamplingParams, bool]", payload
+            )
             with self._lock:
                 self._pending -= 1
             try:
-                core.add_request(request_id, prompt, params)
+                core.add_request(request_id, prompt, params, use_prefix_cache=use_prefix_cache)
             except EngineError as exc:
                 self._deliver(request_id, exc)
         elif kind == "abort":
@@ -241,7 +248,7 @@ class ThreadedAsyncEngine:
             while True:
                 kind, payload = self._inbox.get_nowait()
                 if kind == "add":
-                    request_id = cast("tuple[str, list[int], SamplingParams]", payload)[0]
+                    request_id = cast("tuple[str, list[int], SamplingParams, bool]", payload)[0]
                     with self._lock:
                         self._pending -= 1
                     self._deliver(request_id, EngineError("the engine shut down"))

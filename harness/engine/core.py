@@ -47,6 +47,8 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     arrival: float
+    use_prefix_cache: bool = True
+    """False: served as if the prefix cache were empty, and registers nothing in it (fault injection)."""
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     """Prompt + output so far (what the cache must hold before the next sample)."""
@@ -61,6 +63,9 @@ class Request:
     finished: bool = False
     peak_bytes: int = 0
     """CUDA: the largest per-step peak memory seen while this request was prefilling."""
+    prefill_blocks_before: int = 0
+    """KV blocks taken by earlier attempts at this prefill, which a preemption before the first
+    token freed (the block table that counted them is gone; the blocks were allocated all the same)."""
     entropy_sum: float = 0.0
     """Sum of the per-token entropies so far (for ``RequestMetrics.mean_entropy``)."""
     stop_floor: int = 0
@@ -117,6 +122,8 @@ class EngineCore:
             (c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.dh), device=device, dtype=dtype
         )  # [layers, K/V, slots, Hkv, Dh]
         self.kv_bytes_per_token = c.kv_bytes_per_token(dtype)
+        # What one block holds in the tensor above: layers × K/V × block_size slots × Hkv × Dh elements.
+        self.block_bytes = self.kv_cache.nbytes // num_blocks
         model.rope_tables(max_model_len + 1)
         model.prepack()
         self.waiting: deque[Request] = deque()
@@ -180,12 +187,20 @@ class EngineCore:
                 f"token id {tok} at prompt position {pos} is outside the vocabulary (0..{vocab - 1})"
             )
 
-    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        use_prefix_cache: bool = True,
+    ) -> Request:
+        """Queue a request. ``use_prefix_cache=False``: see :meth:`AsyncEngine.generate`."""
         self.check_request(len(prompt_ids), params)
         self.check_prompt(prompt_ids)
         if request_id in self.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(prompt_ids), params, time.perf_counter())
+        req = Request(request_id, list(prompt_ids), params, time.perf_counter(), use_prefix_cache)
         req.tokens = list(prompt_ids)
         req.detok = Detokenizer(self.tokenizer, req.prompt_ids)
         req.metrics.prompt_tokens = len(prompt_ids)
@@ -219,6 +234,8 @@ class EngineCore:
     def _preempt(self, req: Request) -> None:
         """Free a running request's blocks; it goes back to the front of the queue to be recomputed."""
         self.running.remove(req)
+        if not req.prefill_done:
+            req.prefill_blocks_before += self.blocks.tables[req.request_id].taken
         self.blocks.free(req.request_id)
         self.sampler.release(req.request_id)
         req._computed = 0
@@ -249,17 +266,16 @@ class EngineCore:
         watermark = max(1, self.blocks.num_blocks // 100) if self.running else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            if not self.blocks.can_admit(req.tokens, reserve=watermark):
+            use_cache = req.use_prefix_cache
+            if not self.blocks.can_admit(req.tokens, reserve=watermark, use_prefix_cache=use_cache):
                 break
             self.waiting.popleft()
-            cached = self.blocks.allocate(req.request_id, req.tokens)
+            cached = self.blocks.allocate(req.request_id, req.tokens, use_prefix_cache=use_cache)
             req._computed = cached
             if req.first_scheduled is None:
                 req.first_scheduled = time.perf_counter()
                 req.metrics.queued_ms = (req.first_scheduled - req.arrival) * 1e3
                 req.metrics.cached_prompt_tokens = cached
-                new_blocks = self.blocks.blocks_for(len(req.tokens)) - cached // self.block_size
-                req.metrics.prefill_kv_bytes = new_blocks * self.block_size * self.kv_bytes_per_token
             n = min(len(req.tokens) - cached, budget)
             self.running.append(req)
             chosen.append((req, n))
@@ -388,6 +404,10 @@ class EngineCore:
     def _note_prefill(self, req: Request, now: float) -> None:
         req.prefill_done = True
         m = req.metrics
+        # The blocks the block manager handed this request for its prompt, counted where it took
+        # them (at admission and in every chunk's step); the next token's block comes later.
+        taken = req.prefill_blocks_before + self.blocks.tables[req.request_id].taken
+        m.prefill_kv_bytes, m.prefill_kv_measured = taken * self.block_bytes, True
         start = req.first_scheduled or req.arrival
         m.prefill_ms = (now - start) * 1e3
         m.ttft_ms = (now - req.arrival) * 1e3

@@ -27,6 +27,12 @@ its cached children are reachable again. Both policies tend to evict leaves firs
 cascade: :meth:`BlockManager.free` parks a sequence's blocks leaf first, and a child is only ever
 hit together with its parent, so a parent has at least its children's hits.
 
+Every block handed out is counted where it is taken from the pool, per sequence
+(:attr:`BlockTable.taken`) and in total (:attr:`BlockManager.blocks_taken`): the engine's
+``prefill_kv_bytes`` is that count, not a formula on token counts. A sequence allocated with
+``use_prefix_cache=False`` neither shares cached blocks nor registers its own (a fault injection
+that makes one request miss without changing what the next one finds).
+
 :meth:`BlockManager.validate` checks the layout invariants (no sequence has written past its own
 length, a block is shared only by sequences with an identical prefix, reference counts match the
 block tables) and raises :class:`~harness.common.errors.CheckFailed` naming the first violation.
@@ -60,15 +66,19 @@ class KVBlock:
 class BlockTable:
     """A sequence's view of the pool: its blocks in order and how many tokens they hold."""
 
-    __slots__ = ("blocks", "num_tokens", "priority", "seq_id")
+    __slots__ = ("blocks", "cacheable", "num_tokens", "priority", "seq_id", "taken")
 
-    def __init__(self, seq_id: str, priority: int = 0) -> None:
+    def __init__(self, seq_id: str, priority: int = 0, cacheable: bool = True) -> None:
         self.seq_id = seq_id
         self.blocks: list[KVBlock] = []
         self.num_tokens = 0
         """Tokens whose K/V are in the cache (cached prefix + computed)."""
         self.priority = priority
         """Passed to the eviction policy for the blocks this sequence registers (0: none)."""
+        self.cacheable = cacheable
+        """Whether this sequence's full blocks are registered in the prefix cache."""
+        self.taken = 0
+        """Blocks taken from the pool for this sequence (shared prefix-cache hits not included)."""
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -265,6 +275,8 @@ class BlockManager:
         self.tables: dict[str, BlockTable] = {}
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        self.blocks_taken = 0
+        """Blocks handed out from the pool so far, to any sequence (a total, never reset)."""
 
     # ---- capacity -------------------------------------------------------------------------------
     @property
@@ -284,7 +296,8 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # ---- allocation -----------------------------------------------------------------------------
-    def _take(self) -> KVBlock:
+    def _take(self, table: BlockTable) -> KVBlock:
+        """A free (or evicted) block for ``table``'s sequence, counted as taken by it."""
         if self._free:
             blk = self.blocks[self._free.pop()]
         elif self._evictable:
@@ -297,6 +310,8 @@ class BlockManager:
             raise RuntimeError("KV pool exhausted (the scheduler should have checked can_admit / can_append)")
         blk.tokens = []
         blk.ref_count = 1
+        table.taken += 1
+        self.blocks_taken += 1
         return blk
 
     def _ref(self, blk: KVBlock) -> None:
@@ -334,25 +349,29 @@ class BlockManager:
             parent = h
         return hits
 
-    def can_admit(self, token_ids: Sequence[int], reserve: int = 0) -> bool:
+    def can_admit(self, token_ids: Sequence[int], reserve: int = 0, *, use_prefix_cache: bool = True) -> bool:
         """Whether a sequence with this prompt can get its blocks now, keeping ``reserve`` free."""
-        hits = self.match_prefix(token_ids)
+        hits = self.match_prefix(token_ids) if use_prefix_cache else []
         # Hits parked in the LRU stop being free once shared.
         reused_free = sum(1 for b in hits if b.ref_count == 0)
         need = self.blocks_for(len(token_ids)) - len(hits)
         return self.num_free - reused_free - need >= reserve
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int], priority: int = 0) -> int:
+    def allocate(
+        self, seq_id: str, token_ids: Sequence[int], priority: int = 0, *, use_prefix_cache: bool = True
+    ) -> int:
         """Give a new sequence blocks for its whole prompt; returns the cached prefix length.
 
         ``priority`` > 0 marks a warmup's preload: the blocks the sequence registers enter the
         eviction policy with it (``s3fifo``: straight to the main queue with that many second
-        chances; ``lru`` ignores it).
+        chances; ``lru`` ignores it). ``use_prefix_cache=False``: no cached block is shared (0 is
+        returned) and none of the sequence's blocks is registered later; its prompt still counts
+        as looked up (``prefix_query_tokens``), with no hit.
         """
         if seq_id in self.tables:
             raise RuntimeError(f"sequence {seq_id} already has blocks")
-        table = BlockTable(seq_id, priority)
-        hits = self.match_prefix(token_ids)
+        table = BlockTable(seq_id, priority, cacheable=use_prefix_cache)
+        hits = self.match_prefix(token_ids) if use_prefix_cache else []
         for blk in hits:
             self._evictable.hit(blk.block_id)
             self._ref(blk)
@@ -360,7 +379,7 @@ class BlockManager:
         cached = len(hits) * self.block_size
         table.num_tokens = cached
         for _ in range(self.blocks_for(len(token_ids)) - len(hits)):
-            table.blocks.append(self._take())
+            table.blocks.append(self._take(table))
         self.tables[seq_id] = table
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += cached
@@ -374,7 +393,7 @@ class BlockManager:
         """Grow the sequence's table to hold ``total_tokens`` (caller checked :meth:`can_append`)."""
         t = self.tables[seq_id]
         while len(t.blocks) < self.blocks_for(total_tokens):
-            t.blocks.append(self._take())
+            t.blocks.append(self._take(t))
 
     def slots_for(self, seq_id: str, start: int, n: int) -> list[int]:
         """Cache slots of token positions ``start .. start+n-1``."""
@@ -394,7 +413,7 @@ class BlockManager:
         for p in range(start, new_total):
             t.blocks[p // bs].tokens.append(all_tokens[p])
         t.num_tokens = new_total
-        if not self.enable_prefix_caching:
+        if not (self.enable_prefix_caching and t.cacheable):
             return
         first_full, last_full = start // bs, new_total // bs
         parent = t.blocks[first_full - 1].block_hash if first_full > 0 else ROOT_HASH

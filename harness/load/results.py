@@ -134,6 +134,10 @@ class RequestRecord:
     prefill_peak_bytes: int | None = None
     peak_measured: bool | None = None
     """Whether ``prefill_peak_bytes`` was measured (CUDA) rather than estimated; ``None``: not reported."""
+    prefill_kv_measured: bool | None = None
+    """Whether ``prefill_kv_bytes`` is the target's count of the KV blocks it allocated (our engine's
+    block manager; true on a response-cache hit, where the 0 is exact) rather than computed from
+    token counts; ``None``: not reported."""
     cache: str | None = None
     """The ``x-cache`` response header (``HIT-L1`` … ``MISS``, ``BYPASS``); ``None`` when absent."""
     bypass: bool = False

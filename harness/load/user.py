@@ -272,6 +272,7 @@ class ReplayUser(User):
                 rec.prefill_kv_bytes = hx.prefill_kv_bytes
                 rec.prefill_peak_bytes = hx.prefill_peak_bytes
                 rec.peak_measured = hx.peak_measured
+                rec.prefill_kv_measured = hx.prefill_kv_measured
                 rec.mean_entropy = hx.mean_entropy
             tm = out.timing
             if tm is not None:

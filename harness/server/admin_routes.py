@@ -50,6 +50,8 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
             "kv_blocks_used": s.kv_blocks_used,
             "kv_blocks_total": s.kv_blocks_total,
             "cache": st.cache is not None,
+            # Always there, so "nothing injected" is said, not inferred from an absent field.
+            "fault_injection": st.fault_plan.describe(),
         }
         return _json(body, 200 if st.ready else 503)
 

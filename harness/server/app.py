@@ -35,6 +35,7 @@ from harness.engine.api import AsyncEngine, SamplingParams
 from harness.server.admin_routes import add_admin_routes
 from harness.server.auth import AuthPolicy
 from harness.server.errors import APIError
+from harness.server.faults import FaultPlan
 from harness.server.openai_routes import add_openai_routes
 from harness.server.settings import ServerSettings
 from harness.server.state import ServerState, log
@@ -49,14 +50,19 @@ def create_app(
     manage_lifecycle: bool = True,
     identity: dict[str, Any] | None = None,
     auth: AuthPolicy | None = None,
+    faults: FaultPlan | None = None,
 ) -> FastAPI:
     """The ASGI app. With ``manage_lifecycle`` the app starts the engine on startup and shuts the
     engine down and closes the cache on shutdown. ``identity`` (preset, weights hash …, see
     :func:`harness.server.cli.model_identity`) goes into ``GET /v1/models``' ``harness`` block.
-    ``auth`` is who may call what (default: read from ``settings``, see :mod:`harness.server.auth`)."""
+    ``auth`` is who may call what (default: read from ``settings``, see :mod:`harness.server.auth`).
+    ``faults`` are the fault injections (default: the server settings', without a slowdown, which is
+    the engine's; see :mod:`harness.server.faults`)."""
     settings = settings or ServerSettings()
     registry = registry if registry is not None else CollectorRegistry()
-    st = ServerState(engine, settings, cache, registry, auth or AuthPolicy.from_settings(settings))
+    st = ServerState(
+        engine, settings, cache, registry, auth or AuthPolicy.from_settings(settings), fault_plan=faults
+    )
     st.identity = dict(identity or {})
 
     @contextlib.asynccontextmanager

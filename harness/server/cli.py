@@ -10,7 +10,9 @@ Programs pass ``--ready-file PATH`` instead: once the server accepts requests (s
 a caller waits for the file, never parses logs. SIGINT/SIGTERM stop accepting connections, give
 in-flight requests ``graceful_shutdown_s`` to finish, stop the engine thread and close the cache.
 ``--tiers FILE`` hands the cache a tier policy file (``HARNESS__CACHE__TIER_FILE``, checked up front):
-value tiers and TTLs from it.
+value tiers and TTLs from it. ``--inject-slowdown``, ``--inject-error-rate`` and
+``--inject-cache-miss-rate`` (with ``--inject-seed``) make regressions on purpose
+(:mod:`harness.server.faults`); each active one prints a warning line on stderr at start-up.
 """
 
 from __future__ import annotations
@@ -228,7 +230,9 @@ def run_server(
                 cache = open_cache(plan.cache, registry)
 
         from harness.server.app import create_app
+        from harness.server.faults import FaultPlan
 
+        faults = FaultPlan.from_settings(settings, engine_settings.inject_slowdown)
         app = create_app(
             engine,
             settings=settings,
@@ -236,6 +240,7 @@ def run_server(
             registry=registry,
             identity=model_identity(engine_settings),
             auth=plan.auth,
+            faults=faults,
         )
         config = uvicorn.Config(
             app,
@@ -263,12 +268,8 @@ def run_server(
 
         server = Server(config)
         print(f"serving {ready.model} at {ready.url}", flush=True)
-        factor = engine_settings.inject_slowdown
-        if factor > 1.0:
-            console.print(
-                f"[bold yellow]fault injection:[/] every engine step {factor:g}× as long "
-                "(--inject-slowdown): a regression on purpose"
-            )
+        for line in faults.warnings():
+            console.print(f"[bold yellow]fault injection:[/] {line}", highlight=False, soft_wrap=True)
         # uvicorn re-raises the signal it shut down on once it is done; SIGTERM then exits cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
@@ -315,6 +316,27 @@ def serve(
             "(1.5 = a 1.5x slower engine), to prove a gate catches a regression. Off (1.0) by default; "
             "never in production.",
         ),
+    ] = None,
+    inject_error_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--inject-error-rate",
+            help="Fault injection: this fraction P (0 <= P < 1) of generation requests answers HTTP 500, "
+            "each drawn independently (--inject-seed). Off (0) by default; never in production.",
+        ),
+    ] = None,
+    inject_cache_miss_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--inject-cache-miss-rate",
+            help="Fault injection: this fraction P (0 <= P <= 1) of generation requests misses the "
+            "response cache and the engine's prefix cache (computed in full, nothing stored). Off (0) "
+            "by default; never in production.",
+        ),
+    ] = None,
+    inject_seed: Annotated[
+        int | None,
+        typer.Option("--inject-seed", help="Seed of the per-request fault injections' draws (default 0)."),
     ] = None,
     ready_file: Annotated[
         Path | None,
@@ -389,6 +411,9 @@ def serve(
         "admin_token_file": admin_token_file,
         "protect_metrics": protect_metrics,
         "insecure_no_auth": insecure_no_auth,
+        "inject_error_rate": inject_error_rate,
+        "inject_cache_miss_rate": inject_cache_miss_rate,
+        "inject_seed": inject_seed,
     }
     cache_overrides: dict[str, Any] = {}
     if tiers is not None:

@@ -164,7 +164,13 @@ def usage_dict(
     else:  # a cache hit: the server's own timings of the replayed stream, the rest zero
         harness = {f: HarnessUsage.model_fields[f].default for f in ENGINE_USAGE_FIELDS}
         harness.update(
-            device=device, ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, mean_entropy=mean_entropy
+            device=device,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            e2e_ms=e2e_ms,
+            mean_entropy=mean_entropy,
+            # No engine ran, so no block was allocated: the 0 is exact, not a missing value.
+            prefill_kv_measured=True,
         )
     harness["cache"] = cache_status
     return {

@@ -147,6 +147,19 @@ class ServerMetrics:
         self.output_tokens = Counter(
             "harness_server_output_tokens", "Output tokens of served requests.", ["source"], registry=registry
         )
+        self.fault_active = Gauge(
+            "harness_server_fault_injection_active",
+            "1 for each fault injection this server runs with (slowdown, error_rate, cache_miss_rate), "
+            "0 for the others: its answers carry a regression on purpose.",
+            ["kind"],
+            registry=registry,
+        )
+        self.injected_faults = Counter(
+            "harness_server_injected_faults",
+            "Generation requests a fault injection hit, by kind (error, cache-miss).",
+            ["kind"],
+            registry=registry,
+        )
 
     def stage_label(self, stage: str | None) -> str:
         if not stage:

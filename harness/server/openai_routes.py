@@ -4,6 +4,8 @@ A request goes through:
 
 0. the credentials (401 / 403 before the body is read, see :mod:`harness.server.auth`);
 1. body read with a size cap (413), JSON parse and strict validation (400 naming the field);
+   on a server with a per-request fault injection (:mod:`harness.server.faults`), the request's
+   draw: an injected error answers 500 here, an injected miss is carried to steps 3 and 4;
 2. :func:`~harness.server.prepare.prepare`: tokenize, check the context length (400), build
    :class:`SamplingParams` and the cache body;
 3. the cache's ``begin_nowait`` / ``begin`` (tenant from the API key, or from ``X-Tenant-ID`` on a
@@ -161,8 +163,16 @@ class Handler:
                     code="model_not_found",
                     reason="unknown_model",
                 )
+            miss = False  # an injected cache miss: neither the response nor the prefix cache is used
+            if st.faults is not None:  # a server without injection pays this one check
+                fault = st.faults.draw()
+                if fault is not None:
+                    ctx.fault = fault
+                    if fault == "error":
+                        raise st.faults.error()
+                    miss = True
             # With a cache, tokenize only when needed: a hit on the same prompt does not need it.
-            prep = st.prepare(req, tokenize=st.cache is None or ctx.no_cache)
+            prep = st.prepare(req, tokenize=st.cache is None or ctx.no_cache or miss)
             self.fmt = formatter(
                 self.endpoint,
                 new_id(),
@@ -171,12 +181,12 @@ class Handler:
                 prep.include_usage,
                 continuous_usage=prep.continuous_usage,
             )
-            await self._begin_cache(prep)
+            await self._begin_cache(prep, force_miss=miss)
             if self.ticket is not None and self.ticket.completion is not None:
                 resp = self._serve_hit(prep, self.ticket.completion)
             else:
                 tokenize_prepared(prep, st.engine.tokenizer, st.engine.max_model_len)
-                resp = await self._serve_engine(prep)
+                resp = await self._serve_engine(prep, use_prefix_cache=not miss)
             handed_off = isinstance(resp, StreamingResponse)
             return resp
         except APIError as exc:
@@ -210,18 +220,21 @@ class Handler:
         except ValidationError as exc:
             raise from_validation_error(exc) from None
 
-    async def _begin_cache(self, prep: Prepared) -> None:
+    async def _begin_cache(self, prep: Prepared, *, force_miss: bool = False) -> None:
+        """Ask the cache; ``force_miss`` (an injected miss) makes it answer ``MISS`` without looking
+        and store nothing when the ticket is finished (a bypass still wins: it never looks either)."""
         cache = self.st.cache
         if cache is None:
             return
         no_cache = self.ctx.no_cache or not prep.cacheable
+        body, tenant = prep.cache_body, self.ctx.tenant
         try:
-            # An L1 hit or a bypass is decided without I/O: no task, no disconnect watcher.
-            ticket = cache.begin_nowait(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache)
+            # An L1 hit, a bypass or a forced miss is decided without I/O: no task, no disconnect watcher.
+            ticket = cache.begin_nowait(self.endpoint, body, tenant, no_cache=no_cache, force_miss=force_miss)
             if ticket is None:
                 ticket = await until_disconnect(
                     self.request,
-                    cache.begin(self.endpoint, prep.cache_body, self.ctx.tenant, no_cache=no_cache),
+                    cache.begin(self.endpoint, body, tenant, no_cache=no_cache, force_miss=force_miss),
                 )
             self.ticket = ticket
         except ClientGone:
@@ -341,17 +354,20 @@ class Handler:
 
     # ---------------------------------------------------------------- engine
 
-    async def _serve_engine(self, prep: Prepared) -> Response:
+    async def _serve_engine(self, prep: Prepared, *, use_prefix_cache: bool = True) -> Response:
         st, ctx = self.st, self.ctx
         params = prep.params
         caching = self.ticket is not None and self.ticket.status == "MISS"
         if caching and not params.logprobs:
-            # The cache's value policy reads mean entropy; it costs one log-softmax per step.
+            # The cache's value policy reads mean entropy; it costs one log-softmax per step (an
+            # injected miss pays it too, although nothing is stored: it costs what a real miss costs).
             params = dataclasses.replace(params, logprobs=True)
         gen: AsyncIterator[TokenEvent] | None = None
         try:
             # The engine refuses (EngineFull, PromptTooLong) either here or at the first event.
-            gen = st.engine.generate(ctx.engine_id, prep.prompt_ids, params)
+            gen = st.engine.generate(
+                ctx.engine_id, prep.prompt_ids, params, use_prefix_cache=use_prefix_cache
+            )
             first = await until_disconnect(self.request, gen.__anext__())
         except EngineFull as exc:
             await _close(gen)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings
 
 from harness.common.settings import stage_config
@@ -55,3 +55,26 @@ class ServerSettings(BaseSettings):
     """``/metrics`` needs an API key or the admin token."""
     insecure_no_auth: bool = False
     """Serve a non-loopback address without credentials on purpose (protected mode off, loudly)."""
+    inject_error_rate: float = 0.0
+    """Fault injection (``--inject-error-rate``): this fraction of generation requests answers HTTP 500
+    before any cache lookup or generation, each request drawn independently from the
+    ``inject_seed`` stream. 0: off. Below 1: a server that fails everything proves nothing a gate
+    needs proving (and is not a regression, it is an outage). Never set in production."""
+    inject_cache_miss_rate: float = 0.0
+    """Fault injection (``--inject-cache-miss-rate``): this fraction of generation requests misses both
+    the response cache and the engine's prefix cache (served as if nothing were cached, and leaving
+    nothing cached), drawn like ``inject_error_rate``. 0: off; 1: every request cold."""
+    inject_seed: int = 0
+    """Seed of the one random stream the per-request injections draw from, in arrival order."""
+
+    @field_validator("inject_error_rate", "inject_cache_miss_rate")
+    @classmethod
+    def _a_fraction(cls, value: float, info: ValidationInfo) -> float:
+        """A fraction of requests, said in the words of the option that sets it (NaN fails too)."""
+        name = info.field_name or ""
+        open_top = name == "inject_error_rate"
+        if not (0.0 <= value < 1.0 if open_top else 0.0 <= value <= 1.0):
+            flag = "--" + name.replace("_", "-")
+            bound = "0 <= P < 1" if open_top else "0 <= P <= 1"
+            raise ValueError(f"{flag} is a fraction of generation requests, {bound}; got {value:g}")
+        return value

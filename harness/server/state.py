@@ -24,6 +24,7 @@ from harness.common import headers as H
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
 from harness.server.auth import AuthPolicy
+from harness.server.faults import FAULT_KINDS, INJECTIONS, FaultInjector, FaultPlan
 from harness.server.formats import TokenLog
 from harness.server.metrics import EngineCollector, ServerMetrics
 from harness.server.prepare import Prepared, prepare
@@ -60,11 +61,15 @@ class RequestContext:
     tenant: str = H.DEFAULT_TENANT
     """Set from the credentials by the handler (:meth:`AuthPolicy.tenant`), never read here from a
     header: a refusal must be answerable before anything trusts the caller."""
+    fault: str | None = None
+    """The fault an injection gave this request (:mod:`harness.server.faults`), else ``None``."""
 
     def headers(self) -> dict[str, str]:
         h = {H.REQUEST_ID: self.request_id, H.CACHE_STATUS: self.cache_status}
         if self.cache_key:
             h[H.CACHE_KEY] = self.cache_key
+        if self.fault is not None:
+            h[H.FAULT] = self.fault
         return h
 
 
@@ -115,6 +120,8 @@ class ServerState:
         cache: ResponseCache | None,
         registry: CollectorRegistry,
         auth: AuthPolicy | None = None,
+        *,
+        fault_plan: FaultPlan | None = None,
     ) -> None:
         self.engine = engine
         self.auth = auth or AuthPolicy()
@@ -124,6 +131,19 @@ class ServerState:
         self.registry = registry
         self.metrics = ServerMetrics(registry, settings.max_stage_labels)
         registry.register(EngineCollector(engine.stats))
+        self.fault_plan = fault_plan or FaultPlan.from_settings(settings)
+        """The fault injections this server runs with (``/health``, the start-up warning)."""
+        active = self.fault_plan.active
+        for kind in INJECTIONS:
+            self.metrics.fault_active.labels(kind).set(1 if kind in active else 0)
+        for fault in FAULT_KINDS:
+            self.metrics.injected_faults.labels(fault)  # shown as 0 from the first scrape
+        self.faults = (
+            FaultInjector(self.fault_plan, self.metrics.injected_faults)
+            if self.fault_plan.per_request
+            else None
+        )
+        """Draws each generation request's fault; ``None`` (one check per request) when none is on."""
         self.model_name = settings.served_model_name or engine.model_name
         self.created = int(time.time())
         self.ready = False

@@ -81,6 +81,36 @@ async def test_no_cache_sampled_and_unkeyable_requests_bypass(make_stack: StackF
     assert (await stack2.begin("chat.completions", sampled, "default")).status == "HIT-L1"
 
 
+async def test_a_forced_miss_looks_nothing_up_and_stores_nothing(make_stack: StackFactory) -> None:
+    """The server's ``--inject-cache-miss-rate``: a MISS although the entry is there, counted as a
+    miss, no single-flight (the identical request meanwhile still leads), and its ``finish`` stores
+    nothing: the next request finds the cache as the forced miss found it."""
+    stack = await make_stack()
+    stored = chat("stored already")
+    await stack.put("chat.completions", stored, "default", completion("the stored answer"))
+    for forced in (stack.begin_nowait("chat.completions", stored, "default", force_miss=True),
+                   await stack.begin("chat.completions", stored, "default", force_miss=True)):  # fmt: skip
+        assert forced is not None and forced.status == "MISS" and forced.completion is None
+        assert not forced.is_leader and forced.key and not stack._inflight
+        await stack.finish(forced, completion("another answer"))
+    hit = await stack.begin("chat.completions", stored, "default")
+    assert (
+        hit.status == "HIT-L1" and hit.completion is not None and hit.completion.text == "the stored answer"
+    )
+    fresh = chat("never stored")
+    forced = await stack.begin("chat.completions", fresh, "default", force_miss=True)
+    leader = await stack.begin("chat.completions", fresh, "default")  # not a follower of the forced miss
+    assert leader.status == "MISS" and leader.is_leader
+    await stack.finish(forced, completion("not stored"))
+    await stack.finish(leader, completion("stored by the leader"))
+    again = await stack.begin("chat.completions", fresh, "default")
+    assert again.completion is not None and again.completion.text == "stored by the leader"
+    bypass = await stack.begin("chat.completions", fresh, "default", no_cache=True, force_miss=True)
+    assert bypass.status == "BYPASS"  # a bypass never looks either, and says so
+    assert stack.stats()["requests"] == {"MISS": 4, "HIT-L1": 2, "BYPASS": 1}  # 3 forced, 1 leader
+    assert await stack.drain() == 0
+
+
 async def test_storing_what_is_never_served_is_refused(make_stack: StackFactory) -> None:
     """A preload of a sampled request would warm nothing: the stack says so instead of storing it."""
     stack = await make_stack()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.api import SamplingParams
+from harness.engine.api import RequestMetrics, SamplingParams
 from harness.engine.factory import create_core
 
 from .conftest import tiny_settings
@@ -94,3 +94,35 @@ def test_cuda_engine_greedy_with_penalties_matches_brute_force() -> None:
     while core.has_work():
         evs += core.step()
     assert toks(evs) == brute_force(core, p, PENALIZED)
+
+
+def test_cuda_prefill_kv_is_the_block_managers_count_and_the_peak_is_still_measured() -> None:
+    """On CUDA too, ``prefill_kv_bytes`` is the blocks the pool handed out during the prefill times
+    a block's bytes (bfloat16 here), and the peak is CUDA's measurement, larger for a longer chunk."""
+    core, _ = create_core(
+        tiny_settings(device="cuda", dtype="bfloat16", block_size=16, max_num_batched_tokens=64)
+    )
+    assert core.block_bytes == 16 * core.kv_bytes_per_token
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    def prefill(rid: str, prompt: list[int]) -> tuple[RequestMetrics, int]:
+        before = core.blocks.blocks_taken
+        core.add_request(rid, prompt, params)
+        taken: int | None = None
+        metrics: RequestMetrics | None = None
+        while core.has_work():
+            for ev in core.step():
+                if taken is None and ev.token_id is not None:
+                    taken = core.blocks.blocks_taken - before
+                metrics = ev.metrics or metrics
+            core.validate()
+        assert metrics is not None and taken is not None
+        return metrics, taken
+
+    short, short_blocks = prefill("short", list(range(1000, 1017)))  # 17 tokens: 2 blocks
+    long, long_blocks = prefill("long", list(range(2000, 2300)))  # 300 tokens in chunks of 64: 19 blocks
+    assert (short_blocks, long_blocks) == (2, 19)
+    for m, blocks in ((short, short_blocks), (long, long_blocks)):
+        assert m.prefill_kv_measured and m.prefill_kv_bytes == blocks * core.block_bytes
+        assert m.peak_measured and m.prefill_peak_bytes > 0 and m.device.startswith("cuda")
+    assert long.prefill_peak_bytes > short.prefill_peak_bytes

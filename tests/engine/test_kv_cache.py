@@ -124,3 +124,31 @@ def test_reset_prefix_cache_forgets_cached_and_held_blocks(eviction: str) -> Non
     # Blocks written after the reset are cached as usual.
     bm.free("again")
     assert fill(bm, "third", p) == 2 * BS
+
+
+def test_blocks_are_counted_where_they_are_taken(eviction: str) -> None:
+    bm = BlockManager(16, BS, eviction=eviction)
+    a = list(range(1, 11))  # 10 tokens: 3 blocks, 2 of them full
+    fill(bm, "a", a)
+    assert bm.tables["a"].taken == bm.blocks_taken == 3
+    assert fill(bm, "b", [*a[:8], 99, 98, 97]) == 2 * BS  # shares 2 blocks, takes 1
+    assert bm.tables["b"].taken == 1 and bm.blocks_taken == 4
+    bm.ensure_capacity("b", 13)  # a 4th block for decode
+    assert bm.tables["b"].taken == 2 and bm.blocks_taken == 5
+
+
+def test_a_sequence_without_the_prefix_cache_neither_shares_nor_registers(eviction: str) -> None:
+    bm = BlockManager(16, BS, eviction=eviction)
+    a = list(range(1, 11))
+    fill(bm, "a", a)
+    assert bm.can_admit(a, reserve=16 - 3 - 1) and not bm.can_admit(a, 16 - 3 - 1, use_prefix_cache=False)
+    assert bm.allocate("b", a, use_prefix_cache=False) == 0
+    bm.record_written("b", a, len(a))
+    assert bm.tables["b"].taken == 3
+    bm.validate([("a", a), ("b", a)])
+    fresh = list(range(50, 60))
+    assert bm.allocate("c", fresh, use_prefix_cache=False) == 0
+    bm.record_written("c", fresh, len(fresh))
+    bm.free("c")
+    assert bm.allocate("d", fresh) == 0  # "c" registered nothing
+    assert bm.prefix_hit_tokens == 0 and bm.prefix_query_tokens == 4 * len(a)

@@ -47,6 +47,7 @@ def test_replay_against_harness_serve_tiny(tmp_path: Path) -> None:
             assert len(r.itl_ms) == r.completion_tokens - 1
             assert r.prompt_tokens and r.prefill_kv_bytes and r.prefill_kv_bytes > 0
             assert r.peak_measured is False  # the CPU estimate
+            assert r.prefill_kv_measured is True  # the block manager's count, from usage.harness
             assert r.mean_entropy is not None and r.mean_entropy > 0  # usage.harness.mean_entropy
     assert read_summary(tmp_path / "r").metrics["prefill_kv_bytes"].n == 6
     # Where it was measured, what it measured, with what load (the gates' fingerprint).

@@ -454,6 +454,7 @@ def test_usage_harness_fields_are_the_wire_types_and_the_engine_measures_each() 
     assert HarnessUsage.model_validate(miss["harness"]) == HarnessUsage(
         prefill_kv_bytes=4096, ttft_ms=12.0, device="cuda", mean_entropy=1.5, cache="MISS"
     )
+    # A hit allocated no KV at all: its 0 is exact, so it is as measured as an engine run's count.
     assert HarnessUsage.model_validate(hit["harness"]) == HarnessUsage(
-        ttft_ms=1.0, tpot_ms=0.5, e2e_ms=2.0, mean_entropy=0.7, cache="HIT-L1"
+        ttft_ms=1.0, tpot_ms=0.5, e2e_ms=2.0, mean_entropy=0.7, cache="HIT-L1", prefill_kv_measured=True
     )
