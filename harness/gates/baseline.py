@@ -82,7 +82,8 @@ class Gate(StrictModel):
     stage: str | None = None
     """Only records of this traffic stage (``replay``, ``cold``, ``warm``, a ladder stage)."""
     require_measured: bool | None = None
-    """``prefill_peak_bytes_max`` only: refuse estimated peaks (default true)."""
+    """The prefill memory metrics only: refuse estimated values (default true): the peak measured on
+    CUDA, the KV bytes counted by the engine's block manager (``prefill_kv_measured``)."""
     name: str | None = None
     """An id for reports and JUnit (default: metric plus selectors)."""
     blind: bool = False
@@ -111,7 +112,9 @@ class Gate(StrictModel):
     @model_validator(mode="after")
     def _options_fit_metric(self) -> Gate:
         if self.require_measured is not None and not self.spec.measured_option:
-            raise ValueError(f"require_measured applies only to prefill_peak_bytes_max, not {self.metric}")
+            raise ValueError(
+                f"require_measured applies only to the prefill memory metrics, not {self.metric}"
+            )
         if self.spec.unit == "ratio" and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"{self.metric} is a ratio; its threshold must be within 0–1 (92 % is 0.92)")
         if self.detect is not None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -208,6 +208,30 @@ def field_samples(column: str) -> Samples:
         return values[present & ~bad], _nonfinite_problem(column, int(bad.sum()), int(present.sum()))
 
     return samples
+
+
+def kv_measured(samples: Samples) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """A ``prefill_kv_bytes`` percentile that, where the baseline requires measured bytes, refuses a run
+    whose target did not count them in its block manager (``prefill_kv_measured``): an older target's
+    formula, or another server's."""
+    compute = percentile_metric(samples, 95)
+
+    def judged(frame: RunFrame, ctx: MetricContext) -> Measurement:
+        m = compute(frame, ctx)
+        if not ctx.require_measured:
+            return m
+        counted = frame.kv_measured if frame.kv_measured is not None else np.full(frame.n, -1, dtype=np.int8)
+        kv = frame.col("prefill_kv_bytes")
+        unmeasured = int((~np.isnan(kv) & (counted != 1)).sum())
+        if not unmeasured:
+            return m
+        why = (
+            f"{unmeasured} prefill_kv_bytes were estimated, not measured (prefill_kv_measured: false: the "
+            "target does not count its KV blocks), and the baseline requires measured ones"
+        )
+        return replace(m, problems=(*m.problems, why))
+
+    return judged
 
 
 def _kv_per_token_samples(frame: RunFrame) -> tuple[FloatArray, tuple[str, ...]]:
@@ -501,10 +525,11 @@ _register(
         unit="bytes/token",
         direction="at_most",
         description="P95 of prefill_kv_bytes / prompt_tokens over requests that ran a prefill",
-        compute=percentile_metric(_kv_per_token_samples, 95),
+        compute=kv_measured(_kv_per_token_samples),
         samples=_kv_per_token_samples,
         kind="percentile",
         q=95,
+        measured_option=True,
     )
 )
 _register(
@@ -514,11 +539,12 @@ _register(
         direction="at_most",
         description="P95 of prefill_kv_bytes per request, every request counted (a response-cache hit "
         "wrote none: 0): the prefill memory a run's traffic costs",
-        compute=percentile_metric(field_samples("prefill_kv_bytes"), 95),
+        compute=kv_measured(field_samples("prefill_kv_bytes")),
         samples=field_samples("prefill_kv_bytes"),
         kind="percentile",
         q=95,
         column="prefill_kv_bytes",
+        measured_option=True,
     )
 )
 _register(

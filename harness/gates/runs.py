@@ -90,6 +90,9 @@ class RunFrame:
     """The stage :meth:`select` narrowed to (``None``: the whole run)."""
     server_scenario: str | None = None
     """The scenario :meth:`select` narrowed to: server counters cannot be split by it."""
+    kv_measured: npt.NDArray[np.int8] | None = None
+    """Per row, whether ``prefill_kv_bytes`` was counted by the engine's block manager: 1 measured,
+    0 not, -1 not reported (``None``: no row says)."""
     itl: ObjArray | None = None
     """Each row's inter-token gaps (ms) as a float array (``None``: not kept; :meth:`gaps` is then
     empty): the per-token ITL gates pool them, and resample whole requests."""
@@ -121,6 +124,7 @@ class RunFrame:
             server_stage=self.server_stage,
             server_scenario=self.server_scenario,
             itl=self.itl[rows] if self.itl is not None else None,
+            kv_measured=self.kv_measured[rows] if self.kv_measured is not None else None,
         )
 
     def gaps(self) -> ObjArray:
@@ -213,9 +217,11 @@ class RunFrame:
         peak: list[int] = []
         worker: list[int] = []
         itl: list[list[float]] = []
+        kv: list[int] = []
         nonfinite_rows: dict[str, list[int]] = {}
         for i, r in enumerate(records):
             itl.append(r.itl_ms)
+            kv.append(-1 if r.prefill_kv_measured is None else int(r.prefill_kv_measured))
             for k in FLOAT_COLUMNS:
                 v = getattr(r, k)
                 if v is None:
@@ -246,6 +252,7 @@ class RunFrame:
             worker=np.asarray(worker, dtype=np.int64),
             nonfinite=nonfinite,
             itl=_ragged(itl),
+            kv_measured=np.asarray(kv, dtype=np.int8),
         )
 
 

@@ -385,7 +385,7 @@ def candidates(
                 frame, MetricContext(confidence=confidence, require_measured=True, reference=ref)
             )
             if metric.measured_option and any("estimated" in p for p in m.problems):
-                # An estimated peak can still be a baseline (CPU targets estimate); gates say so.
+                # An estimated peak or KV count can still be a baseline (a CPU peak is estimated); gates say so.
                 m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=False))
                 measured = False
             else:
@@ -444,7 +444,7 @@ def baseline_from_results(
         if c.metric.measured_option:
             gate = gate.model_copy(update={"require_measured": c.measured})
             if not c.measured:
-                note += "; peaks were estimated, so require_measured: false"
+                note += "; values were estimated, so require_measured: false"
         comments[len(gates)] = note
         gates.append(gate)
     if not gates:
