@@ -385,7 +385,7 @@ def candidates(
                 frame, MetricContext(confidence=confidence, require_measured=True, reference=ref)
             )
             if metric.measured_option and any("estimated" in p for p in m.problems):
-                # An estimated peak or KV count can still be a baseline (a CPU peak is estimated); gates say so.
+                # An estimated peak or KV count can still be a baseline (CPU peaks are); gates say so.
                 m = metric.compute(frame, MetricContext(confidence=confidence, require_measured=False))
                 measured = False
             else:
