@@ -1,5 +1,6 @@
 """``make demo`` (``python -m harness.demo``): the whole path on bundled fixtures, as a user types it,
-ending in two verdicts that must come out the same on any machine.
+ending in verdicts that must come out the same on any machine: the unchanged target passes, and each
+kind of regression, injected on purpose, fails.
 
 Every step is one ``harness`` command, printed before it runs and run as a child process, exactly as
 a user would type it (nothing here measures, parses SSE or reads a server log: the commands do):
@@ -11,14 +12,18 @@ a user would type it (nothing here measures, parses SSE or reads a server log: t
    spells the corpus recipe);
 3. ``harness serve --preset tiny --cache`` on a free port (the target, started once);
 4. ``harness capacity``: how much this machine's target serves within the SLO (open-loop probes);
-5. ``harness baseline calibrate --runs 3 --max-runs 5 -- harness-run-args``: three paired cold/warm
-   runs (up to five where the spread leaves a latency gate blind) at a share of that capacity, and
-   the baseline they pass, calibrated **on this machine**;
+5. ``harness baseline calibrate --runs 3 --max-runs 5 --recipe R``: three paired cold/warm runs (up
+   to five where the spread leaves a latency gate blind) at a share of that capacity (the recipe
+   file ``R`` says which), and the baseline they pass, calibrated **on this machine**;
 6. ``harness run … --gate``: the unchanged target, gated (it must pass);
-7. ``harness run --serve-args "… --inject-slowdown 2" … --gate``: the same target with a regression
-   injected on purpose (every engine step twice as long), gated (it must fail);
-8. ``harness report``: one HTML file with the plots (the capacity search's too) and a Markdown summary;
-9. what the verdicts mean, and ``verdicts.json``.
+7. ``harness ab``: beside it, block by block, the same target with every engine step 1.3 times as
+   long (it must fail: a stored baseline from three runs cannot catch 1.3×, an A/B can);
+8. ``harness run --serve-args "… --inject-…" … --gate``: the target with a regression injected on
+   purpose, each gated (each must fail): every engine step twice as long, 20 % of requests answering
+   500, 30 % of requests missing both caches (:data:`CASES`);
+9. ``harness report``: one HTML file with the plots (the capacity search's too), every verdict listed,
+   and a Markdown summary;
+10. what the verdicts mean, and ``verdicts.json``.
 
 Why the verdict travels: the load is a share of what *this* machine's target serves (so a laptop and
 a fast runner run at the same utilisation instead of one of them saturating), the baseline is
@@ -98,9 +103,14 @@ class DemoConfig:
     max_runs: int = 5
     """… and up to this many while a latency gate is blind (``--max-runs``): on a busy machine one run
     slowed by a neighbour makes three runs' allowance (3.7 ranges) wider than the value itself."""
-    slowdown: float = 2.0
-    """The injected regression: every engine step this many times as long (``--inject-slowdown``)."""
     serve_args: tuple[str, ...] = SERVE_ARGS
+    detect_errors: str = "20%"
+    """The error rate the demo's baseline must catch: 40 requests a phase catch 20 % against a 1 %
+    limit with power 0.95 (5 % needs 181 a phase: the CI recipe's size, not the demo's)."""
+    ab_blocks: int = 4
+    ab_block_requests: int = 10
+    cases: tuple[str, ...] = ()
+    """The verdicts to show, by :data:`CASES` name (empty: all of them)."""
 
 
 @dataclass
@@ -259,35 +269,88 @@ class Calibrate:
             ctx, "baseline", "calibrate", "--runs", str(ctx.config.runs),
             "--max-runs", str(ctx.config.max_runs), "--out", str(ctx.baseline),
             "--workdir", str(ctx.run_dir / "calibration"), "--name", "demo",
-            "--url", ctx.url, *ctx.recipe(),
+            "--detect-errors", ctx.config.detect_errors, "--url", ctx.url, *ctx.recipe(),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """One verdict the demo shows: the target (unchanged, or a regression injected on purpose with
+    ``harness serve``'s fault injection), how it is judged, and what the verdict must be."""
+
+    name: str
+    """The key in ``verdicts.json`` and the results directory."""
+    what: str
+    inject: tuple[str, ...] = ()
+    """``harness serve`` flags that make the regression."""
+    mode: Literal["stored", "ab"] = "stored"
+    """``stored``: ``harness run --gate`` against the baseline calibrated here; ``ab``: ``harness ab``
+    beside the unchanged target (no stored latency)."""
+    expected: Verdict = "fail"
+
+
+CASES: tuple[Case, ...] = (
+    Case("unchanged", "the unchanged target", expected="pass"),
+    Case("regression", "every engine step twice as long", ("--inject-slowdown", "2")),
+    # A stored baseline from three runs allows their run-to-run spread (3.8 ranges): on 2 cores that
+    # holds a 1.3x slower decode (bench/gates.py power). Beside the unchanged target, block by block,
+    # the drift cancels and 1.3x shows (docs/gates.md, "A/B in one job").
+    Case("slower_1_3x", "every engine step 1.3 times as long", ("--inject-slowdown", "1.3"), "ab"),
+    Case("errors_20pct", "20 % of generation requests answer 500", ("--inject-error-rate", "0.2")),
+    Case("warm_miss_30pct", "30 % of requests miss both caches", ("--inject-cache-miss-rate", "0.3")),
+)
+CASE_BY_NAME = {c.name: c for c in CASES}
+
+
+def chosen_cases(config: DemoConfig) -> tuple[Case, ...]:
+    """The cases ``config`` asks for (all by default; ``unchanged`` always: it is what the others are
+    told apart from)."""
+    names = set(config.cases or CASE_BY_NAME) | {"unchanged"}
+    return tuple(c for c in CASES if c.name in names)
+
+
+def verdict_of(ctx: DemoContext, case: Case) -> tuple[Verdict, dict[str, Any]]:
+    """A case's verdict and the file it comes from (``gate.json``, or ``ab.json``'s judgement)."""
+    d = ctx.run_dir / case.name
+    if case.mode == "ab":
+        doc = orjson.loads((d / "ab.json").read_bytes())["judgement"] or {}
+        return doc.get("verdict", "unjudgeable"), doc
+    doc = orjson.loads((d / "gate.json").read_bytes())
+    return doc["verdict"], doc
 
 
 @dataclass
 class Gated:
-    """One paired run gated against the calibrated baseline: ``unchanged`` or ``regression``."""
+    """One case judged: ``harness run --gate`` against the calibrated baseline, or ``harness ab``."""
 
-    which: Literal["unchanged", "regression"]
+    which: str
     name: str = ""
 
     def __post_init__(self) -> None:
-        what = "the unchanged target" if self.which == "unchanged" else "a regression injected on purpose"
-        self.name = self.name or f"harness run --gate: {what}"
+        case = CASE_BY_NAME[self.which]
+        how = "harness ab beside the unchanged target" if case.mode == "ab" else "harness run --gate"
+        self.name = self.name or f"{how}: {case.what}"
 
     def run(self, ctx: DemoContext) -> None:
-        out = ctx.run_dir / self.which
-        if self.which == "unchanged":
-            assert ctx.url is not None
-            target = ["--url", ctx.url]
+        case = CASE_BY_NAME[self.which]
+        out = ctx.run_dir / case.name
+        serve = shlex.join([*ctx.config.serve_args, *case.inject])
+        if case.mode == "ab":
+            assert ctx.url is not None  # the base is the demo target, up for the whole served part
+            code = harness(
+                ctx, "ab", "--base-url", ctx.url, "--candidate-serve-args", serve, *ctx.recipe(),
+                "--blocks", str(ctx.config.ab_blocks), "--block-requests", str(ctx.config.ab_block_requests),
+                "--out", str(out), "--force", ok=VERDICT_CODES,
+            )  # fmt: skip
         else:
-            # A target of its own, started (and stopped) by harness run, with the regression injected.
-            serve = [*ctx.config.serve_args, "--inject-slowdown", f"{ctx.config.slowdown:g}"]
-            target = ["--serve-args", shlex.join(serve)]
-        code = harness(
-            ctx, "run", *target, *ctx.recipe(), "--gate", str(ctx.baseline), "--out", str(out), "--force",
-            ok=VERDICT_CODES,
-        )  # fmt: skip
-        ctx.outcome[f"{self.which}_exit_code"] = code
+            # The unchanged target is the demo's own; a regression gets a target of its own, started
+            # (and stopped) by harness run with the fault injected.
+            target = ["--url", ctx.url] if not case.inject and ctx.url else ["--serve-args", serve]
+            code = harness(
+                ctx, "run", *target, *ctx.recipe(), "--gate", str(ctx.baseline), "--out", str(out),
+                "--force", ok=VERDICT_CODES,
+            )  # fmt: skip
+        ctx.outcome[f"{case.name}_exit_code"] = code
 
 
 @dataclass
@@ -296,9 +359,14 @@ class Report:
 
     def run(self, ctx: DemoContext) -> None:
         u, r = ctx.run_dir / "unchanged", ctx.run_dir / "regression"
+        verdicts = [
+            f"{c.name}={ctx.run_dir / c.name / ('ab.json' if c.mode == 'ab' else 'gate.json')}"
+            for c in chosen_cases(ctx.config)
+        ]
         harness(
             ctx, "report", f"cold={u / 'cold'}", f"warm={u / 'warm'}", f"regressed-cold={r / 'cold'}",
-            "--verdict", str(u / "gate.json"), "--capacity", str(ctx.run_dir / "capacity" / "capacity.json"),
+            *(a for v in verdicts for a in ("--verdict", v)),
+            "--capacity", str(ctx.run_dir / "capacity" / "capacity.json"),
             "-o", str(ctx.run_dir / "report.html"), "--title", "harness demo: tiny CPU target",
         )  # fmt: skip
 
@@ -309,7 +377,7 @@ VERDICT_MEANING: dict[str, str] = {
     "unjudgeable": "no regression was proven, but some gate could not decide: the run was too small, "
     "too noisy or untrustworthy for its tolerance (CI: exit 6; fail closed, never a silent pass)",
 }
-EXPECTED: dict[str, Verdict] = {"unchanged": "pass", "regression": "fail"}
+EXPECTED: dict[str, Verdict] = {c.name: c.expected for c in CASES}
 
 
 @dataclass
@@ -323,15 +391,21 @@ class Explain:
         verdicts: dict[str, Any] = {}
         say(f"capacity: {ctx.capacity_rps:g} requests/s within {ctx.config.slo}; every paired run at "
             f"{ctx.config.rate_share:.0%} of it", highlight=False)  # fmt: skip
-        for which, expected in EXPECTED.items():
-            gate = orjson.loads((ctx.run_dir / which / "gate.json").read_bytes())
-            word: Verdict = gate["verdict"]
-            verdicts[which] = word
+        modes: dict[str, str] = {}
+        for case in chosen_cases(ctx.config):
+            word, doc = verdict_of(ctx, case)
+            verdicts[case.name] = word
+            modes[case.name] = "A/B beside the unchanged target" if case.mode == "ab" else "stored baseline"
             colour = {"pass": "green", "fail": "red"}.get(word, "yellow")
-            mark = "as it should" if word == expected else f"expected {expected.upper()}"
-            say(f"[bold {colour}]{which}: {word.upper()}[/] ({mark}) — {VERDICT_MEANING[word]}")
-            self._why(ctx, gate, word)
+            mark = "as it should" if word == case.expected else f"expected {case.expected.upper()}"
+            say(f"[bold {colour}]{case.name} ({case.what}; {modes[case.name]}): {word.upper()}[/] ({mark}) — "
+                f"{VERDICT_MEANING[word]}")  # fmt: skip
+            if case.mode == "ab":
+                self._why_ab(ctx, doc)
+            else:
+                self._why(ctx, doc, word)
         verdicts["capacity_rps"] = ctx.capacity_rps
+        verdicts["modes"] = modes
         write_json(ctx.run_dir / VERDICTS_FILE, verdicts)
         ctx.outcome.update(verdicts=verdicts, report=str(ctx.run_dir / "report.html"))
         say(f"[bold]verdicts:[/] {ctx.run_dir / VERDICTS_FILE}", highlight=False)
@@ -340,6 +414,17 @@ class Explain:
             f"{ctx.run_dir / 'report.md'})",
             highlight=False,
         )
+
+    @staticmethod
+    def _why_ab(ctx: DemoContext, judgement: dict[str, Any]) -> None:
+        """The A/B ratios that decided."""
+        for m in judgement.get("metrics", [])[:4]:
+            ratio, lo, hi = m.get("ratio"), m.get("lo"), m.get("hi")
+            if ratio is not None and lo is not None and hi is not None:
+                ctx.console.print(
+                    f"  {m['metric']}: candidate/base {ratio:.2f}x [{lo:.2f}, {hi:.2f}] — {m['verdict']}",
+                    highlight=False,
+                )
 
     @staticmethod
     def _why(ctx: DemoContext, gate: dict[str, Any], word: str) -> None:
@@ -385,8 +470,13 @@ def demo_target(ctx: DemoContext) -> Iterator[None]:
             ctx.url = None
 
 
-def default_steps() -> list[Step]:
-    return [Scenarios(), Corpus(), ServedSteps(), Gated("regression"), Report(), Explain()]
+def default_steps(config: DemoConfig) -> list[Step]:
+    cases = chosen_cases(config)
+    served = ServedSteps(
+        steps=(Capacity(), Calibrate(), Gated("unchanged"), *(Gated(c.name) for c in cases if c.mode == "ab"))
+    )
+    stored_regressions = [Gated(c.name) for c in cases if c.inject and c.mode == "stored"]
+    return [Scenarios(), Corpus(), served, *stored_regressions, Report(), Explain()]
 
 
 @dataclass
@@ -394,7 +484,7 @@ class ServedSteps:
     """Capacity, calibration and the unchanged run against the one demo target."""
 
     name: str = "harness serve --preset tiny --cache"
-    steps: tuple[Step, ...] = (Capacity(), Calibrate(), Gated("unchanged"))
+    steps: tuple[Step, ...] = ()
 
     def run(self, ctx: DemoContext) -> None:
         with demo_target(ctx):
@@ -410,7 +500,7 @@ def run_demo(config: DemoConfig | None = None, steps: Sequence[Step] | None = No
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     ctx = DemoContext(cfg, console)
     started = time.perf_counter()
-    for step in steps if steps is not None else default_steps():
+    for step in steps if steps is not None else default_steps(cfg):
         console.rule(f"[bold]{step.name}")
         step.run(ctx)
     console.rule(f"[bold]done in {time.perf_counter() - started:.0f} s")

@@ -41,8 +41,9 @@ def test_demo_calibrates_here_passes_the_unchanged_target_and_fails_the_regresse
 ) -> None:
     out = tmp_path / "demo"
     config = DemoConfig(
-        out_dir=out, corpus_n=24, requests=24, probe_requests=16, slo="ttft_p50<=3x", slowdown=4.0
-    )
+        out_dir=out, corpus_n=24, requests=24, probe_requests=16, slo="ttft_p50<=3x", ab_blocks=3,
+        ab_block_requests=8,
+    )  # fmt: skip
     ctx = run_demo(config)
     printed = capsys.readouterr().out
 
@@ -105,7 +106,18 @@ def test_demo_calibrates_here_passes_the_unchanged_target_and_fails_the_regresse
         assert regression.verdict == "fail", regression.headline()
         # a latency gate caught it
         assert any(g.verdict == "fail" and g.unit == "ms" for g in regression.gates)
-    assert f"regression: {regression.verdict.upper()}" in printed
+    assert f"): {regression.verdict.upper()}" in printed
+    # Errors and a warm cache that lost hits are counted, not timed: a busy machine cannot hide them.
+    for name in ("errors_20pct", "warm_miss_30pct"):
+        report = read_report_json(out / name / "gate.json")
+        assert verdicts[name] == report.verdict == "fail", report.headline()
+    errors = read_report_json(out / "errors_20pct" / "gate.json")
+    assert any(g.verdict == "fail" and g.metric == "error_rate" for g in errors.gates)
+    missed = read_report_json(out / "warm_miss_30pct" / "gate.json")
+    assert any(g.verdict == "fail" and g.unit == "ratio" and g.label == "warm" for g in missed.gates)
+    # A 1.3x slower engine beside the unchanged one: never passed (a neighbour's noise between blocks
+    # can widen the ratios' intervals into cannot-be-judged; drift alone cannot pass it).
+    assert verdicts["slower_1_3x"] != "pass" and verdicts["modes"]["slower_1_3x"].startswith("A/B")
     server_pid = json.loads((out / "regression" / "server" / "ready.json").read_text())["pid"]
     demo_pid = json.loads((out / "server" / "ready.json").read_text())["pid"]
     for pid in (server_pid, demo_pid):
