@@ -35,6 +35,18 @@ Two sub-commands:
     against the first machine's baseline too (a baseline carried to a slower machine of the same
     model). Tabulates pass / fail / cannot-be-judged per case.
 
+``power``
+    The power of every mode, measured with real gated runs of the tiny target on this machine: a
+    recipe (the demo's corpus and share of capacity, ``--requests`` a phase), a stored baseline from
+    ``harness baseline calibrate --runs 3``, a **history** baseline from ``--history`` earlier
+    unchanged runs (``calibrate --from-runs``), and ``harness ab`` beside the unchanged target.
+    Then ``--unchanged`` gated runs of the unchanged target (the false alarms), and ``--repeats``
+    runs of each regression injected with ``harness serve``'s fault injection: slowdowns, error rates,
+    warm cache-miss rates. Every run is judged by the stored and the history baseline (the history
+    runs themselves are not judged by the baseline made from them); slowdowns also by ``harness ab``.
+    Prints detection and false-alarm rates with exact 95 % intervals, the gates that caught each
+    regression, and the requests each needed; appends the table to docs/benchmarks.md.
+
 Usage: ``python bench/gates.py record --out fixtures/runs/tiny-cpu`` (about 4 min on 2 cores);
 ``python bench/gates.py false-alarm`` (about 2 min); ``python bench/gates.py travel`` (about 25 min
 with the defaults).
@@ -585,6 +597,180 @@ def travel(args: argparse.Namespace) -> None:
     publish("\n".join(lines), args)
 
 
+def _judge(ctx: Any, baseline: Path, run: Path, name: str) -> dict[str, Any]:
+    """``harness gate`` of a paired run's phases against ``baseline``; the verdict file as a dict."""
+    import json
+
+    from harness.demo import VERDICT_CODES, harness
+
+    out = run / f"gate-{name}.json"
+    junit = run / f"gate-{name}.junit.xml"
+    harness(ctx, "gate", "--baseline", str(baseline), f"cold={run / 'cold'}", f"warm={run / 'warm'}",
+            "--json-out", str(out), "--junit", str(junit), ok=VERDICT_CODES)  # fmt: skip
+    return dict(json.loads(out.read_text())) if out.exists() else {"verdict": "broken", "gates": []}
+
+
+def _caught_by(report: dict[str, Any]) -> list[str]:
+    return sorted(
+        {f"{g['id']}@{g.get('label') or '—'}" for g in report.get("gates", []) if g["verdict"] == "fail"}
+    )
+
+
+def _rate_text(k: int, n: int) -> str:
+    from harness.gates.metrics import rate_interval
+
+    if n == 0:
+        return "—"
+    lo, hi = rate_interval(k, n, 0.95)
+    return f"{k}/{n} = {k / n:.0%} [{lo:.0%}, {hi:.0%}]"
+
+
+def power_bench(args: argparse.Namespace) -> None:
+    """Real gated runs: false alarms and detection per mode (see the module doc)."""
+    import json
+    import shutil
+
+    import yaml
+    from rich.console import Console
+
+    from harness.common.fingerprint import describe
+    from harness.demo import (
+        VERDICT_CODES,
+        Calibrate,
+        Capacity,
+        Corpus,
+        DemoConfig,
+        DemoContext,
+        Scenarios,
+        demo_target,
+        harness,
+    )
+
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    console = Console()
+    config = DemoConfig(out_dir=out, corpus_n=args.requests, requests=args.requests)
+    ctx = DemoContext(config, console)
+    started = time.perf_counter()
+    Scenarios().run(ctx)
+    Corpus().run(ctx)
+    modes = set(args.modes.split(","))
+    conditions: list[tuple[str, tuple[str, ...]]] = [("unchanged", ())]
+    conditions += [
+        (f"{f:g}x slower engine", ("--inject-slowdown", f"{f:g}")) for f in _floats(args.slowdowns)
+    ]
+    conditions += [(f"{p:.0%} errors", ("--inject-error-rate", f"{p:g}")) for p in _floats(args.error_rates)]
+    conditions += [
+        (f"{p:.0%} warm cache misses", ("--inject-cache-miss-rate", f"{p:g}"))
+        for p in _floats(args.miss_rates)
+    ]
+    # (mode, condition) → verdict counts, and which gates caught it.
+    table: dict[tuple[str, str], Counter[str]] = {}
+    caught: dict[tuple[str, str], Counter[str]] = {}
+    seconds: dict[str, list[float]] = {}
+
+    def note(mode: str, cond: str, report: dict[str, Any]) -> None:
+        verdict = str(report.get("verdict") or report.get("judgement", {}).get("verdict", "broken"))
+        table.setdefault((mode, cond), Counter())[verdict] += 1
+        if verdict == "fail":
+            caught.setdefault((mode, cond), Counter()).update(_caught_by(report))
+
+    stored = out / "baseline.yaml"
+    history_base = out / "history-baseline.yaml"
+    with demo_target(ctx):
+        assert ctx.url is not None
+        Capacity().run(ctx)
+        recipe = ctx.recipe()
+        Calibrate().run(ctx)
+        shutil.copy(ctx.baseline, stored)
+        history = out / "history"
+        for i in range(args.history):
+            t0 = time.perf_counter()
+            harness(ctx, "run", "--url", ctx.url, *recipe, "--out", str(history / f"run-{i:02d}"), "--force",
+                    ok=VERDICT_CODES)  # fmt: skip
+            seconds.setdefault("paired run", []).append(time.perf_counter() - t0)
+        if "history" in modes:
+            harness(ctx, "baseline", "calibrate", "--from-runs", str(history),
+                    "--max-runs", str(args.history), "--out", str(history_base), "--name", "history",
+                    "--detect-errors", config.detect_errors, *recipe, ok=VERDICT_CODES)  # fmt: skip
+        for i in range(args.unchanged):
+            run = out / "unchanged" / f"run-{i:02d}"
+            harness(ctx, "run", "--url", ctx.url, *recipe, "--out", str(run), "--force", ok=VERDICT_CODES)
+            if "stored" in modes:
+                note("stored", "unchanged", _judge(ctx, stored, run, "stored"))
+            if "history" in modes:
+                note("history", "unchanged", _judge(ctx, history_base, run, "history"))
+        if "ab" in modes:
+            for i in range(args.unchanged):
+                ab = out / "ab-unchanged" / f"run-{i:02d}"
+                t0 = time.perf_counter()
+                harness(ctx, "ab", "--base-url", ctx.url, "--candidate-serve-args",
+                        shlex.join(config.serve_args), *recipe, "--blocks", str(args.ab_blocks),
+                        "--block-requests", str(args.ab_block_requests), "--out", str(ab), "--force",
+                        ok=VERDICT_CODES)  # fmt: skip
+                seconds.setdefault("A/B run", []).append(time.perf_counter() - t0)
+                note("ab", "unchanged", json.loads((ab / "ab.json").read_text()))
+            for cond, inject in conditions:
+                if not inject or inject[0] != "--inject-slowdown":
+                    continue
+                for i in range(args.repeats):
+                    ab = out / "ab" / cond.replace(" ", "-") / f"run-{i:02d}"
+                    serve = shlex.join([*config.serve_args, *inject])
+                    harness(ctx, "ab", "--base-url", ctx.url, "--candidate-serve-args", serve, *recipe,
+                            "--blocks", str(args.ab_blocks), "--block-requests", str(args.ab_block_requests),
+                            "--out", str(ab), "--force", ok=VERDICT_CODES)  # fmt: skip
+                    note("ab", cond, json.loads((ab / "ab.json").read_text()))
+    for cond, inject in conditions:
+        if not inject:
+            continue
+        for i in range(args.repeats):
+            run = out / "regressed" / cond.replace(" ", "-") / f"run-{i:02d}"
+            serve = shlex.join([*config.serve_args, *inject])
+            harness(
+                ctx, "run", "--serve-args", serve, *recipe, "--out", str(run), "--force", ok=VERDICT_CODES
+            )
+            if "stored" in modes:
+                note("stored", cond, _judge(ctx, stored, run, "stored"))
+            if "history" in modes:
+                note("history", cond, _judge(ctx, history_base, run, "history"))
+    minutes = (time.perf_counter() - started) / 60
+    recipe_doc = yaml.safe_load((out / "recipe.yaml").read_text())
+    mean = {k: sum(v) / len(v) for k, v in seconds.items() if v}
+    lines = [
+        f"## Gate power, measured: real gated runs ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"`python bench/gates.py power --requests {args.requests} --unchanged {args.unchanged} --history "
+        f"{args.history} --repeats {args.repeats} --slowdowns {args.slowdowns} --error-rates "
+        f"{args.error_rates} --miss-rates {args.miss_rates} --modes {args.modes}` on {describe()} (Python "
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f} at the end), "
+        f"{minutes:.0f} min. "
+        f"Recipe: {args.requests} requests a phase at {recipe_doc['load']['rate']} of the capacity "
+        f"({ctx.capacity_rps:.3g} req/s), max_tokens {config.max_tokens_cap}; a paired run took "
+        f"{mean.get('paired run', math.nan):.0f} s, an A/B run ({args.ab_blocks} block pairs of "
+        f"{args.ab_block_requests}) {mean.get('A/B run', math.nan):.0f} s. Stored: `harness baseline "
+        f"calibrate --runs 3 --max-runs 5`; history: `--from-runs` over {args.history} earlier unchanged "
+        "runs; A/B: "
+        "`harness ab` beside the unchanged target (limit 1.10×, must rule out 1.3×). Error and miss rates "
+        "are not the A/B's to judge (it compares latencies).",
+        "",
+        "| mode | condition | runs | fail (caught / false alarm) | pass | cannot be judged | caught by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (mode, cond), c in table.items():
+        n = sum(c.values())
+        by = ", ".join(f"{g} ×{k}" for g, k in caught.get((mode, cond), Counter()).most_common(3))
+        lines.append(
+            f"| {mode} | {cond} | {n} | {_rate_text(c['fail'], n)} | {c['pass']} | "
+            f"{c['unjudgeable'] + c['broken']} | {by or '—'} |"
+        )
+    publish("\n".join(lines), args)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -610,11 +796,27 @@ def main() -> None:
     tr.add_argument("--slowdowns", default="1.3,1.5,2", help="injected engine slowdowns (first machine)")
     tr.add_argument("--regressed", type=int, default=3, help="gated runs per slowdown")
     add_publish_flag(tr)
+    pw = sub.add_parser("power", help="real gated runs: false alarms and detection per mode")
+    pw.add_argument("--out", default=str(ROOT / ".harness" / "bench-power"))
+    pw.add_argument("--requests", type=int, default=200, help="requests a phase (and prompts in the corpus)")
+    pw.add_argument("--unchanged", type=int, default=20, help="gated unchanged runs per mode")
+    pw.add_argument(
+        "--history", type=int, default=8, help="earlier unchanged runs the history baseline is made of"
+    )
+    pw.add_argument("--repeats", type=int, default=10, help="gated runs per regression")
+    pw.add_argument("--slowdowns", default="1.2,1.3,1.5,2")
+    pw.add_argument("--error-rates", default="0.01,0.05,0.2")
+    pw.add_argument("--miss-rates", default="0.1,0.3,0.5")
+    pw.add_argument("--modes", default="stored,history,ab")
+    pw.add_argument("--ab-blocks", type=int, default=4)
+    pw.add_argument("--ab-block-requests", type=int, default=25)
+    add_publish_flag(pw)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {
         "record": record,
         "false-alarm": false_alarm,
         "travel": travel,
+        "power": power_bench,
     }
     commands[args.cmd](args)
 
