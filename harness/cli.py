@@ -43,6 +43,7 @@ TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("report", "harness.reports.cli", "report"),
     ("run", "harness.experiments.run_cli", "run"),
     ("capacity", "harness.experiments.capacity_cli", "capacity"),
+    ("ab", "harness.experiments.ab_cli", "ab"),
 )
 # Commands of a group that live in another stage: (group, command name, module). The module defines a
 # function of the command's name and may define COMMAND_SETTINGS (typer's command keyword arguments).

@@ -13,6 +13,9 @@ and ``gates`` (which judge what it measured); ``gates`` only judges.
   against an SLO (:mod:`~harness.experiments.slo`), the search
   (:mod:`~harness.experiments.capacity_search`), the answer
   (:mod:`~harness.experiments.capacity_result`);
+- :mod:`~harness.experiments.ab` (``harness ab``): a base and a candidate target up together, block
+  pairs of the same requests interleaved A B B A …, judged on their latency ratio by
+  :mod:`harness.gates.ab`;
 - :mod:`~harness.experiments.calibrate` (``harness baseline calibrate``): a recipe run N times, the
   baseline they pass by :mod:`harness.gates.calibration`'s rule.
 """

@@ -1,8 +1,9 @@
 """A run as a file: the target, the load, the warm-up, the capacity search and the gate, each option
 declared once.
 
-A :class:`Recipe` is what ``harness run``, ``harness capacity`` and ``harness baseline calibrate`` are
-configured with (and the target and load of ``harness analysis decay-sweep``). Every field is an
+A :class:`Recipe` is what ``harness run``, ``harness capacity``, ``harness ab`` (its ``ab`` section: two
+targets, the blocks and the verdict's terms) and ``harness baseline calibrate`` are configured with (and
+the target and load of ``harness analysis decay-sweep``). Every field is an
 option, declared once with its type, default, validation and help; the commands' flags are generated
 from the fields (:mod:`harness.common.options`), so ``--max-tokens-cap`` is the same option, with the
 same words, in every command and in a recipe file::
@@ -45,6 +46,7 @@ from harness.common.model import StrictModel
 from harness.common.options import Flag, Option, flag_for, merge, options_of
 from harness.experiments.slo import DEFAULT_SLO, parse_slo
 from harness.experiments.warmcheck import SEED_WARM_RATE
+from harness.gates.ab import DEFAULT_METRICS, parse_ab_metrics
 from harness.load.options import LaunchOptions, LoadOptions
 
 RECIPE_FILE = "recipe.yaml"
@@ -53,6 +55,8 @@ TARGET_PANEL = "Target"
 WARM_PANEL = "Warm-up and warm check"
 CAPACITY_PANEL = "Capacity search"
 GATE_PANEL = "Gate"
+AB_TARGETS_PANEL = "Targets"
+AB_PANEL = "A/B blocks and verdict"
 
 
 class TargetRecipe(StrictModel):
@@ -165,8 +169,105 @@ class GateRecipe(StrictModel):
     )
     confidence: Annotated[float, Flag(panel=GATE_PANEL)] = Field(
         0.95, ge=0.5, le=0.999, description="Confidence of every interval: the comparison, the warm check, "
-        "the capacity probes",
+        "the capacity probes, the A/B ratios",
     )  # fmt: skip
+
+
+def _check_split(v: str | None) -> str | None:
+    """``v`` when shell-style splitting takes it (serve arguments), else ``ValueError``."""
+    if v is not None:
+        try:
+            shlex.split(v)
+        except ValueError as exc:
+            raise ValueError(f"cannot split: {exc}") from None
+    return v
+
+
+class ABTargets(StrictModel):
+    """The two targets of ``harness ab``, declared once: each side a ``harness serve`` to start or a
+    running server to reach (the base falls back to the recipe's ``target`` when neither is given)."""
+
+    base_serve_args: Annotated[str | None, Flag(panel=AB_TARGETS_PANEL, metavar="ARGS")] = Field(
+        None, description="Start the base (A) as `harness serve` with these arguments, on a free port"
+    )
+    base_url: Annotated[str | None, Flag(panel=AB_TARGETS_PANEL)] = Field(
+        None, description="Use this running OpenAI-compatible server as the base (A)"
+    )
+    candidate_serve_args: Annotated[str | None, Flag(panel=AB_TARGETS_PANEL, metavar="ARGS")] = Field(
+        None, description="Start the candidate (B) as `harness serve` with these arguments, on a free port"
+    )
+    candidate_url: Annotated[str | None, Flag(panel=AB_TARGETS_PANEL)] = Field(
+        None, description="Use this running OpenAI-compatible server as the candidate (B)"
+    )
+
+    @field_validator("base_serve_args", "candidate_serve_args")
+    @classmethod
+    def _splits(cls, v: str | None) -> str | None:
+        return _check_split(v)
+
+    @model_validator(mode="after")
+    def _one_per_side(self) -> ABTargets:
+        for side in ("base", "candidate"):
+            if getattr(self, f"{side}_serve_args") is not None and getattr(self, f"{side}_url") is not None:
+                raise ValueError(f"give the {side} a server to start or one to use, not both")
+        if self.base_url is not None and self.base_url.rstrip("/") == (self.candidate_url or "").rstrip("/"):
+            raise ValueError(
+                "the base and the candidate are the same server: the second arm would find the first "
+                "one's requests in its caches (for an A/A check, start two with the same serve args)"
+            )
+        return self
+
+    def side(self, arm: str) -> TargetRecipe | None:
+        """``arm``'s target (``base`` or ``candidate``); ``None`` when neither flag gives it."""
+        serve, url = getattr(self, f"{arm}_serve_args"), getattr(self, f"{arm}_url")
+        if serve is None and url is None:
+            return None
+        return TargetRecipe(serve_args=serve, url=url)
+
+
+class ABRecipe(ABTargets):
+    """``harness ab``: the two targets, the blocks it interleaves and the verdict's terms
+    (:mod:`harness.gates.ab`)."""
+
+    blocks: Annotated[int, Flag(panel=AB_PANEL)] = Field(
+        4, ge=2, description="Block pairs: each sends the same distinct requests to both targets, in the "
+        "order A B B A A B …; no two pairs share a request",
+    )  # fmt: skip
+    block_requests: Annotated[int | None, Flag(panel=AB_PANEL)] = Field(
+        None, ge=1, description="Requests per block (default: the corpus's distinct requests split over "
+        "the blocks, at most 50)",
+    )  # fmt: skip
+    limit: Annotated[float, Flag(panel=AB_PANEL)] = Field(
+        1.10, gt=0, description="Fail when a latency ratio candidate/base is proven above this"
+    )
+    detect: Annotated[float, Flag(panel=AB_PANEL)] = Field(
+        1.30, gt=0, description="Pass only when a latency ratio of this size is ruled out"
+    )
+    metrics: Annotated[str, Flag(panel=AB_PANEL)] = Field(
+        DEFAULT_METRICS, description="Comma-separated latency percentiles to compare (ttft/tpot/e2e_pNN)"
+    )
+    max_error_rate: Annotated[float, Flag(panel=AB_PANEL)] = Field(
+        0.01, ge=0, lt=1, description="Fail when the candidate's error rate is proven above this share"
+    )
+    bypass_cache: Annotated[bool, Flag(names=("--bypass-cache/--use-cache",), panel=AB_PANEL)] = Field(
+        True, description="Send every request with Cache-Control: no-cache (measure the engine, not the "
+        "response cache)",
+    )  # fmt: skip
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_known(cls, v: str) -> str:
+        parse_ab_metrics(v)  # raises ValueError naming the unknown one
+        return v
+
+    @model_validator(mode="after")
+    def _limit_below_detect(self) -> ABRecipe:
+        if self.limit >= self.detect:
+            raise ValueError(
+                f"limit {self.limit:g} must be below detect {self.detect:g} (fail above the one, pass only "
+                "when the other is ruled out)"
+            )
+        return self
 
 
 class Recipe(StrictModel):
@@ -178,6 +279,7 @@ class Recipe(StrictModel):
     warmup: WarmupRecipe = Field(default_factory=WarmupRecipe)
     capacity: CapacityRecipe = Field(default_factory=CapacityRecipe)
     gate: GateRecipe = Field(default_factory=GateRecipe)
+    ab: ABRecipe = Field(default_factory=ABRecipe)
     phase_timeout: float = Field(
         3600.0, ge=1, description="Seconds a load phase (or a capacity probe) may take at most"
     )
@@ -204,14 +306,22 @@ CAPACITY_LOAD_FLAGS: tuple[str, ...] = (
     "until_precision", "api_key", "admin_token", "header", "ca_bundle", "insecure",
 )  # fmt: skip
 """The load options of every capacity probe (each sets its own rate and size)."""
+AB_LOAD_FLAGS: tuple[str, ...] = (
+    "corpus", "rate", "arrival", "max_tokens_cap", "concurrency", "api", "model", "token_counting",
+    "seed_policy", "tokenizer", "start_delay", "seed", "capacity", "api_key", "admin_token", "header",
+    "ca_bundle", "insecure",
+)  # fmt: skip
+"""The load options ``harness ab`` takes as flags: what a block sends and how (its blocks set the size
+of each replay, and the requests come from the corpus, not a schedule)."""
 
 
-def recipe_options(*, load: Sequence[str], sections: Sequence[str]) -> list[Option]:
-    """The options of a command that runs a recipe: the target, the ``load`` options named, the
-    launcher's, and the recipe ``sections`` named (``warmup``, ``capacity``, ``gate``, ``phase_timeout``;
-    ``gate.confidence`` alone as ``confidence``)."""
+def recipe_options(*, load: Sequence[str], sections: Sequence[str], target: bool = True) -> list[Option]:
+    """The options of a command that runs a recipe: the target (unless ``target`` is false: ``harness
+    ab`` has two, its ``ab`` section's), the ``load`` options named, the launcher's, and the recipe
+    ``sections`` named (``warmup``, ``capacity``, ``gate``, ``ab``, ``phase_timeout``; ``gate.confidence``
+    alone as ``confidence``)."""
     opts = [
-        *options_of(TargetRecipe, at=("target",)),
+        *(options_of(TargetRecipe, at=("target",)) if target else []),
         *options_of(LoadOptions, at=("load",), only=load),
         *options_of(LaunchOptions, at=("launch",)),
     ]
@@ -231,7 +341,8 @@ RecipeFile = Annotated[
     Path | None,
     typer.Option(
         "--recipe",
-        help="Recipe YAML (target, load, warmup, capacity, gate: docs/cli.md); the flags given override it.",
+        help="Recipe YAML (target, load, warmup, capacity, gate, ab: docs/cli.md); the flags given override "
+        "it.",
     ),
 ]
 """``--recipe FILE``, the same on every command that runs a recipe."""

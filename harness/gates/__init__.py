@@ -13,7 +13,8 @@ Pieces: :mod:`~harness.gates.runs` (result sets as columns), :mod:`~harness.gate
 registry and intervals), :mod:`~harness.gates.baseline` (the file, ``baseline update``),
 :mod:`~harness.gates.judge` (the decision rule, the JSON verdict), :mod:`~harness.gates.output`
 (table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate), :mod:`~harness.gates.compare`
-(cold vs warm) and :mod:`~harness.gates.calibration` (the baseline N runs support). What runs a
+(cold vs warm), :mod:`~harness.gates.calibration` (the baseline N runs support) and
+:mod:`~harness.gates.ab` (the A/B ratio verdict of ``harness ab``). What runs a
 target to produce the results judged here is :mod:`harness.experiments`.
 """
 

@@ -60,7 +60,9 @@ FLOAT_COLUMNS: tuple[str, ...] = (
 )
 """Numeric record fields kept as float64 columns (NaN: the record has no value; byte counts stay
 exact below 2⁵³)."""
-TEXT_COLUMNS: tuple[str, ...] = ("scenario", "stage", "cache")
+TEXT_COLUMNS: tuple[str, ...] = ("id", "scenario", "stage", "cache")
+"""Text record fields kept as object columns (``id``: the corpus record id, which pairs the same
+request across two runs: ``harness ab``)."""
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

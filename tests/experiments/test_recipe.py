@@ -99,7 +99,7 @@ def test_every_option_is_declared_once_with_its_help() -> None:
     declaration of a load option (a sweep or a command reuses the field, never re-declares it)."""
     assert all(info.description for info in LoadOptions.model_fields.values())
     load_fields = set(LoadOptions.model_fields)
-    for section in ("target", "warmup", "capacity", "gate"):
+    for section in ("target", "warmup", "capacity", "gate", "ab"):
         model = Recipe.model_fields[section].annotation
         assert isinstance(model, type)
         assert not load_fields & set(model.model_fields), section

@@ -69,7 +69,7 @@ def test_commands_that_launch_load_take_the_load_options_from_one_table(
 
     monkeypatch.setenv("COLUMNS", "250")
     shared = ("max_tokens_cap", "api", "model", "token_counting", "tokenizer")
-    for command in (["run"], ["capacity"], ["load", "replay"], ["load", "ladder"]):
+    for command in (["run"], ["capacity"], ["ab"], ["load", "replay"], ["load", "ladder"]):
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         shown = capsys.readouterr().out

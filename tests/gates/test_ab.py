@@ -1,0 +1,245 @@
+"""The A/B verdict (:mod:`harness.gates.ab`) on synthetic block pairs of known ratio.
+
+Latencies are lognormal; a request's own size (its prompt) is shared by both arms, each arm adds its
+own noise, and the candidate is the base × ``r``. A *drift* factor per block pair, shared by both arms,
+is a machine that slows down or speeds up between pairs; an *interference* factor per block and arm is
+a neighbour that slowed one block and not its partner. Every simulation is seeded, so each test gives
+the same counts on every run; the thresholds are chosen so that an interval with its stated coverage
+would miss them only with the binomial probabilities given beside them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binom, binomtest
+
+from harness.gates.ab import (
+    ab_metric_names,
+    block_spread,
+    decide_ratio,
+    error_rate_test,
+    judge_ab,
+    min_pairs,
+    parse_ab_metrics,
+    ratio_interval,
+)
+from harness.gates.runs import FloatArray, ResultSet, RunFrame
+
+SEEDS = 200
+COVERED_AT_LEAST = 180
+"""Of 200 intervals at 95 %: fewer than 180 cover with probability binom.cdf(179, 200, 0.95) ≈ 0.0012."""
+
+
+def blocks(
+    rng: np.random.Generator,
+    r: float,
+    *,
+    pairs: int = 4,
+    n: int = 50,
+    drift: float = 0.0,
+    interference: float = 0.0,
+    sigma: float = 0.4,
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """Paired latencies (ms) of ``pairs`` block pairs of ``n`` requests, the candidate ``r`` × slower."""
+    base: list[FloatArray] = []
+    cand: list[FloatArray] = []
+    for _ in range(pairs):
+        shared = math.exp(rng.normal(0.0, drift))
+        slow_b, slow_c = np.exp(rng.normal(0.0, interference, 2))
+        size = rng.standard_normal(n)  # the request's own size, the same in both arms
+        own_b, own_c = rng.standard_normal(n), rng.standard_normal(n)
+        base.append(shared * slow_b * np.exp(3.0 + sigma * (0.84 * size + 0.55 * own_b)))
+        cand.append(r * shared * slow_c * np.exp(3.0 + sigma * (0.84 * size + 0.55 * own_c)))
+    return base, cand
+
+
+def test_the_threshold_is_what_the_docstring_says() -> None:
+    assert binom.cdf(COVERED_AT_LEAST - 1, SEEDS, 0.95) < 0.002
+
+
+def test_the_interval_covers_the_true_ratio_at_its_confidence_under_shared_drift() -> None:
+    covered = 0
+    for seed in range(SEEDS):
+        r = (1.0, 1.1, 1.3, 2.0)[seed % 4]
+        rng = np.random.default_rng(seed)
+        b, c = blocks(rng, r, drift=0.3)
+        for q in (50,):
+            ri = ratio_interval(b, c, q, confidence=0.95, seed=seed)
+            covered += ri.lo <= r <= ri.hi
+    assert covered >= COVERED_AT_LEAST, covered
+
+
+def test_a_p95_is_covered_too() -> None:
+    covered = 0
+    for seed in range(SEEDS):
+        b, c = blocks(np.random.default_rng(10_000 + seed), 1.3, pairs=4, n=60, drift=0.3)
+        ri = ratio_interval(b, c, 95, seed=seed)
+        covered += ri.lo <= 1.3 <= ri.hi
+    assert covered >= COVERED_AT_LEAST, covered
+
+
+def test_a_neighbour_that_slows_single_blocks_widens_the_interval_enough() -> None:
+    """Interference a block pair does not share is invisible to a bootstrap of its requests: alone it
+    covers far less than 95 %. The block pairs' spread restores the coverage."""
+    boot = widened = 0
+    for seed in range(SEEDS):
+        b, c = blocks(np.random.default_rng(20_000 + seed), 1.3, interference=0.15)
+        ri = ratio_interval(b, c, 50, seed=seed)
+        boot += ri.boot_lo <= 1.3 <= ri.boot_hi
+        widened += ri.lo <= 1.3 <= ri.hi
+    # 176 of 200: below it with probability 0.0036 were the coverage 0.93 (binom.cdf(175, 200, 0.93)).
+    assert widened >= 176, widened
+    assert boot < 160, boot  # the request bootstrap alone misses: what the widening is for
+
+
+def test_shared_drift_hardly_widens_the_interval_and_pairs_it_never_widens() -> None:
+    """Drift shared by a pair's two blocks cancels in each request's comparison; what is left is that
+    a drifting machine spreads the pooled distribution (factor spread 0.3 on the log scale, i.e. pairs
+    up to ~2× apart)."""
+    calm: list[float] = []
+    drifting: list[float] = []
+    for seed in range(100):
+        for drift, widths in ((0.0, calm), (0.3, drifting)):
+            b, c = blocks(np.random.default_rng(30_000 + seed), 1.0, drift=drift)
+            ri = ratio_interval(b, c, 50, seed=seed)
+            widths.append(math.log(ri.hi / ri.lo))
+            if drift:
+                assert ri.spread < 0.2  # shared drift is not block-pair spread
+    assert np.mean(drifting) < 1.35 * np.mean(calm), (np.mean(drifting), np.mean(calm))
+
+
+def test_the_same_engine_passes_and_a_13x_slower_one_fails_with_enough_pairs() -> None:
+    for seed in range(5):
+        same = ratio_interval(
+            *blocks(np.random.default_rng(seed), 1.0, pairs=8, n=100, drift=0.3), 50, seed=seed
+        )
+        slow = ratio_interval(
+            *blocks(np.random.default_rng(seed), 1.3, pairs=8, n=100, drift=0.3), 50, seed=seed
+        )
+        assert decide_ratio(same.ratio, same.lo, same.hi, limit=1.1, detect=1.3, pairs=8)[0] == "pass"
+        assert decide_ratio(slow.ratio, slow.lo, slow.hi, limit=1.1, detect=1.3, pairs=8)[0] == "fail"
+
+
+def test_the_interval_is_seeded_and_identical_samples_give_exactly_one() -> None:
+    b, c = blocks(np.random.default_rng(1), 1.1)
+    assert ratio_interval(b, c, 50, seed=3) == ratio_interval(b, c, 50, seed=3)
+    same = ratio_interval(b, b, 95)
+    assert (same.ratio, same.lo, same.hi, same.spread) == (1.0, 1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="not paired"):
+        ratio_interval([np.ones(3)], [np.ones(4)], 50)
+    with pytest.raises(ValueError, match="no request pairs"):
+        ratio_interval([np.ones(0)], [np.ones(0)], 50)
+
+
+def test_block_spread_is_zero_for_agreeing_pairs_and_grows_with_disagreement() -> None:
+    assert block_spread([0.1, 0.1, 0.1], [0.01, 0.01, 0.01]) == 0.0
+    assert block_spread([0.1], [0.01]) == 0.0  # one pair: nothing to compare
+    # Scatter the size of the sampling noise is explained by it; ten times more is not.
+    assert block_spread([0.0, 0.1, -0.1, 0.05], [0.01] * 4) == 0.0
+    assert block_spread([0.0, 1.0, -1.0, 0.5], [0.01] * 4) > 0.5
+    assert math.isnan(block_spread([0.0, math.inf], [0.01, 0.01]))
+
+
+# ---- the rule at its edges ------------------------------------------------------------------------
+
+
+def test_the_verdict_rule_at_its_edges() -> None:
+    def rule(ratio: float, lo: float, hi: float) -> tuple[str, str, int | None]:
+        return decide_ratio(ratio, lo, hi, limit=1.1, detect=1.3, pairs=4)
+
+    assert rule(1.2, 1.1, 1.3)[0] == "pass"  # lo at the limit: not proven; hi at detect
+    assert rule(1.2, 1.1000001, 1.4)[0] == "fail"
+    verdict, why, then = rule(1.0, 0.8, 1.3000001)
+    assert verdict == "unjudgeable" and then is not None and "block pairs" in why
+    # 1.0 ± 0.3: passing needs the upper half-width at 0.3 → (0.3/0.3)² × 4 = 4 … a hair more.
+    assert then == 5
+    # Nearer failing: R = 1.25, lower half-width 0.25 must shrink to 0.15 → ×(0.25/0.15)² = 2.78.
+    assert rule(1.25, 1.0, 1.5)[2] == math.ceil(4 * (0.25 / 0.15) ** 2)
+    assert rule(math.nan, 0.9, 1.1)[0] == "unjudgeable"
+
+
+def test_the_error_rate_is_judged_by_an_exact_one_sided_test() -> None:
+    for k, n in ((0, 100), (3, 100), (5, 100), (2, 40), (40, 4000), (60, 4000)):
+        p, proven = error_rate_test(k, n, 0.01, 0.95)
+        exact = binomtest(k, n, 0.01, alternative="greater").pvalue if k else 1.0
+        assert p == pytest.approx(exact, rel=1e-9) and proven == (exact < 0.025)
+    assert error_rate_test(5, 100, 0.01, 0.95)[1] and not error_rate_test(3, 100, 0.01, 0.95)[1]
+
+
+def test_metrics_are_latency_percentiles_and_the_floor_keeps_a_tail() -> None:
+    assert [m.name for m in parse_ab_metrics("ttft_p50, tpot_p95,ttft_p50")] == ["ttft_p50", "tpot_p95"]
+    assert "e2e_from_intended_p99" in ab_metric_names() and "lateness_p99" not in ab_metric_names()
+    assert "cold_start_p99" not in ab_metric_names()
+    with pytest.raises(ValueError, match="hit_rate_any"):
+        parse_ab_metrics("hit_rate_any")
+    assert (min_pairs(50), min_pairs(90), min_pairs(95), min_pairs(99)) == (20, 100, 200, 1000)
+
+
+# ---- judging result sets ----------------------------------------------------------------------------
+
+
+def frame(ids: list[str], values: FloatArray, ok: list[bool] | None = None) -> RunFrame:
+    n = len(ids)
+    cols = {"ttft_ms": values, "tpot_ms": values / 10, "e2e_ms": values * 2}
+    return RunFrame.from_columns(n, floats=cols, text={"id": ids}, ok=np.asarray(ok if ok else [True] * n))
+
+
+def result(label: str, f: RunFrame, problems: tuple[str, ...] = ()) -> ResultSet:
+    return ResultSet(label=label, path=Path(label), summary=None, frame=f, problems=problems)
+
+
+def synthetic_pairs(
+    r: float, *, pairs: int = 6, n: int = 60, seed: int = 0
+) -> list[tuple[ResultSet, ResultSet]]:
+    """Result sets in record order (completion order: shuffled), pairing only by id."""
+    rng = np.random.default_rng(seed)
+    base, cand = blocks(rng, r, pairs=pairs, n=n)
+    out = []
+    for j, (b, c) in enumerate(zip(base, cand, strict=True)):
+        ids = [f"p{j}-{i}" for i in range(n)]
+        perm = rng.permutation(n)
+        out.append((result(f"b{j}", frame(ids, b)), result(f"c{j}", frame([ids[i] for i in perm], c[perm]))))
+    return out
+
+
+def test_judging_pairs_requests_by_id_whatever_their_order() -> None:
+    same = judge_ab(synthetic_pairs(1.0), metrics="ttft_p50,tpot_p50,e2e_p50")
+    assert same.verdict == "pass" and same.exit_code == 0
+    assert all(m.pairs == 360 and m.unpaired == 0 for m in same.metrics)
+    slow = judge_ab(synthetic_pairs(1.5), metrics="ttft_p50,e2e_p50")
+    assert slow.verdict == "fail" and slow.exit_code == 1
+    assert all(m.verdict == "fail" and m.lo is not None and m.lo > 1.1 for m in slow.metrics)
+    assert slow.headline.startswith("FAIL: 1 passed, 2 failed")  # the error rate passed
+
+
+def test_a_failed_request_drops_its_pair_and_counts_as_the_candidates_error() -> None:
+    pairs = synthetic_pairs(1.0, pairs=2, n=50)
+    b, c = pairs[0]
+    ok = [i % 10 != 0 for i in range(50)]  # 5 of 50 failed
+    failing = ResultSet("c0", Path("c0"), None, frame(list(c.frame.text["id"]), c.frame.col("ttft_ms"), ok))
+    j = judge_ab([(b, failing), pairs[1]], metrics="ttft_p50", max_error_rate=0.01)
+    m = j.metrics[0]
+    assert (m.pairs, m.unpaired) == (95, 10)  # 5 failed in the candidate, their 5 partners unpaired
+    e = j.error_rate
+    assert (e.candidate_errors, e.candidate_requests, e.base_errors) == (5, 100, 0)
+    assert e.verdict == "fail" and j.verdict == "fail" and "proven above 1.00 %" in e.reason
+
+
+def test_what_cannot_be_judged_says_why() -> None:
+    few = judge_ab(synthetic_pairs(1.0, pairs=2, n=30), metrics="tpot_p95")
+    m = few.metrics[0]
+    assert few.verdict == "unjudgeable" and few.exit_code == 6
+    assert "needs ≥ 200 request pairs" in m.reason and m.block_pairs_needed == 7
+    pairs = synthetic_pairs(1.0, pairs=2, n=50)
+    b, c = pairs[1]
+    bound = judge_ab(
+        [pairs[0], (b, result("c1", c.frame, ("the run was client-bound",)))], metrics="ttft_p50"
+    )
+    assert bound.verdict == "unjudgeable" and "client-bound" in bound.metrics[0].reason
+    assert bound.error_rate.verdict == "unjudgeable"
+    with pytest.raises(ValueError, match="limit < detect"):
+        judge_ab(pairs, limit=1.3, detect=1.2)
