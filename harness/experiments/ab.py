@@ -401,7 +401,7 @@ class ABRunner:
     def _flush(self, targets: dict[Arm, Target]) -> None:
         for arm, target in targets.items():
             with self.ui.step(f"flushing the {arm}'s caches"):
-                flushed = flush_all(target)
+                flushed = flush_all(target.client)
             self.record.flush[arm] = [FlushRecord.of(f) for f in flushed]
             for f in flushed:
                 mark = "[green]✓[/] flushed" if f.status == "flushed" else "[yellow]–[/] not flushed:"

@@ -12,8 +12,8 @@ from scipy.stats import binom
 
 from harness.gates.baseline import Baseline, Gate
 from harness.gates.judge import judge
-from harness.gates.metrics import cluster_percentile_interval
 from harness.gates.policy import GatePolicy, Measured
+from harness.gates.pooled import cluster_percentile_interval
 from harness.gates.power import CountTest, critical_count, power, proves_beyond, samples_for_power
 from harness.gates.runs import ResultSet, RunFrame
 
