@@ -34,8 +34,8 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         list[str] | None,
         typer.Option(
             "--verdict",
-            help="Show this JSON verdict (gate.json of `harness gate` or `harness run --gate`), as FILE or "
-            "NAME=FILE; repeatable: each is listed with its verdict, the first in detail.",
+            help="Show this verdict (gate.json of `harness gate` or `harness run --gate`, ab.json of "
+            "`harness ab`), as FILE or NAME=FILE; repeatable: each is listed, the first gate in detail.",
             show_default=False,
         ),
     ] = None,
@@ -53,10 +53,10 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from harness.gates import judge, load_result_sets, read_baseline, read_report_json
+    from harness.gates import judge, load_result_sets, read_baseline
     from harness.gates.judge import GateReport
     from harness.reports.plots import PLOTS
-    from harness.reports.render import named_verdicts, write_report
+    from harness.reports.render import NamedVerdict, read_verdict, write_report
 
     if baseline is not None and verdict:
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
@@ -69,16 +69,16 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         # The probes are ordinary run directories: the report's other plots show them side by side.
         results = [f"{p.index:02d}-{p.rate:.4g}rps={p.dir}" for p in sorted(cap.probes, key=lambda p: p.rate)]
     sets = load_result_sets(results or [])
-    gate = None
-    named: list[tuple[str, GateReport, str]] = []
+    gate: GateReport | None = None
+    named: list[NamedVerdict] = []
     if baseline is not None:
         gate = judge(read_baseline(baseline), sets, baseline_path=baseline)
     for item in verdict or []:
         name, sep, file = item.partition("=")
         path = Path(file if sep else item)
-        named.append((name if sep else path.parent.name or path.stem, read_report_json(path), str(path)))
-    if named:
-        gate = named[0][1]
+        shown, report = read_verdict(name if sep else path.parent.name or path.stem, path)
+        named.append(shown)
+        gate = gate or report  # the first gate verdict is shown in detail
     md = markdown if markdown is not None else out.with_suffix(".md")
     with Progress(
         TextColumn("{task.description:>22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -91,9 +91,10 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
 
         files = write_report(
             sets, out, markdown_path=md, gate=gate, title=title, tick=tick, capacity=cap,
-            verdicts=named_verdicts(named) if len(named) > 1 else (),
+            verdicts=named if len(named) > 1 else (),
         )  # fmt: skip
     stderr.print(f"wrote {files.html} and {files.markdown}", highlight=False)
-    shown = named if named else [("gate", gate, "")] if gate is not None else []
-    for name, rep, _ in shown:
-        stderr.print(f"{name}: {rep.headline()}", highlight=False)
+    for v in named:
+        stderr.print(f"{v.name}: {v.headline}", highlight=False)
+    if gate is not None and not named:
+        stderr.print(gate.headline(), highlight=False)

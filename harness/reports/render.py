@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
+import orjson
 from markupsafe import Markup
 
 from harness import __version__
@@ -205,9 +206,27 @@ class NamedVerdict:
     file: str
 
 
-def named_verdicts(reports: Sequence[tuple[str, GateReport, str]]) -> list[NamedVerdict]:
-    """``(name, report, file)`` → rows of the report's verdict table."""
-    return [NamedVerdict(n, r.verdict, r.exit_code, r.headline(), f) for n, r, f in reports]
+def read_verdict(name: str, path: Path) -> tuple[NamedVerdict, GateReport | None]:
+    """A verdict file as a row of the report's verdict table: a gate's ``gate.json`` (returned too, for
+    the detail) or ``harness ab``'s ``ab.json`` (its judgement)."""
+    from harness.common.errors import InputError
+    from pydantic import ValidationError
+
+    from harness.common.io import check_input_file, validation_input_error
+    from harness.gates import read_report_json
+    from harness.gates.ab import ABJudgement
+
+    raw = orjson.loads(check_input_file(path).read_bytes())
+    if isinstance(raw, dict) and "judgement" in raw:
+        if raw["judgement"] is None:
+            raise InputError("the A/B run did not finish: no judgement", file=path)
+        try:
+            j = ABJudgement.model_validate(raw["judgement"])
+        except ValidationError as exc:
+            raise validation_input_error(exc, file=path, expected="an A/B verdict (harness ab)") from None
+        return NamedVerdict(name, j.verdict, j.exit_code, f"A/B: {j.headline}", str(path)), None
+    report = read_report_json(path)
+    return NamedVerdict(name, report.verdict, report.exit_code, report.headline(), str(path)), report
 
 
 def loose_gates(report: GateReport) -> list[str]:
