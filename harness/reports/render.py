@@ -209,9 +209,9 @@ class NamedVerdict:
 def read_verdict(name: str, path: Path) -> tuple[NamedVerdict, GateReport | None]:
     """A verdict file as a row of the report's verdict table: a gate's ``gate.json`` (returned too, for
     the detail) or ``harness ab``'s ``ab.json`` (its judgement)."""
-    from harness.common.errors import InputError
     from pydantic import ValidationError
 
+    from harness.common.errors import InputError
     from harness.common.io import check_input_file, validation_input_error
     from harness.gates import read_report_json
     from harness.gates.ab import ABJudgement
