@@ -11,7 +11,7 @@ a user would type it (nothing here measures, parses SSE or reads a server log: t
    spells the corpus recipe);
 3. ``harness serve --preset tiny --cache`` on a free port (the target, started once);
 4. ``harness capacity``: how much this machine's target serves within the SLO (open-loop probes);
-5. ``harness baseline calibrate --runs 3 --max-runs 5 -- harness-run-args``: three paired cold/warm
+5. ``harness baseline calibrate --runs 3 --max-runs 5 --recipe FILE``: three paired cold/warm
    runs (up to five where the spread leaves a latency gate blind) at a share of that capacity, and
    the baseline they pass, calibrated **on this machine**;
 6. ``harness run … --gate``: the unchanged target, gated (it must pass);
@@ -298,7 +298,8 @@ class Report:
         u, r = ctx.run_dir / "unchanged", ctx.run_dir / "regression"
         harness(
             ctx, "report", f"cold={u / 'cold'}", f"warm={u / 'warm'}", f"regressed-cold={r / 'cold'}",
-            "--verdict", str(u / "gate.json"), "--capacity", str(ctx.run_dir / "capacity" / "capacity.json"),
+            "--verdict", str(u / "gate.json"),
+            "--capacity-json", str(ctx.run_dir / "capacity" / "capacity.json"),
             "-o", str(ctx.run_dir / "report.html"), "--title", "harness demo: tiny CPU target",
         )  # fmt: skip
 

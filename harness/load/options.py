@@ -134,7 +134,7 @@ class LoadOptions(AccessOptions):
         "all its turns)",
     )  # fmt: skip
     speedup: float = Field(1.0, gt=0, description="Divide schedule times by this (2 = twice as fast)")
-    results_dir: Annotated[Path, Flag(names=("--out",), deprecated=("--results-dir",))] = Field(
+    results_dir: Annotated[Path, Flag(names=("--out", "-o"), deprecated=("--results-dir",))] = Field(
         Path("runs/load"), description="Directory for records.jsonl and summary.json"
     )
     model: str | None = Field(
