@@ -97,7 +97,7 @@ class DemoConfig:
     """Calibration runs (``harness baseline calibrate --runs``; at least 3)."""
     max_runs: int = 5
     """… and up to this many while a latency gate is blind (``--max-runs``): on a busy machine one run
-    slowed by a neighbour makes three runs' allowance (3.7 ranges) wider than the value itself."""
+    slowed by a neighbour makes three runs' allowance (3.8 ranges) wider than the value itself."""
     slowdown: float = 2.0
     """The injected regression: every engine step this many times as long (``--inject-slowdown``)."""
     serve_args: tuple[str, ...] = SERVE_ARGS

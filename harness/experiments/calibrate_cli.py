@@ -155,7 +155,7 @@ def calibrate(
         )  # fmt: skip
 
     cal = calibrated()
-    # More runs shrink the run-to-run allowance (3.7 ranges at 3 runs, 1.2 at 5): a run that a
+    # More runs shrink the run-to-run allowance (3.8 ranges at 3 runs, 1.2 at 5): a run that a
     # neighbour slowed stays in, and is outweighed rather than dropped.
     while cal.spread_blind and len(dirs) < most and not reuse and past is None:
         which = "; ".join(cal.spread_blind)
