@@ -211,13 +211,15 @@ def shell_commands(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
 
 
 ENV_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+WRAPPERS = frozenset({"time", "nohup", "exec", "env", "do", "then", "else", "!"})
+"""Words before a command that are not the command: ``for …; do harness …; done`` is a command."""
 
 
 def command_words(words: list[str]) -> list[str] | None:
     """The words from ``harness`` or ``locust`` on (env-var assignments and a wrapper before it
     skipped); ``None`` when the command is another program's."""
     i = 0
-    while i < len(words) and (ENV_PREFIX.match(words[i]) or words[i] in ("time", "nohup", "exec", "env")):
+    while i < len(words) and (ENV_PREFIX.match(words[i]) or words[i] in WRAPPERS):
         i += 1
     if i < len(words) and Path(words[i]).name in ("harness", "locust"):
         return [Path(words[i]).name, *words[i + 1 :]]
@@ -286,8 +288,8 @@ def check_harness(words: list[str]) -> tuple[str, list[str]]:
     while j < len(rest):
         word = rest[j]
         if word == "--":  # `harness baseline calibrate … -- <harness run options>`: the old form
-            _, tail = check_harness(["harness", "run", *rest[j + 1 :]])
-            problems += tail
+            problems.append(f"{' '.join(path)}: `-- <options>` is an old form: give them before --")
+            problems += check_harness(["harness", "run", *rest[j + 1 :]])[1]
             break
         flag = flag_of_word(word)
         if flag is None or flag == "--help":
@@ -307,15 +309,24 @@ def check_harness(words: list[str]) -> tuple[str, list[str]]:
 @cache
 def locust_options() -> dict[str, bool]:
     """Option string → takes a value, for ``locust -f locustfiles/…``: Locust's own options and the
-    load options our plugin adds (their current spellings only)."""
-    from locust.argument_parser import get_parser
+    load options our plugin adds (their current spellings only). Locust's parser is read in a child
+    process: importing locust monkey-patches the interpreter with gevent, which no test process may
+    carry into the tests after it."""
+    import json
+    import subprocess
+    import sys
 
     from harness.common.options import flag_names
     from harness.load.options import LoadOptions
 
-    found: dict[str, bool] = {}
-    for name, action in get_parser()._option_string_actions.items():
-        found[name] = action.nargs != 0
+    probe = (
+        "import json; from locust.argument_parser import get_parser; "
+        "print(json.dumps({k: a.nargs != 0 for k, a in get_parser()._option_string_actions.items()}))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    found: dict[str, bool] = json.loads(shown.stdout.strip().splitlines()[-1])
     for name, info in LoadOptions.model_fields.items():
         for flag in flag_names(name, info):
             if flag.startswith("--"):
