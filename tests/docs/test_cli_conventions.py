@@ -198,3 +198,24 @@ def test_header_short_form_is_deprecated(
     assert rc == 5 and "deprecated" not in err
     rc, _, err = run(capsys, *command, "--header", "X-A: b", "-H", "X-B: c")
     assert rc == 2 and "old spelling of --header" in err
+
+
+def test_locust_results_dir_is_out(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rename on ``locust -f``'s parser (the plugin's hook; a plain argparse parser here: no
+    test process may import locust): the old spelling stores the same value and warns once."""
+    import argparse
+
+    from harness.load import options
+
+    monkeypatch.setattr(options, "_WARNED", set())
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    assert parser.parse_args(["--results-dir", "r1"]).results_dir == "r1"
+    assert warned(capsys.readouterr().err, "--results-dir", "--out")
+    assert parser.parse_args(["--results-dir", "r1"]).results_dir == "r1"
+    assert "deprecated" not in capsys.readouterr().err  # once per process
+    assert parser.parse_args(["--out", "r2"]).results_dir == "r2"
+    assert parser.parse_args([]).results_dir == "runs/load"
+    assert "--results-dir" not in parser.format_help()
