@@ -102,7 +102,7 @@ class DemoConfig:
     """Calibration runs (``harness baseline calibrate --runs``; at least 3)."""
     max_runs: int = 5
     """… and up to this many while a latency gate is blind (``--max-runs``): on a busy machine one run
-    slowed by a neighbour makes three runs' allowance (3.7 ranges) wider than the value itself."""
+    slowed by a neighbour makes three runs' allowance (3.8 ranges) wider than the value itself."""
     serve_args: tuple[str, ...] = SERVE_ARGS
     detect_errors: str = "20%"
     """The error rate the demo's baseline must catch: 40 requests a phase catch 20 % against a 1 %
@@ -366,7 +366,7 @@ class Report:
         harness(
             ctx, "report", f"cold={u / 'cold'}", f"warm={u / 'warm'}", f"regressed-cold={r / 'cold'}",
             *(a for v in verdicts for a in ("--verdict", v)),
-            "--capacity", str(ctx.run_dir / "capacity" / "capacity.json"),
+            "--capacity-json", str(ctx.run_dir / "capacity" / "capacity.json"),
             "-o", str(ctx.run_dir / "report.html"), "--title", "harness demo: tiny CPU target",
         )  # fmt: skip
 

@@ -12,6 +12,7 @@ from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
 from harness.common import auth
 from harness.common.errors import InputError
 from harness.common.io import write_json
+from harness.common.options import old_spelling, renamed
 
 
 def scrape(
@@ -29,12 +30,17 @@ def scrape(
     header: auth.HeaderOption = None,
     ca_bundle: auth.CaBundleOption = None,
     insecure: auth.InsecureOption = False,
+    old_header: auth.OldHeaderOption = None,
 ) -> None:
     """Scrape /metrics periodically into a server_metrics.jsonl for `harness analysis anomaly`."""
     from harness.analysis.anomaly import scrape_metrics
 
     creds = auth.Credentials.of(
-        api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
+        api_key=api_key,
+        admin_token=admin_token,
+        headers=auth.headers_given(header, old_header),
+        ca_bundle=ca_bundle,
+        insecure=insecure,
     )
     n = scrape_metrics(url, creds, out, every_s=every_s, count=count, warn=say)
     say(f"wrote {n} scrapes to {out}")
@@ -72,9 +78,20 @@ def anomaly(
     end: Annotated[float | None, typer.Option("--end", help="With --prometheus: unix end.")] = None,
     step_s: Annotated[float, typer.Option("--step-s", help="With --prometheus: resolution.")] = 15.0,
     baseline: Annotated[
-        str | None, typer.Option("--baseline", help="START:END seconds from the first sample.")
+        str | None,
+        typer.Option(
+            "--baseline-window",
+            help="The normal period: START:END seconds from the first sample (default: the first quarter).",
+        ),
     ] = None,
-    window: Annotated[str | None, typer.Option("--window", help="START:END seconds (test window).")] = None,
+    window: Annotated[
+        str | None,
+        typer.Option(
+            "--test-window",
+            help="The period to explain: START:END seconds (default: the normal period's end to the last "
+            "sample).",
+        ),
+    ] = None,
     z_min: Annotated[
         float, typer.Option("--z-min", help="Deviation (in baseline scales) that counts.")
     ] = 3.0,
@@ -86,6 +103,9 @@ def anomaly(
     header: auth.HeaderOption = None,
     ca_bundle: auth.CaBundleOption = None,
     insecure: auth.InsecureOption = False,
+    old_header: auth.OldHeaderOption = None,
+    old_baseline: Annotated[str | None, old_spelling("--baseline", new="--baseline-window")] = None,
+    old_window: Annotated[str | None, old_spelling("--window", new="--test-window")] = None,
 ) -> None:
     """Attribute HitRate/FillRate/ThermalDrift deviations to tier/tenant/scenario and leaf causes."""
     from harness.analysis.anomaly import (
@@ -96,6 +116,9 @@ def anomaly(
         series_from_prometheus,
     )
 
+    header = auth.headers_given(header, old_header)
+    baseline = renamed(baseline, old_baseline, new="--baseline-window", old="--baseline")
+    window = renamed(window, old_window, new="--test-window", old="--window")
     if schema:
         echo_json(AnomalyReport.model_json_schema())
         return
@@ -120,8 +143,8 @@ def anomaly(
     report = attribute(
         series,
         source=source,
-        baseline=_span(baseline, t0, t1, "--baseline"),
-        window=_span(window, t0, t1, "--window"),
+        baseline=_span(baseline, t0, t1, "--baseline-window"),
+        window=_span(window, t0, t1, "--test-window"),
         z_min=z_min,
     )
     if out is not None:

@@ -16,9 +16,12 @@ from harness.common.auth import (
     Credentials,
     HeaderOption,
     InsecureOption,
+    OldHeaderOption,
+    headers_given,
 )
 from harness.common.console import table
 from harness.common.io import write_json
+from harness.common.options import old_spelling, renamed
 
 FETCH_TIMEOUT_S = 10.0
 """How long ``--url``'s ``/cache/stats`` and ``/metrics`` may take each."""
@@ -39,8 +42,11 @@ def avalanche(
         float, typer.Option("--write-span-s", help="With --url: seconds the keys were written over.")
     ] = 0.0,
     window_s: Annotated[float, typer.Option("--window-s", help="Critical window Δ in seconds.")] = 60.0,
-    target: Annotated[
-        float | None, typer.Option("--target", help="Target P: print the TTL jitter that reaches it.")
+    target_p: Annotated[
+        float | None,
+        typer.Option(
+            "--target-p", help="Target avalanche probability: print the TTL jitter that reaches it."
+        ),
     ] = None,
     by: Annotated[str, typer.Option("--by", help="With --cache-state: 'tier' or 'tenant-tier'.")] = "tier",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
@@ -49,6 +55,8 @@ def avalanche(
     header: HeaderOption = None,
     ca_bundle: CaBundleOption = None,
     insecure: InsecureOption = False,
+    old_header: OldHeaderOption = None,
+    old_target: Annotated[float | None, old_spelling("--target", new="--target-p")] = None,
 ) -> None:
     """Avalanche probability P = 1 − Π(1 − p_i) over key classes, with the jitter advice.
 
@@ -61,6 +69,8 @@ def avalanche(
         risks_from_state,
     )
 
+    target = renamed(target_p, old_target, new="--target-p", old="--target")
+    header = headers_given(header, old_header)
     if sum(x is not None for x in (classes, cache_state, url)) != 1:
         raise typer.BadParameter(
             "give exactly one of --classes, --cache-state, --url", param_hint="--classes"

@@ -30,22 +30,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
-    ("hitrate", warmup_cli.hitrate),
-    ("plan", warmup_cli.plan),
-    ("tiers", tiers_cli.tiers),
-    ("decay", decay_cli.decay),
-    ("decay-sweep", decay_cli.decay_sweep),
-    ("avalanche", avalanche_cli.avalanche),
-    ("rto", avalanche_cli.rto),
-    ("rto-calibrate", avalanche_cli.rto_calibrate),
-    ("rto-measure", avalanche_cli.rto_measure),
-    ("index", index_cli.index),
-    ("gpu-frag", gpu_frag_cli.gpu_frag),
-    ("scrape", anomaly_cli.scrape),
-    ("anomaly", anomaly_cli.anomaly),
+URL = "http://127.0.0.1:8000"
+MOONCAKE = "fixtures/traces/mooncake_synthetic_head20.jsonl"
+COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
+    ("hitrate", warmup_cli.hitrate, f"--trace {MOONCAKE} --unit blocks --cache-size 50 --cache-size 500"),
+    ("plan", warmup_cli.plan, f"--trace {MOONCAKE} --unit blocks --cache-size 100 --window 0.5 -o runs/plan"),
+    ("tiers", tiers_cli.tiers, "--corpus runs/corpus --run runs/replay -o runs/tiers.json"),
+    ("decay", decay_cli.decay, "--points runs/decay-points.jsonl --plot runs/decay.png --json"),
+    (
+        "decay-sweep",
+        decay_cli.decay_sweep,
+        f"--url {URL} --corpus runs/corpus --rate 2 --cmr 0,0.5,1 -o runs/decay",
+    ),
+    ("avalanche", avalanche_cli.avalanche, f"--url {URL} --window-s 60 --target-p 0.05"),
+    ("rto", avalanche_cli.rto, "--expired-keys 400 --gen-s 1.5 --slots 8 --utilization 0.5"),
+    ("rto-calibrate", avalanche_cli.rto_calibrate, "runs/rto-cases.jsonl -o runs/rto.json"),
+    ("rto-measure", avalanche_cli.rto_measure, "runs/replay --event-s 30 --window-s 10"),
+    ("index", index_cli.index, "--corpus runs/corpus --sizes 1000,10000 --kinds flat,hnsw --json"),
+    ("gpu-frag", gpu_frag_cli.gpu_frag, "--size-mb 64 --cycles 100 --json"),
+    ("scrape", anomaly_cli.scrape, f"--url {URL} --every-s 5 --count 12 -o runs/server_metrics.jsonl"),
+    ("anomaly", anomaly_cli.anomaly, "--scrapes runs/replay --baseline-window 0:60 --json"),
 )
-"""Command name → function, in the order ``harness analysis --help`` lists them."""
+"""Command name → function and the example its help shows, in the order ``harness analysis --help``
+lists them."""
 
-for _name, _command in COMMANDS:
-    app.command(_name)(_command)
+for _name, _command, _example in COMMANDS:
+    app.command(_name, epilog=f"Example: harness analysis {_name} {_example}")(_command)

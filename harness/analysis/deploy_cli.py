@@ -1,7 +1,7 @@
 """``harness deploy``: ops artifacts for running the target in a cluster (see ``docs/analysis.md``).
 
 * ``harness deploy grafana -o dashboard.json`` — a Grafana dashboard of our metrics;
-* ``harness deploy istio --host HOST -o DIR`` — VirtualService and DestinationRule YAML that route
+* ``harness deploy istio --service-host HOST -o DIR`` — VirtualService and DestinationRule YAML that route
   ``x-env: preheat`` traffic to the preheat subset and split the rest across A/B by weight.
 """
 
@@ -14,6 +14,7 @@ import orjson
 import typer
 
 from harness.common.io import validation_error, write_json
+from harness.common.options import old_spelling, renamed
 
 app = typer.Typer(
     help="Ops artifacts: Grafana dashboard JSON, Istio VirtualService and DestinationRule YAML.",
@@ -22,7 +23,7 @@ app = typer.Typer(
 )
 
 
-@app.command()
+@app.command(epilog="Example: harness deploy grafana -o dashboard.json")
 def grafana(
     *,
     out: Annotated[
@@ -56,11 +57,14 @@ def _weights(text: str) -> list[dict[str, Any]]:
     return out
 
 
-@app.command()
+@app.command(
+    epilog="Example: harness deploy istio --service-host llm.prod.svc.cluster.local --ab a=90,b=10 -o istio/"
+)
 def istio(
     *,
-    host: Annotated[
-        str | None, typer.Option("--host", help="Service host (svc.ns.svc.cluster.local).")
+    service_host: Annotated[
+        str | None,
+        typer.Option("--service-host", help="The Kubernetes service's host (svc.ns.svc.cluster.local)."),
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Directory for the YAML files (default: stdout).")
@@ -75,6 +79,7 @@ def istio(
     templates: Annotated[
         Path | None, typer.Option("--templates", help="Template directory (default templates/istio).")
     ] = None,
+    old_host: Annotated[str | None, old_spelling("--host", new="--service-host")] = None,
 ) -> None:
     """Render the Istio VirtualService and DestinationRule (preheat isolation, A/B weights)."""
     from pydantic import ValidationError
@@ -82,6 +87,7 @@ def istio(
     from harness.analysis.deploy import IstioValues, check_istio, load_values, render_istio, write_outputs
     from harness.common.errors import ConfigError
 
+    host = renamed(service_host, old_host, new="--service-host", old="--host")
     given: dict[str, Any] = load_values(values) if values is not None else {}
     for key, value in (("host", host), ("name", name), ("namespace", namespace), ("port", port)):
         if value is not None:
@@ -90,7 +96,7 @@ def istio(
         given["ab"] = _weights(ab)
     if "host" not in given:
         raise typer.BadParameter(
-            "the service host is needed (--host, or host in --values)", param_hint="--host"
+            "the service host is needed (--service-host, or host in --values)", param_hint="--service-host"
         )
     try:
         vals = IstioValues.model_validate(given)

@@ -12,6 +12,7 @@ from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json
 from harness.common.console import table
 from harness.common.errors import InputError
 from harness.common.io import write_json
+from harness.common.options import old_spelling, renamed
 from harness.load.options import LoadOptions, typer_options
 
 UNIT_HELP = "Cache unit: 'entries' (whole prompts) or 'blocks' (KV blocks from hash_ids)."
@@ -23,6 +24,17 @@ def _check_unit(unit: str) -> Any:
     if unit not in UNITS:
         raise typer.BadParameter(f"{unit!r} is not one of {', '.join(UNITS)}", param_hint="--unit")
     return unit
+
+
+def _cache_size(given: list[int] | None, old: list[int] | int | None) -> list[int]:
+    """``--cache-size`` (``--capacity``, its old spelling, with a warning); required."""
+    sizes = renamed(given, [old] if isinstance(old, int) else old, new="--cache-size", old="--capacity")
+    if not sizes:
+        raise typer.BadParameter("Missing option '--cache-size'.", param_hint="--cache-size")
+    for size in sizes:
+        if size < 1:
+            raise typer.BadParameter(f"a cache size is at least 1, not {size}", param_hint="--cache-size")
+    return sizes
 
 
 def _warn_sampled(lines: list[dict[str, Any]]) -> None:
@@ -41,7 +53,12 @@ def hitrate(
     trace: Annotated[
         Path, typer.Option("--trace", help="Request trace (Mooncake, …) or load run directory.")
     ],
-    capacity: Annotated[list[int], typer.Option("--capacity", help="Cache capacity in units; repeatable.")],
+    cache_size: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--cache-size", help="Cache size in --unit (entries or blocks); repeatable.", show_default=False
+        ),
+    ] = None,
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     policy: Annotated[
         list[str] | None,
@@ -56,11 +73,13 @@ def hitrate(
     ] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="Trace format (default: detected).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    old_capacity: Annotated[list[int] | None, old_spelling("--capacity", new="--cache-size")] = None,
 ) -> None:
-    """Belady (MIN) hit-rate ceiling beside LRU and LFU at each capacity, from an empty cache."""
+    """Belady (MIN) hit-rate ceiling beside LRU and LFU at each cache size, from an empty cache."""
     from harness.analysis.references import load_refs
     from harness.analysis.sim import SIMULATORS, hitrate_report
 
+    capacity = _cache_size(cache_size, old_capacity)
     policies = policy or ["min", "lru", "lfu"]
     for p in policies:
         SIMULATORS.get(p)  # unknown names: a ConfigError listing the known ones
@@ -75,17 +94,24 @@ def hitrate(
         (f"{r.capacity:,}", r.policy, f"{r.hits:,}", pct(r.hit_rate), f"{r.requests_per_s:,.0f}")
         for r in report.results
     ]
-    columns = ("capacity", "policy", "hits", "hit rate", "requests/s")
+    columns = ("cache size", "policy", "hits", "hit rate", "requests/s")
     title = f"{trace} — {report.requests:,} requests, {report.refs:,} {unit}, {report.distinct:,} distinct"
     console.print(table(title, columns, rows, left={"policy"}))
-    console.print(f"cold ceiling (infinite capacity): {pct(report.cold_ceiling)}", highlight=False)
+    console.print(f"cold ceiling (infinite cache): {pct(report.cold_ceiling)}", highlight=False)
 
 
 @typer_options("api", "model", "max_tokens_cap")  # as the replay will send them: the cache keys on them
 def plan(
     *,
     trace: Annotated[Path, typer.Option("--trace", help="History: request trace or load run directory.")],
-    capacity: Annotated[int, typer.Option("--capacity", help="Capacity of the cache to warm, in units.")],
+    cache_size: Annotated[
+        int | None,
+        typer.Option(
+            "--cache-size",
+            help="Size of the cache to warm, in --unit (entries or blocks).",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("warmup-plan"),
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     window: Annotated[
@@ -124,6 +150,7 @@ def plan(
         str, typer.Option("--on-failure", help="Ladder policy after a rollback: retry or stop.")
     ] = "retry",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    old_capacity: Annotated[int | None, old_spelling("--capacity", new="--cache-size")] = None,
     load: dict[str, Any],
 ) -> None:
     """Rank keys by predicted reuse, pick the preload set, write preload JSONL and the ladder plan.
@@ -135,6 +162,7 @@ def plan(
     from harness.analysis.warmup import PREDICTORS, ladder_plan, plan_warmup, preload_lines, write_preload
     from harness.load.plan import Policy, write_plan
 
+    (capacity,) = _cache_size([cache_size] if cache_size is not None else None, old_capacity)
     PREDICTORS.get(predictor)
     if on_failure not in ("retry", "stop"):
         raise typer.BadParameter("expected 'retry' or 'stop'", param_hint="--on-failure")
@@ -201,7 +229,7 @@ def plan(
         return
     label = "in sample: an upper bound" if report.mode == "in_sample" else "out of sample"
     shown = table(
-        f"warmup plan — capacity {capacity:,} {unit}; judged on {report.window_requests:,} requests "
+        f"warmup plan — cache size {capacity:,} {unit}; judged on {report.window_requests:,} requests "
         f"after a history of {report.history_requests:,} ({label})",
         ("measure", "hit rate"),
         left={"measure"},

@@ -292,15 +292,33 @@ def _typer_option(name: str) -> Any:
     info = AccessOptions.model_fields[name]
     flag = flag_of(info)
     return typer.Option(
-        *flag_names(name, info), *flag.deprecated, envvar=flag.envvar, show_envvar=flag.envvar is not None,
+        *flag_names(name, info), envvar=flag.envvar, show_envvar=flag.envvar is not None,
         help=description(info) + ".", rich_help_panel=ACCESS_PANEL,
     )  # fmt: skip
+
+
+def _old_header_option() -> Any:
+    from harness.common.options import old_spelling
+
+    return old_spelling(*flag_of(AccessOptions.model_fields["header"]).deprecated, new="--header")
 
 
 # The same options as typer parameters for commands written before the model (derived from it).
 ApiKeyOption = Annotated[str | None, _typer_option("api_key")]
 AdminTokenOption = Annotated[str | None, _typer_option("admin_token")]
 HeaderOption = Annotated[list[str] | None, _typer_option("header")]
+OldHeaderOption = Annotated[list[str] | None, _old_header_option()]
+"""``-H``, the old spelling of ``--header`` (Locust's ``-H`` is ``--host``): give it to a command beside
+:data:`HeaderOption` and pass both to :func:`headers_given`."""
+
+
+def headers_given(header: list[str] | None, old: list[str] | None) -> list[str] | None:
+    """``--header`` values, or ``-H``'s with a deprecation warning (both at once is an error)."""
+    from harness.common.options import renamed
+
+    return renamed(header, old, new="--header", old="-H")
+
+
 CaBundleOption = Annotated[Path | None, _typer_option("ca_bundle")]
 InsecureOption = Annotated[bool, _typer_option("insecure")]
 

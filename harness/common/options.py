@@ -32,6 +32,7 @@ from pydantic_core import PydanticUndefined
 from harness.common import console
 
 _R = TypeVar("_R")
+_V = TypeVar("_V")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -186,6 +187,23 @@ def warn_deprecated(old: str, new: str) -> None:
     console.err().print(
         f"[yellow]warning:[/] {old} is deprecated and will be removed: use {new}", highlight=False
     )
+
+
+def old_spelling(*names: str, new: str) -> Any:
+    """A hidden typer option taking the old spellings ``names`` of ``new`` (pair it with :func:`renamed`)."""
+    return typer.Option(*names, hidden=True, help=f"Deprecated: use {new}.", show_default=False)
+
+
+def renamed(value: _V, old_value: _V, *, new: str, old: str) -> _V:
+    """The value of an option renamed from ``old`` to ``new`` on a command written with plain typer
+    options (a hidden ``old`` option beside ``new``): ``old_value`` with a deprecation warning when
+    only the old spelling was given; both at once is an error. ``None`` or ``[]``: not given."""
+    if old_value is None or old_value == []:
+        return value
+    if value is not None and value != []:
+        raise typer.BadParameter(f"{old} is the old spelling of {new}: give one", param_hint=new)
+    warn_deprecated(old, new)
+    return old_value
 
 
 def place(given: dict[str, Any], path: Sequence[str], value: Any) -> None:

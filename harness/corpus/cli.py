@@ -24,10 +24,14 @@ console = cons.err()
 DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
 
 
-@app.command()
+@app.command(
+    epilog="Example: harness corpus build --scenarios runs/scenarios.json --n 60 --seed 0 "
+    "--max-input-tokens 320 -o runs/corpus"
+)
 def build(  # noqa: PLR0917 - typer maps parameters to options
     out: Annotated[
-        Path, typer.Option("--out", help="Output directory (corpus.jsonl, manifest.json, quality.json).")
+        Path,
+        typer.Option("--out", "-o", help="Output directory (corpus.jsonl, manifest.json, quality.json)."),
     ],
     template: Annotated[
         Path, typer.Option("--template", help="A .j2 prompt template or a .messages.json spec.")
@@ -204,7 +208,7 @@ def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to ses
     _report_build(result.examples, result.failures, check, out, "session corpus")
 
 
-@app.command()
+@app.command(epilog="Example: harness corpus stats runs/corpus")
 def stats(
     corpus: Annotated[Path, typer.Argument(help="A corpus directory (or its corpus.jsonl).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")] = False,

@@ -26,6 +26,9 @@ PRESET_HELP = (
     "(smollm2: SmolLM2-135M-Instruct, Apache-2.0, Q4_1 weights as float32); ignored with --model."
 )
 
+DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
+DTYPE_HELP = "auto, float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)."
+
 
 def _settings(
     preset: str | None, model: Path | None, device: str | None, dtype: str | None, **kw: Any
@@ -35,21 +38,31 @@ def _settings(
     return load_settings(EngineSettings, preset=preset, model_dir=model, device=device, dtype=dtype, **kw)
 
 
-@app.command()
+@app.command(epilog='Example: harness engine generate --preset tiny "Hello" --max-tokens 16 --seed 0')
 def generate(  # noqa: PLR0917 - typer maps parameters to options
     prompt: Annotated[str, typer.Argument(help="Prompt text (use --chat to wrap it in the chat template).")],
     preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint directory.")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 32,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 0,
-    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens to generate at most.")] = 32,
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="Sampling temperature (0: greedy).")
+    ] = 0.0,
+    top_p: Annotated[
+        float,
+        typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens this likely (1: off)."),
+    ] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k likeliest tokens (0: off).")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed of this request's sampling (default: the engine's own generator)."),
+    ] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Render the prompt as one user message.")] = False,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos")] = False,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="auto, float32, bfloat16 or float16.")] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Keep generating past the end-of-sequence token.")
+    ] = False,
+    device: Annotated[str | None, typer.Option("--device", help=DEVICE_HELP)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help=DTYPE_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")] = False,
 ) -> None:
     """Stream a completion to stdout, then print the request's metrics."""
@@ -98,13 +111,13 @@ def generate(  # noqa: PLR0917 - typer maps parameters to options
             err.print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
 
 
-@app.command()
+@app.command(epilog="Example: harness engine info --preset tiny --json")
 def info(
     preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint directory.")] = None,
-    device: Annotated[str | None, typer.Option("--device")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    device: Annotated[str | None, typer.Option("--device", help=DEVICE_HELP)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help=DTYPE_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the description as JSON.")] = False,
 ) -> None:
     """Parameters, KV bytes per token, KV pool size and context length."""
     from harness.engine.factory import load_model, plan_pool, resolve_device, resolve_dtype
@@ -142,7 +155,7 @@ def info(
             out.print(f"{k:>20}  {v:,}" if isinstance(v, int) else f"{k:>20}  {v}", highlight=False)
 
 
-@app.command()
+@app.command(epilog="Example: harness engine fetch smollm2")
 def fetch(
     name: Annotated[str, typer.Argument(help="Real-weight preset to fetch: smollm2.")] = "smollm2",
     force: Annotated[bool, typer.Option("--force", help="Convert again even if already done.")] = False,

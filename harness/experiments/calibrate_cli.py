@@ -126,6 +126,12 @@ def calibrate(
         recipe = recipe or file
         given = merge(old, given)
     resolved = resolve(recipe, given, CALIBRATE_OPTIONS)
+    if resolved.gate.baseline is not None:  # only a recipe file can name one: the flag is not offered
+        stderr.print(
+            f"note: the recipe's gate ({resolved.gate.baseline}) is not used: calibration writes the baseline",
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
+        resolved = resolved.model_copy(update={"gate": resolved.gate.model_copy(update={"baseline": None})})
     if past is None and not reuse:
         check_corpus(resolved, recipe)
     confidence = resolved.gate.confidence
@@ -155,7 +161,7 @@ def calibrate(
         )  # fmt: skip
 
     cal = calibrated()
-    # More runs shrink the run-to-run allowance (3.7 ranges at 3 runs, 1.2 at 5): a run that a
+    # More runs shrink the run-to-run allowance (3.8 ranges at 3 runs, 1.2 at 5): a run that a
     # neighbour slowed stays in, and is outweighed rather than dropped.
     while cal.spread_blind and len(dirs) < most and not reuse and past is None:
         which = "; ".join(cal.spread_blind)

@@ -359,9 +359,9 @@ def calibrate(
         f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}, harness {__version__}.",
         *([f"Recipe: {command}"] if command else []),
         f"{len(runs)} runs: " + ", ".join(str(sets[0].path.parent) for sets in runs) + ".",
-        "Rule (docs/gates.md#calibration): threshold = the worst run; tolerance = max(headroom "
-        f"{headroom:.0%}, floor, one run's rerun margin, largest interval half-width + "
-        f"{range_factor(len(runs)):.2g} × run-to-run range).",
+        "Rule (docs/gates.md#calibration-harness-baseline-calibrate): threshold = the worst run; "
+        f"tolerance = max(headroom {headroom:.0%}, floor, one run's rerun margin, largest interval "
+        f"half-width + {range_factor(len(runs)):.2g} × run-to-run range).",
         "Each gate's comment gives the runs' values and spread. Latency gates judge only runs on",
         "this machine, target and recipe (fingerprint at the end); recalibrate rather than edit.",
         *(f"Skipped {s}" for s in skipped),

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed
-from harness.common.options import options_of, validated, with_options
+from harness.common.options import old_spelling, options_of, renamed, validated, with_options
 from harness.gates.policy import GatePolicy
 
 if TYPE_CHECKING:
@@ -29,6 +29,13 @@ app = typer.Typer(help="Baselines for `harness gate`: write one from a run, chec
                   no_args_is_help=True)  # fmt: skip
 stderr = cons.err()
 
+COMMAND_SETTINGS = {
+    "gate": {
+        "epilog": "Example: harness gate --baseline fixtures/baselines/tiny-cpu.yaml cold=runs/paired/cold "
+        "warm=runs/paired/warm --junit gate.junit.xml --json-out gate.json",
+    }
+}
+"""How ``harness/cli.py`` registers ``harness gate``."""
 RESULTS_HELP = "Run directories (records.jsonl + summary.json), as DIR or LABEL=DIR (cold=runs/cold)."
 
 
@@ -36,11 +43,14 @@ def gate(
     results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],
     junit: Annotated[
-        Path | None, typer.Option("--junit", help="JUnit XML output (default: FIRST_RESULTS/gate.junit.xml).")
+        Path | None,
+        typer.Option("--junit", help="JUnit XML to write (default: FIRST_RESULTS/gate.junit.xml)."),
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="JSON verdict output (default: FIRST_RESULTS/gate.json).")
+        Path | None,
+        typer.Option("--json-out", help="JSON verdict to write (default: FIRST_RESULTS/gate.json)."),
     ] = None,
+    json_old: Annotated[Path | None, old_spelling("--json", new="--json-out")] = None,
 ) -> None:
     """Judge runs against a baseline: exit 0 pass, 1 a gate failed, 6 a run cannot be judged."""
     from harness.gates.baseline import read_baseline
@@ -48,6 +58,7 @@ def gate(
     from harness.gates.output import gate_table, write_junit
     from harness.gates.runs import load_result_sets
 
+    json_out = renamed(json_out, json_old, new="--json-out PATH", old="--json PATH")
     spec = read_baseline(baseline)
     sets = load_result_sets(results)
     report = judge(spec, sets, baseline_path=baseline)
@@ -69,7 +80,10 @@ POLICY_OPTIONS = options_of(GatePolicy)
 """What each gate of a written baseline must catch (:class:`~harness.gates.policy.GatePolicy`)."""
 
 
-@app.command()
+@app.command(
+    epilog="Example: harness baseline update cold=runs/paired/cold warm=runs/paired/warm --headroom 10% "
+    "-o baseline.yaml"
+)
 @with_options(POLICY_OPTIONS)
 def update(
     *,
@@ -117,7 +131,7 @@ def update(
     stderr.print(f"wrote {out}", highlight=False)
 
 
-@app.command()
+@app.command(epilog="Example: harness baseline check fixtures/baselines/tiny-cpu.yaml")
 def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")]) -> None:
     """Validate a baseline and show its gates with their limits."""
     from harness.gates.baseline import read_baseline
@@ -138,7 +152,7 @@ def check(baseline: Annotated[Path, typer.Argument(help="Baseline YAML file.")])
     cons.wide(120).print(t)
 
 
-@app.command()
+@app.command(epilog="Example: harness baseline metrics")
 def metrics() -> None:
     """List the metrics a baseline can gate on."""
     from harness.gates.metrics import METRICS
@@ -150,7 +164,10 @@ def metrics() -> None:
     cons.wide(160).print(cons.table("gate metrics", columns, rows, title_justify="left"))
 
 
-@app.command()
+@app.command(
+    epilog="Example: harness baseline noise --baseline fixtures/baselines/tiny-cpu.yaml "
+    "cold=fixtures/runs/tiny-cpu/cold warm=fixtures/runs/tiny-cpu/warm --reps 200"
+)
 def noise(
     results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],

@@ -3,10 +3,12 @@
 * ``harness load summarize RUN_DIR`` — the latency table of a run, computed from ``records.jsonl``
   with the project's one percentile definition (``--json`` for the whole summary, ``--write`` to
   (re)write ``summary.json`` from the records, e.g. for records converted from another tool);
-* ``harness load replay --host URL --corpus C (--schedule S | --rate R --duration D) --results-dir R``
+* ``harness load replay --url URL --corpus C (--schedule S | --rate R --duration D) -o R``
   — ``locust -f locustfiles/replay.py --headless …`` in a child process, then the table;
-* ``harness load ladder --host URL --corpus C --plan P --results-dir R`` — the same for
-  ``locustfiles/warmup.py``.
+* ``harness load ladder --url URL --corpus C --plan P -o R`` — the same for ``locustfiles/warmup.py``.
+
+Their ``--help`` is where a Locust user finds the load options: ``locust -f … --help`` prints Locust's
+own before it loads the locustfile that adds ours.
 
 The launched run's exit code is passed through (``docs/exit-codes.md``: 130 interrupted, 1 the
 ladder stopped on a failed stage or requests failed, 3/4/5 bad input, configuration, target).
@@ -119,7 +121,7 @@ def print_summary(s: RunSummary, title: str) -> None:
         console.print(f"[yellow]warning:[/] {text}", highlight=False)
 
 
-@app.command("summarize")
+@app.command("summarize", epilog="Example: harness load summarize runs/replay --json")
 def summarize_cmd(
     run_dir: Annotated[Path, typer.Argument(help="A results directory (records.jsonl, summary.json).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole summary as JSON.")] = False,

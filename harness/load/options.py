@@ -17,6 +17,7 @@ flag.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -134,7 +135,7 @@ class LoadOptions(AccessOptions):
         "all its turns)",
     )  # fmt: skip
     speedup: float = Field(1.0, gt=0, description="Divide schedule times by this (2 = twice as fast)")
-    results_dir: Annotated[Path, Flag(names=("--out",), deprecated=("--results-dir",))] = Field(
+    results_dir: Annotated[Path, Flag(names=("--out", "-o"), deprecated=("--results-dir",))] = Field(
         Path("runs/load"), description="Directory for records.jsonl and summary.json"
     )
     model: str | None = Field(
@@ -334,13 +335,16 @@ _LAST_NAMESPACE: dict[str, Any] = {}
 def add_arguments(parser: Any) -> None:
     """Add the load stage's options to Locust's argument parser (an ``init_command_line_parser`` hook).
 
-    Each field's flags (an old spelling too: Locust users keep ``--results-dir``), help and type come
-    from :class:`LoadOptions`. They go on the parser itself, not an argument group: only the parser's
-    ``add_argument`` marks an option for the web UI's start form.
+    Each field's flags, help and type come from :class:`LoadOptions` (long forms only: Locust owns the
+    short ones). They go on the parser itself, not an argument group: only the parser's
+    ``add_argument`` marks an option for the web UI's start form. An old spelling (``--results-dir``)
+    is a hidden argument of its own that stores the same value and warns once per process.
     """
+    web_ui = hasattr(parser, "args_included_in_web_ui")
     for name, info in LoadOptions.model_fields.items():
         flag = flag_of(info)
-        names = [n for n in (*flag_names(name, info), *flag.deprecated) if n.startswith("--")]
+        names = [n for n in flag_names(name, info) if n.startswith("--")]
+        old = [n for n in flag.deprecated if n.startswith("--")]
         default = info.get_default(call_default_factory=True)
         help_text = description(info).replace("%", "%%")  # argparse formats help with %
         kwargs: dict[str, Any] = {"help": help_text, "default": default}
@@ -363,6 +367,33 @@ def add_arguments(parser: Any) -> None:
         if isinstance(default, Path):
             kwargs["default"] = str(default)
         parser.add_argument(*names, dest=name, **kwargs)
+        if old:
+            assert "action" not in kwargs, f"{name}: an old spelling of a switch or a list is not supported"
+            hidden = {"include_in_web_ui": False} if web_ui else {}
+            parser.add_argument(
+                *old, dest=name, action=_old_spelling(names[0]), help=argparse.SUPPRESS,
+                default=argparse.SUPPRESS, type=kwargs.get("type"), **hidden,
+            )  # fmt: skip
+
+
+_WARNED: set[str] = set()
+"""Old spellings this process has warned about (Locust parses its command line more than once)."""
+
+
+def _old_spelling(new: str) -> type[argparse.Action]:
+    """An argparse action for an old spelling of ``new``: it stores the value and warns once."""
+
+    class OldSpelling(argparse.Action):
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            from harness.common.options import warn_deprecated
+
+            old = option_string or self.option_strings[0]
+            if old not in _WARNED:
+                _WARNED.add(old)
+                warn_deprecated(old, new)
+            setattr(namespace, self.dest, values)
+
+    return OldSpelling
 
 
 # ---- the same options on the harness's own commands (typer) ---------------------------------------

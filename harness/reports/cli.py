@@ -8,16 +8,24 @@ from typing import Annotated
 import typer
 
 from harness.common import console as cons
+from harness.common.options import old_spelling, renamed
 
 stderr = cons.err()
+COMMAND_SETTINGS = {
+    "report": {
+        "epilog": "Example: harness report cold=runs/paired/cold warm=runs/paired/warm "
+        "--verdict runs/paired/gate.json -o report.html",
+    }
+}
+"""How ``harness/cli.py`` registers the command."""
 
 
 def report(  # noqa: PLR0917 - typer maps parameters to options
     results: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Run directories, as DIR or LABEL=DIR (cold=runs/cold warm=runs/warm); with --capacity "
-            "and none given: its probes.",
+            help="Run directories, as DIR or LABEL=DIR (cold=runs/cold warm=runs/warm); with "
+            "--capacity-json and none given: its probes.",
             show_default=False,
         ),
     ] = None,
@@ -43,9 +51,11 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     capacity: Annotated[
         Path | None,
         typer.Option(
-            "--capacity", help="Add the capacity search's plot (OUT/capacity.json of harness capacity)."
+            "--capacity-json",
+            help="Add the capacity search's plot (OUT/capacity.json of harness capacity).",
         ),
     ] = None,
+    old_capacity: Annotated[Path | None, old_spelling("--capacity", new="--capacity-json")] = None,
 ) -> None:
     """Write a self-contained HTML report (plots inlined, opens offline) and a Markdown summary.
 
@@ -58,6 +68,7 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     from harness.reports.plots import PLOTS
     from harness.reports.render import NamedVerdict, read_verdict, write_report
 
+    capacity = renamed(capacity, old_capacity, new="--capacity-json", old="--capacity")
     if baseline is not None and verdict:
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
     cap = None

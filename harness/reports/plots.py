@@ -631,10 +631,10 @@ CAPACITY_PLOT = Plot(
     "interval, coloured by that term's verdict) against the offered open-loop rate in requests per "
     "second, the SLO limit as a line, the bracket between the highest passing and the lowest failing "
     "rate shaded, the capacity found as a vertical line and a cliff, if any, marked.",
-    draw=lambda sets: "drawn from capacity.json (harness report --capacity FILE), not from result sets",
+    draw=lambda sets: "drawn from capacity.json (harness report --capacity-json FILE), not from result sets",
 )
 """Not in :data:`PLOTS`: it is drawn from a :class:`~harness.experiments.capacity_result.CapacityResult`
-(``harness report --capacity OUT/capacity.json``) by :func:`capacity_plot`, not from result sets."""
+(``harness report --capacity-json OUT/capacity.json``) by :func:`capacity_plot`, not from result sets."""
 VERDICT_COLOURS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#e6a817"}
 
 

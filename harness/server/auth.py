@@ -344,7 +344,7 @@ def check_protected_mode(settings: ServerSettings, policy: AuthPolicy) -> str | 
     risk = f": anyone who could reach it could {'; '.join(exposed)}" if exposed else ""
     raise ConfigError(
         f"protected mode: refusing to serve {settings.host} (not loopback) without {without}{risk}",
-        field="--host / HARNESS__SERVER__HOST",
+        field="--bind / HARNESS__SERVER__HOST",
         hint="add --api-keys FILE (or --api-key) and --admin-token, bind 127.0.0.1, or pass "
         "--insecure-no-auth if this network is trusted on purpose",
     )

@@ -35,6 +35,7 @@ from harness.common import console as cons
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
+from harness.common.options import old_spelling, renamed
 from harness.common.settings import load_settings
 from harness.engine.cli import PRESET_HELP
 from harness.server.auth import AuthPolicy, check_protected_mode
@@ -50,6 +51,12 @@ if TYPE_CHECKING:
     from harness.engine.settings import EngineSettings
 
 log = logging.getLogger("harness.server")
+COMMAND_SETTINGS = {
+    "serve": {
+        "epilog": "Example: harness serve --preset tiny --cache --port 8000 --ready-file runs/ready.json"
+    }
+}
+"""How ``harness/cli.py`` registers the command."""
 
 
 class ReadyInfo(StrictModel):
@@ -186,7 +193,7 @@ def prepare(
     """Validate every setting and file and bind the port, before a model is loaded or Redis is
     started: a mistake (a bad setting, a model directory that is not a checkpoint, bad cache
     settings, a busy port) costs milliseconds and names what is wrong. Credentials too: a bad key
-    file, and protected mode (a non-loopback ``--host`` without keys and an admin token) are
+    file, and protected mode (a non-loopback ``--bind`` address without keys and an admin token) are
     :class:`ConfigError` (exit 4) before the port is bound."""
     from harness.engine.settings import EngineSettings
 
@@ -291,7 +298,10 @@ def serve(
         Path | None, typer.Option("--model", help="Hugging Face checkpoint directory (overrides --preset).")
     ] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Address to bind (default 127.0.0.1).")] = None,
+    bind: Annotated[
+        str | None,
+        typer.Option("--bind", help="Address to listen on (default 127.0.0.1: this machine only)."),
+    ] = None,
     port: Annotated[
         int | None, typer.Option("--port", help="TCP port (default 8000; 0 picks a free one).")
     ] = None,
@@ -386,11 +396,13 @@ def serve(
         bool | None,
         typer.Option(
             "--insecure-no-auth",
-            help="Serve a non-loopback --host without API keys and admin token, on purpose (warns).",
+            help="Serve a non-loopback --bind address without API keys and admin token, on purpose (warns).",
         ),
     ] = None,
+    old_host: Annotated[str | None, old_spelling("--host", new="--bind")] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
+    host = renamed(bind, old_host, new="--bind", old="--host")
     engine_overrides: dict[str, Any] = {
         "preset": preset,
         "model_dir": model,

@@ -19,6 +19,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import ConfigError, HarnessError
+from harness.common.options import old_spelling, renamed
 from harness.common.settings import load_settings
 from harness.traces.settings import default
 
@@ -38,6 +39,13 @@ def _say(text: str) -> None:
 
 FORMAT_HELP = "Input format (default: detected). One of the names `harness traces formats` lists."
 SKIP_HELP = "Skip invalid rows/spans instead of stopping at the first; report how many and why."
+OLD_OUTPUT = Annotated[Path | None, old_spelling("--output", new="--out")]
+"""``--output``, the old spelling of ``--out`` (every output path is ``--out/-o``: docs/cli.md)."""
+
+
+def _output(out: Path | None, old: Path | None, default: str) -> Path:
+    """``--out``, or ``--output`` with a deprecation warning, or ``default``."""
+    return renamed(out, old, new="--out", old="--output") or Path(default)
 
 
 @contextmanager
@@ -81,7 +89,7 @@ def _settings() -> Any:
     return load_settings(TracesSettings)
 
 
-@app.command("formats")
+@app.command("formats", epilog="Example: harness traces formats")
 def formats_cmd() -> None:
     """List the input formats and what they read."""
     from harness.traces._base import all_readers
@@ -168,7 +176,9 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
     return info
 
 
-@app.command("inspect")
+@app.command(
+    "inspect", epilog="Example: harness traces inspect fixtures/traces/mooncake_synthetic_head20.jsonl --json"
+)
 def inspect_cmd(
     *,
     files: Annotated[list[str], typer.Argument(help="Trace files (or a Jaeger query URL).")],
@@ -277,13 +287,18 @@ def collect_coldpaths(
     return out, stats, skips
 
 
-@app.command("coldpaths")
+@app.command(
+    "coldpaths",
+    epilog="Example: harness traces coldpaths fixtures/traces/genaiTestTrace.json --hops all --protocol any "
+    "--cache-scope hop -o runs/coldpaths.jsonl",
+)
 def coldpaths_cmd(
     *,
     files: Annotated[list[str], typer.Argument(help="Jaeger / OTLP trace files (or a Jaeger query URL).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Cold-path JSONL to write.")] = Path(
-        "coldpaths.jsonl"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Cold-path JSONL to write.", show_default="coldpaths.jsonl"),
+    ] = None,
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     threshold_ms: Annotated[
         float | None,
@@ -312,10 +327,12 @@ def coldpaths_cmd(
         ),
     ] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Extract cold paths (slow, uncached first hops of HTTP/gRPC call chains) to JSONL."""
     from harness.common.io import check_output_file, write_jsonl
 
+    output = _output(output, old_output, "coldpaths.jsonl")
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, cache_hit)
     check_output_file(output)
     paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
@@ -329,7 +346,9 @@ def coldpaths_cmd(
     _report_skips(skips)
 
 
-@app.command("scenarios")
+@app.command(
+    "scenarios", epilog="Example: harness traces scenarios runs/coldpaths.jsonl --k 12 -o runs/scenarios.json"
+)
 def scenarios_cmd(
     *,
     files: Annotated[
@@ -338,9 +357,10 @@ def scenarios_cmd(
     k: Annotated[
         int | None, typer.Option("--k", help=f"Number of scenario classes (default {default('k')}).")
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="ScenarioSet JSON to write.")] = Path(
-        "scenarios.json"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="ScenarioSet JSON to write.", show_default="scenarios.json"),
+    ] = None,
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     seed: Annotated[
         int | None, typer.Option("--seed", help=f"k-means seed (default {default('seed')}).")
@@ -353,11 +373,13 @@ def scenarios_cmd(
     hops: Annotated[str | None, typer.Option("--hops", help="For trace inputs.")] = None,
     cache_scope: Annotated[str | None, typer.Option("--cache-scope", help="For trace inputs.")] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Cluster cold paths into k scenario classes (weights, latency/token distributions, examples)."""
     from harness.common.io import check_output_file, write_json
     from harness.traces.scenarios import build_scenarios
 
+    output = _output(output, old_output, "scenarios.json")
     s = _settings()
     k = s.k if k is None else k
     if k < 1:
@@ -376,15 +398,19 @@ def scenarios_cmd(
     _report_skips(skips)
 
 
-@app.command("schedule")
+@app.command(
+    "schedule",
+    epilog="Example: harness traces schedule --rate 2 --duration 60 --seed 0 -o runs/schedule.jsonl",
+)
 def schedule_cmd(
     *,
     source: Annotated[
         str | None, typer.Option("--from", help="Request trace to replay (Mooncake, Azure, …).")
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Schedule JSONL to write.")] = Path(
-        "schedule.jsonl"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Schedule JSONL to write.", show_default="schedule.jsonl"),
+    ] = None,
     format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     speedup: Annotated[float, typer.Option("--speedup", help="Replay faster (2 = twice the rate).")] = 1.0,
     start_s: Annotated[float, typer.Option("--start", help="Window start, seconds of source time.")] = 0.0,
@@ -409,6 +435,7 @@ def schedule_cmd(
         Path | None, typer.Option("--scenarios", help="Synthetic: label entries by class weight.")
     ] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Write an arrival schedule (JSONL of intended offsets) from a request trace or a synthetic process."""
     from harness.common.io import check_output_file, write_jsonl
@@ -416,6 +443,7 @@ def schedule_cmd(
     from harness.traces._base import SkipLog
     from harness.traces.api import load_scenarios, read_requests
 
+    output = _output(output, old_output, "schedule.jsonl")
     skips = SkipLog()
     if (source is None) == (rate is None):
         raise ConfigError("give exactly one of --from FILE (replay) or --rate R (synthetic)")

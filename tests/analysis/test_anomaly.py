@@ -329,5 +329,5 @@ def test_the_scrape_command_takes_the_credentials_options(
     assert "wrote 2 scrapes" in capsys.readouterr().err
     assert len(read_series(out)[("cache_hit_rate", (("tier", "l1"),))]) == 2
     with pytest.raises(SystemExit) as exc:
-        main([*args, "-H", "Authorization: Bearer wrong"])
+        main([*args, "--header", "Authorization: Bearer wrong"])
     assert exc.value.code == 5 and "answered 401" in capsys.readouterr().err

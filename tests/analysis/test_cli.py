@@ -36,9 +36,9 @@ def test_hitrate_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--capacity",
+        "--cache-size",
         "50",
-        "--capacity",
+        "--cache-size",
         "5000",
         "--json",
     )
@@ -48,7 +48,7 @@ def test_hitrate_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     by = {(r["capacity"], r["policy"]): r["hit_rate"] for r in doc["results"]}
     assert by[(50, "min")] >= max(by[(50, "lru")], by[(50, "lfu")])
     assert by[(5000, "min")] == pytest.approx(doc["cold_ceiling"])
-    rc, out, _ = run(capsys, "analysis", "hitrate", "--trace", str(SAMPLE), "--capacity", "3")
+    rc, out, _ = run(capsys, "analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "3")
     assert rc == 0 and "cold ceiling" in out
 
 
@@ -61,7 +61,7 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--capacity",
+        "--cache-size",
         "100",
         "--window",
         "0.5",
@@ -82,12 +82,12 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["analysis", "hitrate", "--trace", "/nope.jsonl", "--capacity", "1"], 3, "no such file"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--capacity", "1", "--unit", "pages"], 2, "pages"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--capacity", "0"], 3, "capacity"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--capacity", "1", "--policy", "arc"], 4, "arc"),
+        (["analysis", "hitrate", "--trace", "/nope.jsonl", "--cache-size", "1"], 3, "no such file"),
+        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "1", "--unit", "pages"], 2, "pages"),
+        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "0"], 2, "--cache-size"),
+        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "1", "--policy", "arc"], 4, "arc"),
         (
-            ["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--predictor", "psychic"],
+            ["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--predictor", "psychic"],
             4,
             "psychic",
         ),
@@ -99,14 +99,14 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         ),
         (["analysis", "decay"], 2, "--points"),
         (["analysis", "tiers"], 2, "--corpus"),
-        (["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--api", "grpc"], 2, "grpc"),
+        (["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--api", "grpc"], 2, "grpc"),
         (
             [
                 "analysis",
                 "plan",
                 "--trace",
                 str(SAMPLE),
-                "--capacity",
+                "--cache-size",
                 "5",
                 "--in-sample",
                 "--eval",
@@ -115,7 +115,7 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
             2,
             "--eval",
         ),
-        (["analysis", "plan", "--trace", str(SAMPLE), "--capacity", "5", "--window", "1"], 2, "--window"),
+        (["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--window", "1"], 2, "--window"),
         (
             ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", "/nope.jsonl"],
             3,
@@ -143,7 +143,7 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
             4,
             "settle time",
         ),
-        (["deploy", "istio", "--host", "h", "--ab", "a=80,b=30"], 4, "add up to 100"),
+        (["deploy", "istio", "--service-host", "h", "--ab", "a=80,b=30"], 4, "add up to 100"),
         (["deploy", "istio"], 2, "host"),
     ],
 )
@@ -202,7 +202,7 @@ def test_decay_avalanche_rto(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     )
     rc, out, _ = run(capsys, "analysis", "avalanche", "--classes", str(classes), "--json")
     assert rc == 0 and json.loads(out)["probability"] == pytest.approx(1 - 0.9 * 0.5)
-    rc, out, _ = run(capsys, "analysis", "avalanche", "--classes", str(classes), "--target", "0.05")
+    rc, out, _ = run(capsys, "analysis", "avalanche", "--classes", str(classes), "--target-p", "0.05")
     assert rc == 0 and "P = 1 − Π(1 − p_i) = 0.5500" in out
     cases = tmp_path / "cases.jsonl"
     write_jsonl(
@@ -274,7 +274,7 @@ def test_deploy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc, _, err = run(capsys, "deploy", "grafana", "-o", str(tmp_path / "dash.json"))
     assert rc == 0 and "panels" in err
     assert json.loads((tmp_path / "dash.json").read_text())["uid"] == "harness-cache"
-    rc, out, _ = run(capsys, "deploy", "istio", "--host", "llm.svc", "--ab", "blue=70,green=30")
+    rc, out, _ = run(capsys, "deploy", "istio", "--service-host", "llm.svc", "--ab", "blue=70,green=30")
     assert rc == 0
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["VirtualService", "DestinationRule"]
@@ -339,7 +339,7 @@ def test_tiers_and_plan_with_corpus(capsys: pytest.CaptureFixture[str], tmp_path
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--capacity",
+        "--cache-size",
         "100",
         "--corpus",
         str(corpus),

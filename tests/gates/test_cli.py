@@ -52,7 +52,7 @@ def test_gate_pass_writes_table_junit_and_json(runs: dict[str, Path], base: Path
         f"warm={runs['warm2']}",
         "--junit",
         str(junit),
-        "--json",
+        "--json-out",
         str(verdict),
     )
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr

@@ -61,7 +61,7 @@ def test_a_lost_worker_is_reported_and_makes_the_run_incomplete(tmp_path: Path, 
         master = subprocess.Popen(
             [*base, "--master", "--headless", "--expect-workers", "2", "--master-bind-port", port,
              "--host", srv.url, "--corpus", str(corpus), "--rate", "10", "--duration", "12",
-             "--results-dir", str(results), "--start-delay", "1", "--concurrency", "4"],
+             "--out", str(results), "--start-delay", "1", "--concurrency", "4"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         workers = [

@@ -36,7 +36,7 @@ def test_web_ui_tab_shows_live_percentiles_and_sigterm_finalizes(tmp_path: Path,
     with SSEServer(Behaviour(first_token_s=0.02, gap_s=0.005, tokens=4)) as srv:
         cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "replay.py"), "--autostart",
                "--web-host", "127.0.0.1", "--web-port", str(port), "--host", srv.url, "--corpus", str(corpus),
-               "--rate", "10", "--duration", "300", "--results-dir", str(results),
+               "--rate", "10", "--duration", "300", "--out", str(results),
                "--start-delay", "0.5"]  # fmt: skip
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)  # fmt: skip
@@ -78,7 +78,7 @@ def test_web_ui_tab_shows_precision_progress_and_the_stop_reason(tmp_path: Path,
         cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "replay.py"), "--autostart",
                "--web-host", "127.0.0.1", "--web-port", str(port), "--host", srv.url, "--corpus", str(corpus),
                "--rate", "10", "--max-duration", "300", "--until-precision", "50%",
-               "--precision-on", "ttft_ms:50", "--results-dir", str(results),
+               "--precision-on", "ttft_ms:50", "--out", str(results),
                "--start-delay", "0.5"]  # fmt: skip
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)  # fmt: skip

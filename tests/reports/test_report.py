@@ -261,7 +261,7 @@ def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_pat
     path.write_text(result.model_dump_json())
     out = tmp_path / "cap.html"
     # With no run directories the probes themselves are the result sets.
-    res = harness_cli("report", "--capacity", str(path), "-o", str(out))
+    res = harness_cli("report", "--capacity-json", str(path), "-o", str(out))
     assert res.returncode == 0, res.stderr
     page = _parse(out)
     assert page.figures["fig-capacity"]["src"].startswith("data:image/png;base64,")

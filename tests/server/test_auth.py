@@ -494,7 +494,7 @@ def test_check_protected_mode_warning_names_what_is_open() -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--host", "0.0.0.0"], "protected mode"),
+        (["--bind", "0.0.0.0"], "protected mode"),
         (["--api-keys", "/no/such/keys.json"], "/no/such/keys.json"),
     ],
 )
