@@ -556,7 +556,8 @@ def travel(args: argparse.Namespace) -> None:
                     if first is not None:  # the first machine's baseline, carried here
                         verdict = run / "gate-carried.json"
                         harness(ctx, "gate", "--baseline", str(first.baseline), f"cold={run / 'cold'}",
-                                f"warm={run / 'warm'}", "--json-out", str(verdict), ok=VERDICT_CODES)  # fmt: skip
+                                f"warm={run / 'warm'}", "--json-out", str(verdict),
+                                ok=VERDICT_CODES)  # fmt: skip
                         table.setdefault(
                             f"unchanged ({name}), baseline from {machines[0]} loop(s)", Counter()
                         )[_verdict(verdict)] += 1

@@ -128,7 +128,7 @@ def calibrate(
     resolved = resolve(recipe, given, CALIBRATE_OPTIONS)
     if resolved.gate.baseline is not None:  # only a recipe file can name one: the flag is not offered
         stderr.print(
-            f"note: the recipe's gate ({resolved.gate.baseline}) is not used: calibration writes the baseline",
+            f"note: the recipe's gate ({resolved.gate.baseline}) is not used: calibration writes it",
             highlight=False, markup=False, soft_wrap=True,
         )  # fmt: skip
         resolved = resolved.model_copy(update={"gate": resolved.gate.model_copy(update={"baseline": None})})
