@@ -44,6 +44,7 @@ from harness.load.client import (
     MAX_ERROR_BODY,
     StreamBody,
     StreamOutcome,
+    fill_stream_fields,
     http_error,
     read_response,
     read_sse,
@@ -258,32 +259,11 @@ class ReplayUser(User):
         """Parse the stream, fill the record's latencies and tokens, record and report it."""
         intended_abs = run.epoch + rec.intended_s
         sent = req.sent
-        mode_used: str | None = None
         lines = req.body.lines
         out: StreamOutcome | None = None
         if lines:
             out = read_response(lines, run.opts.token_counting, run.tokenize)
-            rec.error = rec.error or out.error
-            usage = out.usage
-            rec.prompt_tokens = usage.prompt_tokens
-            rec.cached_tokens = usage.cached_tokens
-            hx = usage.harness
-            if hx is not None:
-                rec.prefill_kv_bytes = hx.prefill_kv_bytes
-                rec.prefill_peak_bytes = hx.prefill_peak_bytes
-                rec.peak_measured = hx.peak_measured
-                rec.prefill_kv_measured = hx.prefill_kv_measured
-                rec.mean_entropy = hx.mean_entropy
-            tm = out.timing
-            if tm is not None:
-                mode_used = tm.mode
-                if tm.first_token_t is not None:
-                    rec.ttft_ms = (tm.first_token_t - sent) * 1000.0
-                    rec.ttft_from_intended_ms = (tm.first_token_t - intended_abs) * 1000.0
-                rec.itl_ms = tm.itl_ms
-                rec.tpot_ms = tm.tpot_ms
-                rec.completion_tokens = tm.completion_tokens if tm.mode else usage.completion_tokens
-        rec.token_counting = mode_used
+            fill_stream_fields(rec, out, sent, intended_abs)
         if rec.error is None or lines:
             rec.e2e_ms = (end - sent) * 1000.0
             rec.e2e_from_intended_ms = (end - intended_abs) * 1000.0
