@@ -39,7 +39,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -79,10 +79,11 @@ from harness.corpus.model import (
     SessionTurn,
     TemplateInfo,
     ToolCall,
+    ToolFunction,
 )
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings
-from harness.corpus.tokens import load_tokenizer
+from harness.corpus.tokens import TargetTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SESSION_LOGS = (REPO / "fixtures" / "corpus" / "crosswoz_sample.json.zip",)
@@ -111,6 +112,11 @@ class DialogueTurn:
     message after them): an agent's log (:data:`SESSION_READERS` ``openai``)."""
     calls: tuple[ToolCall, ...] = ()
     """The tool calls of the reply."""
+    sizes: tuple[int, int] | None = None
+    """A trace's turn (no text): the tokens its opening messages add to the prompt and the tokens
+    of its reply; :func:`materialize` writes texts of those lengths."""
+    blocks: tuple[int, ...] = ()
+    """A trace's first turn: its prompt's ``hash_ids`` (shared blocks become shared text)."""
 
     def opener(self) -> list[Message]:
         """The messages that open the turn, as the body carries them."""
@@ -137,6 +143,14 @@ class Dialogue:
     tools: list[dict[str, Any]] | None = None
     """The tools the conversation offered (OpenAI ``tools``), sent with every turn."""
     tool_choice: str | dict[str, Any] | None = None
+    verbatim: bool = False
+    """Its user messages go into the body as they are, not through the template's user part (a
+    trace's synthetic texts: tens of thousands of tokens, past the template sandbox's output cap)."""
+
+    @property
+    def from_trace(self) -> bool:
+        """A trace's conversation: lengths without text (:func:`materialize` writes it)."""
+        return any(t.sizes is not None for t in self.turns)
 
     @property
     def agentic(self) -> bool:
@@ -175,7 +189,18 @@ def read_dialogues(paths: Sequence[Path]) -> list[Dialogue]:
 
 
 def _rest(d: Dialogue) -> tuple[Any, ...]:
-    return (d.source, d.lang, d.domain, d.intent, d.turns, d.venues, d.system, d.tools, d.tool_choice)
+    return (
+        d.source,
+        d.lang,
+        d.domain,
+        d.intent,
+        d.turns,
+        d.venues,
+        d.system,
+        d.tools,
+        d.tool_choice,
+        d.verbatim,
+    )
 
 
 def _sniff_crosswoz(name: Path, head: bytes) -> bool:
@@ -400,6 +425,112 @@ def _turn(pending: list[Message], reply: str | None, calls: tuple[ToolCall, ...]
     )  # fmt: skip
 
 
+AGENT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Run one step of the task (a trace's tool: its name and schema are not in the trace)",
+        "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+    },
+}
+"""The one tool a trace's agent sessions offer and call (the trace says how long calls and results
+were, not what they were)."""
+AGENT_SYSTEM = "You are an agent. Call the act tool for each step of the task, then answer."
+
+
+def _sniff_mooncake(name: Path, head: bytes) -> bool:
+    line = first_line(head)
+    return (
+        line.startswith(b"{")
+        and b'"input_length"' in line
+        and b'"hash_ids"' in line
+        and b'"timestamp"' in line
+    )
+
+
+def _read_mooncake(path: Path, data: bytes) -> list[Dialogue]:
+    """A Mooncake-format trace (``toolagent_trace.jsonl``, the FAST'25 tool and agent workload; any of
+    its traces) as agent conversations: sessions inferred from growing ``hash_ids`` prefixes
+    (:func:`chain_by_prefix`), every turn but the last answered by a tool call of ``output_length``
+    tokens, every later turn opened by that call's result, as long as the prompt grew beyond the
+    previous prompt and answer. Texts are written later, to the lengths, by :func:`materialize`."""
+    from harness.traces.readers.mooncake import BLOCK_SIZE  # the trace's own block size
+
+    reqs: list[TraceRequest] = []
+    for n, line in jsonl_lines(data.splitlines()):
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
+            raise InputError(
+                "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
+            )
+        reqs.append(_trace_request(path, n, obj, float(obj["timestamp"]) / 1000.0))
+    chains, _ = chain_by_prefix(reqs, BLOCK_SIZE)
+    out: list[Dialogue] = []
+    for i, chain in enumerate(chains):
+        turns: list[DialogueTurn] = []
+        for k, j in enumerate(chain):
+            r = reqs[j]
+            if k == 0:
+                added = r.input_tokens
+            else:
+                prev = reqs[chain[k - 1]]
+                added = max(0, r.input_tokens - prev.input_tokens - prev.output_tokens)
+            last = k == len(chain) - 1
+            call = () if last else (ToolCall(id=f"call_{i}_{k}", function=ToolFunction(name="act")),)
+            turns.append(
+                DialogueTurn(
+                    "", None, ts=r.at_s, where=f"line {j + 1}", calls=call, sizes=(added, r.output_tokens),
+                    blocks=r.hash_ids[: r.input_tokens // BLOCK_SIZE] if k == 0 else (),
+                )
+            )  # fmt: skip
+        out.append(
+            Dialogue(
+                id=f"session-{i}", source=f"mooncake:{path.name}", lang="en", domain="agent",
+                intent="tool_use", turns=tuple(turns), system=(AGENT_SYSTEM,), tools=[AGENT_TOOL],
+                tool_choice="auto",
+            )
+        )  # fmt: skip
+    return out
+
+
+def materialize(d: Dialogue, tok: TargetTokenizer) -> Dialogue:
+    """A trace's conversation with texts of its lengths, in ``tok``'s tokens: the first turn's prefix
+    blocks as the shared block texts (so sessions that share blocks in the trace share text), the
+    rest of every prompt's growth as the previous call's result, each reply as a call whose
+    ``input`` argument (or, last, an answer) is as long as the trace's output. Deterministic for a
+    seed; the chat template's own tokens come on top."""
+    from harness.traces.readers.mooncake import BLOCK_SIZE
+
+    turns: list[DialogueTurn] = []
+    prev_call: ToolCall | None = None
+    for k, t in enumerate(d.turns):
+        assert t.sizes is not None
+        added, output = t.sizes
+        key = f"{d.id}:{k}"
+        reply_text = tok.words(f"reply:{key}", output).strip()
+        calls: tuple[ToolCall, ...] = ()
+        if t.calls:
+            args = orjson.dumps({"input": reply_text}).decode()
+            calls = (ToolCall(id=t.calls[0].id, function=ToolFunction(name="act", arguments=args)),)
+        if k == 0:
+            head = tok.prefix(t.blocks, BLOCK_SIZE)
+            text = (head + tok.words(f"user:{key}", added - len(t.blocks) * BLOCK_SIZE)).strip()
+            turns.append(replace(t, user=text, reply=None if calls else reply_text, calls=calls, sizes=None))
+        else:
+            assert prev_call is not None
+            result = Message(
+                role="tool", content=tok.words(f"result:{key}", added).strip(), tool_call_id=prev_call.id
+            )
+            turns.append(
+                replace(t, inputs=(result,), reply=None if calls else reply_text, calls=calls, sizes=None)
+            )
+        prev_call = calls[0] if calls else None
+    return replace(d, turns=tuple(turns), verbatim=True)
+
+
 SESSION_READERS.register("crosswoz")(
     SessionReader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
 )
@@ -411,6 +542,16 @@ SESSION_READERS.register("openai")(
         _sniff_openai,
         _read_openai,
         30,
+    )
+)
+SESSION_READERS.register("mooncake")(
+    SessionReader(
+        "mooncake",
+        "Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids; e.g. the tool and agent "
+        "workload): agent sessions from growing hash_ids prefixes, synthetic texts of the trace's lengths",
+        _sniff_mooncake,
+        _read_mooncake,
+        35,
     )
 )
 SESSION_READERS.register("jsonl")(
@@ -773,8 +914,8 @@ def render_turn(
             if not system_done:  # the log's own system prompt, verbatim, once
                 msgs += [Message(role="system", content=text) for text in d.system]
                 system_done = True
-        elif role == "user" and turn.inputs:
-            msgs += list(turn.inputs)  # tool results (and what the user added): verbatim
+        elif role == "user" and (turn.inputs or d.verbatim):
+            msgs += turn.opener()  # tool results (and what the user added), a trace's text: verbatim
         else:
             assert name is not None
             # A template's final newline is not part of a message (the user's text stays verbatim).
@@ -814,8 +955,18 @@ class SessionBuildResult:
 def _dedup_first_turns(
     dialogues: list[Dialogue], settings: CorpusSettings, tick: Callable[[str, int, int], None]
 ) -> tuple[list[int], dict[int, tuple[int, float]], dict[str, dict[str, object]]]:
-    """Indices of the dialogues kept (greedy, in order) and, for each dropped one, (kept, cosine)."""
+    """Indices of the dialogues kept (greedy, in order) and, for each dropped one, (kept, cosine).
+    A trace's conversations are distinct by construction (and have no text yet): all kept."""
     from harness.corpus.build import _judges  # the corpus's one way to make its per-language judges
+
+    traced = [i for i, d in enumerate(dialogues) if d.from_trace]
+    if traced:
+        rest = [i for i, d in enumerate(dialogues) if not d.from_trace]
+        if not rest:
+            return traced, {}, {}
+        kept_rest, gone, judged_rest = _dedup_first_turns([dialogues[i] for i in rest], settings, tick)
+        gone_back = {rest[b]: (rest[a], c) for b, (a, c) in gone.items()}
+        return sorted(traced + [rest[i] for i in kept_rest]), gone_back, judged_rest
 
     langs = sorted({d.lang for d in dialogues})
     missing = [lang for lang in langs if lang not in settings.dedup_judges]
@@ -891,12 +1042,20 @@ def build_sessions(
     chosen = kept[:n]
     template_sha = file_sha256(tmpl.files)
     records: list[CorpusRecord] = []
+    t0 = min((d.turns[0].ts or 0.0 for d in dialogues if d.from_trace), default=0.0)
     for s, di in enumerate(chosen):
         d = dialogues[di]
+        traced = d.from_trace
+        if traced:
+            d = materialize(d, tok)
         timing_s = timing.sessions[s % len(timing.sessions)] if timing else None
+        if traced and timing_s is None:  # a trace's conversation starts when the trace says
+            timing_s = SessionTiming((d.turns[0].ts or 0.0) - t0, ())
         thinks, sources = think_times(
             d, timing_s, inputs.think_time, settings.seed, timing.think_source if timing else "trace"
         )
+        if traced:  # its turns' times are the trace's arrivals, sessions inferred from prefixes
+            sources = [src if src != "log" else "trace-prefix" for src in sources]
         pairs: list[tuple[str, str]] = []
         sid = f"s{settings.seed}-{s:05d}"
         rng = np.random.default_rng([settings.seed, s, 0x7E])

@@ -311,3 +311,43 @@ def test_an_agents_log_that_breaks_the_shape_is_refused_naming_line_and_field(tm
             ),
             settings,
         )
+
+
+def test_a_mooncake_agent_trace_becomes_tool_sessions_of_its_lengths_and_times(tmp_path: Path) -> None:
+    """Session A: three requests, each prompt its predecessor's plus its answer plus a tool result
+    (300 and 50 tokens); session B: one request sharing A's first 512-token block."""
+    from harness.corpus.sessions import detect_session_format
+    from harness.corpus.tokens import load_tokenizer
+
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [1, 7]},
+        {"timestamp": 2000, "input_length": 1420, "output_length": 30, "hash_ids": [1, 2, 9]},
+        {"timestamp": 5000, "input_length": 1500, "output_length": 10, "hash_ids": [1, 2, 9]},
+    ]
+    trace = _log(tmp_path / "toolagent_trace.jsonl", rows)
+    assert detect_session_format(trace) == "mooncake"
+    settings = load_settings(CorpusSettings, seed=1)
+    build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[trace]), settings)
+    recs = list(read_corpus(tmp_path / "c"))
+    assert len(recs) == 4  # A: 3 turns, B: 1
+    by = {(r.session.turns, r.session.turn): r for r in recs if r.session}
+    a1, a2, a3, b1 = by[(3, 1)], by[(3, 2)], by[(3, 3)], by[(1, 1)]
+    tok = load_tokenizer(None, settings.seed)
+    assert a1.session is not None and tok.count(a1.session.user) == 1100
+    assert b1.session is not None and tok.count(b1.session.user) == 600
+    assert a1.session.user[:200] == b1.session.user[:200]  # the shared first block: the same text
+    assert a2.session is not None and a2.session.inputs is not None
+    assert tok.count(a2.session.inputs[0].content) == 300 and a2.session.inputs[0].tool_call_id == "call_0_0"
+    assert (
+        a3.session is not None
+        and a3.session.inputs is not None
+        and tok.count(a3.session.inputs[0].content) == 50
+    )
+    call = (a1.session.log_tool_calls or [])[0]
+    assert call.function.name == "act" and tok.count(orjson.loads(call.function.arguments)["input"]) == 20
+    assert a3.session.log_tool_calls is None and b1.session.log_tool_calls is None
+    assert a1.tools and a1.tools[0]["function"]["name"] == "act"
+    assert [r.session.think_time_s for r in (a1, a2, a3)] == [0.0, 2.0, 3.0]  # type: ignore[union-attr]
+    assert a2.session.think_source == "trace-prefix"
+    assert (a1.arrival_offset_s, b1.arrival_offset_s) == (0.0, 1.0)
