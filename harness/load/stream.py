@@ -355,6 +355,11 @@ def _count_final_usage(s: ParsedStream, tokenize: Tokenize | None) -> list[int] 
     idx = [i for i, c in enumerate(s.chunks) if c.parts]
     if total is None or not idx:
         return None
+    hidden = reported_reasoning_tokens(s.usage)
+    if hidden and not any(k == "reasoning" for c in s.chunks for k, _ in c.parts):
+        # Thinking the server counted but never streamed (OpenAI's reasoning models): those tokens
+        # arrived in no chunk, so they are not spread over the ones that did.
+        total = max(len(idx), total - hidden)
     counts = [0] * len(s.chunks)
     base, extra = divmod(total, len(idx))
     for j, i in enumerate(idx):

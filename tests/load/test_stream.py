@@ -206,3 +206,14 @@ def test_the_record_gets_usage_reasoning_tokens_over_its_own_count() -> None:
     assert (rec.reasoning_tokens, rec.reasoning_source) == (2, "usage")
     assert rec.ttft_ms == pytest.approx(100.0) and rec.ttfa_ms == pytest.approx(200.0)
     assert rec.itl_reasoning_ms == pytest.approx([0.0]) and rec.itl_answer_ms == pytest.approx([100.0])
+
+
+def test_thinking_counted_but_never_streamed_is_not_spread_over_the_answer() -> None:
+    # OpenAI's reasoning models: 100 completion tokens of which 96 hidden thinking, 4 visible chunks.
+    usage = {"prompt_tokens": 3, "completion_tokens": 100, "total_tokens": 103,
+             "completion_tokens_details": {"reasoning_tokens": 96}}  # fmt: skip
+    end = b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0,
+                                    "model": "m", "choices": [], "usage": usage}) + b"\n"  # fmt: skip
+    lines = [(2.0 + 0.01 * i, chat(f" a{i}")) for i in range(4)] + [(2.05, end), (2.05, DONE)]
+    tm = timing(parse_lines(lines), "auto")
+    assert tm.mode == "final-usage" and tm.completion_tokens == 4 and tm.itl_ms == pytest.approx([10.0] * 3)
