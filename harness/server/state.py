@@ -154,9 +154,11 @@ class ServerState:
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
         self._device: str | None = None
         tok = engine.tokenizer
-        self.chat_syntax = ChatSyntax.of(
-            tok.chat_template, tok.apply_chat_template([{"role": "user", "content": "x"}])
-        )
+        try:  # one rendered turn shows whether the generation prompt opens <think> itself
+            sample = tok.apply_chat_template([{"role": "user", "content": "x"}])
+        except Exception:  # a template that refuses it fails on real requests too, with their own error
+            sample = ""
+        self.chat_syntax = ChatSyntax.of(tok.chat_template, sample)
         """What the model's chat template says it writes besides answers (tool calls, thinking)."""
         self.identity: dict[str, Any] = {}
         """What ``GET /v1/models`` tells about the weights (preset, weights hash …; set by the app)."""
