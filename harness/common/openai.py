@@ -3,8 +3,10 @@
 Request models are strict (``extra="forbid"``): an unknown or misspelt field is an error that names
 it, not a silently ignored knob. They cover what real clients and benchmark tools send (openai-python,
 vLLM ``bench serve``, guidellm, genai-perf, LLMPerf), including vLLM's sampling extras (``top_k``,
-``ignore_eos``, ``min_tokens`` …). Whether a *value* is supported (``n > 1``, tools)
-is the server's decision, so a client gets "not supported" rather than "unknown field".
+``ignore_eos``, ``min_tokens`` …). Whether a *value* is supported (``n > 1``) is the server's
+decision, so a client gets "not supported" rather than "unknown field". ``tools`` / ``tool_choice``
+are always accepted (a load test of an agent's traffic must not be refused); what a model does with
+them is its chat template's (``harness.server.chat_output``).
 
 Response and chunk models are lenient (``extra="allow"``): the load stage parses responses of other
 servers too (vLLM, SGLang, OpenAI itself), which add fields of their own. ``usage.harness`` is our
@@ -250,6 +252,10 @@ class ChatLogprobs(_Lenient):
 class ChatResponseMessage(_Lenient):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    """Thinking, for a model whose template marks it (vLLM's newer servers name it ``reasoning``)."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments a JSON string."""
 
 
 class ChatChoice(_Lenient):
@@ -272,6 +278,10 @@ class ChatCompletionResponse(_Lenient):
 class ChatDelta(_Lenient):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """Fragments: ``{"index", "id", "type", "function": {"name", "arguments"}}`` when a call starts,
+    ``{"index", "function": {"arguments"}}`` after (the load stage assembles them)."""
 
 
 class ChatChunkChoice(_Lenient):

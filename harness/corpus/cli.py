@@ -87,8 +87,9 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         bool,
         typer.Option(
             "--sessions",
-            help="Whole conversations from dialogue logs (--fewshot: CrossWOZ or a JSONL dialogue log; "
-            "default the bundled CrossWOZ sample), one record per user turn; --n counts sessions, "
+            help="Whole conversations from dialogue logs (--fewshot: CrossWOZ, a JSONL dialogue log, or "
+            "an agent's log in OpenAI's chat shape with tool calls; default the bundled CrossWOZ "
+            "sample), one record per turn; --n counts sessions, "
             "--trace gives session starts and think times (a JSONL trace with session ids, "
             "or Mooncake hash_ids: sessions inferred from growing prefixes).",
         ),

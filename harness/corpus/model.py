@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
@@ -24,9 +24,55 @@ MANIFEST_FILE = "manifest.json"
 QUALITY_FILE = "quality.json"
 
 
+class ToolFunction(StrictModel):
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+    """The arguments as the model wrote them: a JSON object, as a string (OpenAI's shape)."""
+
+
+class ToolCall(StrictModel):
+    """One tool call of an assistant message (OpenAI shape)."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class Message(StrictModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    """One chat message: ``system``, ``user``, ``assistant`` (its ``tool_calls`` too) or ``tool`` (a
+    tool's result, answering the call ``tool_call_id``)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    """The text; an assistant message that only calls tools has none (``null`` in a log reads as "")."""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_content(cls, v: object) -> object:
+        return "" if v is None else v
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> Message:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the 'tool_call_id' of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message has 'tool_calls'")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The message as a request carries it (OpenAI shape: ``content`` null beside tool calls)."""
+        out = self.model_dump(exclude_none=True)
+        if self.tool_calls and not self.content:
+            out["content"] = None
+        return out
+
+    def text(self) -> str:
+        """What the model reads of it: its content, and each tool call as ``name arguments``."""
+        calls = " ".join(f"{c.function.name} {c.function.arguments}" for c in self.tool_calls or [])
+        return f"{self.content} {calls}".strip() if calls else self.content
 
 
 class Sampling(StrictModel):
@@ -134,8 +180,12 @@ class SessionTurn(StrictModel):
     """1-based position in the session."""
     turns: int = Field(ge=1)
     """Turns of the session in this corpus."""
-    user: str = Field(min_length=1)
-    """This turn's user message, verbatim from the log."""
+    user: str = ""
+    """This turn's user message, verbatim from the log ("" for a turn opened by tool results alone)."""
+    inputs: list[Message] | None = None
+    """The messages that open this turn when they are not one user message: the results of the tool
+    calls the previous turn made (and a user message after them, if any), verbatim from the log. They
+    sit in the body right after the history (``history_at``'s end). ``None``: a user message opens it."""
     think_time_s: float = Field(ge=0.0)
     """Seconds between the previous turn's answer and this turn (0 for the first turn)."""
     think_source: str
@@ -149,6 +199,19 @@ class SessionTurn(StrictModel):
     prompt (completions), end exclusive; empty for the first turn."""
     log_reply: str | None = None
     """The log's answer to this turn (what ``history_source: log`` puts in later turns)."""
+    log_tool_calls: list[ToolCall] | None = None
+    """The tool calls of the log's answer to this turn: the next turn's ``inputs`` answer them, and
+    a live replay matches the target's calls against them (:mod:`harness.load.sessions`)."""
+
+    @model_validator(mode="after")
+    def _opened(self) -> SessionTurn:
+        if not self.user and not self.inputs:
+            raise ValueError("a turn is opened by a user message ('user') or by tool results ('inputs')")
+        return self
+
+    def opener(self) -> list[Message]:
+        """The messages that open this turn (its ``inputs``, or its user message)."""
+        return list(self.inputs) if self.inputs else [Message(role="user", content=self.user)]
 
 
 class CorpusRecord(StrictModel):
@@ -176,6 +239,12 @@ class CorpusRecord(StrictModel):
     provenance: Provenance
     session: SessionTurn | None = None
     """Set on session corpora (``--sessions``): the turn of a conversation this record is."""
+    tools: list[dict[str, Any]] | None = None
+    """Tools the request offers (OpenAI ``tools``: ``{"type": "function", "function": {name,
+    description, parameters}}``); sent with chat requests only."""
+    tool_choice: str | dict[str, Any] | None = None
+    """``auto``, ``none``, ``required`` or ``{"type": "function", "function": {"name": …}}``; sent only
+    when set, and only with ``tools``."""
 
     @model_validator(mode="after")
     def _one_body(self) -> CorpusRecord:
@@ -184,10 +253,10 @@ class CorpusRecord(StrictModel):
         return self
 
     def text(self) -> str:
-        """The prompt, or the message contents joined as the target would see them."""
+        """The prompt, or the message contents (and tool calls) joined as the target would see them."""
         if self.prompt is not None:
             return self.prompt
-        return "\n".join(m.content for m in self.messages or [])
+        return "\n".join(m.text() for m in self.messages or [])
 
     def to_request(
         self,
@@ -201,7 +270,8 @@ class CorpusRecord(StrictModel):
 
         ``api`` defaults to the record's own shape (``messages`` → chat, ``prompt`` → completions);
         forcing the other sends a prompt as one user message, or the messages' text as a prompt.
-        Every sampling field is sent (``stop`` only when non-empty); ``max_tokens`` is capped at
+        ``tools`` and ``tool_choice`` go with a chat request (a completions request has no place for
+        them). Every sampling field is sent (``stop`` only when non-empty); ``max_tokens`` is capped at
         ``max_tokens_cap``. A streamed body asks for ``usage`` in the last chunk, which is where the
         load stage gets its token counts from.
         """
@@ -211,7 +281,11 @@ class CorpusRecord(StrictModel):
             body["model"] = model
         if endpoint == "chat.completions":
             msgs = self.messages if self.messages is not None else [Message(role="user", content=self.text())]
-            body["messages"] = [m.model_dump() for m in msgs]
+            body["messages"] = [m.wire() for m in msgs]
+            if self.tools:
+                body["tools"] = self.tools
+                if self.tool_choice is not None:
+                    body["tool_choice"] = self.tool_choice
         else:
             body["prompt"] = self.text()
         body["max_tokens"] = min(self.max_tokens, max_tokens_cap) if max_tokens_cap else self.max_tokens

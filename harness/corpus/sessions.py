@@ -14,7 +14,14 @@ Dialogue logs (registry :data:`SESSION_READERS`, detected from content):
   retrieved context (entries of the bundled CrossWOZ venue catalogue), stable for the whole session
   so that each turn's prompt extends the previous one (the prefix a KV cache reuses);
 * ``jsonl`` — one :class:`SessionLogLine` a line: ``session_id``, ``turn``, ``text``, optional
-  ``response``, ``ts`` and ``replied_at`` (seconds or ISO), ``lang``, ``domain``, ``intent``.
+  ``response``, ``ts`` and ``replied_at`` (seconds or ISO), ``lang``, ``domain``, ``intent``;
+* ``openai`` — an agent's log: one conversation a line in OpenAI's chat shape
+  (:class:`ConversationLine`: ``messages`` with assistant ``tool_calls`` and ``tool`` results,
+  ``tools``, ``tool_choice``; the shape of OpenAI's chat fine-tuning files too). Each assistant
+  message ends a turn, opened by the messages since the previous one: a user message, or the
+  tool results that answer the previous turn's calls. The records carry the tools, the tool results
+  that open a turn (``session.inputs``) and the log's calls (``session.log_tool_calls``), which a
+  live replay matches the target's own calls against (:mod:`harness.load.sessions`).
 
 Think time before turn ``k > 1``: from the log's timestamps where it has them (``ts_k − replied_at_{k−1}``,
 else ``ts_k − ts_{k−1}``), or from a Mooncake-style timing trace (``--trace``: JSONL with
@@ -32,7 +39,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -43,7 +50,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from harness.common.errors import ConfigError, InputError
-from harness.common.formats import first_object
+from harness.common.formats import first_line, first_object
 from harness.common.io import jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
@@ -71,10 +78,12 @@ from harness.corpus.model import (
     Sampling,
     SessionTurn,
     TemplateInfo,
+    ToolCall,
+    ToolFunction,
 )
 from harness.corpus.sandbox import PromptRenderer, TemplateError
 from harness.corpus.settings import CorpusSettings
-from harness.corpus.tokens import load_tokenizer
+from harness.corpus.tokens import TargetTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SESSION_LOGS = (REPO / "fixtures" / "corpus" / "crosswoz_sample.json.zip",)
@@ -92,11 +101,30 @@ MAX_OUTPUT_TOKENS = 1024
 @dataclass(frozen=True, slots=True)
 class DialogueTurn:
     user: str
+    """The user message that opens the turn ("" when tool results alone open it)."""
     reply: str | None
     ts: float | None = None
     """Seconds (any origin) the user message was sent, when the log says."""
     replied_at: float | None = None
     where: str = ""
+    inputs: tuple[Message, ...] | None = None
+    """The messages that open the turn when they are not one user message (tool results, a user
+    message after them): an agent's log (:data:`SESSION_READERS` ``openai``)."""
+    calls: tuple[ToolCall, ...] = ()
+    """The tool calls of the reply."""
+    sizes: tuple[int, int] | None = None
+    """A trace's turn (no text): the tokens its opening messages add to the prompt and the tokens
+    of its reply; :func:`materialize` writes texts of those lengths."""
+    blocks: tuple[int, ...] = ()
+    """A trace's first turn: its prompt's ``hash_ids`` (shared blocks become shared text)."""
+
+    def opener(self) -> list[Message]:
+        """The messages that open the turn, as the body carries them."""
+        return list(self.inputs) if self.inputs else [Message(role="user", content=self.user)]
+
+    def answer(self) -> Message:
+        """The log's reply as an assistant message (its tool calls too)."""
+        return Message(role="assistant", content=self.reply or "", tool_calls=list(self.calls) or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +138,24 @@ class Dialogue:
     turns: tuple[DialogueTurn, ...]
     venues: tuple[str, ...] = ()
     """Venues the conversation names (CrossWOZ), in order: the session's retrieved context."""
+    system: tuple[str, ...] = ()
+    """The log's own system messages (an agent's log): they replace the template's system part."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools the conversation offered (OpenAI ``tools``), sent with every turn."""
+    tool_choice: str | dict[str, Any] | None = None
+    verbatim: bool = False
+    """Its user messages go into the body as they are, not through the template's user part (a
+    trace's synthetic texts: tens of thousands of tokens, past the template sandbox's output cap)."""
+
+    @property
+    def from_trace(self) -> bool:
+        """A trace's conversation: lengths without text (:func:`materialize` writes it)."""
+        return any(t.sizes is not None for t in self.turns)
+
+    @property
+    def agentic(self) -> bool:
+        """Whether the conversation has tools, tool calls or tool results (chat templates only)."""
+        return bool(self.tools) or any(t.inputs or t.calls for t in self.turns)
 
 
 SessionReader = CorpusReader[Dialogue]
@@ -143,7 +189,18 @@ def read_dialogues(paths: Sequence[Path]) -> list[Dialogue]:
 
 
 def _rest(d: Dialogue) -> tuple[Any, ...]:
-    return (d.source, d.lang, d.domain, d.intent, d.turns, d.venues)
+    return (
+        d.source,
+        d.lang,
+        d.domain,
+        d.intent,
+        d.turns,
+        d.venues,
+        d.system,
+        d.tools,
+        d.tool_choice,
+        d.verbatim,
+    )
 
 
 def _sniff_crosswoz(name: Path, head: bytes) -> bool:
@@ -259,8 +316,243 @@ def _read_jsonl(path: Path, data: bytes) -> list[Dialogue]:
     return out
 
 
+class LogMessage(StrictModel):
+    """A message of an agent's log (OpenAI chat shape, as its API and its fine-tuning files have it)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    """Text, or text parts (``{"type": "text", "text": …}``, joined)."""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    weight: int | None = None
+    """A fine-tuning file's per-message weight: not part of the conversation (ignored)."""
+
+    def text(self, where: str, path: Path, line: int) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InputError("only text content parts can be replayed", file=path, line=line, field=where)
+            parts.append(part["text"])
+        return "\n".join(parts)
+
+
+class ConversationLine(StrictModel):
+    """One line of an agent's log (``openai``): a whole conversation in OpenAI's chat shape."""
+
+    messages: list[LogMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    """Read, not replayed: the target decides whether it calls tools in parallel."""
+    session_id: str | None = None
+    id: str | None = None
+    lang: Literal["en", "zh"] | None = None
+    domain: str | None = None
+    intent: str | None = None
+
+
+def _sniff_openai(name: Path, head: bytes) -> bool:
+    line = first_line(head)
+    return line.startswith(b"{") and b'"messages"' in line and b'"role"' in line
+
+
+def _read_openai(path: Path, data: bytes) -> list[Dialogue]:
+    """One conversation a line: the system messages up front are its system prompt, and each
+    assistant message ends a turn that the messages since the previous one opened (a user message, or
+    the tool results answering the previous turn's calls)."""
+    out: list[Dialogue] = []
+    src = f"openai:{path.name}"
+    for n, text in jsonl_lines(data.splitlines()):
+        row = parse_jsonl_line(text, n, ConversationLine, file=path, expected="a conversation (messages)")
+        system: list[str] = []
+        turns: list[DialogueTurn] = []
+        pending: list[Message] = []
+        for i, m in enumerate(row.messages):
+            where = f"messages[{i}]"
+            content = m.text(f"{where}.content", path, n)
+            if m.role in ("system", "developer") and not turns and not pending:
+                system.append(content)
+                continue
+            if m.role == "assistant":
+                if not pending:
+                    raise InputError(
+                        "an assistant message must answer something: a user message or tool results "
+                        "come before it",
+                        file=path,
+                        line=n,
+                        field=where,
+                    )
+                turns.append(_turn(pending, content, tuple(m.tool_calls or ()), f"line {n} {where}"))
+                pending = []
+                continue
+            try:
+                role = "system" if m.role == "developer" else m.role
+                pending.append(Message(role=role, content=content, tool_call_id=m.tool_call_id, name=m.name))
+            except ValidationError as exc:
+                raise InputError(exc.errors()[0]["msg"], file=path, line=n, field=where) from None
+        if pending:  # the log ends on a question no one answered yet: a last turn without a reply
+            turns.append(_turn(pending, None, (), f"line {n}"))
+        if not turns or not turns[0].user:
+            raise InputError(
+                "a conversation must open with a user message", file=path, line=n, field="messages"
+            )
+        sid = row.session_id or row.id or f"line-{n}"
+        out.append(
+            Dialogue(
+                id=sid,
+                source=src,
+                lang=row.lang or detect_lang(turns[0].user),
+                domain=row.domain or ("agent" if row.tools else "chat"),
+                intent=row.intent or ("tool_use" if row.tools else "chat"),
+                turns=tuple(turns),
+                system=tuple(system),
+                tools=row.tools,
+                tool_choice=row.tool_choice,
+            )
+        )
+    return out
+
+
+def _turn(pending: list[Message], reply: str | None, calls: tuple[ToolCall, ...], where: str) -> DialogueTurn:
+    users = [m.content for m in pending if m.role == "user"]
+    plain = len(pending) == 1 and pending[0].role == "user"
+    return DialogueTurn(
+        users[-1] if users else "", reply if reply or not calls else None, where=where,
+        inputs=None if plain else tuple(pending), calls=calls,
+    )  # fmt: skip
+
+
+AGENT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Run one step of the task (a trace's tool: its name and schema are not in the trace)",
+        "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+    },
+}
+"""The one tool a trace's agent sessions offer and call (the trace says how long calls and results
+were, not what they were)."""
+AGENT_SYSTEM = "You are an agent. Call the act tool for each step of the task, then answer."
+
+
+def _sniff_mooncake(name: Path, head: bytes) -> bool:
+    line = first_line(head)
+    return (
+        line.startswith(b"{")
+        and b'"input_length"' in line
+        and b'"hash_ids"' in line
+        and b'"timestamp"' in line
+    )
+
+
+def _read_mooncake(path: Path, data: bytes) -> list[Dialogue]:
+    """A Mooncake-format trace (``toolagent_trace.jsonl``, the FAST'25 tool and agent workload; any of
+    its traces) as agent conversations: sessions inferred from growing ``hash_ids`` prefixes
+    (:func:`chain_by_prefix`), every turn but the last answered by a tool call of ``output_length``
+    tokens, every later turn opened by that call's result, as long as the prompt grew beyond the
+    previous prompt and answer. Texts are written later, to the lengths, by :func:`materialize`."""
+    from harness.traces.readers.mooncake import BLOCK_SIZE  # the trace's own block size
+
+    reqs: list[TraceRequest] = []
+    for n, line in jsonl_lines(data.splitlines()):
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
+            raise InputError(
+                "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
+            )
+        reqs.append(_trace_request(path, n, obj, float(obj["timestamp"]) / 1000.0))
+    chains, _ = chain_by_prefix(reqs, BLOCK_SIZE)
+    out: list[Dialogue] = []
+    for i, chain in enumerate(chains):
+        turns: list[DialogueTurn] = []
+        for k, j in enumerate(chain):
+            r = reqs[j]
+            if k == 0:
+                added = r.input_tokens
+            else:
+                prev = reqs[chain[k - 1]]
+                added = max(0, r.input_tokens - prev.input_tokens - prev.output_tokens)
+            last = k == len(chain) - 1
+            call = () if last else (ToolCall(id=f"call_{i}_{k}", function=ToolFunction(name="act")),)
+            turns.append(
+                DialogueTurn(
+                    "", None, ts=r.at_s, where=f"line {j + 1}", calls=call, sizes=(added, r.output_tokens),
+                    blocks=r.hash_ids[: r.input_tokens // BLOCK_SIZE] if k == 0 else (),
+                )
+            )  # fmt: skip
+        out.append(
+            Dialogue(
+                id=f"session-{i}", source=f"mooncake:{path.name}", lang="en", domain="agent",
+                intent="tool_use", turns=tuple(turns), system=(AGENT_SYSTEM,), tools=[AGENT_TOOL],
+                tool_choice="auto",
+            )
+        )  # fmt: skip
+    return out
+
+
+def materialize(d: Dialogue, tok: TargetTokenizer) -> Dialogue:
+    """A trace's conversation with texts of its lengths, in ``tok``'s tokens: the first turn's prefix
+    blocks as the shared block texts (so sessions that share blocks in the trace share text), the
+    rest of every prompt's growth as the previous call's result, each reply as a call whose
+    ``input`` argument (or, last, an answer) is as long as the trace's output. Deterministic for a
+    seed; the chat template's own tokens come on top."""
+    from harness.traces.readers.mooncake import BLOCK_SIZE
+
+    turns: list[DialogueTurn] = []
+    prev_call: ToolCall | None = None
+    for k, t in enumerate(d.turns):
+        assert t.sizes is not None
+        added, output = t.sizes
+        key = f"{d.id}:{k}"
+        reply_text = tok.words(f"reply:{key}", output).strip()
+        calls: tuple[ToolCall, ...] = ()
+        if t.calls:
+            args = orjson.dumps({"input": reply_text}).decode()
+            calls = (ToolCall(id=t.calls[0].id, function=ToolFunction(name="act", arguments=args)),)
+        if k == 0:
+            head = tok.prefix(t.blocks, BLOCK_SIZE)
+            text = (head + tok.words(f"user:{key}", added - len(t.blocks) * BLOCK_SIZE)).strip()
+            turns.append(replace(t, user=text, reply=None if calls else reply_text, calls=calls, sizes=None))
+        else:
+            assert prev_call is not None
+            result = Message(
+                role="tool", content=tok.words(f"result:{key}", added).strip(), tool_call_id=prev_call.id
+            )
+            turns.append(
+                replace(t, inputs=(result,), reply=None if calls else reply_text, calls=calls, sizes=None)
+            )
+        prev_call = calls[0] if calls else None
+    return replace(d, turns=tuple(turns), verbatim=True)
+
+
 SESSION_READERS.register("crosswoz")(
     SessionReader("crosswoz", "CrossWOZ dialogues (.json, .json.zip)", _sniff_crosswoz, _read_crosswoz, 20)
+)
+SESSION_READERS.register("openai")(
+    SessionReader(
+        "openai",
+        "JSONL: one conversation a line in OpenAI's chat shape (messages with tool calls and tool "
+        "results, tools, tool_choice)",
+        _sniff_openai,
+        _read_openai,
+        30,
+    )
+)
+SESSION_READERS.register("mooncake")(
+    SessionReader(
+        "mooncake",
+        "Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids; e.g. the tool and agent "
+        "workload): agent sessions from growing hash_ids prefixes, synthetic texts of the trace's lengths",
+        _sniff_mooncake,
+        _read_mooncake,
+        35,
+    )
 )
 SESSION_READERS.register("jsonl")(
     SessionReader("jsonl", "JSONL: session_id, turn, text, response, ts …", _sniff_jsonl, _read_jsonl, 40)
@@ -583,9 +875,21 @@ def _context(d: Dialogue, k: int, query: str, transcript_text: str) -> dict[str,
 def render_turn(
     tmpl: PromptTemplate, renderer: PromptRenderer, d: Dialogue, k: int, pairs: list[tuple[str, str]]
 ) -> tuple[str | None, list[Message] | None, tuple[int, int]]:
-    """Turn ``k`` (1-based) with ``pairs`` as its history: (prompt, messages, history_at)."""
-    query = d.turns[k - 1].user
+    """Turn ``k`` (1-based) with ``pairs`` as its history: (prompt, messages, history_at).
+
+    An agent's conversation (:attr:`Dialogue.agentic`) needs a chat template: its history is every
+    earlier turn's opening messages and the log's answer with its tool calls, its system part the
+    log's own system messages (when it has any), and a turn opened by tool results carries them in
+    place of the template's user part."""
+    turn = d.turns[k - 1]
+    query = turn.user
     if tmpl.kind == "prompt":
+        if d.agentic:
+            raise TemplateError(
+                f"dialogue {d.id!r} has tools or tool calls: a prompt (completions) template cannot "
+                "carry them; use a chat template (templates/prompts/session.messages.json)",
+                file=tmpl.files[0],
+            )
         text = renderer.render(tmpl.name, _context(d, k, query, HISTORY_MARK))
         if text.count(HISTORY_MARK) != 1:
             raise TemplateError(
@@ -597,14 +901,21 @@ def render_turn(
     msgs: list[Message] = []
     at = (0, 0)
     ctx = _context(d, k, query, transcript(pairs, d.lang))
+    system_done = False
     for role, name in tmpl.parts:
         if role == "history":
             start = len(msgs)
-            for u, a in pairs:
-                msgs += [Message(role="user", content=u), Message(role="assistant", content=a)]
+            for earlier in d.turns[: k - 1]:
+                msgs += [*earlier.opener(), earlier.answer()]
             at = (start, len(msgs))
         elif role == "fewshot":
             continue  # a session's examples are its own history
+        elif role == "system" and d.system:
+            if not system_done:  # the log's own system prompt, verbatim, once
+                msgs += [Message(role="system", content=text) for text in d.system]
+                system_done = True
+        elif role == "user" and (turn.inputs or d.verbatim):
+            msgs += turn.opener()  # tool results (and what the user added), a trace's text: verbatim
         else:
             assert name is not None
             # A template's final newline is not part of a message (the user's text stays verbatim).
@@ -644,8 +955,18 @@ class SessionBuildResult:
 def _dedup_first_turns(
     dialogues: list[Dialogue], settings: CorpusSettings, tick: Callable[[str, int, int], None]
 ) -> tuple[list[int], dict[int, tuple[int, float]], dict[str, dict[str, object]]]:
-    """Indices of the dialogues kept (greedy, in order) and, for each dropped one, (kept, cosine)."""
+    """Indices of the dialogues kept (greedy, in order) and, for each dropped one, (kept, cosine).
+    A trace's conversations are distinct by construction (and have no text yet): all kept."""
     from harness.corpus.build import _judges  # the corpus's one way to make its per-language judges
+
+    traced = [i for i, d in enumerate(dialogues) if d.from_trace]
+    if traced:
+        rest = [i for i, d in enumerate(dialogues) if not d.from_trace]
+        if not rest:
+            return traced, {}, {}
+        kept_rest, gone, judged_rest = _dedup_first_turns([dialogues[i] for i in rest], settings, tick)
+        gone_back = {rest[b]: (rest[a], c) for b, (a, c) in gone.items()}
+        return sorted(traced + [rest[i] for i in kept_rest]), gone_back, judged_rest
 
     langs = sorted({d.lang for d in dialogues})
     missing = [lang for lang in langs if lang not in settings.dedup_judges]
@@ -721,18 +1042,27 @@ def build_sessions(
     chosen = kept[:n]
     template_sha = file_sha256(tmpl.files)
     records: list[CorpusRecord] = []
+    t0 = min((d.turns[0].ts or 0.0 for d in dialogues if d.from_trace), default=0.0)
     for s, di in enumerate(chosen):
         d = dialogues[di]
+        traced = d.from_trace
+        if traced:
+            d = materialize(d, tok)
         timing_s = timing.sessions[s % len(timing.sessions)] if timing else None
+        if traced and timing_s is None:  # a trace's conversation starts when the trace says
+            timing_s = SessionTiming((d.turns[0].ts or 0.0) - t0, ())
         thinks, sources = think_times(
             d, timing_s, inputs.think_time, settings.seed, timing.think_source if timing else "trace"
         )
+        if traced:  # its turns' times are the trace's arrivals, sessions inferred from prefixes
+            sources = [src if src != "log" else "trace-prefix" for src in sources]
         pairs: list[tuple[str, str]] = []
         sid = f"s{settings.seed}-{s:05d}"
         rng = np.random.default_rng([settings.seed, s, 0x7E])
         for k, turn in enumerate(d.turns, start=1):
             prompt, msgs, at = render_turn(tmpl, renderer, d, k, pairs)
-            reply_tokens = tok.count(turn.reply) if turn.reply else 0
+            reply_text = turn.answer().text()
+            reply_tokens = tok.count(reply_text) if reply_text else 0
             out_tokens = min(MAX_OUTPUT_TOKENS, max(32, math.ceil(reply_tokens * 1.5)))
             records.append(
                 CorpusRecord(
@@ -744,10 +1074,12 @@ def build_sessions(
                     max_tokens=out_tokens,
                     expected_output_tokens=reply_tokens,
                     arrival_offset_s=timing_s.start_s if (timing_s is not None and k == 1) else None,
+                    tools=d.tools,
+                    tool_choice=d.tool_choice if d.tools else None,
                     prefix_group=sid,
                     lang=d.lang,
                     domain=d.domain,
-                    intent=d.intent if k == 1 else "follow_up",
+                    intent=d.intent if k == 1 else "tool_result" if turn.inputs else "follow_up",
                     provenance=Provenance(
                         seed=settings.seed,
                         candidate=int(order[di]),
@@ -766,6 +1098,8 @@ def build_sessions(
                         think_source=sources[k - 1],
                         history_at=at,
                         log_reply=turn.reply,
+                        inputs=list(turn.inputs) if turn.inputs else None,
+                        log_tool_calls=list(turn.calls) or None,
                     ),
                 )
             )
@@ -854,7 +1188,7 @@ def history_texts(r: CorpusRecord) -> list[str]:
         return []
     if r.prompt is not None:
         return [r.prompt[a:b]]
-    return [m.content for m in (r.messages or [])[a:b]]
+    return [m.text() for m in (r.messages or [])[a:b]]
 
 
 def session_rows(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -192,10 +192,17 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    chat_template: str
+    """The template's text (what it says the model writes: tool-call and thinking markers)."""
+
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render chat messages (role, content) to the prompt text the model expects."""
+        """Render chat messages (role, content, tool calls) and the offered tools to the prompt text
+        the model expects."""
         ...
 
 

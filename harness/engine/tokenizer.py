@@ -18,12 +18,32 @@ from typing import Any
 from harness.common.errors import ConfigError
 
 PRESET_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<|tools|> {{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %} {{ c['function']['name'] }}"
+    "{{ c['function']['arguments'] | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|> {% endif %}"
 )
-"""The presets' chat template: each message as ``<|role|> content`` on its own line, then
-``<|assistant|>`` when a reply is wanted. (The BERT tokenizer lowercases and splits the markers
-into ordinary word pieces; a random-init model does not care.)"""
+"""The presets' chat template: the offered tools (if any) as JSON, each message as ``<|role|>
+content`` on its own line (an assistant's tool calls after it as ``name{arguments}``, a tool
+result as a ``<|tool|>`` message), then ``<|assistant|>`` when a reply is wanted. A chat without
+tools renders as it did before tools were passed. It has no tool-call syntax of its own: a preset
+model's answer is always content. (The BERT tokenizer lowercases and splits the markers into
+ordinary word pieces; a random-init model does not care.)"""
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """The ``tojson`` filter chat templates expect (Hugging Face's semantics: plain JSON, no HTML
+    escaping of ``<`` and ``&`` as jinja's own filter does, keys in their order unless asked)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def minilm_tokenizer_path() -> Path:
@@ -87,8 +107,14 @@ class HFTokenizer:
         return None if tid is None else int(tid)
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
+        """The prompt text of ``messages`` (OpenAI shape: an assistant's ``tool_calls`` with their
+        arguments as objects, ``tool`` messages with ``tool_call_id``) and the offered ``tools``
+        (function schemas), as the Hugging Face template API renders them."""
         if self._template is None:
             from jinja2.exceptions import TemplateError
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -102,6 +128,7 @@ class HFTokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = strftime_now
+            env.filters["tojson"] = _tojson
             try:
                 self._template = env.from_string(self.chat_template)
             except TemplateError as exc:
@@ -109,6 +136,7 @@ class HFTokenizer:
         return str(
             self._template.render(
                 messages=list(messages),
+                tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",

@@ -56,7 +56,7 @@ from harness.load.results import cache_counts, prefix_counts, warm_counts
 Direction = Literal["at_most", "at_least"]
 """``at_most``: the measured value must not exceed the limit (latency, bytes, error rate);
 ``at_least``: it must not fall below it (hit rate, warm rate)."""
-Unit = Literal["ms", "bytes", "bytes/token", "ratio", "x"]
+Unit = Literal["ms", "bytes", "bytes/token", "ratio", "x", "tokens"]
 """``ratio``: a share 0–1 (rates); ``x``: a dimensionless factor, any size (the ``*_rel`` metrics)."""
 
 REFERENCE_LABEL = "reference"
@@ -608,6 +608,38 @@ _register(
         "targets that report no cached_tokens",
         compute=_server_prefix_hit_rate,
         kind="counter",
+    )
+)
+
+_register(
+    Metric(
+        name="ttfa_p95",
+        unit="ms",
+        direction="at_most",
+        description="P95 time to first answer token from send (ttfa_ms): the first content, refusal or "
+        "tool-call token, after the thinking (ttft_ms counts thinking tokens too)",
+        compute=percentile_metric(field_samples("ttfa_ms"), 95, client_timed=True),
+        samples=field_samples("ttfa_ms"),
+        kind="percentile",
+        q=95,
+        column="ttfa_ms",
+        speed_dependent=True,
+        client_timed=True,
+    )
+)
+_register(
+    Metric(
+        name="reasoning_tokens_p50",
+        unit="tokens",
+        direction="at_most",
+        description="P50 thinking tokens per response (reasoning_tokens: the target's usage count, else "
+        "the client's): a model that thinks longer answers later and costs more",
+        compute=percentile_metric(field_samples("reasoning_tokens"), 50),
+        samples=field_samples("reasoning_tokens"),
+        kind="percentile",
+        q=50,
+        column="reasoning_tokens",
+        abs_tolerance_floor=1.0,
     )
 )
 

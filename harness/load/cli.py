@@ -42,7 +42,13 @@ app = typer.Typer(
 console = cons.out()
 
 
-RECOMPUTED_WARNINGS = ("client-bound", "client jitter", "saturated", "ITL/TPOT approximate")
+RECOMPUTED_WARNINGS = (
+    "client-bound",
+    "client jitter",
+    "saturated",
+    "ITL/TPOT approximate",
+    "unread stream fields",
+)
 """Warnings :func:`summarize` writes from the records: dropped from the old summary, then recomputed."""
 
 
@@ -117,6 +123,18 @@ def print_summary(s: RunSummary, title: str) -> None:
                 "–" if share is None else f"{share:.1%}", "–" if prefix is None else f"{prefix:.1%}",
             )  # fmt: skip
         console.print(turns)
+    if s.tool_calls is not None:
+        tc = s.tool_calls
+        names = ", ".join(f"{n} {c}" for n, c in tc.names.items())
+        results = ", ".join(f"{k} {v}" for k, v in tc.results.items())
+        console.print(
+            f"tool calls: {tc.calls} in {tc.requests} responses" + (f" ({names})" if names else "")
+            + (f"; tool results sent: {results}" if results else ""),
+            highlight=False,
+        )  # fmt: skip
+    if s.reasoning_counting:
+        how = ", ".join(f"{k} {v}" for k, v in s.reasoning_counting.items())
+        console.print(f"thinking tokens of {sum(s.reasoning_counting.values())} responses, from: {how}")
     for text in s.warnings:
         console.print(f"[yellow]warning:[/] {text}", highlight=False)
 

@@ -19,8 +19,11 @@ and stops at ``data: [DONE]``; parsing waits until the stream ended (:mod:`harne
 so work done on one line never delays the timestamp of the next.
 
 **TTFT** is measured from the request being written to the arrival of the first chunk that carries
-text (:attr:`harness.load.stream.StreamTiming.first_token_t`); a role-only or usage-only chunk before
-it is not a token. The load user and the probes both read it from :func:`read_response`.
+a token of any kind, thinking included (:attr:`harness.load.stream.StreamTiming.first_token_t`); a
+role-only or usage-only chunk before it is not a token. **TTFA** runs to the first answer, refusal
+or tool-call token (:attr:`~harness.load.stream.StreamTiming.first_answer_t`). The load user and the
+probes both read them from :func:`read_response`, and fill a record's stream fields with
+:func:`fill_stream_fields`.
 
 **Usage** is read once per response into :class:`StreamUsage` (our server's ``usage.harness`` as
 :class:`~harness.common.openai.HarnessUsage`); consumers never look into the raw ``usage`` dict.
@@ -42,7 +45,7 @@ from harness.common.auth import Credentials
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import check_input_file
 from harness.common.openai import HarnessUsage
-from harness.load.results import target_identity
+from harness.load.results import RequestRecord, target_identity
 from harness.load.stream import (
     DATA,
     DONE_LINE,
@@ -52,6 +55,7 @@ from harness.load.stream import (
     TokenCounting,
     Tokenize,
     parse_lines,
+    reported_reasoning_tokens,
     timing,
 )
 
@@ -187,6 +191,8 @@ class StreamUsage:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     """``prompt_tokens_details.cached_tokens``: prompt tokens the target's prefix cache held."""
+    reasoning_tokens: int | None = None
+    """``completion_tokens_details.reasoning_tokens``: thinking tokens, when the target counts them."""
     harness: HarnessUsage | None = None
 
     @classmethod
@@ -205,6 +211,7 @@ class StreamUsage:
             prompt_tokens=_int(usage.get("prompt_tokens")),
             completion_tokens=_int(usage.get("completion_tokens")),
             cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
+            reasoning_tokens=reported_reasoning_tokens(usage),
             harness=hx,
         )
 
@@ -221,8 +228,20 @@ class StreamOutcome:
     parsed: ParsedStream | None = None
 
     def text(self) -> str:
-        """The generated text (joined only when asked: a session's live history needs it)."""
-        return "".join(c.text for c in self.parsed.chunks) if self.parsed is not None else ""
+        """The answer's text (joined only when asked: a session's live history needs it); thinking and
+        tool calls are not part of it."""
+        return self.parsed.answer_text() if self.parsed is not None else ""
+
+    def message(self) -> dict[str, Any]:
+        """The answer as the assistant message a client sends back in its history: ``content`` and the
+        assembled ``tool_calls`` (thinking is not sent back, as OpenAI and vLLM document)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text()}
+        calls = self.parsed.tool_calls if self.parsed is not None else []
+        if calls:
+            msg["tool_calls"] = [c.message() for c in calls]
+            if not msg["content"]:
+                msg["content"] = None
+        return msg
 
 
 def read_response(
@@ -240,6 +259,45 @@ def read_response(
     if error is None and not parsed.done:
         error = NOT_DONE
     return StreamOutcome(error=error, usage=StreamUsage.of(parsed.usage), timing=tm, parsed=parsed)
+
+
+def fill_stream_fields(rec: RequestRecord, out: StreamOutcome, sent: float, intended: float) -> None:
+    """Fill ``rec``'s fields that one read response gives: usage, token timings from ``sent`` and
+    ``intended`` (perf_counter times), thinking, tool calls. The one place a record learns them."""
+    rec.error = rec.error or out.error
+    usage = out.usage
+    rec.prompt_tokens = usage.prompt_tokens
+    rec.cached_tokens = usage.cached_tokens
+    hx = usage.harness
+    if hx is not None:
+        rec.prefill_kv_bytes = hx.prefill_kv_bytes
+        rec.prefill_peak_bytes = hx.prefill_peak_bytes
+        rec.peak_measured = hx.peak_measured
+        rec.prefill_kv_measured = hx.prefill_kv_measured
+        rec.mean_entropy = hx.mean_entropy
+    tm = out.timing
+    if tm is not None:
+        rec.token_counting = tm.mode
+        if tm.first_token_t is not None:
+            rec.ttft_ms = (tm.first_token_t - sent) * 1000.0
+            rec.ttft_from_intended_ms = (tm.first_token_t - intended) * 1000.0
+        if tm.first_answer_t is not None:
+            rec.ttfa_ms = (tm.first_answer_t - sent) * 1000.0
+        rec.itl_ms = tm.itl_ms
+        rec.itl_reasoning = tm.itl_reasoning
+        rec.tpot_ms = tm.tpot_ms
+        rec.completion_tokens = tm.completion_tokens if tm.mode else usage.completion_tokens
+        if tm.mode is not None:
+            rec.reasoning_tokens, rec.reasoning_source = tm.reasoning_tokens, "counted"
+    if usage.reasoning_tokens is not None:
+        rec.reasoning_tokens, rec.reasoning_source = usage.reasoning_tokens, "usage"
+    parsed = out.parsed
+    if parsed is not None:
+        if parsed.tool_calls:
+            rec.tool_calls = len(parsed.tool_calls)
+            rec.tool_names = [c.name for c in parsed.tool_calls]
+        if parsed.unread:
+            rec.unread_fields = sorted(parsed.unread)
 
 
 # ------------------------------------------------------------------------------------ admin calls

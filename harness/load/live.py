@@ -16,7 +16,7 @@ from harness.load.results import LATENCY_FIELDS, RequestRecord
 
 LIVE_WINDOW = 5000
 """Records the live view (web UI) keeps: the most recent ones."""
-_TAB_ORDER = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
+_TAB_ORDER = ("ttft_ms", "ttfa_ms", "tpot_ms", "itl_ms", "e2e_ms", "lateness_ms", "ttft_from_intended_ms")
 LIVE_FIELDS: tuple[str, ...] = tuple(f for f in _TAB_ORDER if f in LATENCY_FIELDS)
 """The latency fields the live view keeps percentiles of, in the tab's order (record fields only: a
 name the records do not have would silently show an empty row)."""

@@ -9,11 +9,14 @@ Times: ``intended_s`` and ``sent_s`` are seconds since the run's epoch, one mono
 by every worker of a distributed run. Latencies are milliseconds measured with ``perf_counter`` in
 the process that sent the request:
 
-- ``ttft_ms``: from the request being written to the first content token arriving;
+- ``ttft_ms``: from the request being written to the first token of any kind arriving (thinking,
+  answer, tool call or refusal: :mod:`harness.load.stream`);
+- ``ttfa_ms``: the same, to the first answer, refusal or tool-call token (after the thinking);
 - ``ttft_from_intended_ms``: the same, from the time the schedule intended the request to go out,
   so client queueing (every user busy) and a stalled server both show (coordinated omission);
-- ``itl_ms``: one inter-token gap per generated token after the first: a chunk carrying ``k``
-  tokens contributes its gap once and ``k − 1`` zero gaps, so ``len(itl_ms) == completion_tokens − 1``;
+- ``itl_ms``: one inter-token gap per generated token after the first, every kind: a chunk carrying
+  ``k`` tokens contributes its gap once and ``k − 1`` zero gaps, so ``len(itl_ms) ==
+  completion_tokens − 1``; ``itl_reasoning`` says which gaps were before thinking tokens;
 - ``tpot_ms``: (last token − first token) / (completion_tokens − 1);
 - ``e2e_ms`` / ``e2e_from_intended_ms``: to the end of the stream, from send or from intent;
 - ``lateness_ms`` = ``sent − intended``, split in two: ``queue_wait_ms``, the part spent waiting for a
@@ -60,23 +63,31 @@ SUMMARY_FILE = "summary.json"
 
 LATENCY_FIELDS: tuple[str, ...] = (
     "ttft_ms",
+    "ttfa_ms",
     "ttft_from_intended_ms",
     "itl_ms",
+    "itl_reasoning_ms",
+    "itl_answer_ms",
     "tpot_ms",
     "e2e_ms",
     "e2e_from_intended_ms",
     "lateness_ms",
     "client_lateness_ms",
 )
-"""Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request;
-``client_lateness_ms`` is the record's property of that name)."""
+"""Per-request latencies summarized in ``summary.json`` (``itl_ms`` pools every gap of every request,
+``itl_reasoning_ms`` / ``itl_answer_ms`` the gaps before thinking / answer tokens;
+``client_lateness_ms`` and the two ITL splits are the record's properties of those names)."""
+POOLED_FIELDS: tuple[str, ...] = ("itl_ms", "itl_reasoning_ms", "itl_answer_ms")
+"""Latencies with many samples per request (one per token)."""
 STREAM_LATENCY_FIELDS: tuple[str, ...] = tuple(
-    f for f in LATENCY_FIELDS if f not in ("itl_ms", "lateness_ms", "client_lateness_ms")
+    f for f in LATENCY_FIELDS if f not in (*POOLED_FIELDS, "lateness_ms", "client_lateness_ms")
 )
 """The per-request latencies a response's stream gives (one number each, ``None`` when absent)."""
-TOKEN_FIELDS: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "cached_tokens")
+KIND_SPLIT_FIELDS: tuple[str, ...] = ("itl_reasoning_ms", "itl_answer_ms")
+"""Splits of ``itl_ms`` by token kind: tables leave them out of a run with no thinking (n = 0)."""
+TOKEN_FIELDS: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
 BYTES_FIELDS: tuple[str, ...] = ("prefill_kv_bytes", "prefill_peak_bytes")
-METRIC_FIELDS: tuple[str, ...] = LATENCY_FIELDS + BYTES_FIELDS
+METRIC_FIELDS: tuple[str, ...] = (*LATENCY_FIELDS, "reasoning_tokens", *BYTES_FIELDS)
 
 
 def request_ok(status: int, error: str | None) -> bool:
@@ -153,7 +164,29 @@ class RequestRecord:
     trace_id: str | None = None
     """The source trace, when the record came from one."""
     token_counting: str | None = None
-    """How this response's tokens were counted (:mod:`harness.load.stream`); ``None``: no content."""
+    """How this response's tokens were counted (:mod:`harness.load.stream`); ``None``: no token."""
+    ttfa_ms: float | None = None
+    """Time to the first answer, refusal or tool-call token (``ttft_ms`` counts thinking too); ``None``:
+    no such token (the response only thought, or failed first)."""
+    reasoning_tokens: int | None = None
+    """Thinking tokens: ``usage.completion_tokens_details.reasoning_tokens`` when the target reports it,
+    else counted the way the run counts tokens (``token_counting``); ``None``: no token was counted."""
+    reasoning_source: Literal["usage", "counted"] | None = None
+    """Where ``reasoning_tokens`` came from: the target's ``usage`` or the client's count."""
+    itl_reasoning: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges ``[start, end)`` of ``itl_ms`` whose gap preceded a thinking token (empty: none did)."""
+    tool_calls: int = 0
+    """Tool calls the response made (``delta.tool_calls``, assembled)."""
+    tool_names: list[str] = field(default_factory=list)
+    """Their function names, in order."""
+    unread_fields: list[str] = field(default_factory=list)
+    """Delta fields that carried a value the client does not read: their tokens were neither timed
+    nor counted (the summary warns)."""
+    tool_results: dict[str, int] | None = None
+    """A session turn whose history answered tool calls: how many results were ``recorded`` (the log's,
+    for the same call), ``synthetic`` (stated, for a call the log has no result for) and ``log_call``
+    (the target answered without the log's call, so the log's call went in the history with its
+    results); ``None``: the turn sent no tool results (:mod:`harness.load.sessions`)."""
     session_id: str | None = None
     """The conversation this request is a turn of (session corpora); ``None`` otherwise."""
     turn: int | None = None
@@ -164,6 +197,23 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return request_ok(self.status, self.error)
+
+    @property
+    def itl_reasoning_ms(self) -> list[float]:
+        """The gaps of ``itl_ms`` before thinking tokens."""
+        return [g for a, b in self.itl_reasoning for g in self.itl_ms[a:b]]
+
+    @property
+    def itl_answer_ms(self) -> list[float]:
+        """The gaps of ``itl_ms`` before every other token (answer, refusal, tool call)."""
+        if not self.itl_reasoning:
+            return self.itl_ms
+        out: list[float] = []
+        at = 0
+        for a, b in self.itl_reasoning:
+            out += self.itl_ms[at:a]
+            at = b
+        return out + self.itl_ms[at:]
 
     @property
     def client_lateness_ms(self) -> float:
@@ -333,6 +383,38 @@ class PrecisionState(StrictModel):
     target: float
     """The ``--until-precision`` it must reach (0.1 = ±10 %)."""
     met: bool
+
+
+class ToolCallCounts(StrictModel):
+    """The tool calls a run's responses made (``summary.json``: ``tool_calls``)."""
+
+    requests: int
+    """Responses with at least one tool call."""
+    calls: int
+    """Tool calls in all."""
+    names: dict[str, int] = Field(default_factory=dict)
+    """Calls per function name."""
+    results: dict[str, int] = Field(default_factory=dict)
+    """Tool results the session turns sent, by source (``recorded``, ``synthetic``, ``log_call``:
+    :attr:`RequestRecord.tool_results`)."""
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord]) -> ToolCallCounts | None:
+        """The counts over ``records``; ``None`` when no response called a tool and no turn sent a result."""
+        requests = calls = 0
+        names: Counter[str] = Counter()
+        results: Counter[str] = Counter()
+        for r in records:
+            if r.tool_calls:
+                requests += 1
+                calls += r.tool_calls
+                names.update(r.tool_names)
+            if r.tool_results:
+                results.update(r.tool_results)
+        if not calls and not results:
+            return None
+        return cls(requests=requests, calls=calls, names=dict(sorted(names.items())),
+                   results=dict(sorted(results.items())))  # fmt: skip
 
 
 class TurnSummary(StrictModel):
@@ -519,6 +601,12 @@ class RunSummary(StrictModel):
     target_died: TargetDeath | None = None
     """Set when the target died during the run (:mod:`harness.load.liveness`): the errors after it are
     the death's, not the requests'; the run exits 7."""
+    tool_calls: ToolCallCounts | None = None
+    """The tool calls the responses made and the tool results session turns sent; ``None``: none."""
+    reasoning_counting: dict[str, int] = Field(default_factory=dict)
+    """Requests with thinking tokens, by where their count came from: ``usage`` (the target reported
+    ``completion_tokens_details.reasoning_tokens``) or ``counted`` (the client, as ``token_counting``
+    says). Empty: no request had thinking tokens."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -695,6 +783,14 @@ def summarize(
             "per-chunk token counts (use a server with continuous_usage_stats, --token-counting logprobs, "
             "or --tokenizer)"
         )
+    unread: Counter[str] = Counter(f for r in records for f in r.unread_fields)
+    if unread:
+        fields_ = ", ".join(f"{f}: {n}" for f, n in sorted(unread.items()))
+        warnings.append(
+            f"unread stream fields: {sum(1 for r in records if r.unread_fields)} of {len(records)} responses "
+            f"carried delta fields the client does not read ({fields_}); their tokens were neither timed "
+            "nor counted"
+        )
     return RunSummary(
         requests=len(records),
         errors=sum(not r.ok for r in records),
@@ -726,6 +822,14 @@ def summarize(
         turns=turn_summaries(records),
         server_metrics=server_metrics,
         target_died=target_died,
+        tool_calls=ToolCallCounts.of(records),
+        reasoning_counting=dict(
+            sorted(
+                Counter(
+                    r.reasoning_source for r in records if r.reasoning_tokens and r.reasoning_source
+                ).items()
+            )
+        ),
     )
 
 
@@ -771,15 +875,18 @@ def write_summary(run_dir: str | Path, summary: RunSummary) -> Path:
 
 
 def summary_table(metrics: dict[str, Distribution]) -> list[list[str]]:
-    """Rows ``[metric, n, p50, p90, p95, p99, max, mean]`` of the latency metrics, formatted."""
+    """Rows ``[metric, n, p50, p90, p95, p99, max, mean]`` of the latency metrics, formatted (and of
+    ``reasoning_tokens`` when any request thought; the ITL splits by kind when they have samples)."""
 
     def fmt(v: float | None) -> str:
         return "–" if v is None else f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
 
     rows: list[list[str]] = []
-    for name in LATENCY_FIELDS:
+    for name in (*LATENCY_FIELDS, "reasoning_tokens"):
         d = metrics.get(name)
-        if d is None:
+        if d is None or (not d.n and name in (*KIND_SPLIT_FIELDS, "reasoning_tokens")):
+            continue  # a run without thinking has no kind split to show
+        if name == "reasoning_tokens" and not d.max:
             continue
         rows.append([name, str(d.n), *(fmt(x) for x in (d.p50, d.p90, d.p95, d.p99, d.max, d.mean))])
     return rows

@@ -10,9 +10,11 @@ one worker (a start is one arrival: the arrival share is the session share).
 
 Live history (``--history live``, the default): turn ``k+1``'s body is the corpus record's with its
 history (:attr:`~harness.corpus.model.SessionTurn.history_at`) replaced by the turns as they went:
-the log's user messages and what the target actually answered, as messages (chat) or as the one
-transcript format (:func:`harness.corpus.sessions.transcript`, completions). ``--history log``
-sends the bodies as built (the log's answers).
+the log's user messages and what the target actually answered, as messages (chat, tool calls
+included) or as the one transcript format (:func:`harness.corpus.sessions.transcript`,
+completions). An agent's conversation goes on whatever the target called: the tool results a turn
+sends answer the target's own calls (:class:`LiveHistory`). ``--history log`` sends the bodies as
+built (the log's answers).
 
 ``--salt-per-pass``: pass ``p ≥ 1`` over the corpus (arrival ``seq // units``) puts ``[pass p] ``
 at the very start of the first message or the prompt, so no pass reuses another's prefixes. Only a
@@ -21,8 +23,9 @@ run with it pays for rebuilding bodies; the default path sends the prepared byte
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,25 +109,125 @@ def salted_body(body: bytes, pass_index: int) -> bytes:
     return orjson.dumps(obj)
 
 
-def turn_body(
-    rec: CorpusRecord, body: bytes, history: Sequence[tuple[str, str]] | None, pass_index: int = 0
-) -> bytes:
-    """Turn ``rec``'s body with ``history`` (user message, answer) pairs in place of the record's own
-    history (``None``: the record's, as built), salted for ``pass_index``."""
-    if history is None:
-        return salted_body(body, pass_index)
-    st = rec.session
-    assert st is not None
-    obj = orjson.loads(body)
-    a, b = st.history_at
-    if "messages" in obj:
+SYNTHETIC_TOOL_RESULT = (
+    '{"synthetic": true, "note": "the recorded conversation has no result for this call; the load '
+    'harness sent this one so the conversation can go on"}'
+)
+"""The result a live replay sends for a tool call the target made that the log did not (another
+function, or other arguments): stated as synthetic in its text, and counted in the turn's record
+(``tool_results.synthetic``)."""
+
+
+def _same_call(log: dict[str, Any], live: dict[str, Any]) -> bool:
+    """The same function with the same arguments (compared as JSON values where they parse)."""
+    a, b = log.get("function") or {}, live.get("function") or {}
+    if a.get("name") != b.get("name"):
+        return False
+    try:
+        return bool(orjson.loads(a.get("arguments") or "{}") == orjson.loads(b.get("arguments") or "{}"))
+    except orjson.JSONDecodeError:
+        return bool(a.get("arguments") == b.get("arguments"))
+
+
+@dataclass(slots=True)
+class TurnBody:
+    """One turn's request as a live replay sends it."""
+
+    body: bytes
+    opener: list[dict[str, Any]] | None = None
+    """The messages that opened the turn as sent (chat): the live history's next entries."""
+    tool_results: dict[str, int] | None = None
+    """What the turn's tool results were (:attr:`~harness.load.results.RequestRecord.tool_results`)."""
+
+
+@dataclass(slots=True)
+class LiveHistory:
+    """A conversation as it went: what each turn sent to open it and what the target answered.
+
+    Chat bodies get it as messages (``--history live``: the log's openers, the target's answers with
+    their tool calls); completions bodies as the one transcript of (user message, answer text) pairs.
+    Tool results follow the target, not the log: each call the target made gets the log's result for
+    the same call (same function and arguments, each used once), or :data:`SYNTHETIC_TOOL_RESULT`;
+    a turn whose log opens with tool results after an answer that called no tool puts the log's
+    calls in that answer (beside what the target said), so the recorded results answer something and
+    the agent loop goes on."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+
+    def body_for(
+        self,
+        rec: CorpusRecord,
+        body: bytes,
+        *,
+        live: bool,
+        pass_index: int = 0,
+        log_calls: Sequence[dict[str, Any]] | None = None,
+    ) -> TurnBody:
+        """Turn ``rec``'s request: its prepared ``body`` with this history in place of the record's
+        own (``live``; else the body as built), salted for ``pass_index``. ``log_calls``: the tool
+        calls of the log's answer to the previous turn (what this turn's recorded results answer)."""
+        st = rec.session
+        assert st is not None
+        obj = orjson.loads(body)
+        a, b = st.history_at
+        if "messages" not in obj:
+            if live and self.pairs:
+                prompt = obj["prompt"]
+                obj["prompt"] = prompt[:a] + transcript(self.pairs, rec.lang) + prompt[b:]
+                _salted(obj, salt(pass_index))
+                return TurnBody(orjson.dumps(obj))
+            return TurnBody(salted_body(body, pass_index))
         msgs = obj["messages"]
-        live: list[dict[str, str]] = []
-        for user, answer in history:
-            live += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
-        obj["messages"] = [*msgs[:a], *live, *msgs[b:]]
-    else:
-        prompt = obj["prompt"]
-        obj["prompt"] = prompt[:a] + transcript(history, rec.lang) + prompt[b:]
-    _salted(obj, salt(pass_index))
-    return orjson.dumps(obj)
+        n = len(st.inputs) if st.inputs else 1
+        opener: list[dict[str, Any]] = list(msgs[b : b + n])
+        results: dict[str, int] | None = None
+        if live:
+            opener, results = self._answer_calls(opener, log_calls)
+            obj["messages"] = [*msgs[:a], *self.messages, *opener, *msgs[b + n :]]
+        elif not pass_index:
+            return TurnBody(body, opener)
+        _salted(obj, salt(pass_index))
+        return TurnBody(orjson.dumps(obj), opener, results)
+
+    def _answer_calls(
+        self, opener: list[dict[str, Any]], log_calls: Sequence[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
+        recorded = [m for m in opener if m.get("role") == "tool"]
+        rest = [m for m in opener if m.get("role") != "tool"]
+        last = self.messages[-1] if self.messages else None
+        live_calls = (
+            (last.get("tool_calls") or []) if last is not None and last.get("role") == "assistant" else []
+        )
+        if not live_calls:
+            if not recorded:
+                return opener, None
+            if last is not None and log_calls:
+                # The target answered without the log's call: its answer gets the log's calls, so
+                # that the recorded results that open this turn answer them.
+                last["tool_calls"] = list(log_calls)
+                last["content"] = last.get("content") or None
+            return opener, {"log_call": len(recorded)}
+        by_id = {m.get("tool_call_id"): m for m in recorded}
+        unused = [(c, by_id[c.get("id")]) for c in log_calls or () if c.get("id") in by_id]
+        counts: Counter[str] = Counter()
+        answers: list[dict[str, Any]] = []
+        for call in live_calls:
+            hit = next((pair for pair in unused if _same_call(pair[0], call)), None)
+            if hit is not None:
+                unused.remove(hit)
+                answers.append({**hit[1], "tool_call_id": call.get("id")})
+                counts["recorded"] += 1
+            else:
+                answers.append(
+                    {"role": "tool", "tool_call_id": call.get("id"), "content": SYNTHETIC_TOOL_RESULT}
+                )
+                counts["synthetic"] += 1
+        return [*answers, *rest], dict(sorted(counts.items()))
+
+    def answered(self, turn: TurnBody, user: str, answer: dict[str, Any] | None) -> None:
+        """Add a turn as it went: what opened it and the target's answer (``None``: nothing arrived)."""
+        msg = answer if answer is not None else {"role": "assistant", "content": ""}
+        self.pairs.append((user, msg.get("content") or ""))
+        if turn.opener is not None:
+            self.messages += [*turn.opener, msg]

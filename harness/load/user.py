@@ -44,6 +44,7 @@ from harness.load.client import (
     MAX_ERROR_BODY,
     StreamBody,
     StreamOutcome,
+    fill_stream_fields,
     http_error,
     read_response,
     read_sse,
@@ -51,7 +52,7 @@ from harness.load.client import (
 )
 from harness.load.pacer import IDLE_AFTER_S, IDLE_LEAD_S, MAX_NAP_S
 from harness.load.results import RequestRecord
-from harness.load.sessions import salted_body, turn_body
+from harness.load.sessions import LiveHistory, salted_body
 from harness.load.wire import Connection
 
 
@@ -130,24 +131,28 @@ class ReplayUser(User):
         plan = inputs.sessions[a.request]
         live = run.opts.history == "live"
         pass_index = a.seq // len(inputs.sessions) if run.opts.salt_per_pass else 0
-        history: list[tuple[str, str]] = []
+        history = LiveHistory()
         intended_s = a.intended_s
+        log_calls: list[dict[str, Any]] | None = None
         for k, ri in enumerate(plan.turns):
             rec = inputs.records[ri]
             st = rec.session
             assert st is not None
             # Built before the think time: when it ends only the send is left to do.
-            body = turn_body(rec, inputs.requests[ri].body, history if live and k else None, pass_index)
+            turn = history.body_for(
+                rec, inputs.requests[ri].body, live=live and k > 0, pass_index=pass_index, log_calls=log_calls
+            )
             if k:
                 self._nap_until(run, intended_s, st.think_time_s)
             end, out = self.send(
                 run, Arrival(a.seq, intended_s, ri, stage=a.stage),
-                queue_wait_s=queue_wait_s if k == 0 else 0.0, body=body,
-                session=(plan.id, st.turn, run.opts.history),
+                queue_wait_s=queue_wait_s if k == 0 else 0.0, body=turn.body,
+                session=(plan.id, st.turn, run.opts.history), tool_results=turn.tool_results,
             )  # fmt: skip
             # A failed turn's answer is what arrived of it (maybe nothing): the user goes on, as a
             # person facing an error would, and the record says the turn failed.
-            history.append((st.user, out.text() if out is not None else ""))
+            history.answered(turn, st.user, out.message() if out is not None else None)
+            log_calls = [c.model_dump() for c in st.log_tool_calls] if st.log_tool_calls else None
             if k + 1 < len(plan.turns):
                 nxt = inputs.records[plan.turns[k + 1]].session
                 assert nxt is not None
@@ -175,13 +180,15 @@ class ReplayUser(User):
         queue_wait_s: float | None = None,
         body: bytes | None = None,
         session: tuple[str, int, str] | None = None,
+        tool_results: dict[str, int] | None = None,
     ) -> tuple[float, StreamOutcome | None]:
         """Send one arrival's request, read its stream line by line as it arrives, record it; the
         ``perf_counter`` time its stream ended and the parsed response (``None``: no body).
 
         ``queue_wait_s``: how long the arrival waited for a free user (:meth:`Pacer.take_handover`);
         ``None`` when there is no pacer to say. ``body``: other bytes than the prepared ones (a
-        session turn, a salted pass); ``session``: (session id, turn, history source)."""
+        session turn, a salted pass); ``session``: (session id, turn, history source);
+        ``tool_results``: what the turn's tool results were (:class:`~harness.load.sessions.LiveHistory`)."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         trace_id = a.trace_id or spec.trace_id
@@ -220,6 +227,7 @@ class ReplayUser(User):
         )  # fmt: skip
         if session is not None:
             rec.session_id, rec.turn, rec.history_source = session  # type: ignore[assignment]
+            rec.tool_results = tool_results
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)
@@ -258,32 +266,11 @@ class ReplayUser(User):
         """Parse the stream, fill the record's latencies and tokens, record and report it."""
         intended_abs = run.epoch + rec.intended_s
         sent = req.sent
-        mode_used: str | None = None
         lines = req.body.lines
         out: StreamOutcome | None = None
         if lines:
             out = read_response(lines, run.opts.token_counting, run.tokenize)
-            rec.error = rec.error or out.error
-            usage = out.usage
-            rec.prompt_tokens = usage.prompt_tokens
-            rec.cached_tokens = usage.cached_tokens
-            hx = usage.harness
-            if hx is not None:
-                rec.prefill_kv_bytes = hx.prefill_kv_bytes
-                rec.prefill_peak_bytes = hx.prefill_peak_bytes
-                rec.peak_measured = hx.peak_measured
-                rec.prefill_kv_measured = hx.prefill_kv_measured
-                rec.mean_entropy = hx.mean_entropy
-            tm = out.timing
-            if tm is not None:
-                mode_used = tm.mode
-                if tm.first_token_t is not None:
-                    rec.ttft_ms = (tm.first_token_t - sent) * 1000.0
-                    rec.ttft_from_intended_ms = (tm.first_token_t - intended_abs) * 1000.0
-                rec.itl_ms = tm.itl_ms
-                rec.tpot_ms = tm.tpot_ms
-                rec.completion_tokens = tm.completion_tokens if tm.mode else usage.completion_tokens
-        rec.token_counting = mode_used
+            fill_stream_fields(rec, out, sent, intended_abs)
         if rec.error is None or lines:
             rec.e2e_ms = (end - sent) * 1000.0
             rec.e2e_from_intended_ms = (end - intended_abs) * 1000.0

@@ -25,7 +25,7 @@ from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
 from harness.reports.plots import CAPACITY_PLOT, PLOTS, Plot, capacity_plot, pair, to_png_base64
-from harness.reports.tables import Table, overview, per_scenario, per_turn, speedup
+from harness.reports.tables import Table, overview, per_scenario, per_turn, speedup, thinking_and_tools
 
 Tick = Callable[[str], None]
 
@@ -90,7 +90,8 @@ _TEMPLATE = """<!doctype html>
 <div id="verdict" class="verdict verdict-{{ verdict_class }}">{{ verdict_text }}</div>
 {% if verdicts %}<section id="verdicts"><h2>Verdicts</h2>{{ verdicts }}</section>{% endif %}
 <nav><a href="#runs">Runs</a><a href="#plots">Plots</a><a href="#scenarios">Per scenario</a>
-{% if turns %}<a href="#turns">Per turn</a>{% endif %}<a href="#gate">Gate</a></nav>
+{% if turns %}<a href="#turns">Per turn</a>{% endif %}
+{% if thinking %}<a href="#thinking">Reasoning and tool calls</a>{% endif %}<a href="#gate">Gate</a></nav>
 </header>
 
 <section id="runs">
@@ -127,6 +128,15 @@ _TEMPLATE = """<!doctype html>
 <p class="meta">Session runs: each turn index of the conversations. With live history a turn's prompt
 extends the previous one's, so a prefix cache shows as falling TTFT and a rising cached share.</p>
 {{ turns }}
+</section>{% endif %}
+
+{% if thinking %}<section id="thinking">
+<h2>Reasoning and tool calls</h2>
+<p class="meta">Runs whose responses thought or called tools. TTFT counts the first token of any kind,
+thinking included; TTFA the first answer, refusal or tool-call token. Thinking tokens are the target's
+<code>usage.completion_tokens_details.reasoning_tokens</code> where it reports them, else the client's
+count (docs/load.md, <i>Reasoning and tool calls</i>).</p>
+{{ thinking }}
 </section>{% endif %}
 
 <section id="gate">
@@ -299,6 +309,7 @@ def render_html(
     ``verdicts`` are shown as a table under the banner (``gate``, the first, in detail)."""
     plots = render_plots(sets, tick)
     turn_table = per_turn(sets)
+    thinking = thinking_and_tools(sets)
     if capacity is not None:
         drawn = capacity_plot(capacity)
         cap = (
@@ -320,6 +331,7 @@ def render_html(
         overview=_markup(overview(sets)),
         scenarios=_markup(per_scenario(sets), left=2),
         turns=_markup(turn_table, left=2) if turn_table.rows else "",
+        thinking=_markup(thinking) if thinking.rows else "",
         plots=plots,
         speedups=_speedups(sets),
         run_notes=_run_notes(sets),
@@ -393,6 +405,9 @@ def render_markdown(
     turns = per_turn(sets)
     if turns.rows:
         lines += ["", "### Per turn", "", *_md_table(turns)]
+    thinking = thinking_and_tools(sets)
+    if thinking.rows:
+        lines += ["", "### Reasoning and tool calls", "", *_md_table(thinking)]
     if gate is not None:
         rows = gate_rows(gate)
         not_passed = [r for r, g in zip(rows.rows, gate.gates, strict=True) if g.verdict != "pass"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.common.stats import percentile
+from harness.common.stats import Distribution, percentile
 from harness.gates.metrics import METRICS, MetricContext, format_value
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
@@ -150,6 +150,56 @@ def per_turn(sets: Sequence[ResultSet]) -> Table:
                 )
             )
     return Table(TURN_COLUMNS, rows)
+
+
+THINKING_COLUMNS = (
+    "run", "requests", "thinking", "reasoning tokens P50", "reasoning tokens P95", "TTFT P50", "TTFA P50",
+    "TTFA P95", "ITL thinking P50", "ITL answer P50", "tool calls", "tool results",
+)  # fmt: skip
+
+
+def thinking_and_tools(sets: Sequence[ResultSet]) -> Table:
+    """One row per run whose responses thought or called tools (or whose session turns sent tool
+    results): how long the thinking was, when the answer came (TTFA) after the first token (TTFT),
+    the inter-token gaps of each kind, and the tool calls by name. Empty when no run has any."""
+    rows: list[tuple[str, ...]] = []
+    for rs in sets:
+        f, s = rs.frame, rs.summary
+        think = f.col("reasoning_tokens")
+        thought = int(np.nansum(think > 0))
+        tools = s.tool_calls if s is not None else None
+        if not thought and tools is None:
+            continue
+        split = s.metrics if s is not None else {}
+
+        def itl(name: str, split: dict[str, Distribution] = split) -> str:
+            d = split.get(name)
+            return format_value(d.p50, "ms") if d is not None and d.p50 is not None else "—"
+
+        calls = "—"
+        results = "—"
+        if tools is not None:
+            names = ", ".join(f"{n} {c}" for n, c in tools.names.items())
+            calls = f"{tools.calls} in {tools.requests}" + (f" ({names})" if names else "")
+            results = ", ".join(f"{k} {v}" for k, v in tools.results.items()) or "—"
+        present = think[np.isfinite(think)]
+        rows.append(
+            (
+                rs.label,
+                str(f.n),
+                f"{thought} ({100 * thought / f.n:.1f} %)" if f.n else "—",
+                format_value(percentile(present, 50), "tokens") if present.size else "—",
+                format_value(percentile(present, 95), "tokens") if present.size else "—",
+                _p(f.col("ttft_ms"), 50),
+                _p(f.col("ttfa_ms"), 50),
+                _p(f.col("ttfa_ms"), 95),
+                itl("itl_reasoning_ms"),
+                itl("itl_answer_ms"),
+                calls,
+                results,
+            )
+        )
+    return Table(THINKING_COLUMNS, rows)
 
 
 def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> float:

@@ -16,6 +16,11 @@ from typing import Any, Literal
 
 from harness.common.openai import Endpoint, HarnessUsage
 from harness.engine.api import RequestMetrics, TokenEvent, Tokenizer, TopLogprob
+from harness.server.chat_output import OutputDelta
+
+REASONING_FIELD = "reasoning_content"
+"""Where thinking goes in a message and a delta: the name DeepSeek's API, SGLang and vLLM before its
+rename to ``reasoning`` use, and most clients read (the load stage reads both)."""
 
 # Sampled tokens per response-cache split; longer cached texts are split by characters (see split_tokens).
 _SPLIT_WINDOW = 6
@@ -154,11 +159,13 @@ def usage_dict(
     e2e_ms: float,
     device: str,
     mean_entropy: float | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """OpenAI ``usage`` plus ``harness``; server-side timings stand in where no engine ran.
 
     ``mean_entropy`` is the engine's (``metrics.mean_entropy``) when it ran, else the given one
-    (a cache hit passes its entry's)."""
+    (a cache hit passes its entry's). ``reasoning_tokens`` (a model whose template marks thinking)
+    goes in ``completion_tokens_details``, as OpenAI reports it."""
     if metrics is not None:  # the engine ran: every field is its measurement
         harness: dict[str, Any] = {f: getattr(metrics, f) for f in ENGINE_USAGE_FIELDS}
     else:  # a cache hit: the server's own timings of the replayed stream, the rest zero
@@ -173,13 +180,16 @@ def usage_dict(
             prefill_kv_measured=True,
         )
     harness["cache"] = cache_status
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
-        "harness": harness,
     }
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    usage["harness"] = harness
+    return usage
 
 
 class CompletionsFormat:
@@ -306,10 +316,43 @@ class ChatFormat(CompletionsFormat):
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return self._chunk([], usage)
 
-    def response(self, text: str, reason: str, log: TokenLog | None, usage: dict[str, Any]) -> dict[str, Any]:
+    def parts(
+        self, d: OutputDelta, log: TokenLog | None, counts: TokenCounts | None = None
+    ) -> dict[str, Any]:
+        """A chunk of a parsed answer (:mod:`harness.server.chat_output`): thinking in
+        ``reasoning_content``, the answer in ``content``, tool-call fragments in ``tool_calls``."""
+        delta: dict[str, Any] = {}
+        if d.reasoning:
+            delta[REASONING_FIELD] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.tool_calls:
+            delta["tool_calls"] = d.tool_calls
+        choice = {"index": 0, "delta": delta, "logprobs": self._chat_logprobs(log), "finish_reason": None}
+        return self._chunk([choice], self._running(counts))
+
+    def response(
+        self,
+        text: str,
+        reason: str,
+        log: TokenLog | None,
+        usage: dict[str, Any],
+        *,
+        parsed: OutputDelta | None = None,
+        calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """``parsed``: the answer split by the chat output parser (then ``text`` is not used);
+        ``calls``: its finished tool calls."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if parsed is not None:
+            message["content"] = parsed.content or (None if calls else "")
+            if parsed.reasoning:
+                message[REASONING_FIELD] = parsed.reasoning
+            if calls:
+                message["tool_calls"] = calls
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": self._chat_logprobs(log),
             "finish_reason": reason,
         }

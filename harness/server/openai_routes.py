@@ -52,8 +52,10 @@ from harness.common.openai import (
 )
 from harness.engine.api import EngineError, EngineFull, InvalidPrompt, PromptTooLong, TokenEvent
 from harness.server.asgi import ClientGone, GuardedStream, parse_json, read_body, until_disconnect
+from harness.server.chat_output import ChatOutput, OutputDelta
 from harness.server.errors import APIError, bad_request, from_validation_error, retry_after_header
 from harness.server.formats import (
+    ChatFormat,
     CompletionsFormat,
     TokenLog,
     formatter,
@@ -98,6 +100,8 @@ def add_openai_routes(app: FastAPI, st: ServerState) -> None:
                 "device": st.device,
                 "response_cache": st.cache is not None,
                 "version": __version__,
+                # Whether the model can call tools and think (a request with tools is served either way).
+                "chat": st.chat_syntax.describe(),
             },
         }
         return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
@@ -141,6 +145,8 @@ class Handler:
         self.ctx = st.context(request, endpoint)
         self.ticket: CacheTicket | None = None
         self.fmt: CompletionsFormat | None = None
+        self.output: ChatOutput | None = None
+        """The chat answer's parser (thinking, tool calls); ``None``: every token is content."""
         self._closed = False
         """Set by the (idempotent) cleanup of a streaming response."""
 
@@ -181,6 +187,8 @@ class Handler:
                 prep.include_usage,
                 continuous_usage=prep.continuous_usage,
             )
+            if self.endpoint == "chat.completions":
+                self.output = st.chat_output(prep)
             await self._begin_cache(prep, force_miss=miss)
             if self.ticket is not None and self.ticket.completion is not None:
                 resp = self._serve_hit(prep, self.ticket.completion)
@@ -273,6 +281,7 @@ class Handler:
         def usage(ttft_ms: float, e2e_ms: float) -> dict[str, Any]:
             tpot = (e2e_ms - ttft_ms) / (hit.completion_tokens - 1) if hit.completion_tokens > 1 else 0.0
             return usage_dict(
+                reasoning_tokens=self._hit_reasoning(hit, len(pieces)),
                 prompt_tokens=n_prompt,
                 completion_tokens=hit.completion_tokens,
                 cached_tokens=n_prompt,
@@ -292,10 +301,21 @@ class Handler:
             m_prompt.inc(n_prompt)
             m_output.inc(hit.completion_tokens)
 
+        # The cached text split as the engine's tokens would have streamed it; the chat parser reads
+        # the pieces as it would the tokens (a hit answers with the same thinking and tool calls).
+        pieces = split_tokens(st.engine.tokenizer, hit.text, hit.completion_tokens)
+        output = self.output
         if not prep.stream:
             ttft = time.perf_counter() - ctx.t0
             text = (echo or "") + hit.text
-            body = fmt.response(text, hit.finish_reason, None, usage(ttft * 1000, ttft * 1000))
+            parsed = self._parse_all(pieces)
+            reason = self._finish_reason(hit.finish_reason)
+            u = usage(ttft * 1000, ttft * 1000)
+            body = (
+                fmt.response(text, reason, None, u)
+                if output is None
+                else self._chat_fmt().response(text, reason, None, u, parsed=parsed, calls=output.calls)
+            )
             account(ttft)
             st.count(ctx, 200)
             st.log_request(
@@ -303,7 +323,6 @@ class Handler:
             )
             return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
 
-        pieces = split_tokens(st.engine.tokenizer, hit.text, hit.completion_tokens)
         progress = replay_progress(len(pieces), hit.completion_tokens)
 
         async def replay() -> AsyncIterator[bytes]:
@@ -314,8 +333,14 @@ class Handler:
                 for piece, done in zip(pieces, progress, strict=True):
                     if ttft is None:
                         ttft = time.perf_counter() - ctx.t0
-                    yield sse_event(fmt.delta(piece, None, (n_prompt, done)))
-                yield sse_event(fmt.finish(hit.finish_reason, (n_prompt, hit.completion_tokens)))
+                    if output is None:
+                        yield sse_event(fmt.delta(piece, None, (n_prompt, done)))
+                    elif d := output.feed(piece):
+                        yield sse_event(self._chat_fmt().parts(d, None, (n_prompt, done)))
+                if output is not None and (tail := output.finish()):
+                    yield sse_event(self._chat_fmt().parts(tail, None, (n_prompt, hit.completion_tokens)))
+                reason = self._finish_reason(hit.finish_reason)
+                yield sse_event(fmt.finish(reason, (n_prompt, hit.completion_tokens)))
                 ttft = ttft if ttft is not None else time.perf_counter() - ctx.t0
                 if prep.include_usage:
                     e2e = time.perf_counter() - ctx.t0
@@ -336,6 +361,44 @@ class Handler:
 
         st.count(ctx, 200)
         return GuardedStream(replay(), close, self._stream_headers())
+
+    def _chat_fmt(self) -> ChatFormat:
+        assert isinstance(self.fmt, ChatFormat)
+        return self.fmt
+
+    def _finish_reason(self, reason: str) -> str:
+        """``tool_calls`` for a generation that stopped after calling tools (OpenAI's finish reason);
+        the engine's (and the cache's) reason otherwise."""
+        return "tool_calls" if reason == "stop" and self.output is not None and self.output.calls else reason
+
+    def _parse_all(self, pieces: list[str]) -> OutputDelta | None:
+        """A whole answer through the chat parser, piece by piece (a token's text each: the parser
+        counts thinking tokens as it goes); ``None`` without one."""
+        output = self.output
+        if output is None:
+            return None
+        parsed = OutputDelta()
+        for piece in pieces:
+            parsed.add(output.feed(piece))
+        parsed.add(output.finish())
+        return parsed
+
+    def _reasoning_tokens(self) -> int | None:
+        """Thinking tokens of this answer, for a model whose template marks thinking (else ``None``:
+        not reported, as vLLM reports none without a reasoning parser)."""
+        out = self.output
+        return out.reasoning_tokens if out is not None and self.st.chat_syntax.thinking else None
+
+    def _hit_reasoning(self, hit: CachedCompletion, pieces: int) -> int | None:
+        """A hit's thinking tokens: the entry's own count (stored when it was generated), else the
+        share of the replayed pieces that were thinking, of its completion tokens."""
+        n = self._reasoning_tokens()
+        if n is None:
+            return None
+        stored = hit.meta.get("reasoning_tokens")
+        if isinstance(stored, int):
+            return stored
+        return round(hit.completion_tokens * n / pieces) if pieces else 0
 
     def _hit_prompt_tokens(self, prep: Prepared, hit: CachedCompletion) -> int:
         """The hit's ``prompt_tokens``: the entry's own count when it was made from this very prompt
@@ -425,13 +488,23 @@ class Handler:
                 type="server_error",
                 reason="engine_error",
             )
+        parsed = self._parse_all(out.text)
+        out.reasoning_tokens = self._reasoning_tokens()
         await self._finish_cache(cached_completion(st, prep, out))
         self._account(out)
         text = "".join(out.text)
         if prep.echo:
             text = prep.prompt_text + text
         assert self.fmt is not None
-        body = self.fmt.response(text, out.finish_reason or "stop", out.log, self._usage(prep, out))
+        reason = self._finish_reason(out.finish_reason or "stop")
+        usage = self._usage(prep, out)
+        body = (
+            self.fmt.response(text, reason, out.log, usage)
+            if self.output is None
+            else self._chat_fmt().response(
+                text, reason, out.log, usage, parsed=parsed, calls=self.output.calls
+            )
+        )
         st.count(ctx, 200)
         st.log_request(ctx, out)
         return Response(orjson.dumps(body), media_type="application/json", headers=ctx.headers())
@@ -453,6 +526,7 @@ class Handler:
         now = time.perf_counter()
         first = self.ctx.first_text_at or now
         return usage_dict(
+            reasoning_tokens=self._reasoning_tokens(),
             prompt_tokens=m.prompt_tokens if m and m.prompt_tokens else len(prep.prompt_ids),
             completion_tokens=m.output_tokens if m else out.tokens,
             cached_tokens=m.cached_prompt_tokens if m else 0,
@@ -484,19 +558,31 @@ class Handler:
         ctx, fmt, out = self.ctx, self.fmt, state.out
         assert fmt is not None
         n_prompt = len(prep.prompt_ids)
+        output = self.output
         try:
             for c in fmt.start_chunks(prep.prompt_text if prep.echo else None, (n_prompt, 0)):
                 yield sse_event(c)
             async for ev in _chain([first], state.gen):
                 step = out.add(ev)
-                if ev.text or step is not None:
-                    if ev.text and ctx.first_text_at is None:
-                        ctx.first_text_at = time.perf_counter()
-                    yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
+                if ev.text and ctx.first_text_at is None:
+                    ctx.first_text_at = time.perf_counter()
+                if output is None:
+                    if ev.text or step is not None:
+                        yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
+                else:
+                    # A token whose text the parser holds back (a marker's first characters) is
+                    # counted by the next chunk's usage: a chunk may carry several tokens.
+                    d = output.feed(ev.text) if ev.text or ev.token_id is not None else OutputDelta()
+                    if d or step is not None:
+                        yield sse_event(self._chat_fmt().parts(d, step, (n_prompt, out.tokens)))
                 if ev.finished:
                     state.finished = True
             if out.finish_reason in COMPLETED_FINISH_REASONS:
-                yield sse_event(fmt.finish(out.finish_reason or "stop", (n_prompt, out.tokens)))
+                if output is not None and (tail := output.finish()):
+                    yield sse_event(self._chat_fmt().parts(tail, None, (n_prompt, out.tokens)))
+                out.reasoning_tokens = self._reasoning_tokens()
+                reason = self._finish_reason(out.finish_reason or "stop")
+                yield sse_event(fmt.finish(reason, (n_prompt, out.tokens)))
                 if prep.include_usage:
                     yield sse_event(fmt.usage_chunk(self._usage(prep, out)))
             else:

@@ -47,9 +47,13 @@ class Prepared:
     whose entry carries the same fingerprint needs no tokenization; :func:`tokenize_prepared`
     finishes the job otherwise."""
     source: Any = None
-    """What :func:`tokenize_prepared` tokenizes: the prompt string, or (messages, add_generation_prompt)."""
+    """What :func:`tokenize_prepared` tokenizes: the prompt string, or (messages, add_generation_prompt,
+    tools)."""
     continuous_usage: bool = False
     """``stream_options.continuous_usage_stats``: ``usage`` on every chunk of the stream."""
+    parse_tools: bool = False
+    """The request offers tools (``tool_choice`` not ``none``): a call the model writes in its
+    template's syntax is returned as ``tool_calls`` (:mod:`harness.server.chat_output`)."""
 
 
 def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -69,8 +73,6 @@ def check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
         if req.suffix:
             raise unsupported("suffix", "suffix (fill-in-the-middle) is not supported")
     else:
-        if req.tools or req.functions:
-            raise unsupported("tools", "tool calling is not supported by this server")
         if req.modalities and set(req.modalities) != {"text"}:
             raise unsupported("modalities", "only the text modality is supported")
         if req.echo:
@@ -103,7 +105,8 @@ def logit_bias_pairs(bias: dict[str, float] | None, vocab_size: int) -> tuple[tu
 
 
 def prompt_fingerprint(source: Any) -> str:
-    """A 128-bit fingerprint of a text prompt (a string) or a chat (messages, add_generation_prompt).
+    """A 128-bit fingerprint of a text prompt (a string) or a chat (messages, add_generation_prompt,
+    and the offered tools when there are any).
 
     Equal fingerprints mean the same tokenizer input for the same model, so a cached completion
     carrying its prompt's fingerprint and token count (``meta["prompt_fp"]``, ``prompt_tokens``)
@@ -113,8 +116,18 @@ def prompt_fingerprint(source: Any) -> str:
     if isinstance(source, str):
         data = b"p\x00" + source.encode("utf-8", "surrogatepass")
     else:
-        messages, add_gen = source
-        data = b"m\x00" + orjson.dumps([[m["role"], m["content"]] for m in messages] + [bool(add_gen)])
+        messages, add_gen, *more = source  # (messages, add_generation_prompt[, tools])
+        tools = more[0] if more else None
+        # A plain chat keeps the fingerprint it had before tools; tool calls, ids and tools extend it.
+        entries: list[Any] = [
+            [m["role"], m["content"]] + ([{k: v for k, v in m.items() if k not in ("role", "content")}]
+                                         if len(m) > 2 else [])
+            for m in messages
+        ]  # fmt: skip
+        entries.append(bool(add_gen))
+        if tools:
+            entries.append(tools)
+        data = b"m\x00" + orjson.dumps(entries, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
@@ -145,8 +158,8 @@ def tokenize_prepared(prep: Prepared, tokenizer: Tokenizer, max_model_len: int) 
         ids = tokenizer.encode(prep.source)
         param = "prompt"
     else:
-        messages, add_gen = prep.source
-        prep.prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
+        messages, add_gen, tools = prep.source
+        prep.prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen, tools=tools)
         ids = tokenizer.encode(prep.prompt_text)
         param = "messages"
     check_context(len(ids), prep.params.max_tokens, max_model_len, param)
@@ -173,9 +186,36 @@ def _prompt_of(req: CompletionRequest, tokenizer: Tokenizer) -> tuple[list[int],
     return ids, tokenizer.decode(ids)
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
-    """Messages as ``{role, content}`` strings; text parts are joined, other part types refused."""
-    out: list[dict[str, str]] = []
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as chat templates read it: its arguments an object where they parse as one (the
+    Hugging Face template API's shape, which vLLM also hands its templates), else the string."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = orjson.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+    except orjson.JSONDecodeError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}}
+
+
+def chat_tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The offered ``tools`` and ``tool_choice``; the legacy ``functions`` / ``function_call`` become
+    them (``{"type": "function", "function": …}``)."""
+    tools = req.tools
+    choice: Any = req.tool_choice
+    if not tools and req.functions:
+        tools = [{"type": "function", "function": f} for f in req.functions]
+        fc = req.function_call
+        choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
+    return (list(tools) if tools else None), choice
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template reads them: ``role`` and ``content`` (text parts joined, other part
+    types refused; none is ""), and an assistant's ``tool_calls`` (arguments as objects), a tool
+    message's ``tool_call_id``, a ``name`` and ``reasoning_content`` where the message has them."""
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         content = m.content
         if content is None:
@@ -192,7 +232,16 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
                     )
                 texts.append(part.text or "")
             text = "\n".join(texts)
-        out.append({"role": m.role, "content": text})
+        msg: dict[str, Any] = {"role": m.role, "content": text}
+        if m.tool_calls:
+            msg["tool_calls"] = [_template_call(c) for c in m.tool_calls]
+        if m.function_call:  # the legacy single call
+            msg["tool_calls"] = [_template_call({"type": "function", "function": m.function_call})]
+        for key in ("tool_call_id", "name", "reasoning_content"):
+            value = getattr(m, key)
+            if value is not None:
+                msg[key] = value
+        out.append(msg)
     return out
 
 
@@ -234,6 +283,7 @@ def prepare(
             text_given = isinstance(req.prompt, str) or isinstance(req.prompt[0], str)
             body["prompt"] = prompt_text if text_given else ids
         prompt_param = "prompt"
+        parse_tools = False
         want_logprobs = req.logprobs is not None
         # Legacy completions: logprobs=N asks for the N most likely tokens besides the sampled one.
         top_logprobs = req.logprobs or 0
@@ -241,15 +291,25 @@ def prepare(
     else:
         endpoint = "chat.completions"
         messages = chat_messages(req)
+        tools, tool_choice = chat_tools(req)
         add_gen = req.add_generation_prompt is not False and not req.continue_final_message
-        source = (messages, add_gen)
+        source = (messages, add_gen, tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if not tokenize and max_tokens is not None:
             prompt_text, ids = "", None
         else:
-            prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen)
+            prompt_text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_gen, tools=tools)
             ids = tokenizer.encode(prompt_text)
         body["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
+        # Tools change the prompt and the answer: they are part of the response cache's key
+        # (harness.cache.keys sorts them, and keeps tool_choice verbatim).
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+            if req.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = req.parallel_tool_calls
+        parse_tools = bool(tools) and tool_choice != "none"
         prompt_param = "messages"
         want_logprobs = bool(req.logprobs)
         top_logprobs = req.top_logprobs or 0
@@ -331,4 +391,5 @@ def prepare(
         tokenized=ids is not None,
         source=source,
         continuous_usage=continuous_usage,
+        parse_tools=parse_tools,
     )

@@ -24,6 +24,7 @@ from harness.common import headers as H
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
 from harness.server.auth import AuthPolicy
+from harness.server.chat_output import ChatOutput, ChatSyntax
 from harness.server.faults import FAULT_KINDS, INJECTIONS, FaultInjector, FaultPlan
 from harness.server.formats import TokenLog
 from harness.server.metrics import EngineCollector, ServerMetrics
@@ -87,6 +88,8 @@ class Outcome:
     entropy_n: int = 0
     log: TokenLog | None = None
     offset: int = 0
+    reasoning_tokens: int | None = None
+    """Tokens generated while thinking, for a template that marks thinking (:mod:`.chat_output`)."""
 
     def add(self, ev: TokenEvent) -> TokenLog | None:
         """Account one engine event; returns this token's logprob entry when logprobs are on."""
@@ -150,6 +153,13 @@ class ServerState:
         self.cache_closed = False
         self.preload_sem = asyncio.Semaphore(settings.preload_concurrency)
         self._device: str | None = None
+        tok = engine.tokenizer
+        try:  # one rendered turn shows whether the generation prompt opens <think> itself
+            sample = tok.apply_chat_template([{"role": "user", "content": "x"}])
+        except Exception:  # a template that refuses it fails on real requests too, with their own error
+            sample = ""
+        self.chat_syntax = ChatSyntax.of(tok.chat_template, sample)
+        """What the model's chat template says it writes besides answers (tool calls, thinking)."""
         self.identity: dict[str, Any] = {}
         """What ``GET /v1/models`` tells about the weights (preset, weights hash …; set by the app)."""
         self._request_counters: dict[tuple[str, int, str | None], Any] = {}
@@ -186,6 +196,14 @@ class ServerState:
             default_max_tokens=self.settings.default_max_tokens,
             tokenize=tokenize,
         )
+
+    def chat_output(self, prep: Prepared) -> ChatOutput | None:
+        """The parser of one chat answer (thinking, tool calls); ``None`` when there is nothing to
+        parse (the model's template marks neither, or it marks only tool calls and none are offered)."""
+        syn = self.chat_syntax
+        if not syn.thinking and not (prep.parse_tools and syn.tools is not None):
+            return None
+        return ChatOutput(syn, parse_tools=prep.parse_tools)
 
     def context(self, request: Request, endpoint: str) -> RequestContext:
         hdr = request.headers
@@ -248,5 +266,9 @@ def cached_completion(st: ServerState, prep: Prepared, out: Outcome) -> CachedCo
         created=int(time.time()),
         mean_logprob=out.logprob_sum / out.logprob_n if out.logprob_n else None,
         mean_entropy=out.entropy_sum / out.entropy_n if out.entropy_n else None,
-        meta={"engine_model": st.engine.model_name, "prompt_fp": prep.prompt_fp},
+        meta={
+            "engine_model": st.engine.model_name,
+            "prompt_fp": prep.prompt_fp,
+            **({"reasoning_tokens": out.reasoning_tokens} if out.reasoning_tokens is not None else {}),
+        },
     )

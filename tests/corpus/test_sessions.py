@@ -245,3 +245,109 @@ def test_a_dialogue_log_with_a_gap_in_its_turns_is_refused(tmp_path: Path) -> No
     with pytest.raises(InputError, match="turn 3 where turn 2") as err:
         build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[log]), _settings())
     assert err.value.line == 2
+
+
+# ----------------------------------------------------------------------- an agent's log (openai)
+
+AGENT_LOG = ROOT / "fixtures" / "corpus" / "agent_sessions.jsonl"
+
+
+def test_an_agents_log_turns_at_each_assistant_message_with_its_calls_and_results(tmp_path: Path) -> None:
+    from harness.corpus.sessions import detect_session_format
+
+    assert detect_session_format(AGENT_LOG) == "openai"
+    settings = load_settings(CorpusSettings, seed=5)
+    result = build_sessions(
+        SessionBuildInputs(out=tmp_path / "c", logs=[AGENT_LOG], think_time=ThinkTime.parse("constant:1")),
+        settings,
+    )
+    recs = list(read_corpus(tmp_path / "c"))
+    assert recs == result.records and len(recs) == 12
+    weather = [r for r in recs if r.provenance.query_id and r.provenance.query_id.startswith("weather-1-")]
+    assert [r.session.turn for r in weather if r.session] == [1, 2, 3, 4]
+    t1, t2, t3, t4 = weather
+    assert t1.messages is not None and t1.messages[0].content.startswith(
+        "You are a travel assistant"
+    )  # the log's
+    assert t1.tools and t1.tool_choice == "auto" and t1.session is not None
+    assert [c.function.name for c in t1.session.log_tool_calls or []] == ["get_weather"] and t1.session.user
+    # Turn 2 is opened by the tool result alone; its history is turn 1: the question and the call.
+    assert t2.session is not None and t2.session.user == "" and t2.intent == "tool_result"
+    assert [m.role for m in t2.session.inputs or []] == ["tool"]
+    assert t2.messages is not None and [m.role for m in t2.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+    ]
+    assert t2.session.history_at == (1, 3) and t2.messages[2].tool_calls is not None
+    assert t3.session is not None and t3.session.user == "And what about Rome?" and t3.session.inputs is None
+    assert t4.messages is not None and t4.messages[-1].tool_call_id == "call_w2"
+    # The request: tools with every turn, an assistant's call with null content (OpenAI's shape).
+    _, body = t2.to_request()
+    assert body["tools"] == t2.tools and body["tool_choice"] == "auto"
+    assert body["messages"][2]["content"] is None and body["messages"][3]["tool_call_id"] == "call_w1"
+
+
+def test_an_agents_log_that_breaks_the_shape_is_refused_naming_line_and_field(tmp_path: Path) -> None:
+    settings = load_settings(CorpusSettings, seed=5)
+    ok = {"messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]}
+    bad_first = {"messages": [{"role": "assistant", "content": "hi"}]}
+    log = _log(tmp_path / "a.jsonl", [ok, bad_first])
+    with pytest.raises(InputError) as err:
+        build_sessions(SessionBuildInputs(out=tmp_path / "o", logs=[log]), settings)
+    assert err.value.line == 2 and err.value.field == "messages[0]"
+    no_id = {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]}
+    log = _log(tmp_path / "b.jsonl", [no_id])
+    with pytest.raises(InputError, match="tool_call_id") as err:
+        build_sessions(SessionBuildInputs(out=tmp_path / "o", logs=[log]), settings)
+    assert err.value.line == 1 and err.value.field == "messages[1]"
+    from harness.corpus.sandbox import TemplateError
+
+    with pytest.raises(TemplateError, match="chat template"):
+        build_sessions(
+            SessionBuildInputs(
+                out=tmp_path / "o", logs=[AGENT_LOG], template=ROOT / "templates" / "prompts" / "session.j2"
+            ),
+            settings,
+        )
+
+
+def test_a_mooncake_agent_trace_becomes_tool_sessions_of_its_lengths_and_times(tmp_path: Path) -> None:
+    """Session A: three requests, each prompt its predecessor's plus its answer plus a tool result
+    (300 and 50 tokens); session B: one request sharing A's first 512-token block."""
+    from harness.corpus.sessions import detect_session_format
+    from harness.corpus.tokens import load_tokenizer
+
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [1, 7]},
+        {"timestamp": 2000, "input_length": 1420, "output_length": 30, "hash_ids": [1, 2, 9]},
+        {"timestamp": 5000, "input_length": 1500, "output_length": 10, "hash_ids": [1, 2, 9]},
+    ]
+    trace = _log(tmp_path / "toolagent_trace.jsonl", rows)
+    assert detect_session_format(trace) == "mooncake"
+    settings = load_settings(CorpusSettings, seed=1)
+    build_sessions(SessionBuildInputs(out=tmp_path / "c", logs=[trace]), settings)
+    recs = list(read_corpus(tmp_path / "c"))
+    assert len(recs) == 4  # A: 3 turns, B: 1
+    by = {(r.session.turns, r.session.turn): r for r in recs if r.session}
+    a1, a2, a3, b1 = by[(3, 1)], by[(3, 2)], by[(3, 3)], by[(1, 1)]
+    tok = load_tokenizer(None, settings.seed)
+    assert a1.session is not None and tok.count(a1.session.user) == 1100
+    assert b1.session is not None and tok.count(b1.session.user) == 600
+    assert a1.session.user[:200] == b1.session.user[:200]  # the shared first block: the same text
+    assert a2.session is not None and a2.session.inputs is not None
+    assert tok.count(a2.session.inputs[0].content) == 300 and a2.session.inputs[0].tool_call_id == "call_0_0"
+    assert (
+        a3.session is not None
+        and a3.session.inputs is not None
+        and tok.count(a3.session.inputs[0].content) == 50
+    )
+    call = (a1.session.log_tool_calls or [])[0]
+    assert call.function.name == "act" and tok.count(orjson.loads(call.function.arguments)["input"]) == 20
+    assert a3.session.log_tool_calls is None and b1.session.log_tool_calls is None
+    assert a1.tools and a1.tools[0]["function"]["name"] == "act"
+    assert [r.session.think_time_s for r in (a1, a2, a3)] == [0.0, 2.0, 3.0]  # type: ignore[union-attr]
+    assert a2.session.think_source == "trace-prefix"
+    assert (a1.arrival_offset_s, b1.arrival_offset_s) == (0.0, 1.0)

@@ -219,7 +219,8 @@ def test_only_client_timed_latencies_are_widened() -> None:
     n = 2000
     rng = np.random.default_rng(3)
     cols = {c: rng.lognormal(3.0, 0.3, n) for c in ("ttft_ms", "ttft_from_intended_ms", "tpot_ms", "e2e_ms",
-                                                  "e2e_from_intended_ms", "prefill_kv_bytes")}  # fmt: skip
+                                                  "e2e_from_intended_ms", "prefill_kv_bytes", "ttfa_ms",
+                                                  "reasoning_tokens")}  # fmt: skip
     cols["prompt_tokens"] = np.full(n, 100.0)
     late = {"lateness_ms": np.full(n, 6.0), "queue_wait_ms": np.zeros(n)}
     ctx = MetricContext()

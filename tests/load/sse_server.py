@@ -18,7 +18,13 @@ written (``first_write - received``) and the gaps between token writes. Behaviou
   queried per request and 5 hit when the same body came before (else GET answers 501, as a server
   without it does);
 * ``models``: answer ``GET /v1/models`` with these ids (an OpenAI model list); ``require_model``:
-  answer 400 to a completion body without ``model``, as a server that enforces the OpenAI API does.
+  answer 400 to a completion body without ``model``, as a server that enforces the OpenAI API does;
+* the kinds of its chat tokens: ``reasoning_tokens`` (the first N stream as ``delta.<reasoning_field>``,
+  as vLLM's reasoning parsers do), ``think_inline`` (the same N inline in ``content`` between
+  ``<think>`` and ``</think>``, as a server without a reasoning parser sends them), ``tool_call``
+  (every token is a fragment of one tool call's arguments, the first chunk also carrying the call's
+  id and name, ``finish_reason: tool_calls``), ``report_reasoning`` (the final usage carries
+  ``completion_tokens_details.reasoning_tokens``).
 
 Times are absolute targets from the request's arrival (no drift across tokens); TCP_NODELAY is on so
 that small writes leave at once.
@@ -26,6 +32,7 @@ that small writes leave at once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import ssl
 import threading
@@ -62,6 +69,20 @@ class Behaviour:
     """``GET /v1/models`` lists these ids (``None``: no model list, as before)."""
     require_model: bool = False
     """A completion body without ``model`` is answered 400 (the OpenAI API requires the field)."""
+    reasoning_tokens: int = 0
+    """Chat: the first N tokens are thinking, streamed in ``delta.<reasoning_field>``."""
+    reasoning_field: str = "reasoning_content"
+    think_inline: bool = False
+    """The thinking tokens go inline in ``content``, wrapped in ``<think>`` … ``</think>``."""
+    report_reasoning: bool = False
+    """The final usage reports ``completion_tokens_details.reasoning_tokens``."""
+    tool_call: str | None = None
+    """Chat: answer with one call of this function, every token a fragment of its arguments (the
+    first chunk also carries the call's id and name), ``finish_reason: tool_calls``."""
+    tool_arguments: str | None = None
+    """The call's arguments, cut into ``tokens`` fragments (``None``: ``{"q": " t0 … tN"}``)."""
+    tool_only_with_tools: bool = False
+    """Call the tool only when the request offers ``tools``; answer text otherwise."""
 
 
 @dataclass
@@ -78,6 +99,8 @@ class Served:
     """Times each content chunk was written."""
     reply: str = ""
     """The text written (every content chunk's, joined)."""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """The tool calls written (assistant-message shape: id, type, function name and arguments)."""
     done: float | None = None
     """Just before the stream's end (``[DONE]`` and the last chunk) was written: the earliest moment a
     client can have seen the response end. Stamped before the write, not after it, so that a server
@@ -169,19 +192,52 @@ class _Handler(BaseHTTPRequestHandler):
             start += b.stall_s
         sent = 0
         i = 0
+        calling = chat and b.tool_call is not None and (bool(body.get("tools")) or not b.tool_only_with_tools)
+        fragments = _fragments(b, served.index) if calling else []
+        if calling:
+            args = "".join(fragments)
+            served.calls.append({"id": f"call_{served.index}", "type": "function",
+                                 "function": {"name": b.tool_call, "arguments": args}})  # fmt: skip
+        thinking = b.reasoning_tokens if chat and not calling else 0
         while sent < b.tokens:
             k = min(b.tokens_per_chunk, b.tokens - sent)
             tag = f"r{served.index}." if b.tag_replies else "t"
-            text = "".join(f" {tag}{sent + j}" for j in range(k))
-            served.reply += text
+            words = [f" {tag}{sent + j}" for j in range(k)]
+            delta: dict[str, Any] = {}
+            if calling:
+                call: dict[str, Any] = {
+                    "index": 0,
+                    "function": {"arguments": "".join(fragments[sent : sent + k])},
+                }
+                if sent == 0:
+                    call.update(id=f"call_{served.index}", type="function")
+                    call["function"]["name"] = b.tool_call
+                delta["tool_calls"] = [call]
+            else:
+                think = "".join(w for j, w in enumerate(words) if sent + j < thinking)
+                text = "".join(w for j, w in enumerate(words) if sent + j >= thinking)
+                if think and b.think_inline:
+                    text = (
+                        ("<think>" if sent == 0 else "")
+                        + think
+                        + ("</think>" if sent + k >= thinking else "")
+                        + text
+                    )
+                elif think:
+                    delta[b.reasoning_field] = think
+                if text:
+                    delta["content"] = text
+                    served.reply += text
             choice: dict[str, Any] = (
-                {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                {"index": 0, "delta": delta, "finish_reason": None}
                 if chat
-                else {"index": 0, "text": text, "finish_reason": None}
+                else {"index": 0, "text": "".join(words), "finish_reason": None}
             )
+            if not chat:
+                served.reply += "".join(words)
             sent += k
             if sent == b.tokens:
-                choice["finish_reason"] = "length"
+                choice["finish_reason"] = "tool_calls" if calling else "length"
             chunk: dict[str, Any] = {
                 "id": "x",
                 "object": "chat.completion.chunk" if chat else "text_completion",
@@ -202,6 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
         if b.usage != "none" and opts.get("include_usage"):
             usage = {"prompt_tokens": 5, "completion_tokens": b.tokens, "total_tokens": 5 + b.tokens,
                      "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+            if b.report_reasoning:
+                usage["completion_tokens_details"] = {"reasoning_tokens": thinking}
             obj = "chat.completion.chunk" if chat else "text_completion"
             final = {"id": "x", "object": obj, "created": 0, "model": "test", "choices": [], "usage": usage}
             self._chunk(b"data: " + json.dumps(final).encode() + b"\n\n")
@@ -244,6 +302,17 @@ class _Handler(BaseHTTPRequestHandler):
             f'vllm:prefix_cache_hits_total{{model_name="test"}} {h}\n'
         )
         self._answer(200, text.encode(), "text/plain; version=0.0.4")
+
+
+def _fragments(b: Behaviour, index: int) -> list[str]:
+    """A tool call's arguments cut into ``b.tokens`` fragments, one per token."""
+    if b.tool_arguments is None:
+        words = [f" t{j}" for j in range(b.tokens)]
+        return ['{"q": "' + words[0], *words[1:-1], words[-1] + '"}'] if b.tokens > 1 else ['{"q": " t0"}']
+    text = b.tool_arguments
+    assert len(text) >= b.tokens, "tool_arguments shorter than tokens"
+    bounds = [round(j * len(text) / b.tokens) for j in range(b.tokens + 1)]
+    return [text[x:y] for x, y in itertools.pairwise(bounds)]
 
 
 class _Server(ThreadingHTTPServer):

@@ -51,6 +51,37 @@ def test_summarize_prints_the_table_and_rewrites_the_summary(
     assert s.target.url == "http://t" and s.requests == 100 and s.duration_s == 9.0
 
 
+def test_summarize_shows_thinking_answers_and_tool_calls_only_when_a_run_has_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = tmp_path / "plain"
+    w = RecordWriter(plain / "records.jsonl")
+    w.write_many(rows(10))
+    w.close()
+    with pytest.raises(SystemExit):
+        main(["load", "summarize", str(plain)])
+    out = capsys.readouterr().out
+    assert "ttfa_ms" in out and "itl_reasoning_ms" not in out and "tool calls" not in out
+    agent = tmp_path / "agent"
+    recs = rows(10)
+    for i, r in enumerate(recs):
+        r.ttfa_ms, r.itl_reasoning = 400.0, [(0, 1)]  # the first gap was thinking, the second the answer's
+        r.reasoning_tokens, r.reasoning_source = 2, "counted"
+        r.tool_calls, r.tool_names = (1, ["search"]) if i % 2 else (0, [])
+        r.unread_fields = ["audio"] if i == 0 else []
+    w = RecordWriter(agent / "records.jsonl")
+    w.write_many(recs)
+    w.close()
+    with pytest.raises(SystemExit):
+        main(["load", "summarize", str(agent), "--write"])
+    out = capsys.readouterr().out
+    assert "itl_reasoning_ms" in out and "reasoning_tokens" in out
+    assert "tool calls: 5 in 5 responses (search 5)" in out and "unread stream fields: 1 of 10" in out
+    s = read_summary(agent)
+    assert s.metrics["itl_reasoning_ms"].max == 1.0 and s.metrics["itl_answer_ms"].max == 2.0
+    assert s.metrics["ttfa_ms"].p50 == 400.0 and s.reasoning_counting == {"counted": 10}
+
+
 def test_summarize_a_missing_directory_is_an_input_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

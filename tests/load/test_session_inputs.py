@@ -14,7 +14,7 @@ from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions
 from harness.load.results import RequestRecord, turn_summaries
-from harness.load.sessions import plan_sessions, salted_body, turn_body
+from harness.load.sessions import SYNTHETIC_TOOL_RESULT, LiveHistory, TurnBody, plan_sessions, salted_body
 
 
 def _turn(sid: str, k: int, *, chat: bool = True, offset: float | None = None) -> CorpusRecord:
@@ -51,13 +51,18 @@ def test_live_history_replaces_the_logs_answers(chat: bool) -> None:
     rec = _turn("s", 3, chat=chat)
     (spec,) = prepare_requests([rec])
     live = [("s q1", "LIVE-1"), ("s q2", "LIVE-2")]
-    body = orjson.loads(turn_body(rec, spec.body, live))
+    history = LiveHistory()
+    for u, a in live:
+        history.answered(
+            TurnBody(b"", [{"role": "user", "content": u}]), u, {"role": "assistant", "content": a}
+        )
+    body = orjson.loads(history.body_for(rec, spec.body, live=True).body)
     if chat:
         assert [m["content"] for m in body["messages"]] == ["SYS", "s q1", "LIVE-1", "s q2", "LIVE-2", "s q3"]
     else:
         assert body["prompt"] == "SYS\n" + transcript(live, "en") + "User: s q3\nAssistant:"
     assert body["stream"] is True and body["max_tokens"] == 8  # the rest of the body as prepared
-    assert turn_body(rec, spec.body, None) == spec.body  # log history: the bytes as built
+    assert history.body_for(rec, spec.body, live=False).body == spec.body  # log history: the bytes as built
 
 
 def test_a_salt_starts_every_pass_after_the_first() -> None:
@@ -134,3 +139,62 @@ def test_the_recipe_records_history_and_salt_per_pass() -> None:
     assert recipe(True, history="log", salt_per_pass=True) == ("log", True)
     # Neither applies to a corpus of single requests without a salt: old baselines compare equal.
     assert recipe(False, history="log") == (None, None)
+
+
+# ----------------------------------------------------------------------------- tool-call turns
+
+CALL = {
+    "id": "call_log",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+RESULT = {"role": "tool", "tool_call_id": "call_log", "content": "rain, 14 C"}
+
+
+def _tool_turn() -> CorpusRecord:
+    """Turn 2 of an agent's session: the log called get_weather(Paris) in turn 1; its result opens turn 2."""
+    rec: dict[str, object] = {
+        "id": "a-t2", "max_tokens": 8, "expected_output_tokens": 4, "lang": "en", "domain": "agent",
+        "intent": "tool_result", "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+        "provenance": {"seed": 0, "candidate": 0, "template": "t", "template_sha256": "0" * 64},
+        "messages": [{"role": "system", "content": "SYS"}, {"role": "user", "content": "umbrella?"},
+                     {"role": "assistant", "content": None, "tool_calls": [CALL]}, RESULT],
+        "session": {"session_id": "a", "turn": 2, "turns": 2, "think_time_s": 0.0, "think_source": "log",
+                    "history_at": [1, 3], "inputs": [RESULT]},
+    }  # fmt: skip
+    return CorpusRecord.model_validate(rec)
+
+
+def _after(answer: dict[str, object]) -> tuple[list[dict[str, object]], dict[str, int] | None]:
+    rec = _tool_turn()
+    (spec,) = prepare_requests([rec])
+    assert orjson.loads(spec.body)["tools"] == rec.tools  # the tools go with every turn
+    history = LiveHistory()
+    history.answered(TurnBody(b"", [{"role": "user", "content": "umbrella?"}]), "umbrella?", answer)
+    turn = history.body_for(rec, spec.body, live=True, log_calls=[CALL])
+    return orjson.loads(turn.body)["messages"], turn.tool_results
+
+
+def _live(name: str, args: str, cid: str = "call_live") -> dict[str, object]:
+    call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def test_the_targets_own_call_gets_the_recorded_result_under_its_own_id() -> None:
+    msgs, results = _after(_live("get_weather", '{ "city":"Paris" }'))  # same arguments, other spacing
+    assert results == {"recorded": 1}
+    assert msgs[2]["tool_calls"][0]["id"] == "call_live"  # type: ignore[index]
+    assert msgs[3] == {"role": "tool", "tool_call_id": "call_live", "content": "rain, 14 C"}
+
+
+def test_another_call_gets_a_stated_synthetic_result() -> None:
+    msgs, results = _after(_live("get_weather", '{"city": "Rome"}'))
+    assert results == {"synthetic": 1} and msgs[3]["content"] == SYNTHETIC_TOOL_RESULT
+    assert msgs[3]["tool_call_id"] == "call_live" and "synthetic" in SYNTHETIC_TOOL_RESULT
+
+
+def test_an_answer_without_the_call_gets_the_logs_call_so_the_results_answer_something() -> None:
+    msgs, results = _after({"role": "assistant", "content": "I think it may rain."})
+    assert results == {"log_call": 1}
+    assert msgs[2] == {"role": "assistant", "content": "I think it may rain.", "tool_calls": [CALL]}
+    assert msgs[3] == RESULT

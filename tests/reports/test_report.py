@@ -315,3 +315,36 @@ def test_the_server_hit_rate_across_a_restart_counts_from_zero() -> None:
     xs, ys = _interval_hit_rate(samples)
     # 50 of 100; restarted: 30 of the 40 since; 0 of 100; no lookups in the last interval: no point.
     assert xs.tolist() == [1, 2, 3] and ys.tolist() == [50.0, 75.0, 0.0]
+
+
+def test_a_run_that_thought_and_called_tools_gets_its_section(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from harness.reports.render import render_html, render_markdown
+    from harness.reports.tables import thinking_and_tools
+    from tests.gates.factory import make_records, write_run
+
+    recs = make_records(20, 3, stages=("replay",))
+    # Half the responses think 40 tokens (their answer 400 ms after the first token), a quarter call a tool.
+    shaped = [
+        replace(
+            r,
+            ttft_ms=50.0,
+            ttfa_ms=450.0 if i % 2 == 0 else 50.0,
+            reasoning_tokens=40 if i % 2 == 0 else 0,
+            reasoning_source="counted",
+            tool_calls=1 if i % 4 == 1 else 0,
+            tool_names=["search"] if i % 4 == 1 else [],
+        )
+        for i, r in enumerate(recs)
+    ]
+    sets = load_result_sets([("agent", write_run(tmp_path / "a", shaped))])
+    table = thinking_and_tools(sets)
+    assert len(table.rows) == 1
+    row = dict(zip(table.columns, table.rows[0], strict=True))
+    assert row["thinking"] == "10 (50.0 %)" and row["reasoning tokens P95"] == "40.00 tokens"
+    assert row["TTFT P50"] == "50.00 ms" and row["TTFA P95"] == "450.0 ms"
+    assert row["tool calls"] == "5 in 5 (search 5)"
+    assert 'id="thinking"' in render_html(sets) and "### Reasoning and tool calls" in render_markdown(sets)
+    plain = load_result_sets([("plain", write_run(tmp_path / "p", recs))])
+    assert thinking_and_tools(plain).rows == [] and 'id="thinking"' not in render_html(plain)
