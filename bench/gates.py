@@ -651,7 +651,9 @@ def power_bench(args: argparse.Namespace) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     console = Console()
-    config = DemoConfig(out_dir=out, corpus_n=args.requests, requests=args.requests)
+    # The CI recipe's policy (5 % errors must be caught at power 0.95: 181 requests a phase), not the
+    # demo's 20 % (sized for its 40 requests).
+    config = DemoConfig(out_dir=out, corpus_n=args.requests, requests=args.requests, detect_errors="5%")
     ctx = DemoContext(config, console)
     started = time.perf_counter()
     Scenarios().run(ctx)
@@ -751,7 +753,8 @@ def power_bench(args: argparse.Namespace) -> None:
         f"{mean.get('paired run', math.nan):.0f} s, an A/B run ({args.ab_blocks} block pairs of "
         f"{args.ab_block_requests}) {mean.get('A/B run', math.nan):.0f} s. Stored: `harness baseline "
         f"calibrate --runs 3 --max-runs 5`; history: `--from-runs` over {args.history} earlier unchanged "
-        "runs; A/B: "
+        f"runs; both with the default policy (at most 1 % errors, catch {config.detect_errors}; hit rates "
+        "5 points down at most, catch a 30 % loss; catch a 2x slowdown; power 0.95). A/B: "
         "`harness ab` beside the unchanged target (limit 1.10×, must rule out 1.3×). Error and miss rates "
         "are not the A/B's to judge (it compares latencies).",
         "",

@@ -9,14 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
-from harness.common import auth
+from harness.common.auth import ACCESS_PANEL, access_from, access_options
 from harness.common.errors import InputError
 from harness.common.io import write_json
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spelling, renamed, with_options
 
 
+@with_options(access_options(), panel=ACCESS_PANEL, param="access")
 def scrape(
     *,
+    access: dict[str, Any],
     url: Annotated[
         str, typer.Option("--url", help="The server's base URL, or its /metrics URL (harness serve).")
     ],
@@ -25,24 +27,11 @@ def scrape(
     ],
     every_s: Annotated[float, typer.Option("--every-s", min=0.0, help="Seconds between scrapes.")] = 5.0,
     count: Annotated[int, typer.Option("--count", min=1, help="Number of scrapes.")] = 60,
-    api_key: auth.ApiKeyOption = None,
-    admin_token: auth.AdminTokenOption = None,
-    header: auth.HeaderOption = None,
-    ca_bundle: auth.CaBundleOption = None,
-    insecure: auth.InsecureOption = False,
-    old_header: auth.OldHeaderOption = None,
 ) -> None:
     """Scrape /metrics periodically into a server_metrics.jsonl for `harness analysis anomaly`."""
     from harness.analysis.anomaly import scrape_metrics
 
-    creds = auth.Credentials.of(
-        api_key=api_key,
-        admin_token=admin_token,
-        headers=auth.headers_given(header, old_header),
-        ca_bundle=ca_bundle,
-        insecure=insecure,
-    )
-    n = scrape_metrics(url, creds, out, every_s=every_s, count=count, warn=say)
+    n = scrape_metrics(url, access_from(access), out, every_s=every_s, count=count, warn=say)
     say(f"wrote {n} scrapes to {out}")
 
 
@@ -63,8 +52,10 @@ def _span(text: str | None, t0: float, t1: float, name: str) -> Any:
     return Window(start=start, end=end)
 
 
+@with_options(access_options(), panel=ACCESS_PANEL, param="access")
 def anomaly(
     *,
+    access: dict[str, Any],
     scrapes: Annotated[
         Path | None,
         typer.Option(
@@ -98,12 +89,6 @@ def anomaly(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the tree JSON here.")] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    api_key: auth.ApiKeyOption = None,
-    admin_token: auth.AdminTokenOption = None,
-    header: auth.HeaderOption = None,
-    ca_bundle: auth.CaBundleOption = None,
-    insecure: auth.InsecureOption = False,
-    old_header: auth.OldHeaderOption = None,
     old_baseline: Annotated[str | None, old_spelling("--baseline", new="--baseline-window")] = None,
     old_window: Annotated[str | None, old_spelling("--window", new="--test-window")] = None,
 ) -> None:
@@ -116,7 +101,6 @@ def anomaly(
         series_from_prometheus,
     )
 
-    header = auth.headers_given(header, old_header)
     baseline = renamed(baseline, old_baseline, new="--baseline-window", old="--baseline")
     window = renamed(window, old_window, new="--test-window", old="--window")
     if schema:
@@ -127,10 +111,7 @@ def anomaly(
     if prometheus is not None:
         if start is None or end is None:
             raise typer.BadParameter("--prometheus needs --start and --end", param_hint="--start")
-        creds = auth.Credentials.of(
-            api_key=api_key, admin_token=admin_token, headers=header, ca_bundle=ca_bundle, insecure=insecure
-        )
-        series = series_from_prometheus(prometheus, start, end, step_s, creds=creds)
+        series = series_from_prometheus(prometheus, start, end, step_s, creds=access_from(access))
         source = prometheus
     else:
         assert scrapes is not None

@@ -8,27 +8,20 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.analysis.cli_common import JSON_HELP, access_of, console, echo_json
-from harness.common.auth import (
-    AdminTokenOption,
-    ApiKeyOption,
-    CaBundleOption,
-    Credentials,
-    HeaderOption,
-    InsecureOption,
-    OldHeaderOption,
-    headers_given,
-)
+from harness.analysis.cli_common import JSON_HELP, console, echo_json
+from harness.common.auth import ACCESS_PANEL, Credentials, access_from, access_options
 from harness.common.console import table
 from harness.common.io import write_json
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spelling, renamed, with_options
 
 FETCH_TIMEOUT_S = 10.0
 """How long ``--url``'s ``/cache/stats`` and ``/metrics`` may take each."""
 
 
+@with_options(access_options(), panel=ACCESS_PANEL, param="access")
 def avalanche(
     *,
+    access: dict[str, Any],
     classes: Annotated[
         Path | None, typer.Option("--classes", help="JSONL of {name, keys, ttl_s, write_span_s, jitter_s}.")
     ] = None,
@@ -50,12 +43,6 @@ def avalanche(
     ] = None,
     by: Annotated[str, typer.Option("--by", help="With --cache-state: 'tier' or 'tenant-tier'.")] = "tier",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    api_key: ApiKeyOption = None,
-    admin_token: AdminTokenOption = None,
-    header: HeaderOption = None,
-    ca_bundle: CaBundleOption = None,
-    insecure: InsecureOption = False,
-    old_header: OldHeaderOption = None,
     old_target: Annotated[float | None, old_spelling("--target", new="--target-p")] = None,
 ) -> None:
     """Avalanche probability P = 1 − Π(1 − p_i) over key classes, with the jitter advice.
@@ -70,7 +57,6 @@ def avalanche(
     )
 
     target = renamed(target_p, old_target, new="--target-p", old="--target")
-    header = headers_given(header, old_header)
     if sum(x is not None for x in (classes, cache_state, url)) != 1:
         raise typer.BadParameter(
             "give exactly one of --classes, --cache-state, --url", param_hint="--classes"
@@ -86,9 +72,7 @@ def avalanche(
         risks = risks_from_state(cache_state, window_s, by)
     else:
         assert url is not None
-        access = {"api_key": api_key, "admin_token": admin_token, "header": header,
-                  "ca_bundle": ca_bundle, "insecure": insecure}  # fmt: skip
-        stats, metrics = _fetch_server(url, access_of(access))
+        stats, metrics = _fetch_server(url, access_from(access))
         described = classes_from_server(stats, metrics, write_span_s)
         spans = {c.name: c.write_span_s for c in described}
         risks = risks_from_classes(described, window_s)

@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from harness.common.errors import ConfigError
 from harness.common.model import StrictModel
-from harness.common.options import Flag, flag_of
+from harness.common.options import Flag, Option, options_of
 
 API_KEY_ENV = "OPENAI_API_KEY"
 """Where ``--api-key`` defaults from, as every OpenAI client does."""
@@ -286,41 +285,12 @@ def access_from(given: Mapping[str, Any]) -> Credentials:
         ) from None
 
 
-def _typer_option(name: str) -> Any:
-    from harness.common.options import description, flag_names
+def access_options() -> list[Option]:
+    """The credentials options as flags, for a command that talks to a target without the load
+    options: ``@with_options(access_options(), panel=ACCESS_PANEL, param="access")``, then
+    ``access_from(access)`` (the load options extend :class:`AccessOptions` and carry them already)."""
+    return options_of(AccessOptions)
 
-    info = AccessOptions.model_fields[name]
-    flag = flag_of(info)
-    return typer.Option(
-        *flag_names(name, info), envvar=flag.envvar, show_envvar=flag.envvar is not None,
-        help=description(info) + ".", rich_help_panel=ACCESS_PANEL,
-    )  # fmt: skip
-
-
-def _old_header_option() -> Any:
-    from harness.common.options import old_spelling
-
-    return old_spelling(*flag_of(AccessOptions.model_fields["header"]).deprecated, new="--header")
-
-
-# The same options as typer parameters for commands written before the model (derived from it).
-ApiKeyOption = Annotated[str | None, _typer_option("api_key")]
-AdminTokenOption = Annotated[str | None, _typer_option("admin_token")]
-HeaderOption = Annotated[list[str] | None, _typer_option("header")]
-OldHeaderOption = Annotated[list[str] | None, _old_header_option()]
-"""``-H``, the old spelling of ``--header`` (Locust's ``-H`` is ``--host``): give it to a command beside
-:data:`HeaderOption` and pass both to :func:`headers_given`."""
-
-
-def headers_given(header: list[str] | None, old: list[str] | None) -> list[str] | None:
-    """``--header`` values, or ``-H``'s with a deprecation warning (both at once is an error)."""
-    from harness.common.options import renamed
-
-    return renamed(header, old, new="--header", old="-H")
-
-
-CaBundleOption = Annotated[Path | None, _typer_option("ca_bundle")]
-InsecureOption = Annotated[bool, _typer_option("insecure")]
 
 SECRET_OPTIONS: tuple[str, ...] = ("api_key", "admin_token", "header")
 """The options whose values are secrets (the one list: load options, flags, ``--serve-args``)."""

@@ -83,32 +83,46 @@ def run_recipe(
     return outs
 
 
-def history_runs(folder: Path, *, most: int | None = None) -> list[Path]:
-    """The earlier runs of a recipe kept in ``folder`` (``--from-runs``): each subdirectory that is a
-    ``harness run`` output (a measured ``cold`` phase), oldest first by the time it started
-    (``run.json``), the newest ``most`` of them. A CI job keeps such a folder by saving each run of
-    main as an artifact (docs/ci.md). Fewer than 3 runs: a :class:`ConfigError` (a spread needs them)."""
+def history_runs(folder: Path, *, most: int | None = None, say: Callable[[str], None] = print) -> list[Path]:
+    """The earlier runs of a recipe kept in ``folder`` (``--from-runs``): every directory under it, at
+    any depth, that is a ``harness run`` output (a measured ``cold`` phase), oldest first by the time
+    it started (``run.json``), the newest ``most`` of those measured on the newest run's machine,
+    target and recipe. A CI job keeps such a folder by saving each run of main as an artifact
+    (docs/ci.md); a run of another machine, target or recipe among them is set aside, and ``say``
+    names it with why (a baseline from two machines at once would allow both machines' latencies).
+    Fewer than 3 runs: a :class:`ConfigError` (a spread needs them)."""
     from harness.common.io import read_json
     from harness.experiments.paired_record import RUN_FILE, PairedRun
     from harness.gates.calibration import MIN_RUNS
-    from harness.load.results import RECORDS_FILE
+    from harness.gates.fingerprints import summary_differences
+    from harness.load.results import RECORDS_FILE, SUMMARY_FILE, read_summary
 
     if not folder.is_dir():
         raise ConfigError("no such directory", file=folder, field="--from-runs")
     found: list[tuple[str, Path]] = []
-    for d in sorted(folder.iterdir()):
-        if not (d / "cold" / RECORDS_FILE).is_file():
-            continue
+    for records in sorted(folder.rglob(f"cold/{RECORDS_FILE}")):
+        d = records.parent.parent
+        if not (d / "cold" / SUMMARY_FILE).is_file():
+            continue  # a phase that never finished: nothing to calibrate from
         started = ""
         if (d / RUN_FILE).is_file():
             started = read_json(d / RUN_FILE, PairedRun, expected="a harness run record").started_at or ""
         found.append((started, d))
-    found.sort(key=lambda item: (item[0], item[1].name))
-    dirs = [d for _, d in found][-most:] if most else [d for _, d in found]
+    found.sort(key=lambda item: (item[0], str(item[1])))
+    dirs = [d for _, d in found]
+    if dirs:
+        newest = read_summary(dirs[-1] / "cold")
+        kept: list[Path] = []
+        for d in dirs:
+            if diff := summary_differences(newest, read_summary(d / "cold")):
+                say(f"set aside {d}: not the newest run's ({dirs[-1]}) {'; '.join(diff[:3])}")
+            else:
+                kept.append(d)
+        dirs = kept[-most:] if most else kept
     if len(dirs) < MIN_RUNS:
         raise ConfigError(
-            f"{len(dirs)} runs of the recipe here (subdirectories with cold/records.jsonl): at least "
-            f"{MIN_RUNS} are needed",
+            f"{len(dirs)} runs of the newest run's recipe, target and machine here (directories with "
+            f"cold/records.jsonl and cold/summary.json): at least {MIN_RUNS} are needed",
             file=folder,
             field="--from-runs",
         )

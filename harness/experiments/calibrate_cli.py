@@ -144,9 +144,9 @@ def calibrate(
 
     command = "harness run " + shlex.join(recipe_args(resolved, CALIBRATE_OPTIONS))  # the baseline records it
     if past is not None:
-        dirs = history_runs(past, most=max_runs)
+        dirs = history_runs(past, most=max_runs, say=say)
         command = f"the {len(dirs)} newest runs in {past}"
-        say(f"calibrating from {command}: {', '.join(d.name for d in dirs)}")
+        say(f"calibrating from {command}: {', '.join(str(d.relative_to(past)) for d in dirs)}")
     elif reuse:
         dirs = [work / f"cal-{k}" for k in range(1, runs + 1)]
     else:

@@ -24,7 +24,7 @@ from harness.common.fingerprint import Environment
 from harness.common.host import HostLoad
 from harness.common.model import StrictModel
 from harness.gates.runs import ResultSet
-from harness.load.results import Recipe
+from harness.load.results import Recipe, RunSummary
 
 RECALIBRATE = "recalibrate: harness baseline calibrate"
 IDENTITY_IGNORED = frozenset({"harness.version"})
@@ -140,6 +140,21 @@ def recipe_differences(calibrated: Recipe, measured: Recipe) -> list[str]:
     return out
 
 
+def summary_differences(calibrated: RunSummary, measured: RunSummary) -> list[str]:
+    """What makes two phases' latencies incomparable: the machine (:meth:`Hardware.key`), the target's
+    identity and the recipe, each difference named; fields a summary does not record are not compared.
+    """
+    out: list[str] = []
+    a, b = calibrated.environment, measured.environment
+    if a is not None and b is not None and a.hardware.key() != b.hardware.key():
+        out.append(f"machine: {a.hardware.key()} vs {b.hardware.key()}")
+    if calibrated.target.identity is not None and measured.target.identity is not None:
+        out += identity_differences(calibrated.target.identity, measured.target.identity)
+    if calibrated.recipe is not None and measured.recipe is not None:
+        out += [f"recipe.{d}" for d in recipe_differences(calibrated.recipe, measured.recipe)]
+    return out
+
+
 BUSIER_SHARE = 0.15
 """A run is *busier* when the CPU other work left it is this share below what the busiest calibration
 run had (near saturation a 15 % loss of CPU is already a many-fold change in latency) …"""
@@ -178,6 +193,19 @@ def _agree(values: Sequence[tuple[str, Any]], what: str, notes: list[str], key: 
     return values[0][1]
 
 
+def _agree_recipes(values: Sequence[tuple[str, Recipe]], what: str, notes: list[str]) -> Recipe | None:
+    """The first recipe; a note naming the fields where another differs (:func:`recipe_differences`,
+    so that runs at one share of capacity agree whatever rate each machine's capacity gave)."""
+    if not values:
+        return None
+    first_where, first = values[0]
+    others = [f"{where}: {', '.join(d)}" for where, r in values[1:] if (d := recipe_differences(first, r))]
+    if others:
+        notes.append(f"the runs disagree on the {what} with {first_where} ({'; '.join(others)}); "
+                     f"the baseline keeps {first_where}'s")  # fmt: skip
+    return first
+
+
 def fingerprint_from_results(
     runs: Sequence[Sequence[ResultSet]], *, names: Sequence[str] | None = None
 ) -> BaselineFingerprint:
@@ -207,7 +235,7 @@ def fingerprint_from_results(
             loads.setdefault(rs.label, []).append((where, s.interference))
     environment = _agree(envs, "machine", notes, key=lambda e: e.hardware.key())
     target = _agree(targets, "target", notes, key=lambda t: sorted(_flatten(t).items()))
-    recipe_of = {label: _agree(vals, f"{label} recipe", notes) for label, vals in recipes.items()}
+    recipe_of = {label: _agree_recipes(vals, f"{label} recipe", notes) for label, vals in recipes.items()}
     interference: dict[str, HostLoad] = {}
     for label, values in loads.items():
         measured = [(where, h) for where, h in values if h is not None]

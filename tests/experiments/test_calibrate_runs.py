@@ -115,3 +115,29 @@ def test_max_runs_adds_runs_while_a_gate_is_blind(
     assert (tmp_path / "more.yaml.runs" / f"cal-{3 + added}").is_dir()
     assert not (tmp_path / "more.yaml.runs" / f"cal-{4 + added}").exists()
     assert len(read_baseline(out).provenance.results) == 2 * (3 + added)  # the slow run 2 is kept
+
+
+def test_from_runs_finds_nested_runs_and_sets_aside_another_machines(tmp_path: Path) -> None:
+    """``--from-runs``: CI artifacts unpack one folder deeper (``history/<run id>/<artifact>/``); a run
+    from another runner type among them is set aside and named, not mixed into the spread."""
+    from harness.common.fingerprint import Environment, Hardware
+    from harness.experiments.calibrate import history_runs
+    from harness.load.results import read_summary, write_summary
+    from tests.experiments.fake_harness_run import ENV
+
+    history = tmp_path / "history"
+    for k in range(1, 6):
+        fake_run()(RECIPE, history / f"10{k}" / f"cal-{k}", None)
+    other = Environment(hardware=Hardware(cpu_model="Intel Xeon 8375C", cpu_count=2), software=ENV.software)
+    odd = history / "103" / "cal-3" / "cold"
+    write_summary(odd, read_summary(odd).model_copy(update={"environment": other}))
+    said: list[str] = []
+    dirs = history_runs(history, say=said.append)
+    assert [d.name for d in dirs] == ["cal-1", "cal-2", "cal-4", "cal-5"]
+    assert len(said) == 1 and "cal-3" in said[0] and "Intel Xeon 8375C" in said[0]
+    assert [d.name for d in history_runs(history, most=3, say=said.append)] == ["cal-2", "cal-4", "cal-5"]
+    few = tmp_path / "few"
+    for k in (1, 2):
+        fake_run()(RECIPE, few / f"cal-{k}", None)
+    with pytest.raises(ConfigError, match="2 runs of the newest run's recipe"):
+        history_runs(few, say=_quiet)
