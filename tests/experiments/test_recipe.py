@@ -29,7 +29,7 @@ def test_the_ci_recipe_is_the_documented_job() -> None:
     r = resolve(CI, {}, RUN_OPTIONS)
     assert r.target.serve_argv() == ["--preset", "tiny", "--cache"]
     assert r.load.rate == Share(0.7) and r.load.capacity is None  # measured first by harness run
-    assert (r.load.max_requests, r.load.max_tokens_cap) == (40, 8)
+    assert (r.load.max_requests, r.load.max_tokens_cap) == (200, 8)
     assert r.capacity.slo == "ttft_p50<=3x,tpot_p50<=3x,error_rate<=0.1" and not r.capacity.bypass_cache
     assert r.gate.baseline == Path("fixtures/baselines/tiny-cpu.yaml")
 
@@ -37,7 +37,7 @@ def test_the_ci_recipe_is_the_documented_job() -> None:
 def test_flags_override_the_file_and_the_defaults_fill_the_rest(tmp_path: Path) -> None:
     given = {"load": {"rate": "2", "max_tokens_cap": 4}, "target": {"serve_args": "--preset tiny"}}
     r = resolve(CI, given, RUN_OPTIONS)
-    assert r.load.rate == 2.0 and r.load.max_tokens_cap == 4 and r.load.max_requests == 40
+    assert r.load.rate == 2.0 and r.load.max_tokens_cap == 4 and r.load.max_requests == 200
     assert r.target.serve_argv() == ["--preset", "tiny"]
     assert r.warmup.probes == 20 and r.load.concurrency == 64  # nobody set them: the fields' defaults
     # Flags alone make a recipe too.
