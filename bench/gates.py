@@ -648,16 +648,23 @@ def power_bench(args: argparse.Namespace) -> None:
     )
 
     out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    # --resume: an earlier attempt's corpus, capacity and calibrated baseline are kept (they take a
+    # quarter of an hour); everything judged is measured again.
+    resume = (
+        args.resume and (out / "baseline.yaml").is_file() and (out / "capacity" / "capacity.json").is_file()
+    )
+    if not resume:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
     console = Console()
     # The CI recipe's policy (5 % errors must be caught at power 0.95: 181 requests a phase), not the
     # demo's 20 % (sized for its 40 requests).
     config = DemoConfig(out_dir=out, corpus_n=args.requests, requests=args.requests, detect_errors="5%")
     ctx = DemoContext(config, console)
     started = time.perf_counter()
-    Scenarios().run(ctx)
-    Corpus().run(ctx)
+    if not resume:
+        Scenarios().run(ctx)
+        Corpus().run(ctx)
     modes = set(args.modes.split(","))
     conditions: list[tuple[str, tuple[str, ...]]] = [("unchanged", ())]
     conditions += [
@@ -679,14 +686,20 @@ def power_bench(args: argparse.Namespace) -> None:
         if verdict == "fail":
             caught.setdefault((mode, cond), Counter()).update(_caught_by(report))
 
-    stored = out / "baseline.yaml"
+    stored = ctx.baseline  # the stored baseline: calibrated here, as a CI user's would be
     history_base = out / "history-baseline.yaml"
     with demo_target(ctx):
         assert ctx.url is not None
-        Capacity().run(ctx)
+        if resume:
+            from harness.demo import demo_capacity
+            from harness.experiments.capacity_result import read_capacity
+
+            ctx.capacity_rps, _ = demo_capacity(read_capacity(out / "capacity" / "capacity.json"))
+        else:
+            Capacity().run(ctx)
         recipe = ctx.recipe()
-        Calibrate().run(ctx)
-        shutil.copy(ctx.baseline, stored)
+        if not resume:
+            Calibrate().run(ctx)
         history = out / "history"
         for i in range(args.history):
             t0 = time.perf_counter()
@@ -814,6 +827,9 @@ def main() -> None:
     pw.add_argument("--modes", default="stored,history,ab")
     pw.add_argument("--ab-blocks", type=int, default=4)
     pw.add_argument("--ab-block-requests", type=int, default=25)
+    pw.add_argument(
+        "--resume", action="store_true", help="keep an earlier attempt's corpus, capacity and baseline"
+    )
     add_publish_flag(pw)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {
