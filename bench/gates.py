@@ -648,8 +648,8 @@ def power_bench(args: argparse.Namespace) -> None:
     )
 
     out = Path(args.out).resolve()
-    # --resume: an earlier attempt's corpus, capacity and calibrated baseline are kept (they take a
-    # quarter of an hour); everything judged is measured again.
+    # --resume: an earlier attempt's corpus, capacity, calibrated baseline and finished history runs
+    # are kept (they take half an hour); everything judged is measured again.
     resume = (
         args.resume and (out / "baseline.yaml").is_file() and (out / "capacity" / "capacity.json").is_file()
     )
@@ -702,6 +702,8 @@ def power_bench(args: argparse.Namespace) -> None:
             Calibrate().run(ctx)
         history = out / "history"
         for i in range(args.history):
+            if resume and (history / f"run-{i:02d}" / "comparison.json").is_file():
+                continue  # an earlier attempt's finished run: history is history
             t0 = time.perf_counter()
             harness(ctx, "run", "--url", ctx.url, *recipe, "--out", str(history / f"run-{i:02d}"), "--force",
                     ok=VERDICT_CODES)  # fmt: skip
@@ -712,7 +714,9 @@ def power_bench(args: argparse.Namespace) -> None:
                     "--detect-errors", config.detect_errors, *recipe, ok=VERDICT_CODES)  # fmt: skip
         for i in range(args.unchanged):
             run = out / "unchanged" / f"run-{i:02d}"
+            t0 = time.perf_counter()
             harness(ctx, "run", "--url", ctx.url, *recipe, "--out", str(run), "--force", ok=VERDICT_CODES)
+            seconds.setdefault("paired run", []).append(time.perf_counter() - t0)
             if "stored" in modes:
                 note("stored", "unchanged", _judge(ctx, stored, run, "stored"))
             if "history" in modes:
@@ -828,7 +832,9 @@ def main() -> None:
     pw.add_argument("--ab-blocks", type=int, default=4)
     pw.add_argument("--ab-block-requests", type=int, default=25)
     pw.add_argument(
-        "--resume", action="store_true", help="keep an earlier attempt's corpus, capacity and baseline"
+        "--resume",
+        action="store_true",
+        help="keep an earlier attempt's corpus, capacity, baseline and finished history runs",
     )
     add_publish_flag(pw)
     args = ap.parse_args()
