@@ -47,6 +47,11 @@ Two sub-commands:
     Prints detection and false-alarm rates with exact 95 % intervals, the gates that caught each
     regression, and the requests each needed; appends the table to docs/benchmarks.md.
 
+``rejudge``
+    The runs a ``power`` bench kept, judged again by the current rules without running anything:
+    the stored and history baselines recalibrated from the bench's own runs, once with the runs'
+    spread alone (``--no-drift-room``) and once with drift room, side by side on the same records.
+
 Usage: ``python bench/gates.py record --out fixtures/runs/tiny-cpu`` (about 4 min on 2 cores);
 ``python bench/gates.py false-alarm`` (about 2 min); ``python bench/gates.py travel`` (about 25 min
 with the defaults).
@@ -788,6 +793,89 @@ def power_bench(args: argparse.Namespace) -> None:
     publish("\n".join(lines), args)
 
 
+def rejudge(args: argparse.Namespace) -> None:
+    """Every run a power bench kept, judged again by the current rules, side by side: the stored and the
+    history baselines recalibrated from the bench's own runs (``--from-runs``: no target, no load),
+    once with the runs' spread alone (``--no-drift-room``) and once with drift room. The A/B verdicts
+    are the bench's own (no baseline in them)."""
+    import json
+
+    from rich.console import Console
+
+    from harness.demo import VERDICT_CODES, DemoConfig, DemoContext, harness
+    from harness.gates.ab import DEFAULT_METRICS, judge_ab, parse_ab_metrics, reachable
+    from harness.gates.runs import load_result_set
+
+    out = Path(args.out).resolve()
+    if not (out / "recipe.yaml").is_file():
+        raise SystemExit(f"{out}: no power bench here (run `python bench/gates.py power` first)")
+    ctx = DemoContext(DemoConfig(out_dir=out), Console())
+    recipe = ("--recipe", str(out / "recipe.yaml"))
+    runs = sorted((out / "unchanged").glob("run-*")) + sorted((out / "regressed").glob("*/run-*"))
+    table: dict[tuple[str, str, str], Counter[str]] = {}
+    caught: dict[tuple[str, str, str], Counter[str]] = {}
+    for rule, flags in (("spread only", ("--no-drift-room",)), ("drift room", ())):
+        where = out / "rejudge" / rule.replace(" ", "-")
+        where.mkdir(parents=True, exist_ok=True)
+        bases = {}
+        for mode, past in (("stored", out / "calibration"), ("history", out / "history")):
+            base = where / f"{mode}.yaml"
+            most = len([d for d in past.iterdir() if d.is_dir()])
+            harness(ctx, "baseline", "calibrate", "--from-runs", str(past), "--max-runs", str(most),
+                    "--out", str(base), "--name", mode, "--detect-errors", "5%", *recipe, *flags,
+                    ok=VERDICT_CODES)  # fmt: skip
+            bases[mode] = base
+        for run in runs:
+            cond = "unchanged" if run.parent.name == "unchanged" else run.parent.name.replace("-", " ")
+            for mode, base in bases.items():
+                report = _judge(ctx, base, run, f"{mode}-{rule.replace(' ', '-')}")
+                verdict = str(report.get("verdict", "broken"))
+                table.setdefault((rule, mode, cond), Counter())[verdict] += 1
+                if verdict == "fail":
+                    caught.setdefault((rule, mode, cond), Counter()).update(_caught_by(report))
+    for ab in sorted((out / "ab-unchanged").glob("run-*")) + sorted((out / "ab").glob("*/run-*")):
+        cond = "unchanged" if ab.parent.name == "ab-unchanged" else ab.parent.name.replace("-", " ")
+        judgement = json.loads((ab / "ab.json").read_text()).get("judgement") or {}
+        table.setdefault(("as run", "ab", cond), Counter())[str(judgement.get("verdict", "unjudgeable"))] += 1
+        # … and as `harness ab` judges now: a default metric the design cannot reach left out.
+        pairs = [
+            (load_result_set(b, b.name), load_result_set(ab / "candidate" / b.name, b.name))
+            for b in sorted((ab / "base").iterdir())
+            if b.is_dir()
+        ]
+        metrics, left_out = reachable(parse_ab_metrics(DEFAULT_METRICS), sum(p[0].frame.n for p in pairs))
+        now = judge_ab(pairs, metrics=metrics, left_out=left_out)
+        rule = "design's metrics"
+        table.setdefault((rule, "ab", cond), Counter())[now.verdict] += 1
+        if now.verdict == "fail":
+            caught.setdefault((rule, "ab", cond), Counter()).update(
+                m.metric for m in now.metrics if m.verdict == "fail"
+            )
+    lines = [
+        "## Gate power, judged again: spread-only limits vs drift room "
+        f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"`python bench/gates.py rejudge --out {out.name}`: the runs `bench/gates.py power` kept (above), "
+        "the stored baseline recalibrated from its calibration runs and the history baseline from its "
+        "history runs (`harness baseline calibrate --from-runs`), once with `--no-drift-room` and once "
+        "with drift room (docs/gates.md, *Drift room*); every gated run judged by both. The A/B runs as "
+        "they were judged, and as `harness ab` judges now (a default metric the design cannot reach "
+        "left out). No run was made again: the same records, two rules.",
+        "",
+        "| rule | mode | condition | runs | fail (caught / false alarm) | pass | cannot be judged "
+        "| caught by |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (rule, mode, cond), c in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        n = sum(c.values())
+        by = ", ".join(f"{g} ×{k}" for g, k in caught.get((rule, mode, cond), Counter()).most_common(3))
+        lines.append(
+            f"| {rule} | {mode} | {cond} | {n} | {_rate_text(c['fail'], n)} | {c['pass']} | "
+            f"{c['unjudgeable'] + c['broken'] + c['inconclusive']} | {by or '—'} |"
+        )
+    publish("\n".join(lines), args)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -837,12 +925,18 @@ def main() -> None:
         help="keep an earlier attempt's corpus, capacity, baseline and finished history runs",
     )
     add_publish_flag(pw)
+    rj = sub.add_parser(
+        "rejudge", help="a power bench's kept runs judged again: spread-only limits vs drift room"
+    )
+    rj.add_argument("--out", default=str(ROOT / ".harness" / "bench-power"))
+    add_publish_flag(rj)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {
         "record": record,
         "false-alarm": false_alarm,
         "travel": travel,
         "power": power_bench,
+        "rejudge": rejudge,
     }
     commands[args.cmd](args)
 

@@ -4,7 +4,7 @@ Traces → scenarios → corpus → ``harness serve`` → ``harness capacity`` �
 calibrate --runs 3`` (paired cold/warm runs at a share of that capacity) → ``harness run --gate`` on
 the unchanged target → ``harness run --gate`` on the target with a slowdown injected → ``harness
 report`` → ``verdicts.json``. The runs are shorter than ``make demo``'s and the injected regression
-larger, so the test stays around two minutes and its verdicts do not hang on one machine's noise;
+larger, so the test stays around six minutes and its verdicts do not hang on one machine's noise;
 what is asserted are outcomes (the unchanged target never fails, the regressed one fails, cold
 misses, warm hits, the report and its plots, every server gone), never timings.
 """
@@ -186,3 +186,14 @@ def test_a_capacity_search_that_finds_nothing_leaves_the_demo_its_lowest_probed_
     found = search(lambda rate: probe(rate, knee(rate)), parse_slo("ttft_p95<=100"), start=1.0)
     assert found.exit_code == int(ExitCode.OK)
     assert demo_capacity(found) == (found.capacity_rps, None) and 2.0 <= found.capacity_rps < 5.0
+
+
+def test_the_demo_defaults_fit_their_corpus(tmp_path: Path) -> None:
+    """Every phase's requests and every A/B block's distinct requests come from the demo's corpus: a
+    default that did not fit stopped ``make demo`` at its A/B step after five minutes."""
+    config = DemoConfig(out_dir=tmp_path)
+    assert config.ab_blocks * config.ab_block_requests <= config.corpus_n
+    with pytest.raises(ValueError, match="A/B block pairs"):
+        DemoConfig(out_dir=tmp_path, ab_blocks=8, ab_block_requests=10)
+    with pytest.raises(ValueError, match="requests a phase"):
+        DemoConfig(out_dir=tmp_path, requests=61)

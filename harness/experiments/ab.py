@@ -67,7 +67,15 @@ from harness.experiments.driver import (
 from harness.experiments.paired_record import FlushRecord
 from harness.experiments.recipe import RECIPE_FILE, ABRecipe, Recipe, TargetRecipe, write_recipe
 from harness.experiments.target import Target, flush_all
-from harness.gates.ab import DEFAULT_RESAMPLES, DEFAULT_SEED, ABJudgement, judge_ab
+from harness.gates.ab import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    ABJudgement,
+    judge_ab,
+    parse_ab_metrics,
+    reachable,
+)
+from harness.gates.metrics import Metric
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions
 from harness.load.results import RECORDS_FILE, SUMMARY_FILE, InputRef, read_summary
@@ -299,6 +307,16 @@ class ABRun(StrictModel):
     interrupted: bool = False
 
 
+def chosen_metrics(ab: ABRecipe, pairs: int) -> tuple[list[Metric], list[str]]:
+    """The metrics an A/B run of ``pairs`` request pairs judges, and the notes of those it leaves out:
+    metrics named (``--metrics`` or the recipe) are all judged; of the defaults, only those the
+    design can reach (:func:`harness.gates.ab.reachable`)."""
+    metrics = parse_ab_metrics(ab.metrics)
+    if "metrics" in ab.model_fields_set:
+        return metrics, []
+    return reachable(metrics, pairs)
+
+
 # ---- running ----------------------------------------------------------------------------------------
 
 
@@ -314,6 +332,8 @@ class ABRunner:
             started_at=datetime.now(UTC).isoformat(), out=str(spec.out), block_pairs=spec.ab.blocks,
             bypass_cache=spec.ab.bypass_cache,
         )  # fmt: skip
+        self.metrics = parse_ab_metrics(spec.ab.metrics)
+        self.left_out: list[str] = []
 
     def save(self) -> None:
         write_json(self.out / AB_FILE, self.record.model_dump(mode="json"))
@@ -338,6 +358,9 @@ class ABRunner:
             self.ui.say(
                 f"[yellow]note:[/] harness ab does not use the recipe's {escape(', '.join(rec.unused))}"
             )
+        self.metrics, self.left_out = chosen_metrics(spec.ab, sum(len(b) for b in plan.blocks))
+        for note in self.left_out:
+            self.ui.say(f"[yellow]note:[/] {escape(note)}")
         try:
             with sigterm_interrupts(), self.ui.progress, self._targets(plan) as targets:
                 self._flush(targets)
@@ -478,8 +501,9 @@ class ABRunner:
         ]
         with self.ui.step("judging the ratios"):
             j = judge_ab(
-                pairs, metrics=ab.metrics, limit=ab.limit, detect=ab.detect, max_error_rate=ab.max_error_rate,
-                confidence=spec.recipe.gate.confidence, resamples=spec.resamples, seed=spec.seed,
+                pairs, metrics=self.metrics, limit=ab.limit, detect=ab.detect,
+                max_error_rate=ab.max_error_rate, confidence=spec.recipe.gate.confidence,
+                resamples=spec.resamples, seed=spec.seed, left_out=self.left_out,
             )  # fmt: skip
         self.record.judgement = j
         self.record.verdict = j.verdict

@@ -53,6 +53,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import Field
 from rich.markup import escape
 from rich.table import Table
 
@@ -105,6 +106,27 @@ def min_pairs(q: float) -> int:
     """The fewest request pairs with which the ``q``-th percentile's ratio can be judged."""
     p = q / 100.0
     return math.ceil(TAIL_SAMPLES / min(p, 1.0 - p) - 1e-9)
+
+
+def reachable(metrics: Sequence[Metric], pairs: int) -> tuple[list[Metric], list[str]]:
+    """The metrics a design of ``pairs`` request pairs (blocks × requests a block) can judge, and why
+    each other one is left out. A metric the design can never judge would make every run of it
+    *cannot be judged*, however clear the others: like a gate the runs cannot power, it is left out
+    and said, not carried as a verdict (``harness ab`` does this for its default metrics; metrics
+    asked for by name are judged, and say what they would need)."""
+    kept: list[Metric] = []
+    notes: list[str] = []
+    for m in metrics:
+        assert m.q is not None
+        need = min_pairs(m.q)
+        if need > pairs:
+            notes.append(
+                f"{m.name} left out: a P{m.q:g} needs ≥ {need} request pairs, this design has {pairs} "
+                "(more --blocks or --block-requests to judge it)"
+            )
+        else:
+            kept.append(m)
+    return kept, notes
 
 
 # ---- the ratio and its interval ---------------------------------------------------------------------
@@ -373,6 +395,8 @@ class ABJudgement(StrictModel):
     error_rate: ErrorVerdict
     problems: list[str]
     """Why the block runs cannot be judged (empty: they can)."""
+    left_out: list[str] = Field(default_factory=list)
+    """Metrics the design could not judge, each with why (:func:`reachable`)."""
 
 
 def _finite(x: float) -> float | None:
@@ -419,8 +443,10 @@ def judge_ab(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    left_out: Sequence[str] = (),
 ) -> ABJudgement:
-    """Judge block pairs ``(base, candidate)`` of result sets (one per block) by the module's rule."""
+    """Judge block pairs ``(base, candidate)`` of result sets (one per block) by the module's rule;
+    ``left_out``: the metrics the design left out, and why (carried into the judgement)."""
     if not pairs:
         raise ValueError("no block pairs to judge")
     if not 0 < limit < detect:
@@ -453,12 +479,14 @@ def judge_ab(
     counts = {v: every.count(v) for v in ("pass", "fail", "unjudgeable")}
     headline = (
         f"{VERDICT_WORDS[overall]}: {counts['pass']} passed, {counts['fail']} failed, "
-        f"{counts['unjudgeable']} cannot be judged ({len(pairs)} block pairs)"
+        f"{counts['unjudgeable']} cannot be judged ({len(pairs)} block pairs"
+        + (f"; {len(left_out)} metric(s) left out by design" if left_out else "")
+        + ")"
     )
     return ABJudgement(
         verdict=overall, exit_code=int(EXIT_CODES[overall]), headline=headline, confidence=confidence,
         limit=limit, detect=detect, block_pairs=len(pairs), resamples=resamples, seed=seed,
-        metrics=results, error_rate=errors, problems=problems,
+        metrics=results, error_rate=errors, problems=problems, left_out=list(left_out),
     )  # fmt: skip
 
 

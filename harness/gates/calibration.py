@@ -150,10 +150,18 @@ def _is_latency(gate: Gate) -> bool:
     )
 
 
+SAME_QUANTITY = {"itl_ms": "tpot_ms", "ttft_from_intended_ms": "ttft_ms", "e2e_from_intended_ms": "e2e_ms"}
+"""Columns a target's slowdown moves together: the gaps between tokens are what a request's TPOT
+averages (a slower decode moves both), and a latency from the intended send time is the same latency
+plus the client's lateness (``cold_start_p99`` is cold TTFT P99 so measured)."""
+
+
 def _quantity(gate: Gate) -> str:
-    """What a latency gate measures, whatever its quantile or phase (``tpot_ms`` for ``tpot_p50`` and
-    ``tpot_p95``, cold or warm): a slowdown of that quantity shows in any seeing gate on it."""
-    return gate.spec.column or gate.metric
+    """What a latency gate measures, whatever its quantile or phase (``tpot_ms`` for ``tpot_p50``,
+    ``tpot_p95`` and the pooled ``itl_p95``, cold or warm): a slowdown of that quantity shows in any
+    seeing gate on it."""
+    column = gate.spec.column or gate.metric
+    return SAME_QUANTITY.get(column, column)
 
 
 def _drop_covered_blind(
@@ -174,16 +182,24 @@ def _drop_covered_blind(
     Coverage is by quantity, not by any latency: a TTFT gate does not see a decode slowdown (at half
     of capacity a 2× slower engine moved cold TTFT by 25 %), so a blind TPOT with only TTFT beside it
     stays blind, and a regression is never passed because the gates that could see it were too wide.
+    And a warm gate never covers a cold one: warm requests are answered from the cache, so a warm TTFT
+    gate does not see the engine a cold one watches (covered by warm gates, a demo's blind cold gates
+    were all left out, and a 2× slower engine passed). The other way holds: the slowdown the policy
+    must catch is the target's, and it shows in the cold phase's seeing gate on the same quantity.
     """
-    seeing: dict[str, list[str]] = {}
+    seeing: dict[tuple[str, str | None], list[str]] = {}
     for g in gates:
         if _is_latency(g) and not g.blind:
-            seeing.setdefault(_quantity(g), []).append(f"{g.id}@{g.effective_phase or 'any'}")
+            seeing.setdefault((_quantity(g), g.effective_phase), []).append(
+                f"{g.id}@{g.effective_phase or 'any'}"
+            )
     kept: list[Gate] = []
     kept_comments: dict[int, str] = {}
     for i, g in enumerate(gates):
         where = blind_where.get(i, g.id)
-        if g.blind and (watch := seeing.get(_quantity(g))):
+        q, phase = _quantity(g), g.effective_phase
+        watch = seeing.get((q, phase)) or (seeing.get((q, "cold")) if phase == "warm" else None)
+        if g.blind and watch:
             skipped.append(
                 f"{where}: its limit would hold a 2× slowdown (it cannot catch one on this machine); "
                 f"{', '.join(watch)} gate {_quantity(g)} instead"
@@ -217,6 +233,8 @@ def calibrate(
     from their run-to-run spread (module docstring), rates and percentiles declared by ``policy``
     (:class:`~harness.gates.policy.GatePolicy`); checked against the runs themselves."""
     policy = policy or GatePolicy()
+    if policy.drift_room is None:  # calibration measures the drift it makes room for: on by default
+        policy = policy.model_copy(update={"drift_room": True})
     if len(runs) < MIN_RUNS:
         raise ConfigError(
             f"{len(runs)} calibration run(s): at least {MIN_RUNS} are needed to measure a run-to-run spread",
@@ -361,7 +379,13 @@ def calibrate(
         f"{len(runs)} runs: " + ", ".join(str(sets[0].path.parent) for sets in runs) + ".",
         "Rule (docs/gates.md#calibration-harness-baseline-calibrate): threshold = the worst run; "
         f"tolerance = max(headroom {headroom:.0%}, floor, one run's rerun margin, largest interval "
-        f"half-width + {range_factor(len(runs)):.2g} × run-to-run range).",
+        f"half-width + {range_factor(len(runs)):.2g} × run-to-run range)"
+        + (
+            f"; then latency limits moved out as far as catching {policy.detect_slowdown:g}× at power "
+            f"{policy.power:g} allows (drift room)."
+            if policy.drift_room
+            else "."
+        ),
         "Each gate's comment gives the runs' values and spread. Latency gates judge only runs on",
         "this machine, target and recipe (fingerprint at the end); recalibrate rather than edit.",
         *(f"Skipped {s}" for s in skipped),

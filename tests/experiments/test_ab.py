@@ -22,7 +22,7 @@ import pytest
 from harness.cli import main
 from harness.common.errors import ConfigError, InputError
 from harness.corpus.model import CorpusRecord
-from harness.experiments.ab import ABRun, ABSpec, distinct_records, order, prepare
+from harness.experiments.ab import ABRun, ABSpec, chosen_metrics, distinct_records, order, prepare
 from harness.experiments.ab_cli import AB_OPTIONS
 from harness.experiments.recipe import RECIPE_FILE, recipe_dump, resolve, write_recipe
 from harness.load.results import read_records
@@ -150,6 +150,23 @@ def test_the_recipe_an_ab_run_writes_runs_it_again(tmp_path: Path) -> None:
         "base_url": "http://127.0.0.1:9", "candidate_url": "http://127.0.0.1:10", "blocks": 3, "limit": 1.05,
         "bypass_cache": False,
     }  # fmt: skip
+
+
+def test_default_metrics_the_design_cannot_reach_are_left_out_named_ones_are_judged(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "c.jsonl", 20)
+    default = resolve(None, given_for(corpus, blocks=8), AB_OPTIONS).ab
+    metrics, left_out = chosen_metrics(default, 96)  # 8 pairs of 12: medians yes, a P95 (200) no
+    assert [m.name for m in metrics] == ["ttft_p50", "tpot_p50", "e2e_p50"]
+    assert len(left_out) == 1 and left_out[0].startswith("tpot_p95 left out")
+    assert [m.name for m in chosen_metrics(default, 200)[0]][-1] == "tpot_p95"
+    # from a recipe file written by a run without --metrics: still the defaults
+    again = resolve(
+        write_recipe(tmp_path, resolve(None, given_for(corpus, blocks=8), AB_OPTIONS)), {}, AB_OPTIONS
+    )
+    assert chosen_metrics(again.ab, 96)[1] == left_out
+    named = resolve(None, given_for(corpus, blocks=8, metrics="ttft_p50,tpot_p95"), AB_OPTIONS).ab
+    assert [m.name for m in chosen_metrics(named, 96)[0]] == ["ttft_p50", "tpot_p95"]
+    assert chosen_metrics(named, 96)[1] == []
 
 
 # ---- two real A/B runs ---------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from harness.gates.ab import (
     min_pairs,
     parse_ab_metrics,
     ratio_interval,
+    reachable,
 )
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
@@ -243,3 +244,22 @@ def test_what_cannot_be_judged_says_why() -> None:
     assert bound.error_rate.verdict == "unjudgeable"
     with pytest.raises(ValueError, match="limit < detect"):
         judge_ab(pairs, limit=1.3, detect=1.2)
+
+
+def test_a_metric_the_design_cannot_reach_is_left_out_not_carried_as_cannot_be_judged() -> None:
+    """8 block pairs of 12 (96 request pairs) can judge medians, never a P95 (200): with the P95 carried
+    as a verdict every run of that design was *cannot be judged*, the unchanged target's too."""
+    metrics, left_out = reachable(parse_ab_metrics("ttft_p50,tpot_p50,e2e_p50,tpot_p95"), 96)
+    assert [m.name for m in metrics] == ["ttft_p50", "tpot_p50", "e2e_p50"]
+    assert left_out == [
+        "tpot_p95 left out: a P95 needs ≥ 200 request pairs, this design has 96 (more --blocks or "
+        "--block-requests to judge it)"
+    ]
+    assert reachable(parse_ab_metrics("tpot_p95"), 200)[1] == []
+    pairs = synthetic_pairs(1.0, pairs=8, n=12)
+    carried = judge_ab(pairs, metrics="ttft_p50,tpot_p95")
+    assert carried.verdict == "unjudgeable"
+    kept, out = reachable(parse_ab_metrics("ttft_p50,tpot_p95"), 96)
+    judged = judge_ab(pairs, metrics=kept, left_out=out)
+    assert judged.verdict != "unjudgeable" and [m.metric for m in judged.metrics] == ["ttft_p50"]
+    assert judged.left_out == out and "1 metric(s) left out by design" in judged.headline

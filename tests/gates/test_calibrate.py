@@ -9,9 +9,10 @@ import pytest
 
 from harness.common.errors import CannotJudge, ConfigError
 from harness.common.fingerprint import Environment, Hardware, Software
-from harness.gates.baseline import read_baseline, write_baseline
+from harness.gates.baseline import Baseline, Gate, read_baseline, write_baseline
 from harness.gates.calibration import calibrate, range_factor
 from harness.gates.judge import judge
+from harness.gates.policy import GatePolicy
 from harness.gates.runs import ResultSet, load_result_sets
 from harness.load.results import Recipe
 from tests.gates.factory import make_run
@@ -37,9 +38,11 @@ def _paired(path: Path, seed: int, drift: float = 1.0, decode: float = 1.0, **kw
 def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
     drifts = (1.0, 1.06, 0.97)
     runs = [_paired(tmp_path / f"cal-{k}", 10 * k, d) for k, d in enumerate(drifts, start=1)]
+    # The runs' rule alone (drift room off: tested below).
     cal = calibrate(
-        runs, headroom=0.1, name="t", run_names=["cal-1", "cal-2", "cal-3"], command="harness run …"
-    )
+        runs, headroom=0.1, name="t", run_names=["cal-1", "cal-2", "cal-3"], command="harness run …",
+        policy=GatePolicy(drift_room=False),
+    )  # fmt: skip
     assert cal.not_passed == []  # every calibration run passes what was written
     gates = {(g.metric, g.effective_phase): g for g in cal.baseline.gates}
     tpot = gates[("tpot_p95", "cold")]
@@ -64,6 +67,39 @@ def test_the_rule_on_runs_that_drift(tmp_path: Path) -> None:
     )
     assert any("over 3 runs" in c and "spread" in c for c in cal.comments.values())
     assert not any(s.startswith("cold: tpot_p95") for s in cal.skipped)
+
+
+def _measured(baseline: Baseline, sets: list[ResultSet], gate: Gate) -> float:
+    return next(r.measured for r in judge(baseline, sets).gates if r.id == gate.id and r.measured is not None)
+
+
+def test_drift_room_moves_latency_limits_out_as_far_as_catching_2x_allows(tmp_path: Path) -> None:
+    """Three runs close together, then the machine drifts 25 % slower: the spread-only limits fail the
+    unchanged target, the roomy ones pass it and still fail a 2× slower decode."""
+    runs = [_paired(tmp_path / f"cal-{k}", 10 * k, d) for k, d in enumerate((1.0, 1.01, 0.99), start=1)]
+    tight = calibrate(runs, headroom=0.1, policy=GatePolicy(drift_room=False)).baseline
+    roomy_cal = calibrate(runs, headroom=0.1)
+    roomy = roomy_cal.baseline
+    assert roomy_cal.not_passed == []
+    by = {(g.metric, g.effective_phase): g for g in roomy.gates}
+    for key, g in {(g.metric, g.effective_phase): g for g in tight.gates}.items():
+        if g.spec.unit == "ms" and g.detect is not None:
+            # further out (a pooled gate when its interval allows), below 2× the fastest run (never
+            # blind), and it says why
+            fastest = min(_measured(tight, sets, g) for sets in runs)
+            assert g.limit <= by[key].limit < 2 * fastest and not by[key].blind, key
+            if g.spec.kind == "percentile":
+                assert by[key].limit > g.limit
+                assert "drift room" in roomy_cal.comments[roomy.gates.index(by[key])]
+        else:  # rates, memory: the policy's or the runs' own limit
+            assert by[key].limit == pytest.approx(g.limit), key
+    drifted = _paired(tmp_path / "drifted", 99, 1.25)
+    assert judge(tight, drifted).verdict == "fail"  # what a machine's hour did to the spread-only rule
+    assert judge(roomy, drifted).verdict == "pass"
+    slow = judge(roomy, _paired(tmp_path / "slow", 77, 1.0, decode=2.0))
+    assert slow.verdict == "fail" and any(
+        g.verdict == "fail" and g.metric.startswith("tpot") for g in slow.gates
+    )
 
 
 def test_a_run_that_cannot_be_measured_from_is_refused(tmp_path: Path) -> None:
@@ -163,3 +199,36 @@ def test_a_blind_decode_gate_is_not_covered_by_ttft(tmp_path: Path) -> None:
     assert not any(g.blind for g in cal.baseline.gates if g.spec.column == "ttft_ms")
     assert judge(cal.baseline, paired(tmp_path / "rerun", 99, 1.0)).verdict == "unjudgeable"
     assert judge(cal.baseline, paired(tmp_path / "slow", 98, 2.0)).verdict != "pass"
+
+
+def test_gates_on_what_one_slowdown_moves_together_cover_each_other() -> None:
+    """A blind pooled ITL gate is covered by a seeing TPOT gate (a request's TPOT is its gaps' mean), a
+    blind cold_start_p99 by a seeing TTFT gate (the same TTFT, timed from the intended send); TTFT
+    never covers decode."""
+    from harness.gates.calibration import _quantity
+
+    q = {
+        m: _quantity(Gate(metric=m, threshold=1.0))
+        for m in ("itl_p95", "tpot_p50", "cold_start_p99", "ttft_p95")
+    }
+    assert q["itl_p95"] == q["tpot_p50"] == "tpot_ms"
+    assert q["cold_start_p99"] == q["ttft_p95"] == "ttft_ms"
+
+
+def test_a_warm_gate_never_covers_a_blind_cold_one(tmp_path: Path) -> None:
+    """Cold latencies scatter by 2× between runs while warm ones (cache hits) hold: the warm gates do
+    not see the engine, so the cold gates stay blind rather than being left out, and a 2× slower
+    engine is never passed (it was, when warm TTFT "covered" cold TTFT)."""
+    common = {"environment": ENV, "recipe": RECIPE}
+
+    def paired(path: Path, seed: int, cold: float, slow: float = 1.0) -> list[ResultSet]:
+        c = make_run(path / "cold", 1000, seed, ttft_ms=50 * cold * slow, tpot_ms=4 * cold * slow, **common)
+        w = make_run(path / "warm", 1000, seed + 1, ttft_ms=2, tpot_ms=0.03, hit_l1=0.8, **common)
+        return load_result_sets([f"cold={c}", f"warm={w}"])
+
+    runs = [paired(tmp_path / f"cal-{k}", 10 * k, c) for k, c in enumerate((1.0, 2.0, 1.3), start=1)]
+    cal = calibrate(runs, headroom=0.1, name="t", run_names=["a", "b", "c"])
+    blind = {(g.id, g.effective_phase) for g in cal.baseline.gates if g.blind}
+    assert ("ttft_p50", "cold") in blind and ("tpot_p50", "cold") in blind
+    assert not any(s.startswith("cold: ttft_p50:") for s in cal.skipped)
+    assert judge(cal.baseline, paired(tmp_path / "slow", 98, 1.0, slow=2.0)).verdict != "pass"
