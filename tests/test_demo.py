@@ -3,8 +3,9 @@
 Traces → scenarios → corpus → ``harness serve`` → ``harness capacity`` → ``harness baseline
 calibrate --runs 3`` (paired cold/warm runs at a share of that capacity) → ``harness run --gate`` on
 the unchanged target → ``harness run --gate`` on the target with a slowdown injected → ``harness
-report`` → ``verdicts.json``. The runs are shorter than ``make demo``'s and the injected regression
-larger, so the test stays around six minutes and its verdicts do not hang on one machine's noise;
+report`` → ``verdicts.json``. The phases are ``make demo``'s size (40 requests: the fewest that give
+the warm hit-rate gates their power), the corpus, capacity probes and A/B blocks smaller, so the test
+stays around six minutes;
 what is asserted are outcomes (the unchanged target never fails, the regressed one fails, cold
 misses, warm hits, the report and its plots, every server gone), never timings.
 """
