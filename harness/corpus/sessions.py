@@ -458,14 +458,7 @@ def _read_mooncake(path: Path, data: bytes) -> list[Dialogue]:
 
     reqs: list[TraceRequest] = []
     for n, line in jsonl_lines(data.splitlines()):
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
-            raise InputError(
-                "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
-            )
+        obj = _timestamped(path, n, line)
         reqs.append(_trace_request(path, n, obj, float(obj["timestamp"]) / 1000.0))
     chains, _ = chain_by_prefix(reqs, BLOCK_SIZE)
     out: list[Dialogue] = []
@@ -748,14 +741,7 @@ def read_timing_trace(path: Path) -> TimingTrace:
     for n, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
-            raise InputError(
-                "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
-            )
+        obj = _timestamped(path, n, line)
         at_s = float(obj["timestamp"]) / 1000.0
         sid = next((obj[f] for f in SESSION_FIELDS if obj.get(f) is not None), None)
         if sid is not None:
@@ -1267,3 +1253,17 @@ def session_metrics(records: Sequence[CorpusRecord], per_session: Sequence[dict[
 def session_table(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     """(metric, value) rows for the console."""
     return [(k, str(v)) for k, v in metrics.items()]
+
+
+def _timestamped(path: Path, n: int, line: bytes) -> dict[str, Any]:
+    """Line ``n`` of a Mooncake-style trace: a JSON object with a numeric ``timestamp`` (ms), or an
+    ``InputError`` naming the file, line and field."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON ({exc.msg})", file=path, line=n) from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("timestamp"), int | float):
+        raise InputError(
+            "expected an object with a numeric 'timestamp' (ms)", file=path, line=n, field="timestamp"
+        )
+    return obj

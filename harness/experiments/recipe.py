@@ -83,12 +83,7 @@ class TargetRecipe(StrictModel):
     @field_validator("serve_args")
     @classmethod
     def _splits(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                shlex.split(v)
-            except ValueError as exc:
-                raise ValueError(f"cannot split: {exc}") from None
-        return v
+        return _check_split(v)
 
     def serve_argv(self) -> list[str] | None:
         """The ``harness serve`` arguments to start (``None``: ``url`` is used instead)."""
