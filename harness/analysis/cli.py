@@ -17,6 +17,7 @@ from harness.analysis import (
     anomaly_cli,
     avalanche_cli,
     decay_cli,
+    effect_cli,
     gpu_frag_cli,
     index_cli,
     tiers_cli,
@@ -24,8 +25,8 @@ from harness.analysis import (
 )
 
 app = typer.Typer(
-    help="Warmup analyses: hit-rate ceiling, warmup plan, hot-zone tiers, QPS decay, avalanche/RTO, "
-    "index warmup, GPU fragmentation, anomaly attribution.",
+    help="Warmup analyses: hit-rate ceiling, warmup plan, its effect measured, hot-zone tiers, QPS decay, "
+    "avalanche/RTO, index warmup, GPU fragmentation, anomaly attribution.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -35,6 +36,12 @@ MOONCAKE = "fixtures/traces/mooncake_synthetic_head20.jsonl"
 COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
     ("hitrate", warmup_cli.hitrate, f"--trace {MOONCAKE} --unit blocks --cache-size 50 --cache-size 500"),
     ("plan", warmup_cli.plan, f"--trace {MOONCAKE} --unit blocks --cache-size 100 --window 0.5 -o runs/plan"),
+    (
+        "effect",
+        effect_cli.effect,
+        "--corpus runs/mooncake-corpus --split 0.75 --serve-args '--preset tiny' --max-tokens-cap 4 "
+        "-o runs/effect",
+    ),
     ("tiers", tiers_cli.tiers, "--corpus runs/corpus --run runs/replay -o runs/tiers.json"),
     ("decay", decay_cli.decay, "--points runs/decay-points.jsonl --plot runs/decay.png --json"),
     (

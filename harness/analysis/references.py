@@ -19,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from harness.common.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.corpus.model import CorpusRecord
 
 Unit = Literal["entries", "blocks"]
 UNITS: tuple[Unit, ...] = ("entries", "blocks")
@@ -192,6 +195,35 @@ def load_refs(
             hint="use a trace with hash_ids (Mooncake), or a load run directory (records.jsonl)",
         )
     return b.build()
+
+
+def corpus_refs(records: Iterable[CorpusRecord], source: str, *, tail_block: int | None = None) -> RefTrace:
+    """The KV-block :class:`RefTrace` of a corpus built from a trace: each record's
+    ``prefix_block_ids`` (the shared blocks its prompt opens with, labels ``(tenant, block id)``) at
+    its ``arrival_offset_s``; ``request_refs`` are ``corpus:<id>``. A record without blocks is a
+    request with no reference.
+
+    ``tail_block``: also the full blocks (of that many tokens) of the rest of each prompt, one-off
+    keys ``(tenant, record id, k)`` (:func:`is_tail`): a prefix cache stores every full block of a
+    prompt, so these one-off blocks compete for its room with the shared ones (what a simulation of
+    the engine must see)."""
+    b = _Builder("blocks", source)
+    for i, rec in enumerate(records):
+        if rec.arrival_offset_s is None:
+            raise InputError(
+                "the corpus record has no arrival_offset_s: a warmup is planned on a timeline",
+                file=source, line=i + 1, field="arrival_offset_s",
+            )  # fmt: skip
+        labels: list[Hashable] = [(rec.tenant, h) for h in rec.prefix_block_ids]
+        if tail_block is not None and rec.prompt_tokens:
+            labels += [(rec.tenant, rec.id, k) for k in range(rec.prompt_tokens // tail_block - len(labels))]
+        b.add(rec.arrival_offset_s, labels, f"corpus:{rec.id}")
+    return b.build()
+
+
+def is_tail(label: Hashable) -> bool:
+    """A one-off block of :func:`corpus_refs` ``(tails=True)``, not a shared one."""
+    return isinstance(label, tuple) and len(label) == 3
 
 
 def _from_records(path: str | Path, unit: Unit) -> RefTrace:

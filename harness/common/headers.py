@@ -18,6 +18,13 @@ TRACE_ID = "X-Trace-ID"
 """Source trace or request id the request replays, when the record came from a trace."""
 WARMUP_ID = "X-Warmup-ID"
 """One id per load run (warmup or replay), so a server can group a run's requests."""
+WARMUP_PRIORITY = "X-Warmup-Priority"
+"""A warmup's preload asks the target to keep what it computes: ``1`` … ``3`` (our engine registers the
+request's prefix blocks with that priority, which ``s3fifo`` eviction honours; absent or ``0``: an
+ordinary request). ``X-Warmup-ID`` is not that signal: every load run sends one."""
+PRELOAD_PRIORITY = 1
+"""The priority the harness's preloads ask for (``X-Warmup-Priority``, and every line of ``POST
+/cache/preload``): one second chance in S3-FIFO's main queue, as if each block had been hit once."""
 PREHEAT = "x-env"
 """``x-env: preheat`` marks warmup traffic for mesh routing (Istio) apart from user traffic."""
 REQUEST_ID = "X-Request-Id"

@@ -343,8 +343,13 @@ def assemble_record(
     bs = settings.block_size
     cap = settings.max_input_tokens
     if ev is not None:
-        target = int(ev.input_tokens) if cap is None else min(int(ev.input_tokens), cap)
         bs = int(ev.block_size or settings.block_size)
+        traced = int(ev.input_tokens)
+        if settings.block_tokens is not None and settings.block_tokens != bs:
+            # Scaled as a whole: the blocks and the rest of the prompt keep their proportions.
+            traced = max(1, round(traced * settings.block_tokens / bs))
+            bs = settings.block_tokens
+        target = traced if cap is None else min(traced, cap)
         lead = 0
         for b in ev.prefix_block_ids:
             if id_counts[b] < 2:
@@ -469,6 +474,7 @@ def assemble_record(
         arrival_offset_s=float(ev.arrival_s) if ev is not None else None,
         prefix_group=f"blk-{prefix_ids[0]}" if prefix_ids else None,
         prefix_tokens=prefix_tokens,
+        prefix_block_ids=list(prefix_ids),
         target_input_tokens=target,
         lang=v.profile.lang,
         domain=v.domain,

@@ -80,6 +80,15 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         int | None,
         typer.Option("--max-input-tokens", min=1, help="Clip prompt-length targets to the target's context."),
     ] = None,
+    block_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--block-tokens",
+            min=1,
+            help="Rescale the --trace so each hash_ids block is this many tokens (input lengths by the same "
+            "factor; which requests share which blocks is kept).",
+        ),
+    ] = None,
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Fail (exit 1) when quality misses a threshold.")
     ] = True,
@@ -117,6 +126,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         dedup_threshold=threshold,
         dedup_method=dedup_method,
         max_input_tokens=max_input_tokens,
+        block_tokens=block_tokens,
         locales=[s.strip() for s in locales.split(",") if s.strip()] if locales else None,
     )
     inputs = BuildInputs(

@@ -229,6 +229,9 @@ class CorpusRecord(StrictModel):
     prefix_group: str | None = None
     """Requests with the same group share a leading run of prompt text (from trace ``hash_ids``)."""
     prefix_tokens: int = Field(default=0, ge=0)
+    prefix_block_ids: list[int] = Field(default_factory=list)
+    """The trace's ``hash_ids`` whose shared text the prompt opens with, in order (each
+    ``prefix_tokens / len`` tokens): the keys a KV-block cache simulation of this corpus looks up."""
     prompt_tokens: int | None = Field(default=None, ge=0)
     """Prompt length under the target tokenizer (for messages: the concatenated contents)."""
     target_input_tokens: int | None = Field(default=None, ge=0)

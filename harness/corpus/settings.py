@@ -60,6 +60,11 @@ class CorpusSettings(BaseSettings, Thresholds):
     """Target tokenizer (``tokenizer.json`` or checkpoint dir); default: MiniLM's."""
     block_size: int = Field(default=512, ge=1)
     """Tokens per trace ``hash_ids`` block when the trace does not say (Mooncake: 512)."""
+    block_tokens: int | None = Field(default=None, ge=1)
+    """Rescale a trace's prompts so each ``hash_ids`` block is this many tokens: input lengths scale by
+    the same factor (``block_tokens / the trace's block size``), output lengths do not. The reuse
+    structure (which requests share which leading blocks) is kept exactly; a production trace's
+    9 k-token prompts then fit a small target (Mooncake at 16 tokens a block: ÷ 32). ``None``: as traced."""
     max_input_tokens: int | None = Field(default=None, ge=1)
     """Cap on prompt tokens: a trace or scenario target above it is clipped to it, so a corpus built
     from production lengths still fits a target with a shorter context (``None``: no cap)."""

@@ -4,7 +4,8 @@ A request trace says how many input tokens each request had and, for Mooncake, w
 token blocks (``hash_ids``) its prompt starts with. We reproduce both: block id ``b`` becomes a
 deterministic cut of real retrieved context (CrossWOZ venue entries, :class:`SharedBlocks`) that
 is exactly ``block_size`` tokens long, the first block of a run opening with a system
-instruction, so requests sharing a leading run of ids share that exact leading text; the rest of
+instruction (when it fits in half a block: a small block would otherwise be the same instruction
+for every id), so requests sharing a leading run of ids share that exact leading text; the rest of
 the prompt (the rendered template) is brought to the target length with real material by
 :mod:`harness.corpus.assemble`. Filler words (:meth:`TargetTokenizer.words`) are the last resort.
 
@@ -313,6 +314,11 @@ class SharedBlocks:
             return text
         rng = _block_rng(self.seed, f"ctx:{block_id}:{block_size}")
         lead = "\n" + SHARED_PREAMBLE if first else ""
+        if lead and self.tok.count(lead) > block_size // 2:
+            # A small block (a trace rescaled, --block-tokens) would be all instruction: every chain's
+            # first block the same text, so two different block ids would share a prefix the trace
+            # says they do not. Its own context only, then.
+            lead = ""
         # Entries are ~40 tokens; draw a few more than needed and cut at the exact token count.
         size = min(len(self.entries), block_size // 16 + 8)
         picks = rng.choice(len(self.entries), size=size, replace=False)

@@ -226,6 +226,7 @@ class AsyncEngine(Protocol):
         params: SamplingParams,
         *,
         use_prefix_cache: bool = True,
+        priority: int = 0,
     ) -> AsyncIterator[TokenEvent]:
         """Stream the request's tokens. Raises :class:`EngineFull` or :class:`PromptTooLong`
         before the first event. Cancelling the iteration (client gone) aborts the request and
@@ -234,7 +235,12 @@ class AsyncEngine(Protocol):
         ``use_prefix_cache=False`` serves the request as if the prefix cache were empty: no cached
         block is shared with it (the whole prompt is computed, ``cached_prompt_tokens`` 0), and the
         blocks it computes are not registered in the cache either, so no later request hits them
-        (the server's ``--inject-cache-miss-rate``)."""
+        (the server's ``--inject-cache-miss-rate``).
+
+        ``priority`` > 0 marks a warmup's request (the server: one carrying ``X-Warmup-Priority``, or a
+        ``/cache/preload`` line): the prefix blocks it computes enter the cache with that priority,
+        which a scan-resistant eviction policy (``s3fifo``) honours by keeping them through a scan of
+        one-off prompts; ``lru`` ignores it."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -116,16 +116,22 @@ class ThreadedAsyncEngine:
         params: SamplingParams,
         *,
         use_prefix_cache: bool = True,
+        priority: int = 0,
     ) -> AsyncIterator[TokenEvent]:
         """Validate now (raising :class:`EngineFull` / :class:`PromptTooLong` at once), stream later."""
         if self._thread is None:
             raise EngineError("the engine is not started")
         self.core.check_prompt(prompt_token_ids)
         self._check(request_id, prompt_token_ids, params)
-        return self._stream(request_id, list(prompt_token_ids), params, use_prefix_cache)
+        return self._stream(request_id, list(prompt_token_ids), params, use_prefix_cache, priority)
 
     async def _stream(
-        self, request_id: str, prompt: list[int], params: SamplingParams, use_prefix_cache: bool
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        use_prefix_cache: bool,
+        priority: int,
     ) -> AsyncIterator[TokenEvent]:
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -133,7 +139,7 @@ class ThreadedAsyncEngine:
             stream = _Stream(loop, asyncio.Queue())
             self._streams[request_id] = stream
             self._pending += 1
-        self._inbox.put(("add", (request_id, prompt, params, use_prefix_cache)))
+        self._inbox.put(("add", (request_id, prompt, params, use_prefix_cache, priority)))
         finished = False
         try:
             while True:
@@ -193,13 +199,15 @@ class ThreadedAsyncEngine:
     def _handle(self, kind: str, payload: object) -> None:
         core = self.core
         if kind == "add":
-            request_id, prompt, params, use_prefix_cache = cast(
-                "tuple[str, list[int], SamplingParams, bool]", payload
+            request_id, prompt, params, use_prefix_cache, priority = cast(
+                "tuple[str, list[int], SamplingParams, bool, int]", payload
             )
             with self._lock:
                 self._pending -= 1
             try:
-                core.add_request(request_id, prompt, params, use_prefix_cache=use_prefix_cache)
+                core.add_request(
+                    request_id, prompt, params, use_prefix_cache=use_prefix_cache, priority=priority
+                )
             except EngineError as exc:
                 self._deliver(request_id, exc)
         elif kind == "abort":
@@ -248,7 +256,7 @@ class ThreadedAsyncEngine:
             while True:
                 kind, payload = self._inbox.get_nowait()
                 if kind == "add":
-                    request_id = cast("tuple[str, list[int], SamplingParams, bool]", payload)[0]
+                    request_id = cast("tuple[str, list[int], SamplingParams, bool, int]", payload)[0]
                     with self._lock:
                         self._pending -= 1
                     self._deliver(request_id, EngineError("the engine shut down"))

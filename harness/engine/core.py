@@ -49,6 +49,9 @@ class Request:
     arrival: float
     use_prefix_cache: bool = True
     """False: served as if the prefix cache were empty, and registers nothing in it (fault injection)."""
+    priority: int = 0
+    """> 0: a warmup's request; the blocks it registers enter the prefix cache with that priority
+    (:meth:`harness.engine.kv_cache.BlockManager.allocate`; honoured by ``s3fifo``, not by ``lru``)."""
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     """Prompt + output so far (what the cache must hold before the next sample)."""
@@ -194,13 +197,14 @@ class EngineCore:
         params: SamplingParams,
         *,
         use_prefix_cache: bool = True,
+        priority: int = 0,
     ) -> Request:
-        """Queue a request. ``use_prefix_cache=False``: see :meth:`AsyncEngine.generate`."""
+        """Queue a request. ``use_prefix_cache=False``, ``priority``: see :meth:`AsyncEngine.generate`."""
         self.check_request(len(prompt_ids), params)
         self.check_prompt(prompt_ids)
         if request_id in self.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(prompt_ids), params, time.perf_counter(), use_prefix_cache)
+        req = Request(request_id, list(prompt_ids), params, time.perf_counter(), use_prefix_cache, priority)
         req.tokens = list(prompt_ids)
         req.detok = Detokenizer(self.tokenizer, req.prompt_ids)
         req.metrics.prompt_tokens = len(prompt_ids)
@@ -270,7 +274,9 @@ class EngineCore:
             if not self.blocks.can_admit(req.tokens, reserve=watermark, use_prefix_cache=use_cache):
                 break
             self.waiting.popleft()
-            cached = self.blocks.allocate(req.request_id, req.tokens, use_prefix_cache=use_cache)
+            cached = self.blocks.allocate(
+                req.request_id, req.tokens, req.priority, use_prefix_cache=use_cache
+            )
             req._computed = cached
             if req.first_scheduled is None:
                 req.first_scheduled = time.perf_counter()

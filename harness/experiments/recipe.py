@@ -57,6 +57,7 @@ CAPACITY_PANEL = "Capacity search"
 GATE_PANEL = "Gate"
 AB_TARGETS_PANEL = "Targets"
 AB_PANEL = "A/B blocks and verdict"
+EFFECT_PANEL = "Warmup effect"
 
 
 class TargetRecipe(StrictModel):
@@ -265,6 +266,39 @@ class ABRecipe(ABTargets):
         return self
 
 
+class EffectRecipe(StrictModel):
+    """``harness analysis effect``: a warmup planned from a history, measured on the window after it."""
+
+    history_corpus: Annotated[Path | None, Flag(panel=EFFECT_PANEL)] = Field(
+        None,
+        description="Corpus of the traffic before the window (the plan's history); without it --split cuts "
+        "the --corpus in time",
+    )
+    split: Annotated[float | None, Flag(panel=EFFECT_PANEL)] = Field(
+        None, gt=0, lt=1, description="Cut the --corpus at this fraction of its time span: before is the "
+        "history, after is the window replayed",
+    )  # fmt: skip
+    cache_capacity: Annotated[int | None, Flag(panel=EFFECT_PANEL)] = Field(
+        None, ge=1, description="KV blocks (of the corpus's block size) the preload may fill; default: the "
+        "target's prefix cache, read from its /metrics",
+    )  # fmt: skip
+    predictor: Annotated[str, Flag(panel=EFFECT_PANEL)] = Field(
+        "recent", description="Reuse predictor of the plan: recent, frequency or replay"
+    )
+    policy: Annotated[str, Flag(panel=EFFECT_PANEL)] = Field(
+        "lru", description="Eviction policy of the target's prefix cache, for the simulated prediction "
+        "beside the measured hit rates (ours: HARNESS__ENGINE__PREFIX_EVICTION, lru or s3fifo)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _one_history(self) -> EffectRecipe:
+        if self.history_corpus is not None and self.split is not None:
+            raise ValueError(
+                "give a history corpus (--history-corpus) or a split of --corpus (--split), not both"
+            )
+        return self
+
+
 class Recipe(StrictModel):
     """One experiment, as a file or as flags (module docstring)."""
 
@@ -275,6 +309,7 @@ class Recipe(StrictModel):
     capacity: CapacityRecipe = Field(default_factory=CapacityRecipe)
     gate: GateRecipe = Field(default_factory=GateRecipe)
     ab: ABRecipe = Field(default_factory=ABRecipe)
+    effect: EffectRecipe = Field(default_factory=EffectRecipe)
     phase_timeout: float = Field(
         3600.0, ge=1, description="Seconds a load phase (or a capacity probe) may take at most"
     )

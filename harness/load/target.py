@@ -193,6 +193,7 @@ class TargetClient:
         no_cache: bool = False,
         concurrency: int = 4,
         stage: str = PROBE_STAGE,
+        priority: int = 0,
     ) -> list[ProbeResult]:
         """Send each prepared request streamed, as the load stage would
         (:func:`harness.load.arrivals.prepare_requests`' bytes, :func:`harness.load.client.stream_headers`,
@@ -206,6 +207,9 @@ class TargetClient:
                 cached).
             concurrency: requests in flight at a time (threads; httpx's client is thread-safe).
             stage: the requests' ``X-Traffic-Stage``.
+            priority: sent as ``X-Warmup-Priority`` when > 0: the requests are a warmup's preload
+                (:data:`harness.common.headers.PRELOAD_PRIORITY`); our server registers the prefix
+                blocks they compute with it, which a scan-resistant eviction honours.
 
         Returns:
             One :class:`ProbeResult` per request, in order. A request that failed is a result with
@@ -219,7 +223,9 @@ class TargetClient:
         ):
             return list(
                 pool.map(
-                    lambda spec: _probe_one(client, spec, creds, stage=stage, no_cache=no_cache, extra=extra),
+                    lambda spec: _probe_one(
+                        client, spec, creds, stage=stage, no_cache=no_cache, extra=extra, priority=priority
+                    ),
                     requests,
                 )
             )
@@ -408,8 +414,11 @@ def _probe_one(
     stage: str,
     no_cache: bool,
     extra: dict[str, str],
+    priority: int = 0,
 ) -> ProbeResult:
     hdrs = stream_headers(stage=stage, tenant=spec.tenant, extra=extra, bypass=no_cache)
+    if priority > 0:
+        hdrs[H.WARMUP_PRIORITY] = str(priority)
     body = StreamBody()
     clock = time.perf_counter
     sent = clock()

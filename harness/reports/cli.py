@@ -56,6 +56,14 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         ),
     ] = None,
     old_capacity: Annotated[Path | None, old_spelling("--capacity", new="--capacity-json")] = None,
+    effect: Annotated[
+        Path | None,
+        typer.Option(
+            "--effect",
+            help="Add the warmup effect (OUT/effect.json of harness analysis effect); with no RESULTS, its "
+            "cold, planned and oracle passes are the runs.",
+        ),
+    ] = None,
 ) -> None:
     """Write a self-contained HTML report (plots inlined, opens offline) and a Markdown summary.
 
@@ -79,6 +87,13 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     if not results and cap is not None:
         # The probes are ordinary run directories: the report's other plots show them side by side.
         results = [f"{p.index:02d}-{p.rate:.4g}rps={p.dir}" for p in sorted(cap.probes, key=lambda p: p.rate)]
+    eff = None
+    if effect is not None:
+        from harness.analysis.effect import read_effect
+
+        eff = read_effect(effect)
+        if not results:
+            results = [f"{name}={effect.parent / name}" for name in ("cold", "planned", "oracle")]
     sets = load_result_sets(results or [])
     gate: GateReport | None = None
     named: list[NamedVerdict] = []
@@ -102,7 +117,7 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
 
         files = write_report(
             sets, out, markdown_path=md, gate=gate, title=title, tick=tick, capacity=cap,
-            verdicts=named if len(named) > 1 else (),
+            verdicts=named if len(named) > 1 else (), effect=eff,
         )  # fmt: skip
     stderr.print(f"wrote {files.html} and {files.markdown}", highlight=False)
     for v in named:

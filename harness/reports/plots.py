@@ -25,6 +25,7 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from harness.analysis.effect import EffectReport
 from harness.common.headers import CACHE_STATUSES
 from harness.common.prometheus import counter_increase
 from harness.common.registry import Registry
@@ -681,4 +682,68 @@ def capacity_plot(result: CapacityResult) -> Drawn:
         ax.legend(fontsize=7)
     for ax in axes[n:]:
         ax.set_visible(False)
+    return fig
+
+
+# ------------------------------------------------------------------ warmup effect: three passes, one axis
+
+EFFECT_PLOT = Plot(
+    id="fig-effect",
+    title="Warmup effect: TTFT over the window, cold / planned / oracle",
+    alt="TTFT P95 per time bin over the replayed window for the three passes of harness analysis effect "
+    "on one axis (cold: nothing preloaded; planned: the plan's preload from the history; oracle: the "
+    "best preload knowing the window), with the first 10 % and 25 % of the window marked, and beside it "
+    "the realized P95 gain of the planned and oracle passes over cold per window head with its paired "
+    "interval.",
+    draw=lambda sets: "drawn from effect.json (harness report --effect FILE), not from result sets",
+)
+"""Not in :data:`PLOTS`: drawn from an :class:`~harness.analysis.effect.EffectReport` and its passes by
+:func:`effect_plot`."""
+PASS_COLOURS = {"cold": "#4c72b0", "planned": "#2ca02c", "oracle": "#9467bd"}
+
+
+def effect_plot(report: EffectReport, sets: Sequence[ResultSet]) -> Drawn:
+    """Left: each pass's TTFT P95 per time bin over the window (send time from the pass's start), the
+    heads marked; right: the P95 gain per head, planned and oracle, with paired intervals."""
+    by_label = {rs.label: rs for rs in sets}
+    if not any(name in by_label for name in PASS_COLOURS):
+        return "no cold / planned / oracle result set beside effect.json"
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(2, 1))
+    fig.suptitle(
+        f"Warmup effect: {report.window_requests} window requests, capacity {report.capacity_blocks} blocks"
+    )
+    for name, c in PASS_COLOURS.items():
+        rs = by_label.get(name)
+        if rs is None:
+            continue
+        t = rs.frame.col("intended_s")
+        bx, by = _binned_percentile(t - np.nanmin(t), rs.frame.col("ttft_ms"), 95)
+        if bx.size:
+            left.plot(bx, by, color=c, linewidth=1.6, label=f"{name}: TTFT P95 per bin")
+    for head in report.heads:
+        if head.head < 1.0:
+            left.axvline(head.head * report.window_span_s, color="#777777", linestyle=":", linewidth=1)
+            at = (head.head * report.window_span_s, 0.95)
+            left.annotate(f"first {head.head:.0%}", at, xycoords=("data", "axes fraction"), fontsize=8,
+                          ha="left", bbox=_LABEL_BOX)  # fmt: skip
+    left.set_xlabel("time in the window (s)")
+    left.set_ylabel("TTFT P95 (ms)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    x = np.arange(len(report.heads))
+    for k, name in enumerate(("planned", "oracle")):
+        vals = [h.gain_p95.get(name) for h in report.heads]
+        y = np.asarray([v.value if v is not None and v.value is not None else np.nan for v in vals]) * 100
+        lo = np.asarray([v.lo if v is not None and v.lo is not None else np.nan for v in vals]) * 100
+        hi = np.asarray([v.hi if v is not None and v.hi is not None else np.nan for v in vals]) * 100
+        err = np.vstack([np.nan_to_num(y - lo), np.nan_to_num(hi - y)])
+        right.errorbar(x + (k - 0.5) * 0.2, y, yerr=err, fmt="o", capsize=3, color=PASS_COLOURS[name],
+                       label=f"{name} vs cold")  # fmt: skip
+    right.axhline(0, color="#333333", linewidth=0.8)
+    right.set_xticks(x, [f"first {h.head:.0%}" if h.head < 1 else "whole window" for h in report.heads])
+    right.set_ylabel("P95 TTFT cut vs cold (%)")
+    right.set_title(f"realized gain ({report.confidence:.0%} paired intervals)")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
     return fig

@@ -19,13 +19,32 @@ import orjson
 from markupsafe import Markup
 
 from harness import __version__
+from harness.analysis.effect import EffectReport
 from harness.common.io import atomic_write
 from harness.experiments.capacity_result import CapacityResult, answer_line
 from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
-from harness.reports.plots import CAPACITY_PLOT, PLOTS, Plot, capacity_plot, pair, to_png_base64
-from harness.reports.tables import Table, overview, per_scenario, per_turn, speedup, thinking_and_tools
+from harness.reports.plots import (
+    CAPACITY_PLOT,
+    EFFECT_PLOT,
+    PLOTS,
+    Plot,
+    capacity_plot,
+    effect_plot,
+    pair,
+    to_png_base64,
+)
+from harness.reports.tables import (
+    Table,
+    effect_preload,
+    effect_rows,
+    overview,
+    per_scenario,
+    per_turn,
+    speedup,
+    thinking_and_tools,
+)
 
 Tick = Callable[[str], None]
 
@@ -91,7 +110,8 @@ _TEMPLATE = """<!doctype html>
 {% if verdicts %}<section id="verdicts"><h2>Verdicts</h2>{{ verdicts }}</section>{% endif %}
 <nav><a href="#runs">Runs</a><a href="#plots">Plots</a><a href="#scenarios">Per scenario</a>
 {% if turns %}<a href="#turns">Per turn</a>{% endif %}
-{% if thinking %}<a href="#thinking">Reasoning and tool calls</a>{% endif %}<a href="#gate">Gate</a></nav>
+{% if thinking %}<a href="#thinking">Reasoning and tool calls</a>{% endif %}
+{% if effect %}<a href="#effect">Warmup effect</a>{% endif %}<a href="#gate">Gate</a></nav>
 </header>
 
 <section id="runs">
@@ -106,6 +126,17 @@ _TEMPLATE = """<!doctype html>
 {% if speedups %}<p>Cold → warm: {{ speedups }}.</p>{% endif %}
 {% if capacity_line %}<p id="capacity">{{ capacity_line }}</p>{% endif %}
 </section>
+
+{% if effect %}<section id="effect">
+<h2>Warmup effect</h2>
+<p class="meta">The window replayed three times from flushed caches: <b>cold</b> (nothing preloaded),
+<b>planned</b> (the plan's preload, chosen from the history alone) and <b>oracle</b> (the best preload
+knowing the window). Gains are 1 − P95(pass) ÷ P95(cold) over the same requests, with paired bootstrap
+intervals; <i>simulated</i> is the cache simulator's prediction of the shared-block hit rate for the same
+preload (docs/analysis.md, <i>Warmup effect</i>).</p>
+<p>{{ effect_line }}</p>
+{{ effect }}
+</section>{% endif %}
 
 <section id="plots">
 <h2>Plots</h2>
@@ -304,8 +335,10 @@ def render_html(
     tick: Tick | None = None,
     capacity: CapacityResult | None = None,
     verdicts: Sequence[NamedVerdict] = (),
+    effect: EffectReport | None = None,
 ) -> str:
-    """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first;
+    """The whole report as one HTML string; ``capacity`` adds the capacity search's plot first,
+    ``effect`` the warmup effect's section (its plot first);
     ``verdicts`` are shown as a table under the banner (``gate``, the first, in detail)."""
     plots = render_plots(sets, tick)
     turn_table = per_turn(sets)
@@ -318,6 +351,14 @@ def render_html(
             else RenderedPlot(CAPACITY_PLOT, to_png_base64(drawn), None)
         )
         plots.insert(0, cap)
+    if effect is not None:
+        drawn = effect_plot(effect, sets)
+        plots.insert(
+            0,
+            RenderedPlot(EFFECT_PLOT, None, drawn)
+            if isinstance(drawn, str)
+            else RenderedPlot(EFFECT_PLOT, to_png_base64(drawn), None),
+        )
     text, cls = verdict_text(gate)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = env.from_string(_TEMPLATE)
@@ -338,6 +379,8 @@ def render_html(
         gate=gate,
         gate_table=_markup(gate_rows(gate), left=2, classes=[g.verdict for g in gate.gates]) if gate else "",
         capacity_line=answer_line(capacity) if capacity is not None else "",
+        effect=_markup(effect_rows(effect), left=2) if effect is not None else "",
+        effect_line=effect_preload(effect) if effect is not None else "",
         verdicts=_markup(_verdict_table(verdicts), left=4, classes=[v.verdict for v in verdicts])
         if verdicts
         else "",
@@ -383,6 +426,7 @@ def render_markdown(
     gate: GateReport | None = None,
     html_name: str | None = None,
     verdicts: Sequence[NamedVerdict] = (),
+    effect: EffectReport | None = None,
 ) -> str:
     """A short Markdown summary for a CI comment: verdict, one row per run, gates that did not pass."""
     text, _ = verdict_text(gate)
@@ -408,6 +452,8 @@ def render_markdown(
     thinking = thinking_and_tools(sets)
     if thinking.rows:
         lines += ["", "### Reasoning and tool calls", "", *_md_table(thinking)]
+    if effect is not None:
+        lines += ["", "### Warmup effect", "", effect_preload(effect), "", *_md_table(effect_rows(effect))]
     if gate is not None:
         rows = gate_rows(gate)
         not_passed = [r for r, g in zip(rows.rows, gate.gates, strict=True) if g.verdict != "pass"]
@@ -442,15 +488,18 @@ def write_report(
     tick: Tick | None = None,
     capacity: CapacityResult | None = None,
     verdicts: Sequence[NamedVerdict] = (),
+    effect: EffectReport | None = None,
 ) -> ReportFiles:
     """Write the HTML report (and the Markdown summary when ``markdown_path`` is given), atomically."""
     out = Path(html_path)
-    page = render_html(sets, gate, title=title, tick=tick, capacity=capacity, verdicts=verdicts)
+    page = render_html(
+        sets, gate, title=title, tick=tick, capacity=capacity, verdicts=verdicts, effect=effect
+    )
     with atomic_write(out) as fh:
         fh.write(page)
     md: Path | None = None
     if markdown_path is not None:
         md = Path(markdown_path)
         with atomic_write(md) as fh:
-            fh.write(render_markdown(sets, gate, html_name=out.name, verdicts=verdicts))
+            fh.write(render_markdown(sets, gate, html_name=out.name, verdicts=verdicts, effect=effect))
     return ReportFiles(out, md)

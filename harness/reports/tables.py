@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.analysis.effect import EffectReport
 from harness.common.stats import Distribution, percentile
 from harness.gates.metrics import METRICS, MetricContext, format_value
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
@@ -208,3 +209,61 @@ def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> flo
     b = warm.frame.col(column)
     pa, pb = percentile(a[np.isfinite(a)], q), percentile(b[np.isfinite(b)], q)
     return pa / pb if pb and math.isfinite(pa) and math.isfinite(pb) else math.nan
+
+
+def effect_rows(report: EffectReport) -> Table:
+    """``harness analysis effect``: per window head and pass, TTFT, block hits measured (simulated for
+    the whole window) and the P95 gain over cold with its paired interval."""
+
+    def ms(x: float | None) -> str:
+        return format_value(x, "ms") if x is not None else "—"
+
+    def pct(x: float | None) -> str:
+        return format_value(x, "ratio") if x is not None else "—"
+
+    rows: list[tuple[str, ...]] = []
+    for h in report.heads:
+        for name, p in h.passes.items():
+            g = h.gain_p95.get(name)
+            gain = (
+                f"{pct(g.value)} [{pct(g.lo)}, {pct(g.hi)}]" if g is not None and g.value is not None else "—"
+            )
+            sim = getattr(report.predicted_block_hit_rate, name) if h.head == 1.0 else None
+            head = f"first {h.head:.0%}" if h.head < 1.0 else "whole window"
+            rows.append(
+                (head, name, str(p.requests), ms(p.ttft_p50.value), ms(p.ttft_p95.value),
+                 ms(p.ttft_p99.value), pct(p.block_hit_rate), pct(sim), gain)
+            )  # fmt: skip
+    return Table(
+        (
+            "window",
+            "pass",
+            "requests",
+            "TTFT P50",
+            "TTFT P95",
+            "TTFT P99",
+            "block hits",
+            "simulated",
+            "P95 gain",
+        ),
+        rows,
+    )
+
+
+def effect_preload(report: EffectReport) -> str:
+    """One sentence: what each pass preloaded and how much of it the window used."""
+    parts = [
+        f"{name}: {report.preload_requests.get(name, 0)} prefixes, "
+        f"{report.preload_blocks.get(name, 0)} blocks"
+        + (
+            f", {report.preload_used[name]:.0%} of them used by the window"
+            if name in report.preload_used
+            else ""
+        )
+        for name in ("planned", "oracle")
+    ]
+    return (
+        f"History {report.history_requests} requests, window {report.window_requests} "
+        f"({report.window_span_s:.0f} s); capacity {report.capacity_blocks} blocks of {report.block_tokens} "
+        f"tokens; preloaded: " + "; ".join(parts) + "."
+    )

@@ -50,7 +50,13 @@ from harness.common.openai import (
     Endpoint,
     sse_event,
 )
-from harness.engine.api import EngineError, EngineFull, InvalidPrompt, PromptTooLong, TokenEvent
+from harness.engine.api import (
+    EngineError,
+    EngineFull,
+    InvalidPrompt,
+    PromptTooLong,
+    TokenEvent,
+)
 from harness.server.asgi import ClientGone, GuardedStream, parse_json, read_body, until_disconnect
 from harness.server.chat_output import ChatOutput, OutputDelta
 from harness.server.errors import APIError, bad_request, from_validation_error, retry_after_header
@@ -429,8 +435,9 @@ class Handler:
         try:
             # The engine refuses (EngineFull, PromptTooLong) either here or at the first event.
             gen = st.engine.generate(
-                ctx.engine_id, prep.prompt_ids, params, use_prefix_cache=use_prefix_cache
-            )
+                ctx.engine_id, prep.prompt_ids, params, use_prefix_cache=use_prefix_cache,
+                priority=ctx.priority,
+            )  # fmt: skip
             first = await until_disconnect(self.request, gen.__anext__())
         except EngineFull as exc:
             await _close(gen)

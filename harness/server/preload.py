@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.cache.api import CachedCompletion, ResponseCache
+from harness.common import headers as H
 from harness.common.errors import InputError
 from harness.common.io import parse_jsonl_line
 from harness.common.openai import COMPLETED_FINISH_REASONS, ChatCompletionRequest, CompletionRequest
@@ -85,7 +86,10 @@ async def _generate(st: ServerState, prep: Prepared) -> CachedCompletion:
     params = dataclasses.replace(prep.params, logprobs=True)
     out = Outcome()
     async with st.preload_sem:
-        async for ev in st.engine.generate("preload-" + uuid.uuid4().hex, prep.prompt_ids, params):
+        gen = st.engine.generate(
+            "preload-" + uuid.uuid4().hex, prep.prompt_ids, params, priority=H.PRELOAD_PRIORITY
+        )
+        async for ev in gen:
             out.add(ev)
             if ev.finished:
                 break

@@ -23,6 +23,7 @@ from harness.cache.api import CachedCompletion, ResponseCache
 from harness.common import headers as H
 from harness.common.openai import ChatCompletionRequest, CompletionRequest
 from harness.engine.api import AsyncEngine, RequestMetrics, TokenEvent
+from harness.engine.kv_cache import FREQ_CAP
 from harness.server.auth import AuthPolicy
 from harness.server.chat_output import ChatOutput, ChatSyntax
 from harness.server.faults import FAULT_KINDS, INJECTIONS, FaultInjector, FaultPlan
@@ -32,6 +33,15 @@ from harness.server.prepare import Prepared, prepare
 from harness.server.settings import ServerSettings
 
 log = logging.getLogger("harness.server")
+
+
+def _priority(value: str | None) -> int:
+    """``X-Warmup-Priority`` as the engine takes it: an integer in ``0..FREQ_CAP``; a malformed or
+    out-of-range value counts as none (a hint, never a reason to refuse a request)."""
+    if value is None or not value.strip().isdigit():
+        return 0
+    n = int(value)
+    return n if n <= FREQ_CAP else 0
 
 
 def new_id() -> str:
@@ -54,6 +64,9 @@ class RequestContext:
     no_cache: bool
     t0: float
     endpoint: str
+    priority: int = 0
+    """``X-Warmup-Priority`` (0 to :data:`~harness.engine.kv_cache.FREQ_CAP`; anything else: 0): the
+    prefix-cache priority the request asks for."""
     cache_status: str = "BYPASS"
     cache_key: str | None = None
     status: int = 200
@@ -215,6 +228,7 @@ class ServerState:
             stage=hdr.get(H.STAGE),
             trace_id=hdr.get(H.TRACE_ID),
             warmup_id=hdr.get(H.WARMUP_ID),
+            priority=_priority(hdr.get(H.WARMUP_PRIORITY)),
             no_cache="no-cache" in cache_control or "no-store" in cache_control,
             t0=time.perf_counter(),
             endpoint=endpoint,

@@ -202,3 +202,46 @@ def test_real_mooncake_trace_lengths(realdata: Path, tmp_path: Path) -> None:
     records = list(read_corpus(tmp_path / "r"))
     assert [r.prompt_tokens for r in records] == [row["input_length"] for row in rows]
     assert [r.provenance.source_line for r in records] == list(range(1, 9))
+
+
+def test_block_tokens_rescale_a_trace_and_keep_its_reuse(tmp_path: Path) -> None:
+    # Mooncake's 512-token blocks at 16 tokens: lengths ÷ 32, the same requests share the same blocks.
+    trace = FIXTURES / "mooncake_sample.jsonl"
+    rows = [json.loads(line) for line in trace.open()]
+    build_corpus(
+        BuildInputs(template=TEMPLATES / "four_section.j2", out=tmp_path / "t", trace=trace),
+        _settings(block_tokens=16),
+    )
+    records = list(read_corpus(tmp_path / "t"))
+    counts = Counter(h for row in rows for h in set(row["hash_ids"]))
+    ref = Tokenizer.from_file(str(default_tokenizer_path()))
+    ref.no_truncation()
+    ref.no_padding()
+    with_blocks = 0
+    for r, row in zip(records, rows, strict=True):
+        assert r.target_input_tokens == max(1, round(row["input_length"] * 16 / 512))
+        lead = 0
+        while lead < len(row["hash_ids"]) and counts[row["hash_ids"][lead]] >= 2:
+            lead += 1
+        room = max(0, (r.target_input_tokens - 32) // 16)
+        assert r.prefix_block_ids == row["hash_ids"][: min(lead, room)]
+        assert r.prefix_tokens == 16 * len(r.prefix_block_ids)
+        with_blocks += bool(r.prefix_block_ids)
+    assert with_blocks >= 10
+    # Two records opening with the same block ids open with the same tokens, that many of them.
+    by_first: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        if r.prefix_block_ids:
+            by_first.setdefault(r.prefix_block_ids[0], []).append(i)
+    shared = [ix for ix in by_first.values() if len(ix) >= 2]
+    assert shared
+    for ix in shared:
+        a, b = records[ix[0]], records[ix[1]]
+        n = 0
+        while n < min(len(a.prefix_block_ids), len(b.prefix_block_ids)):
+            if a.prefix_block_ids[n] != b.prefix_block_ids[n]:
+                break
+            n += 1
+        ta = ref.encode(a.text(), add_special_tokens=False).ids
+        tb = ref.encode(b.text(), add_special_tokens=False).ids
+        assert ta[: 16 * n] == tb[: 16 * n]

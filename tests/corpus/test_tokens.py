@@ -70,17 +70,23 @@ def test_shared_blocks_are_real_context_exact_and_shared(tok: TargetTokenizer, r
     from harness.corpus.tokens import SHARED_PREAMBLE, SharedBlocks
 
     blocks = SharedBlocks(tok, seed=0)
-    a = blocks.prefix([10, 11, 12], 64)
-    b = blocks.prefix([10, 11, 99], 64)
-    assert len(_ids(ref, a)) == 3 * 64 == len(_ids(ref, b))
-    assert _ids(ref, a)[:128] == _ids(ref, b)[:128] == _ids(ref, blocks.prefix([10, 11], 64))
+    a = blocks.prefix([10, 11, 12], 128)
+    b = blocks.prefix([10, 11, 99], 128)
+    assert len(_ids(ref, a)) == 3 * 128 == len(_ids(ref, b))
+    assert _ids(ref, a)[:256] == _ids(ref, b)[:256] == _ids(ref, blocks.prefix([10, 11], 128))
     # The run opens with the shared system instruction; the rest is venue entries (the last of a
     # block cut at a token boundary), with no filler word anywhere.
     assert a.startswith("\n" + SHARED_PREAMBLE)
     lines = set(venue_lines())
     body = a[len("\n" + SHARED_PREAMBLE) :].split("\n")[1:]
     assert body and all(line in lines or any(v.startswith(line) for v in lines) for line in body)
-    assert blocks.block(10, 64, True) != blocks.block(10, 64, False)  # only a run's first block is preceded
+    assert blocks.block(10, 128, True) != blocks.block(10, 128, False)  # only a run's first block is preceded
+    # A block too small for the instruction to take at most half of it (a trace rescaled to 16-token
+    # blocks) is its own context only: else every run's first block would be the same instruction
+    # and two different block ids would share a prefix the trace says they do not.
+    small = [blocks.block(b, 16, True) for b in (1, 2, 3)]
+    assert len(set(small)) == 3 and not any(x.startswith("\n" + SHARED_PREAMBLE[:20]) for x in small)
+    assert all(len(_ids(ref, x)) == 16 for x in small)
 
 
 def test_head_and_tail_cut_at_token_boundaries(tok: TargetTokenizer, ref: Tokenizer) -> None:

@@ -15,7 +15,7 @@ from harness.common.host import HostLoad
 from harness.common.stats import percentile, percentile_interval
 from harness.gates.baseline import Baseline, Gate, read_baseline, write_baseline
 from harness.gates.fingerprints import busier_than_calibrated, fingerprint_from_results
-from harness.gates.judge import GateReport, judge, read_report_json, write_report_json
+from harness.gates.judge import GateReport, judge, judge_gate, read_report_json, write_report_json
 from harness.gates.metrics import METRICS, MetricContext, relative_confidence
 from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
 from harness.gates.update import baseline_from_results, rerun_margin, rerun_min_samples
@@ -267,6 +267,23 @@ def test_rel_metric_value_and_interval(tmp_path: Path) -> None:
     assert (m.lo, m.hi) == pytest.approx((lo_p / hi_r, hi_p / lo_r))
     assert m.lo < 2.0 < m.hi and m.n == 1500 and not m.problems
     assert METRICS.get("ttft_p95_rel").unit == "x" and not METRICS.get("ttft_p95_rel").speed_dependent
+
+
+def test_warm_gain_is_one_minus_the_rel_ratio_with_its_interval_turned_over(tmp_path: Path) -> None:
+    planned = load_result_set(_run(tmp_path / "planned", 1500, 1, ttft_ms=50), "planned")
+    cold = load_result_set(_run(tmp_path / "reference", 600, 2, ttft_ms=100), "reference")
+    ctx = MetricContext(reference=cold.frame)
+    rel = METRICS.get("ttft_p95_rel").compute(planned.frame, ctx)
+    gain = METRICS.get("warm_gain_ttft_p95").compute(planned.frame, ctx)
+    assert gain.value == pytest.approx(1 - rel.value) and 0.3 < gain.value < 0.7
+    assert (gain.lo, gain.hi) == pytest.approx((1 - rel.hi, 1 - rel.lo))
+    spec = METRICS.get("warm_gain_ttft_p95")
+    assert spec.direction == "at_least" and spec.default_phase == "planned" and not spec.speed_dependent
+    # Judged as a gate: a seed-sized cut (41 %) passes when the interval is above it, fails below.
+    for threshold, verdict in ((0.2, "pass"), (0.9, "fail")):
+        gate = Gate(metric="warm_gain_ttft_p95", threshold=threshold)
+        result = judge_gate(gate, planned, 0.95, reference=cold)
+        assert result.verdict == verdict, result.reason
 
 
 def test_rel_gates_travel_and_catch_a_code_regression(tmp_path: Path) -> None:
