@@ -44,11 +44,12 @@ import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
 
-from harness.analysis.references import RefTrace, corpus_refs, is_tail
+from harness.analysis.references import RefTrace, corpus_refs, is_tail, timed
 from harness.analysis.sim import SIMULATORS, optimal_preload
 from harness.analysis.warmup import PlanReport, covering_requests, ids_in, plan_warmup
 from harness.common.errors import InputError
@@ -78,16 +79,6 @@ class Split:
     """Where the cut fell, in the source's seconds (``nan`` for two corpora)."""
 
 
-def _timed(records: Sequence[CorpusRecord], source: str) -> list[CorpusRecord]:
-    for i, rec in enumerate(records):
-        if rec.arrival_offset_s is None:
-            raise InputError(
-                "the record has no arrival_offset_s; build the corpus from a trace (--trace)",
-                file=source, line=i + 1, field="arrival_offset_s",
-            )  # fmt: skip
-    return sorted(records, key=lambda r: float(r.arrival_offset_s or 0.0))
-
-
 def _rebased(records: list[CorpusRecord]) -> list[CorpusRecord]:
     t0 = float(records[0].arrival_offset_s or 0.0) if records else 0.0
     return [r.model_copy(update={"arrival_offset_s": float(r.arrival_offset_s or 0.0) - t0}) for r in records]
@@ -97,13 +88,13 @@ def split_records(records: Sequence[CorpusRecord], fraction: float, source: str)
     """Cut ``records`` at ``fraction`` of their time span: before is the history, after the window."""
     if not 0.0 < fraction < 1.0:
         raise InputError(f"the split {fraction:g} is not in (0, 1)", field="--split")
-    timed = _timed(records, source)
-    if not timed:
+    ordered = timed(records, source)
+    if not ordered:
         raise InputError("the corpus has no records", file=source)
-    t0, t1 = float(timed[0].arrival_offset_s or 0.0), float(timed[-1].arrival_offset_s or 0.0)
+    t0, t1 = float(ordered[0].arrival_offset_s or 0.0), float(ordered[-1].arrival_offset_s or 0.0)
     cut = t0 + fraction * (t1 - t0)
-    history = [r for r in timed if float(r.arrival_offset_s or 0.0) < cut]
-    window = [r for r in timed if float(r.arrival_offset_s or 0.0) >= cut]
+    history = [r for r in ordered if float(r.arrival_offset_s or 0.0) < cut]
+    window = [r for r in ordered if float(r.arrival_offset_s or 0.0) >= cut]
     if not history or not window:
         raise InputError(
             f"splitting at {fraction:g} of the span leaves {len(history)} history and {len(window)} window "
@@ -117,7 +108,7 @@ def pair_records(
     history: Sequence[CorpusRecord], window: Sequence[CorpusRecord], sources: tuple[str, str]
 ) -> Split:
     """A history corpus and a window corpus given apart (yesterday's and today's)."""
-    h, w = _timed(history, sources[0]), _timed(window, sources[1])
+    h, w = timed(history, sources[0]), timed(window, sources[1])
     for got, src in ((h, sources[0]), (w, sources[1])):
         if not got:
             raise InputError("the corpus has no records", file=src)
@@ -364,6 +355,41 @@ class EffectReport(StrictModel):
 
     def head(self, share: float) -> HeadEffect:
         return next(h for h in self.heads if math.isclose(h.head, share))
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "window", "pass", "requests", "TTFT P50", "TTFT P95", "TTFT P99", "block hits", "simulated",
+        "P95 gain",
+    )  # fmt: skip
+    """The columns of :meth:`rows`."""
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """Per window head and pass: TTFT, the shared-block hits measured (and simulated, for the whole
+        window) and the P95 gain over cold with its paired interval, as text: what the command's table
+        and the report show."""
+        from harness.gates.metrics import format_value
+
+        def ms(x: float | None) -> str:
+            return format_value(x, "ms") if x is not None else "—"
+
+        def pct(x: float | None) -> str:
+            return format_value(x, "ratio") if x is not None else "—"
+
+        out: list[tuple[str, ...]] = []
+        for h in self.heads:
+            head = f"first {h.head:.0%}" if h.head < 1.0 else "whole window"
+            for name, p in h.passes.items():
+                g = h.gain_p95.get(name)
+                gain = (
+                    f"{pct(g.value)} [{pct(g.lo)}, {pct(g.hi)}]"
+                    if g is not None and g.value is not None
+                    else "—"
+                )
+                sim = getattr(self.predicted_block_hit_rate, name) if h.head == 1.0 else None
+                out.append(
+                    (head, name, str(p.requests), ms(p.ttft_p50.value), ms(p.ttft_p95.value),
+                     ms(p.ttft_p99.value), pct(p.block_hit_rate), pct(sim), gain)
+                )  # fmt: skip
+        return out
 
     def realized_share_of_oracle(self, share: float = 0.1) -> float | None:
         """The planned pass's P95 gain over the oracle's, in the head ``share``."""

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import CannotJudge, CheckFailed, ExitCode
 from harness.common.options import with_options
 from harness.experiments.recipe import RecipeFile, check_corpus, recipe_options, resolve
 from harness.load.options import LOAD_PANEL
@@ -45,6 +44,7 @@ def effect(
     and the best one knowing the window). Results: OUT/{cold,planned,oracle}, OUT/effect.json.
     """
     from harness.analysis.effect_run import EFFECT_FILE, EffectRunner, effect_table, read_split
+    from harness.experiments.paired_record import conclude
     from harness.experiments.paired_spec import PairedSpec
 
     resolved = check_corpus(resolve(recipe, given, EFFECT_OPTIONS), recipe)
@@ -66,13 +66,7 @@ def effect(
 
         console.print(gate_table(runner.gate_report))
     stderr.print(f"results in {out} ({EFFECT_FILE}, run.json, cold/, planned/, oracle/)", highlight=False)
-    code = record.exit_code or 0
-    message = record.message or ""
-    if code == int(ExitCode.CHECK_FAILED):
-        raise CheckFailed(message, file=out / "run.json")
-    if code == int(ExitCode.UNJUDGEABLE):
-        raise CannotJudge(message, file=out / "run.json")
-    stderr.print(f"[green]✓[/] {message}", highlight=False)
+    conclude(record, out, stderr)
 
 
 stderr = cons.err()

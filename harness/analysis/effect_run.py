@@ -249,41 +249,11 @@ def _headline(report: EffectReport) -> str:
 
 
 def effect_table(report: EffectReport) -> Table:
-    """A rich table of the effect: per window head, each pass's TTFT and block hits, the gains."""
+    """The effect as a rich table (:meth:`EffectReport.rows`)."""
     from harness.common.console import table
 
-    def ms(x: float | None) -> str:
-        return f"{x:,.0f}" if x is not None else "–"
-
-    def pct(x: float | None) -> str:
-        return f"{x:.0%}" if x is not None else "–"
-
-    rows = []
-    for h in report.heads:
-        for name, p in h.passes.items():
-            g = h.gain_p95.get(name)
-            gain = (
-                f"{pct(g.value)} [{pct(g.lo)}, {pct(g.hi)}]" if g is not None and g.value is not None else "–"
-            )
-            predicted = getattr(report.predicted_block_hit_rate, name) if h.head == 1.0 else None
-            rows.append(
-                (
-                    f"{h.head:.0%}", name, str(p.requests), ms(p.ttft_p50.value), ms(p.ttft_p95.value),
-                    ms(p.ttft_p99.value), pct(p.block_hit_rate), pct(predicted), gain,
-                )
-            )  # fmt: skip
     return table(
         f"Warmup effect: {report.window_requests} window requests, capacity {report.capacity_blocks} blocks",
-        (
-            "window",
-            "pass",
-            "requests",
-            "TTFT p50",
-            "TTFT p95",
-            "TTFT p99",
-            "block hits",
-            "simulated",
-            "P95 gain",
-        ),
-        rows,
+        report.COLUMNS,
+        report.rows(),
     )

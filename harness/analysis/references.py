@@ -197,6 +197,19 @@ def load_refs(
     return b.build()
 
 
+def timed(records: Iterable[CorpusRecord], source: str) -> list[CorpusRecord]:
+    """``records`` in arrival order; an :class:`InputError` naming the first without an
+    ``arrival_offset_s`` (a warmup is planned and replayed on a timeline: a corpus built from a trace)."""
+    out = list(records)
+    for i, rec in enumerate(out):
+        if rec.arrival_offset_s is None:
+            raise InputError(
+                "the record has no arrival_offset_s; build the corpus from a trace (--trace)",
+                file=source, line=i + 1, field="arrival_offset_s",
+            )  # fmt: skip
+    return sorted(out, key=lambda r: float(r.arrival_offset_s or 0.0))
+
+
 def corpus_refs(records: Iterable[CorpusRecord], source: str, *, tail_block: int | None = None) -> RefTrace:
     """The KV-block :class:`RefTrace` of a corpus built from a trace: each record's
     ``prefix_block_ids`` (the shared blocks its prompt opens with, labels ``(tenant, block id)``) at
@@ -208,16 +221,11 @@ def corpus_refs(records: Iterable[CorpusRecord], source: str, *, tail_block: int
     prompt, so these one-off blocks compete for its room with the shared ones (what a simulation of
     the engine must see)."""
     b = _Builder("blocks", source)
-    for i, rec in enumerate(records):
-        if rec.arrival_offset_s is None:
-            raise InputError(
-                "the corpus record has no arrival_offset_s: a warmup is planned on a timeline",
-                file=source, line=i + 1, field="arrival_offset_s",
-            )  # fmt: skip
+    for rec in timed(records, source):
         labels: list[Hashable] = [(rec.tenant, h) for h in rec.prefix_block_ids]
         if tail_block is not None and rec.prompt_tokens:
             labels += [(rec.tenant, rec.id, k) for k in range(rec.prompt_tokens // tail_block - len(labels))]
-        b.add(rec.arrival_offset_s, labels, f"corpus:{rec.id}")
+        b.add(float(rec.arrival_offset_s or 0.0), labels, f"corpus:{rec.id}")
     return b.build()
 
 

@@ -7,9 +7,11 @@ its steps or its checks do.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
+from rich.console import Console
 
 from harness.common.errors import ExitCode
 from harness.common.model import StrictModel
@@ -149,3 +151,18 @@ def exit_code_of(warm: WarmCheck | None, gate: GateReport | None) -> tuple[ExitC
         ExitCode.OK,
         f"gate: {gate.headline()}" if gate is not None else "both phases measured, target warm",
     )
+
+
+def conclude(record: PairedRun, out: Path, console: Console) -> None:
+    """End a command that ran a :class:`PairedRun` by its exit code: a proven regression raises
+    :class:`~harness.common.errors.CheckFailed` (exit 1), cannot-judge
+    :class:`~harness.common.errors.CannotJudge` (exit 6), both naming ``OUT/run.json``; a pass prints
+    its message."""
+    from harness.common.errors import CannotJudge, CheckFailed
+
+    code, message = record.exit_code or 0, record.message or ""
+    if code == int(ExitCode.CHECK_FAILED):
+        raise CheckFailed(message, file=out / RUN_FILE)
+    if code == int(ExitCode.UNJUDGEABLE):
+        raise CannotJudge(message, file=out / RUN_FILE)
+    console.print(f"[green]✓[/] {message}", highlight=False)

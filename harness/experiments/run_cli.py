@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import CannotJudge, CheckFailed, ExitCode
 from harness.common.options import options_of, with_options
 from harness.experiments.recipe import (
     LOAD_FLAGS,
@@ -58,6 +57,7 @@ def run(
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """
     from harness.experiments.paired import PairedRunner
+    from harness.experiments.paired_record import conclude
     from harness.experiments.paired_spec import PairedSpec
     from harness.gates.output import comparison_table, gate_table
 
@@ -77,13 +77,7 @@ def run(
         highlight=False,
         soft_wrap=True,
     )
-    code = record.exit_code or 0
-    message = record.message or ""
-    if code == int(ExitCode.CHECK_FAILED):
-        raise CheckFailed(message, file=out / "run.json")
-    if code == int(ExitCode.UNJUDGEABLE):
-        raise CannotJudge(message, file=out / "run.json")
-    stderr.print(f"[green]✓[/] {message}", highlight=False)
+    conclude(record, out, stderr)
 
 
 def parse_run_args(args: list[str]) -> tuple[Path | None, dict[str, Any]]:

@@ -212,42 +212,8 @@ def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> flo
 
 
 def effect_rows(report: EffectReport) -> Table:
-    """``harness analysis effect``: per window head and pass, TTFT, block hits measured (simulated for
-    the whole window) and the P95 gain over cold with its paired interval."""
-
-    def ms(x: float | None) -> str:
-        return format_value(x, "ms") if x is not None else "—"
-
-    def pct(x: float | None) -> str:
-        return format_value(x, "ratio") if x is not None else "—"
-
-    rows: list[tuple[str, ...]] = []
-    for h in report.heads:
-        for name, p in h.passes.items():
-            g = h.gain_p95.get(name)
-            gain = (
-                f"{pct(g.value)} [{pct(g.lo)}, {pct(g.hi)}]" if g is not None and g.value is not None else "—"
-            )
-            sim = getattr(report.predicted_block_hit_rate, name) if h.head == 1.0 else None
-            head = f"first {h.head:.0%}" if h.head < 1.0 else "whole window"
-            rows.append(
-                (head, name, str(p.requests), ms(p.ttft_p50.value), ms(p.ttft_p95.value),
-                 ms(p.ttft_p99.value), pct(p.block_hit_rate), pct(sim), gain)
-            )  # fmt: skip
-    return Table(
-        (
-            "window",
-            "pass",
-            "requests",
-            "TTFT P50",
-            "TTFT P95",
-            "TTFT P99",
-            "block hits",
-            "simulated",
-            "P95 gain",
-        ),
-        rows,
-    )
+    """``harness analysis effect``'s table (:meth:`EffectReport.rows`)."""
+    return Table(report.COLUMNS, report.rows())
 
 
 def effect_preload(report: EffectReport) -> str:
