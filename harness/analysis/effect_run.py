@@ -127,6 +127,11 @@ class EffectRunner(PairedRunner):
         )
         self.split = split
         self.tokens_per_block = tokens_per_block
+        source = spec.recipe.load.corpus
+        load_tok = spec.recipe.load.tokenizer
+        self.tokenizer = (corpus_tokenizer(source) if source is not None else None) or (
+            str(load_tok) if load_tok is not None else None
+        )
         self.capacity = spec.recipe.effect.cache_capacity
         self.capacity_source = "given"
         self.predictor = spec.recipe.effect.predictor
@@ -145,7 +150,7 @@ class EffectRunner(PairedRunner):
                 self.capacity,
                 predictor=self.predictor,
                 policy=spec.recipe.effect.policy,
-                tokenizer=_tokenizer(spec.recipe.load.tokenizer),
+                tokenizer=self.tokenizer,
             )
         self.ui.say(
             f"[green]✓[/] plan: {len(plan.planned)} prefix requests ({plan.planned_blocks} blocks) planned, "
@@ -229,8 +234,17 @@ class EffectRunner(PairedRunner):
         self.record.exit_code, self.record.message = int(code), message
 
 
-def _tokenizer(path: Path | None) -> str | None:
-    return str(path) if path is not None else None
+def corpus_tokenizer(corpus: Path) -> str | None:
+    """The tokenizer a corpus was built with (its ``manifest.json``, when beside it and the file is
+    there): the one its ``prefix_tokens`` count in, so the one a prefix is cut with."""
+    import orjson
+
+    manifest = (corpus if corpus.is_dir() else corpus.parent) / "manifest.json"
+    try:
+        path = orjson.loads(manifest.read_bytes()).get("tokenizer")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None
+    return str(path) if isinstance(path, str) and Path(path).exists() else None
 
 
 def _headline(report: EffectReport) -> str:

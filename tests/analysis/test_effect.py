@@ -3,7 +3,9 @@ their simulated hit rates, and the realized gains (paired by request) computed f
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,3 +170,18 @@ def test_a_preload_stops_at_its_deepest_chosen_block_so_it_fits_the_capacity() -
     assert [r.prefix_block_ids for r in plan.planned] == [[1, 2]]
     assert plan.planned[0].id == "preload-r0" and plan.planned_blocks == 2
     assert plan.prediction.planned == pytest.approx(1.0)
+
+
+def test_a_prefix_is_cut_with_the_tokenizer_the_corpus_was_built_with(tmp_path: Path) -> None:
+    from harness.analysis.effect_run import corpus_tokenizer
+    from harness.corpus.tokens import default_tokenizer_path
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "corpus.jsonl").write_text("")
+    assert corpus_tokenizer(corpus) is None  # no manifest
+    (corpus / "manifest.json").write_text(json.dumps({"tokenizer": str(default_tokenizer_path())}))
+    want = str(default_tokenizer_path())
+    assert corpus_tokenizer(corpus) == corpus_tokenizer(corpus / "corpus.jsonl") == want
+    (corpus / "manifest.json").write_text(json.dumps({"tokenizer": str(tmp_path / "gone.json")}))
+    assert corpus_tokenizer(corpus) is None  # a tokenizer no longer there is not guessed at
