@@ -1,8 +1,12 @@
-"""The operator routes: ``GET /health``, ``GET /metrics``, ``POST /reset_prefix_cache`` (the engine's
-KV prefix cache, vLLM's endpoint) and the response-cache admin API (``GET /cache/stats``,
+"""The operator routes: ``GET /health``, ``GET /metrics``, ``POST /echo``, ``POST /reset_prefix_cache``
+(the engine's KV prefix cache, vLLM's endpoint) and the response-cache admin API (``GET /cache/stats``,
 ``POST /cache/flush``, ``POST /cache/drain``, ``POST /cache/preload``).
 
-Every route here but ``/health`` and ``/metrics`` is an admin route: it passes
+``POST /echo`` answers its JSON body back: what a request costs this server before any model or
+cache work (credentials, body read, JSON in and out), the floor ``bench/cache.py`` holds a cache hit
+to. It takes the OpenAI routes' credentials and body limit, so it opens nothing they do not.
+
+Every route here but ``/health``, ``/metrics`` and ``/echo`` is an admin route: it passes
 :meth:`~harness.server.auth.AuthPolicy.require_admin` first (401 without the admin token when one is
 set, 403 ``admin_disabled`` on a keyed server without one, open in loopback development), so nobody
 else can flush, reset or plant answers. ``/metrics`` needs a credential only with ``--protect-metrics``.
@@ -22,7 +26,7 @@ from starlette.responses import Response
 from harness.cache.api import FLUSH_ALL, FLUSH_TIERS, ResponseCache
 from harness.common.errors import HarnessError
 from harness.common.openai import RESET_PREFIX_CACHE_PATH
-from harness.server.asgi import ClientGone, read_body
+from harness.server.asgi import ClientGone, parse_json, read_body
 from harness.server.errors import APIError, bad_request
 from harness.server.preload import preload
 from harness.server.state import ServerState, log
@@ -54,6 +58,19 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
             "fault_injection": st.fault_plan.describe(),
         }
         return _json(body, 200 if st.ready else 503)
+
+    async def echo(request: Request) -> Response:
+        try:
+            st.auth.tenant(request.headers)
+            body = parse_json(await read_body(request, st.settings.max_body_bytes))
+        except APIError as exc:
+            return exc.response()
+        except ClientGone:
+            return Response(status_code=499)
+        return _json(body)
+
+    # A plain Starlette route, dispatched like the OpenAI routes it is the floor of.
+    app.add_route("/echo", echo, methods=["POST"])
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

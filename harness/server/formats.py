@@ -29,6 +29,36 @@ TokenCounts = tuple[int, int]
 """(prompt tokens, completion tokens so far): what a chunk's continuous ``usage`` reports."""
 
 
+PIECE_ENDS = "piece_ends"
+"""A cache entry's ``meta`` key: where each text piece the engine streamed ended (character offsets
+into the entry's text, increasing, the last one its length), so a hit replays the very chunks the
+miss sent without asking the tokenizer (:func:`replay_pieces`)."""
+
+
+def piece_ends(pieces: list[str]) -> list[int]:
+    """The :data:`PIECE_ENDS` of streamed ``pieces`` (empty pieces carry no end)."""
+    return list(itertools.accumulate(len(p) for p in pieces if p))
+
+
+def replay_pieces(tokenizer: Tokenizer, text: str, completion_tokens: int, meta: dict[str, Any]) -> list[str]:
+    """The pieces a cached answer is replayed in: the engine's own, cut at the entry's
+    :data:`PIECE_ENDS`, when it carries valid ones (no tokenizer work: the hit path's cost is the
+    cache lookup and the JSON), else :func:`split_tokens` (an entry preloaded with its text, or one
+    stored before the ends were kept). Ends that do not fit the text are ignored, not trusted."""
+    ends = meta.get(PIECE_ENDS)
+    if isinstance(ends, list) and ends and ends[-1] == len(text) and len(ends) <= max(completion_tokens, 1):
+        pieces: list[str] = []
+        start = 0
+        for end in ends:
+            if not isinstance(end, int) or end <= start:
+                break
+            pieces.append(text[start:end])
+            start = end
+        else:
+            return pieces
+    return split_tokens(tokenizer, text, completion_tokens)
+
+
 def split_tokens(tokenizer: Tokenizer, text: str, max_pieces: int | None = None) -> list[str]:
     """Split ``text`` into the text pieces the engine's tokens would have streamed.
 
@@ -146,6 +176,9 @@ ENGINE_USAGE_FIELDS: tuple[str, ...] = tuple(f for f in HarnessUsage.model_field
 """``usage.harness``'s fields that the engine measures (:class:`~harness.engine.api.RequestMetrics`
 has each by the same name; the wire type, :class:`~harness.common.openai.HarnessUsage`, lists them)."""
 
+_NO_ENGINE_USAGE: dict[str, Any] = {f: HarnessUsage.model_fields[f].default for f in ENGINE_USAGE_FIELDS}
+"""``usage.harness`` of an answer no engine ran for (every default a scalar: copied, never shared)."""
+
 
 def usage_dict(
     *,
@@ -169,7 +202,7 @@ def usage_dict(
     if metrics is not None:  # the engine ran: every field is its measurement
         harness: dict[str, Any] = {f: getattr(metrics, f) for f in ENGINE_USAGE_FIELDS}
     else:  # a cache hit: the server's own timings of the replayed stream, the rest zero
-        harness = {f: HarnessUsage.model_fields[f].default for f in ENGINE_USAGE_FIELDS}
+        harness = dict(_NO_ENGINE_USAGE)
         harness.update(
             device=device,
             ttft_ms=ttft_ms,

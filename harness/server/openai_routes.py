@@ -65,8 +65,8 @@ from harness.server.formats import (
     CompletionsFormat,
     TokenLog,
     formatter,
+    replay_pieces,
     replay_progress,
-    split_tokens,
     usage_dict,
 )
 from harness.server.prepare import Prepared, check_context, tokenize_prepared
@@ -307,10 +307,15 @@ class Handler:
             m_prompt.inc(n_prompt)
             m_output.inc(hit.completion_tokens)
 
-        # The cached text split as the engine's tokens would have streamed it; the chat parser reads
-        # the pieces as it would the tokens (a hit answers with the same thinking and tool calls).
-        pieces = split_tokens(st.engine.tokenizer, hit.text, hit.completion_tokens)
+        # The cached text in the pieces the engine streamed it in; the chat parser reads the pieces as
+        # it would the tokens (a hit answers with the same thinking and tool calls). A whole answer
+        # without a parser needs no pieces: that hit never touches the tokenizer.
         output = self.output
+        pieces = (
+            replay_pieces(st.engine.tokenizer, hit.text, hit.completion_tokens, hit.meta)
+            if prep.stream or output is not None
+            else [hit.text]
+        )
         if not prep.stream:
             ttft = time.perf_counter() - ctx.t0
             text = (echo or "") + hit.text

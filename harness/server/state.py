@@ -27,12 +27,19 @@ from harness.engine.kv_cache import FREQ_CAP
 from harness.server.auth import AuthPolicy
 from harness.server.chat_output import ChatOutput, ChatSyntax
 from harness.server.faults import FAULT_KINDS, INJECTIONS, FaultInjector, FaultPlan
-from harness.server.formats import TokenLog
+from harness.server.formats import PIECE_ENDS, TokenLog, piece_ends
 from harness.server.metrics import EngineCollector, ServerMetrics
 from harness.server.prepare import Prepared, prepare
 from harness.server.settings import ServerSettings
 
 log = logging.getLogger("harness.server")
+
+
+_REQUEST_ID, _CACHE_CONTROL, _STAGE, _TRACE_ID, _WARMUP_ID, _WARMUP_PRIORITY = _CONTEXT_HEADERS = tuple(
+    name.lower().encode("latin-1")
+    for name in (H.REQUEST_ID, "cache-control", H.STAGE, H.TRACE_ID, H.WARMUP_ID, H.WARMUP_PRIORITY)
+)
+"""The headers a request's context reads, as ASGI spells them (lower-case bytes)."""
 
 
 def _priority(value: str | None) -> int:
@@ -219,18 +226,23 @@ class ServerState:
         return ChatOutput(syn, parse_tools=prep.parse_tools)
 
     def context(self, request: Request, endpoint: str) -> RequestContext:
-        hdr = request.headers
-        rid = hdr.get(H.REQUEST_ID) or new_id()
-        cache_control = hdr.get("cache-control", "").lower()
+        t0 = time.perf_counter()
+        # One pass over the raw ASGI headers (lower-case bytes), the first of each name kept as
+        # Starlette's ``Headers.get`` would: a ``get`` per name scans the whole list each time.
+        hdr: dict[bytes, str] = {}
+        for name, value in request.scope["headers"]:
+            if name in _CONTEXT_HEADERS and name not in hdr:
+                hdr[name] = value.decode("latin-1")
+        cache_control = hdr.get(_CACHE_CONTROL, "").lower()
         return RequestContext(
-            request_id=rid,
+            request_id=hdr.get(_REQUEST_ID) or new_id(),
             engine_id=new_id(),
-            stage=hdr.get(H.STAGE),
-            trace_id=hdr.get(H.TRACE_ID),
-            warmup_id=hdr.get(H.WARMUP_ID),
-            priority=_priority(hdr.get(H.WARMUP_PRIORITY)),
+            stage=hdr.get(_STAGE),
+            trace_id=hdr.get(_TRACE_ID),
+            warmup_id=hdr.get(_WARMUP_ID),
+            priority=_priority(hdr.get(_WARMUP_PRIORITY)),
             no_cache="no-cache" in cache_control or "no-store" in cache_control,
-            t0=time.perf_counter(),
+            t0=t0,
             endpoint=endpoint,
         )
 
@@ -283,6 +295,7 @@ def cached_completion(st: ServerState, prep: Prepared, out: Outcome) -> CachedCo
         meta={
             "engine_model": st.engine.model_name,
             "prompt_fp": prep.prompt_fp,
+            PIECE_ENDS: piece_ends(out.text),
             **({"reasoning_tokens": out.reasoning_tokens} if out.reasoning_tokens is not None else {}),
         },
     )

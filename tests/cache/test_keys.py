@@ -220,3 +220,33 @@ def test_bad_bodies_name_the_field(endpoint: str, body: dict[str, Any], field: s
     with pytest.raises(InputError) as err:
         KB.normalize(endpoint, body, "t")
     assert err.value.field == field
+
+
+def test_a_repeated_body_is_keyed_from_memory_and_only_its_own_tenant_and_revision() -> None:
+    kb = KeyBuilder(CacheSettings(redis_url=None))
+    body = {"model": "m", "prompt": "remember me", "temperature": 0.5, "max_tokens": 8}
+    first = kb.normalize("completions", body, "alpha")
+    assert kb.normalize("completions", dict(body), "alpha") is first  # same bytes: the memo's answer
+    fresh = KeyBuilder(CacheSettings(redis_url=None))
+    assert fresh.normalize("completions", body, "alpha") == first  # and what normalizing gives
+    # what is not in the body is in the memo's key: never another tenant's, revision's or endpoint's
+    assert kb.normalize("completions", body, "beta").key != first.key
+    assert kb.normalize("completions", body, "alpha", model_revision="r2").key != first.key
+    # a body that normalizes alike but is spelt differently is normalized (and keyed the same)
+    variant = {"max_tokens": 8, "temperature": 0.50, "prompt": "remember me  ", "model": "m"}
+    assert kb.normalize("completions", variant, "alpha").key == first.key
+
+
+def test_the_memo_is_bounded_and_skips_long_and_bad_bodies() -> None:
+    from harness.cache.keys import MEMO_ENTRIES, MEMO_MAX_BODY_BYTES
+
+    kb = KeyBuilder(CacheSettings(redis_url=None))
+    for i in range(MEMO_ENTRIES + 10):
+        kb.normalize("completions", {"prompt": f"p{i}"}, "t")
+    assert len(kb._memo) == MEMO_ENTRIES
+    long = {"prompt": "x" * MEMO_MAX_BODY_BYTES}
+    assert kb.normalize("completions", long, "t") is not kb.normalize("completions", long, "t")
+    with pytest.raises(InputError):  # refused every time, never remembered
+        kb.normalize("completions", {"prompt": 5}, "t")
+    with pytest.raises(InputError):
+        kb.normalize("completions", {1: "not json"}, "t")  # type: ignore[dict-item]

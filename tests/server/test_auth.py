@@ -217,6 +217,13 @@ def test_v1_needs_a_valid_bearer_key(keyed, headers):
     refused(httpx.get(keyed.url + "/v1/models", headers=headers), 401, code)
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     refused(httpx.post(keyed.url + "/v1/chat/completions", json=chat, headers=headers), 401, code)
+    refused(httpx.post(keyed.url + "/echo", json=chat, headers=headers), 401, code)  # the floor opens nothing
+
+
+def test_echo_answers_a_valid_key(keyed):
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(keyed.url + "/echo", json=body, headers=auth(ALICE))
+    assert r.status_code == 200 and r.json() == body
 
 
 @pytest.mark.slow

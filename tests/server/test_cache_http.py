@@ -71,6 +71,37 @@ def test_streamed_hit_replays_the_cached_text(server):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
 
 
+def test_a_streamed_hit_sends_the_chunks_the_engine_sent(server):
+    """The entry keeps where each generated piece ended, so the hit replays the engine's very chunks
+    (no re-tokenization on the hit path), whether the miss that stored it streamed or not."""
+
+    def streamed(body: dict, headers: dict | None = None) -> tuple[str, list[str]]:
+        with httpx.stream(
+            "POST", server.url + "/v1/completions", json=body, headers=headers or {}, timeout=60
+        ) as r:
+            payloads = list(sse_payloads(r.iter_lines()))
+            status = r.headers["x-cache"]
+        chunks = [typed_chunk(p) for p in payloads[:-1]]
+        return status, [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+
+    # Prompts unlike every other test's: an L3 near-duplicate would answer instead of the engine.
+    for miss_streams, text in (
+        (True, "seventeen purple elephants compile"),
+        (False, "ocean tides at midnight"),
+    ):
+        prompt = {"prompt": text, "max_tokens": 12, "ignore_eos": True}
+        body = {"temperature": 0, **prompt, "stream": True}
+        status, engine = streamed(body, {"Cache-Control": "no-cache"})
+        assert status == "BYPASS" and len(engine) > 1
+        if miss_streams:
+            assert streamed(body)[0] == "MISS"
+        else:
+            assert complete(server, prompt).headers["x-cache"] == "MISS"
+        status, hit = streamed(body)
+        assert status.startswith("HIT-")
+        assert hit == engine
+
+
 def test_tenants_and_no_cache(server):
     body = {"prompt": "tenant isolation prompt"}
     assert complete(server, body, {"X-Tenant-ID": "alpha"}).headers["x-cache"] == "MISS"

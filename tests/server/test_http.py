@@ -417,6 +417,31 @@ def test_health(server):
     assert r.json()["status"] == "ok"
 
 
+def test_echo_answers_its_body_and_keeps_the_body_rules(server):
+    body = {"prompt": "echo me", "max_tokens": 16, "nested": {"b": [1, 2.5, None], "a": "ü"}}
+    r = httpx.post(server.url + "/echo", json=body)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json() == body
+    bad = httpx.post(server.url + "/echo", content=b'{"x":', headers={"content-type": "application/json"})
+    assert _error(bad, 400).error.code == "invalid_json"
+    big = orjson.dumps({"prompt": "a " * BODY_LIMIT})
+    e = _error(
+        httpx.post(server.url + "/echo", content=big, headers={"content-type": "application/json"}), 413
+    )
+    assert e.error.code == "request_too_large"
+
+
+def test_request_context_reads_the_first_of_repeated_headers(server):
+    """The context reads the raw header list once; a repeated header counts once, the first (as
+    Starlette's ``Headers.get`` reads it), and names match in any case."""
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 1},
+        headers=[("X-REQUEST-ID", "first-id"), ("x-request-id", "second-id")],
+    )
+    assert r.status_code == 200 and r.headers["x-request-id"] == "first-id"
+
+
 # -------------------------------------------------------------------------------------- lifecycle
 
 

@@ -23,7 +23,16 @@ from harness.common.openai import (
 from harness.engine.api import RequestMetrics, TokenEvent, TopLogprob
 from harness.engine.tokenizer import preset_tokenizer
 from harness.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
-from harness.server.formats import TokenLog, formatter, replay_progress, split_tokens, usage_dict
+from harness.server.formats import (
+    PIECE_ENDS,
+    TokenLog,
+    formatter,
+    piece_ends,
+    replay_pieces,
+    replay_progress,
+    split_tokens,
+    usage_dict,
+)
 from harness.server.prepare import prepare
 from tests.server.sse import sse_payloads, typed_chunk
 
@@ -287,6 +296,20 @@ def test_split_tokens_never_more_pieces_than_the_completion_had_tokens(tok):
     capped = split_tokens(tok, text, max_pieces=3)
     assert len(capped) == 3 and "".join(capped) == text and all(capped)
     assert split_tokens(tok, text, max_pieces=len(pieces) + 5) == pieces
+
+
+def test_replay_pieces_are_the_stored_ones_and_bad_ends_are_not_trusted(tok):
+    text = "unbelievably tokenized words"
+    engine = ["unbeliev", "ably", " token", "ized", " words"]  # not how the tokenizer would split it
+    meta = {PIECE_ENDS: piece_ends(["", *engine])}  # an empty piece (a held byte) carries no end
+    assert meta[PIECE_ENDS] == [8, 12, 18, 22, 28]
+    assert replay_pieces(tok, text, 5, meta) == engine
+    resplit = split_tokens(tok, text, 5)
+    for bad in ([8, 12, 18, 22], [8, 8, 18, 22, 28], [8, 12, "18", 22, 28], [12, 8, 18, 22, 28], "8,28", []):
+        assert replay_pieces(tok, text, 5, {PIECE_ENDS: bad}) == resplit, bad
+    # more ends than the completion had tokens: not this entry's pieces
+    assert replay_pieces(tok, text, 4, meta) == split_tokens(tok, text, 4)
+    assert replay_pieces(tok, text, 5, {}) == resplit  # an entry preloaded with its text
 
 
 def test_chunk_shapes_parse_as_openai_models():
