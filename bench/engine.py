@@ -42,7 +42,7 @@ import torch
 from harness.common.stats import percentile
 from harness.engine.api import SamplingParams
 from harness.engine.core import EngineCore
-from harness.engine.factory import create_core
+from harness.engine.factory import create_core, load_model
 from harness.engine.model import Transformer, linear, rope_pair_order
 from harness.engine.settings import EngineSettings
 
@@ -152,11 +152,12 @@ def run_engine(
     }
 
 
-def to_hf(core: EngineCore) -> Any:
-    """A transformers LlamaForCausalLM holding exactly our weights (q/k/v and gate/up unfused)."""
+def to_hf(m: Transformer, device: torch.device, dtype: torch.dtype) -> Any:
+    """A transformers LlamaForCausalLM holding exactly the weights of ``m`` (q/k/v and gate/up
+    unfused): a model as loaded, not the engine's (whose row-major weights its packed forms replaced)."""
     import transformers
 
-    c = core.model.cfg
+    c = m.cfg
     extra: dict[str, Any] = {"rope_theta": c.rope_theta}  # transformers 5 folds it into rope_parameters
     hf_cfg = transformers.LlamaConfig(
         vocab_size=c.vocab_size,
@@ -173,7 +174,6 @@ def to_hf(core: EngineCore) -> Any:
         attention_bias=c.qkv_bias,
     )
     model: Any = transformers.LlamaForCausalLM(hf_cfg)
-    m = core.model
     q, kv, ffn = c.num_heads * c.dh, c.num_kv_heads * c.dh, c.intermediate_size
     undo = torch.argsort(rope_pair_order(c.dh))
     sd: dict[str, torch.Tensor] = {
@@ -203,7 +203,7 @@ def to_hf(core: EngineCore) -> Any:
     res = model.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
     missing = [k for k in res.missing_keys if not k.endswith("rotary_emb.inv_freq")]
     assert not missing and not res.unexpected_keys, (missing, res.unexpected_keys)
-    model.to(device=core.device, dtype=core.dtype)
+    model.to(device=device, dtype=dtype)
     model.train(False)
     return model
 
@@ -284,7 +284,8 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
     print(header)
-    hf = None if args.no_hf else to_hf(core)
+    # The same weights loaded again (the preset's seed, or the checkpoint): the engine's own were packed.
+    hf = None if args.no_hf else to_hf(load_model(settings, dev, core.dtype).model, dev, core.dtype)
     rows = []
     lat_rows = []
     for b in streams:

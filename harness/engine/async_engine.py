@@ -28,6 +28,7 @@ from harness.engine.api import (
     Tokenizer,
 )
 from harness.engine.core import EngineCore
+from harness.engine.placement import Placement, enter_compute
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,19 @@ class ThreadedAsyncEngine:
     """:class:`~harness.engine.api.AsyncEngine` over an :class:`EngineCore` on its own thread."""
 
     def __init__(
-        self, core: EngineCore, model_name: str, max_waiting: int, *, validate_every_step: bool = False
+        self,
+        core: EngineCore,
+        model_name: str,
+        max_waiting: int,
+        *,
+        validate_every_step: bool = False,
+        placement: Placement | None = None,
     ) -> None:
         """``validate_every_step`` runs :meth:`EngineCore.validate` after every step (a failure
-        fails the in-flight requests like any step error): slow, for tests and debugging."""
+        fails the in-flight requests like any step error): slow, for tests and debugging.
+        ``placement``: the step-loop thread's CPUs and torch threads, entered when it starts (the
+        front end's half is the server's to enter: :func:`~harness.engine.placement.enter_front`)."""
+        self.placement = placement or Placement()
         self.core = core
         self.model_name = model_name
         self.max_model_len = core.max_model_len
@@ -226,6 +236,7 @@ class ThreadedAsyncEngine:
                 loop.call_soon_threadsafe(_settle, done, result)
 
     def _run(self) -> None:
+        enter_compute(self.placement)  # before this thread's first torch call: its OpenMP team inherits it
         core = self.core
         while not self._stop.is_set():
             try:

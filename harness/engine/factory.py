@@ -16,6 +16,7 @@ from harness.common.errors import ConfigError
 from harness.engine.async_engine import ThreadedAsyncEngine
 from harness.engine.core import EngineCore
 from harness.engine.loader import LoadedModel, build_preset, load_checkpoint
+from harness.engine.placement import plan
 from harness.engine.settings import EngineSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -98,4 +99,7 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
 def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine:
     """An :class:`~harness.engine.api.AsyncEngine` (call ``await engine.start()`` before use)."""
     core, loaded = create_core(settings)
-    return ThreadedAsyncEngine(core, settings.model_name or loaded.name, settings.max_waiting)
+    placement = plan(settings.bind_cores, settings.cpu_threads)
+    return ThreadedAsyncEngine(
+        core, settings.model_name or loaded.name, settings.max_waiting, placement=placement
+    )

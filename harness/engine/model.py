@@ -137,21 +137,17 @@ class RMSNorm(nn.Module):
 
 PACK_BATCH_HINT = 16
 """The batch size oneDNN is told to expect when it lays out a packed weight: a decode step's rows.
-Any row count works with any layout; this one measured as fast as the exact size at 4–16 rows."""
-
-
-PACKED_MIN_ROWS = 4
-"""Below this many rows ``F.linear`` is faster (a matrix-vector product streams the row-major weight
-at memory speed; oneDNN's packed path measured 1.1–1.5× slower at 1–3 rows, faster from 4)."""
+Any row count works with any layout; this one measured as fast as the exact size at 1–16 rows."""
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's blocked layout of a [out, in] float32 CPU weight, or None where it does not apply.
 
-    Why: at the 4–16 rows of a decode step, ``F.linear`` (MKL sgemm over the row-major weight) runs
-    1.3–2.5× slower than oneDNN's matmul over a weight reordered once into its own blocked layout
-    (measured on SmolLM2's shapes, one thread; docs/benchmarks.md). vLLM's CPU build does the same.
-    The packed copy is extra memory (one more copy of each linear weight, LM head included).
+    Why: at every row count of a decode step, 1 to 16, ``F.linear`` (MKL sgemm over the row-major
+    weight) runs 1.4–3× slower than oneDNN's matmul over a weight reordered once into its own
+    blocked layout (SmolLM2's shapes, 30 distinct weights a layer type so none stays in cache, one
+    and two threads: docs/benchmarks.md "Engine memory and packed matmuls"). vLLM's CPU build does
+    the same. The packed copy *replaces* the row-major one (:meth:`Block.prepack`): no doubled weights.
     """
     mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     if w.device.type != "cpu" or w.dtype != torch.float32 or not mkldnn:
@@ -165,11 +161,17 @@ def linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed: torch.Tensor | None
 ) -> torch.Tensor:
     """x [N, in] @ w [out, in]ᵀ (+ b) → [N, out], through the packed copy of ``w`` when there is one
-    and ``N`` is large enough for it to pay."""
-    if packed is None or x.shape[0] < PACKED_MIN_ROWS:
+    (then ``w`` may be released: only the packed copy is read)."""
+    if packed is None:
         return F.linear(x, w, b)
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
     return out
+
+
+def release(w: torch.Tensor) -> nn.Parameter:
+    """An empty stand-in for a weight whose packed form replaced it (same dtype and device): the
+    row-major copy's memory goes back; reading it afterwards is a bug that fails loudly (no rows)."""
+    return nn.Parameter(w.new_empty((0, w.shape[1])), requires_grad=False)
 
 
 def rope_pair_order(dh: int) -> torch.Tensor:
@@ -209,15 +211,19 @@ class Block(nn.Module):
         self.ffn = cfg.intermediate_size
         self.scale = 1.0 / math.sqrt(self.dh)
         self.packed: dict[str, torch.Tensor] = {}
-        """oneDNN-packed copies of the four weights (:meth:`prepack`); empty: plain ``F.linear``."""
+        """oneDNN-packed forms of the four weights (:meth:`prepack`); empty: plain ``F.linear``."""
 
     def prepack(self) -> None:
-        """Pack the linear weights for CPU float32 matmuls (call again after changing the weights)."""
-        self.packed = {}
+        """Pack the linear weights for CPU float32 matmuls, releasing each row-major weight its
+        packed form replaces (its module keeps ``in_features`` / ``out_features``; the weight
+        becomes an empty tensor). Once only: a packed layer has nothing left to pack."""
+        if self.packed:
+            return
         for name, mod in (("qkv", self.qkv), ("o", self.o), ("gate_up", self.gate_up), ("down", self.down)):
             p = pack_weight(mod.weight)
             if p is not None:
                 self.packed[name] = p
+                mod.weight = release(mod.weight)
 
     def forward(
         self,
@@ -324,11 +330,16 @@ class Transformer(nn.Module):
         self.packed_head: torch.Tensor | None = None
 
     def prepack(self) -> None:
-        """oneDNN-packed copies of every linear weight and the LM head (see :func:`pack_weight`);
-        a no-op off CPU float32. The engine calls it once the weights are loaded."""
+        """oneDNN-packed forms of every linear weight and the LM head (see :func:`pack_weight`),
+        replacing the row-major ones; a no-op off CPU float32. The engine calls it once the weights
+        are loaded. A tied LM head is the embedding table, which the lookup still reads: that one
+        weight is held twice (a [V, D] table, 113 MB for SmolLM2)."""
         for layer in self.blocks():
             layer.prepack()
-        self.packed_head = pack_weight(self.head_weight().contiguous())
+        if self.packed_head is None:
+            self.packed_head = pack_weight(self.head_weight().contiguous())
+            if self.packed_head is not None and self.lm_head is not None:
+                self.lm_head.weight = release(self.lm_head.weight)
 
     def rope_tables(self, max_len: int) -> None:
         """Precompute the rotations e^(i·pos·θ_j) [max_len, 1, Dh/2] (complex64) on the model's device."""

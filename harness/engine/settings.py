@@ -46,11 +46,27 @@ class EngineSettings(BaseSettings):
     ``s3fifo`` (scan-resistant: one-off prompts do not push a reused prefix out; a warmup's
     blocks can be registered with a priority). An unknown name fails at engine start, listing
     the known ones."""
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads of the engine (``torch.set_num_threads``); default: one per compute CPU
+    when ``bind_cores`` binds, else torch's own default (one per core)."""
+    bind_cores: str = "off"
+    """Where the engine computes (:mod:`harness.engine.placement`): ``off`` (not bound: the OS
+    places every thread), ``auto`` (vLLM's CPU default: compute on all CPUs but one, the server's
+    event loop on that one) or a CPU list like ``1-3`` (compute there, the front end on the rest).
+    Linux only."""
     inject_slowdown: float = Field(default=1.0, ge=1.0, le=100.0)
     """Fault injection for proving gates (``harness serve --inject-slowdown 1.5``): every engine step,
     prefill and decode, takes this many times as long (the engine waits out the extra after the
     forward pass), like a slower kernel: a code regression whose size is the same on any machine, so a
     gate must catch it anywhere. 1.0: off. Never set in production."""
+
+    @model_validator(mode="after")
+    def _placement(self) -> EngineSettings:
+        """A CPU list that cannot be bound fails now, naming the setting, not after the model loaded."""
+        from harness.engine.placement import plan
+
+        plan(self.bind_cores, self.cpu_threads)
+        return self
 
     @model_validator(mode="after")
     def _real_weights(self) -> EngineSettings:

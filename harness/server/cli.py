@@ -38,6 +38,7 @@ from harness.common.model import StrictModel
 from harness.common.options import old_spelling, renamed
 from harness.common.settings import load_settings
 from harness.engine.cli import PRESET_HELP
+from harness.engine.placement import enter_front
 from harness.server.auth import AuthPolicy, check_protected_mode
 from harness.server.settings import ServerSettings
 
@@ -230,7 +231,12 @@ def run_server(
         with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
             from harness.engine.factory import create_engine
 
-            engine: AsyncEngine = create_engine(engine_settings)
+            threaded = create_engine(engine_settings)
+            engine: AsyncEngine = threaded
+        # From here on the main thread (the event loop, and every thread it starts) keeps off the
+        # engine's compute CPUs when they are bound (its own torch work, loading, is done).
+        enter_front(threaded.placement)
+        log.info("engine placement: %s", threaded.placement.describe())
         registry = CollectorRegistry()
         if plan.cache is not None:
             with console.status("starting the response cache…"):
@@ -312,6 +318,18 @@ def serve(
         int | None, typer.Option("--max-waiting", help="Waiting-queue size before HTTP 429.")
     ] = None,
     block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")] = None,
+    cpu_threads: Annotated[
+        int | None,
+        typer.Option("--cpu-threads", min=1, help="Engine compute threads (default: one per compute CPU)."),
+    ] = None,
+    bind_cores: Annotated[
+        str | None,
+        typer.Option(
+            "--bind-cores",
+            help="off (default), auto (compute on all CPUs but one, the event loop on that one, as vLLM's "
+            "CPU build) or a CPU list like 1-3 for the engine's compute threads.",
+        ),
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="Context length cap.")] = None,
     cache: Annotated[
         bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
@@ -410,6 +428,8 @@ def serve(
         "max_num_seqs": max_num_seqs,
         "max_waiting": max_waiting,
         "block_size": block_size,
+        "cpu_threads": cpu_threads,
+        "bind_cores": bind_cores,
         "max_model_len": max_model_len,
         "inject_slowdown": inject_slowdown,
     }

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from harness.engine.api import SamplingParams
 from harness.engine.factory import create_core
 from harness.engine.loader import load_checkpoint
-from harness.engine.model import PACKED_MIN_ROWS, linear, pack_weight
+from harness.engine.model import linear, pack_weight
 
 from .conftest import make_checkpoint, tiny_settings
 
@@ -29,14 +29,14 @@ def hf_model(path: Path) -> torch.nn.Module:
 
 
 def test_packed_linear_matches_dense() -> None:
-    """The oneDNN-packed matmul gives F.linear's result at every row count, below and above the
-    row count from which the model uses it."""
+    """The oneDNN-packed matmul gives F.linear's result at every row count the model uses it at:
+    one stream's single row to a long prefill's."""
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
     packed = pack_weight(w)
     if packed is None:
         pytest.skip("this torch build has no oneDNN (mkldnn): the model uses F.linear only")
-    for n in (1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, 16, 33):
+    for n in (1, 2, 3, 4, 16, 33):
         x = torch.randn(n, 64, generator=g)
         torch.testing.assert_close(linear(x, w, b, packed), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
@@ -88,10 +88,12 @@ def test_greedy_continuation_through_paged_engine(kind: str, llama_dir: Path, qw
         )
     want = out[0, len(PROMPT) :].tolist()
     # Block size 4: the 45-token sequence spans 12 blocks, so paging is really exercised.
-    # Four copies decode together: a step of 4 rows takes the oneDNN-packed matmuls (PACKED_MIN_ROWS),
-    # a single stream the plain ones; both must give transformers' tokens.
+    # A single stream (one-row matmuls) and four copies decoding together (four rows), both through
+    # the oneDNN-packed weights, must give transformers' tokens.
     core, _ = create_core(tiny_settings(model_dir=path, preset=None, block_size=4, num_kv_blocks=64))
-    assert core.model.blocks()[0].packed, "CPU float32: the engine packs its weights"
+    layer = core.model.blocks()[0]
+    assert set(layer.packed) == {"qkv", "o", "gate_up", "down"}, "CPU float32: the engine packs its weights"
+    assert layer.qkv.weight.numel() == 0, "and the packed form replaces the row-major one"
     for single in (True, False):
         ids = ["a"] if single else ["b", "c", "d", "e"]
         for rid in ids:
