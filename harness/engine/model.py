@@ -144,9 +144,9 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's blocked layout of a [out, in] float32 CPU weight, or None where it does not apply.
 
     Why: at every row count of a decode step, 1 to 16, ``F.linear`` (MKL sgemm over the row-major
-    weight) runs 1.4–3× slower than oneDNN's matmul over a weight reordered once into its own
+    weight) runs 1.2–3.4× slower than oneDNN's matmul over a weight reordered once into its own
     blocked layout (SmolLM2's shapes, 30 distinct weights a layer type so none stays in cache, one
-    and two threads: docs/benchmarks.md "Engine memory and packed matmuls"). vLLM's CPU build does
+    and two threads: docs/benchmarks.md "Engine matmuls, F.linear vs packed"). vLLM's CPU build does
     the same. The packed copy *replaces* the row-major one (:meth:`Block.prepack`): no doubled weights.
     """
     mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
