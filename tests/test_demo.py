@@ -84,7 +84,7 @@ def test_demo_calibrates_here_passes_the_unchanged_target_and_fails_the_regresse
     assert set(first.values()) == {"MISS"} and len(first) == n
     assert all(r["status"] == 200 and r["cache"].startswith("HIT") for r in warm)
     # What other work took of the machine was measured in every phase (the target, a local server,
-    # was found by its port), and the baseline keeps the busiest calibration run's.
+    # was found by its port), and the baseline keeps the median calibration run's.
     for phase in ("cold", "warm"):
         assert json.loads((unchanged / phase / "summary.json").read_text())["interference"]["cpus"] >= 1
     assert "interference:" in baseline
