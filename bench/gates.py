@@ -47,6 +47,12 @@ Two sub-commands:
     Prints detection and false-alarm rates with exact 95 % intervals, the gates that caught each
     regression, and the requests each needed; appends the table to docs/benchmarks.md.
 
+``job``
+    The CI job as docs/ci.md writes it (``harness ab --recipe fixtures/recipes/ci.yaml``), run
+    ``--repeats`` times per condition, round-robin: the candidate unchanged, 1.1×, 1.2× and 1.5× slower,
+    5 % errors, 30 % of warm hits lost, 20 % more KV blocks (``harness serve --inject-*``). Tabulates
+    exit 1 / 0 / 6 per condition with exact intervals and what failed; appends to docs/benchmarks.md.
+
 ``rejudge``
     The runs a ``power`` bench kept, judged again by the current rules without running anything:
     the stored and history baselines recalibrated from the bench's own runs, once with the runs'
@@ -62,6 +68,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import math
 import os
 import platform
@@ -880,6 +887,109 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+# ---- job: the documented CI job, run again and again with faults in the candidate -------------------
+
+JOB_RECIPE = ROOT / "fixtures" / "recipes" / "ci.yaml"
+JOB_CONDITIONS: dict[str, tuple[str, ...]] = {
+    "unchanged": (),
+    "slower_1.1x": ("--inject-slowdown", "1.1"),
+    "slower_1.2x": ("--inject-slowdown", "1.2"),
+    "slower_1.5x": ("--inject-slowdown", "1.5"),
+    "errors_5pct": ("--inject-error-rate", "0.05"),
+    "warm_miss_30pct": ("--inject-cache-miss-rate", "0.3"),
+    "kv_bytes_20pct": ("--inject-kv-overalloc", "0.2"),
+}
+"""Each condition's candidate: ``harness serve --preset tiny --cache`` with these faults injected."""
+
+
+def job_bench(args: argparse.Namespace) -> None:
+    """Run the documented CI job (docs/ci.md: the corpus step, then ``harness ab --recipe
+    fixtures/recipes/ci.yaml``) ``--repeats`` times per condition, the candidate with each fault
+    injected, conditions interleaved round-robin (so drift over the bench hits every condition alike);
+    tabulate the verdicts with exact 95 % intervals and append the table to docs/benchmarks.md."""
+    from harness.demo import corpus_build_args
+    from harness.gates.metrics import rate_interval
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    harness = [sys.executable, "-m", "harness"]
+    if not (out / "corpus" / "corpus.jsonl").exists():
+        trace = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
+        cold = out / "coldpaths.jsonl"
+        for cmd in (
+            ["traces", "coldpaths", str(trace), "--hops", "all", "--protocol", "any", "--cache-scope", "hop",
+             "-o", str(cold)],
+            ["traces", "scenarios", str(cold), "--k", "12", "-o", str(out / "scenarios.json")],
+            corpus_build_args(out, 240),
+        ):  # fmt: skip
+            subprocess_run([*harness, *cmd])
+    names = [c for c in args.conditions.split(",") if c]
+    rows: dict[str, list[dict[str, Any]]] = {c: [] for c in names}
+    for rep, name in itertools.product(range(args.repeats), names):
+        run_dir = out / name / f"{rep + 1:02d}"
+        serve = shlex.join(["--preset", "tiny", "--cache", *JOB_CONDITIONS[name]])
+        started = time.monotonic()
+        code = subprocess_run(
+            [*harness, "ab", "--recipe", str(JOB_RECIPE), "--corpus", str(out / "corpus"),
+             "--candidate-serve-args", serve, "-o", str(run_dir), "--force"],
+            check=False,
+        )  # fmt: skip
+        seconds = time.monotonic() - started
+        doc = json.loads((run_dir / "ab.json").read_text()) if (run_dir / "ab.json").exists() else {}
+        j = doc.get("judgement") or {}
+        failed = [m["metric"] for m in j.get("metrics", []) if m["verdict"] == "fail"]
+        if (j.get("error_rate") or {}).get("verdict") == "fail":
+            failed.append("error_rate")
+        gate = doc.get("gate") or {}
+        if gate.get("verdict") == "fail":
+            failed.append("gate:" + ",".join(
+                g["id"] for g in json.loads(Path(gate["file"]).read_text())["gates"] if g["verdict"] == "fail"
+            ))  # fmt: skip
+        rows[name].append(
+            {"code": code, "seconds": seconds, "failed": failed, "looks": len(doc.get("looks", []))}
+        )
+        print(
+            f"{name} #{rep + 1}: exit {code} in {seconds:.0f} s; failed: {', '.join(failed) or '—'}",
+            flush=True,
+        )
+    lines = [
+        f"## The CI job, measured — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"`python bench/gates.py job --repeats {args.repeats} --conditions {args.conditions}`: the job as "
+        "docs/ci.md writes it (`harness ab --recipe fixtures/recipes/ci.yaml`, the base the unchanged tiny "
+        f"preset), the candidate with each fault injected; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs. Exit 1 = fail, 0 = pass, 6 = cannot be judged; the fail rate with its exact "
+        "(Clopper–Pearson) 95 % interval.",
+        "",
+        "| candidate | runs | fail (1) | pass (0) | cannot be judged (6) | other | fail rate [95 %] | "
+        "median s | what failed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name in names:
+        r = rows[name]
+        codes = Counter(x["code"] for x in r)
+        other = sum(v for k, v in codes.items() if k not in (0, 1, 6))
+        lo, hi = rate_interval(codes[1], len(r), 0.95)
+        what = Counter(f for x in r for f in x["failed"])
+        med = percentile([x["seconds"] for x in r], 50)
+        lines.append(
+            f"| {name} | {len(r)} | {codes[1]} | {codes[0]} | {codes[6]} | {other} | "
+            f"{codes[1] / len(r):.0%} [{lo:.0%}, {hi:.0%}] | {med:.0f} | "
+            + (", ".join(f"{k} ×{v}" for k, v in what.most_common(4)) or "—")
+            + " |"
+        )
+    publish("\n".join(lines), args)
+
+
+def subprocess_run(cmd: list[str], *, check: bool = True) -> int:
+    import subprocess
+
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd)} exited {proc.returncode}")
+    return proc.returncode
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -930,8 +1040,14 @@ def main() -> None:
     )
     rj.add_argument("--out", default=str(ROOT / ".harness" / "bench-power"))
     add_publish_flag(rj)
+    jb = sub.add_parser("job", help="the documented CI job, run again and again with faults in the candidate")
+    jb.add_argument("--out", default=str(ROOT / ".harness" / "bench-job"))
+    jb.add_argument("--repeats", type=int, default=20, help="runs of the job per condition")
+    jb.add_argument("--conditions", default=",".join(JOB_CONDITIONS), help=f"of {', '.join(JOB_CONDITIONS)}")
+    add_publish_flag(jb)
     args = ap.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], None]] = {
+        "job": job_bench,
         "record": record,
         "false-alarm": false_alarm,
         "travel": travel,

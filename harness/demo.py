@@ -10,25 +10,21 @@ a user would type it (nothing here measures, parses SSE or reads a server log: t
 2. ``harness corpus build``: real user requests (the bundled CLINC150 and CrossWOZ samples) in the
    bundled template, weighted by those scenarios (:func:`corpus_build_args`, the one place that
    spells the corpus recipe);
-3. ``harness serve --preset tiny --cache`` on a free port (the target, started once);
-4. ``harness capacity``: how much this machine's target serves within the SLO (open-loop probes);
-5. ``harness baseline calibrate --runs 3 --max-runs 5 --recipe R``: three paired cold/warm runs (up
-   to five where the spread leaves a latency gate blind) at a share of that capacity (the recipe
-   file ``R`` says which), and the baseline they pass, calibrated **on this machine**;
-6. ``harness run … --gate``: the unchanged target, gated (it must pass);
-7. ``harness ab``: beside it, block by block, the same target with every engine step 1.3 times as
-   long (it must fail: a stored baseline from three runs cannot catch 1.3×, an A/B can);
-8. ``harness run --serve-args "… --inject-…" … --gate``: the target with a regression injected on
-   purpose, each gated (each must fail): every engine step twice as long, 20 % of requests answering
-   500, 30 % of requests missing both caches (:data:`CASES`);
-9. ``harness report``: one HTML file with the plots (the capacity search's too), every verdict listed,
+3. ``harness capacity --serve-args "--preset tiny --cache"``: how much this machine's target serves
+   within the SLO (open-loop probes);
+4. the CI job's own mechanism (docs/ci.md), once per case: ``harness ab --recipe
+   fixtures/recipes/ci.yaml`` with the unchanged target as the base and, as the candidate, the same
+   target unchanged or with a regression injected on purpose (:data:`CASES`: every engine step twice
+   and 1.3 times as long, 20 % of requests answering 500, 30 % of requests missing both caches),
+   both at 70 % of that capacity, block pairs A B B A …, a warm pass, the declared limits; sized for
+   the demo's corpus (fewer blocks, the medians: a P95 needs 200 request pairs);
+5. ``harness report``: one HTML file with the plots (the capacity search's too), every verdict listed,
    and a Markdown summary;
-10. what the verdicts mean, and ``verdicts.json``.
+6. what the verdicts mean, and ``verdicts.json``.
 
-Why the verdict travels: the load is a share of what *this* machine's target serves (so a laptop and
-a fast runner run at the same utilisation instead of one of them saturating), the baseline is
-calibrated here from the run-to-run spread (so it holds this machine's latencies, not another's),
-and the client's own jitter widens the intervals instead of voiding the run (docs/gates.md).
+Why the verdict travels: each candidate is measured beside the unchanged target, on this machine at
+the same time, and judged on their ratio, so nothing is compared with a number measured elsewhere;
+errors and warm rates are counted, not timed (docs/ci.md).
 
 A demonstration finishes whatever the verdicts: ``fail`` and ``cannot be judged`` are outcomes to
 explain, not errors. The demo exits non-zero only when something broke (a command exited with a
@@ -43,8 +39,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -54,7 +49,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.auth import ADMIN_TOKEN_ENV, SERVER_ADMIN_TOKEN_ENV
+from harness.common.auth import ADMIN_TOKEN_ENV
 from harness.common.errors import ExitCode, HarnessError
 from harness.common.io import write_json
 from harness.common.settings import HarnessSettings
@@ -63,6 +58,7 @@ from harness.gates.metrics import format_value
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
+CI_RECIPE = ROOT / "fixtures" / "recipes" / "ci.yaml"
 SERVE_ARGS = ("--preset", "tiny", "--cache")
 VERDICTS_FILE = "verdicts.json"
 Verdict = Literal["pass", "fail", "unjudgeable"]
@@ -85,49 +81,44 @@ def corpus_build_args(run_dir: Path, n: int) -> list[str]:
 
 @dataclass
 class DemoConfig:
-    """The demo's knobs (the defaults fit about six minutes on 2 CPU cores: 337 s on a quiet one)."""
+    """The demo's knobs (the defaults fit about eight minutes on 2 CPU cores)."""
 
     out_dir: Path
-    corpus_n: int = 60
-    requests: int = 40
-    """Requests per phase of every paired run (the medians' gates need 20; a P95 gate 230)."""
+    corpus_n: int = 64
     rate_share: float = 0.7
-    """The paired runs' rate, as a share of the capacity ``harness capacity`` measured."""
+    """Every case's rate, as a share of the capacity ``harness capacity`` measured."""
     slo: str = "ttft_p50<=3x,tpot_p50<=3x,error_rate<=0.1"
     """The capacity SLO: median TTFT and TPOT at most 3× their unloaded values (the knee, measured
     the same way on any machine)."""
     probe_requests: int = 36
     max_tokens_cap: int = 8
-    runs: int = 3
-    """Calibration runs (``harness baseline calibrate --runs``; at least 3)."""
-    max_runs: int = 5
-    """… and up to this many while a latency gate is blind (``--max-runs``): on a busy machine one run
-    slowed by a neighbour makes three runs' allowance (3.8 ranges) wider than the value itself."""
     serve_args: tuple[str, ...] = SERVE_ARGS
-    detect_errors: str = "20%"
-    """The error rate the demo's baseline must catch: 40 requests a phase catch 20 % against a 1 %
-    limit with power 0.95 (5 % needs 181 a phase: the CI recipe's size, not the demo's)."""
-    ab_blocks: int = 8
-    """Block pairs of ``harness ab``: the interval is widened by how far the block pairs' ratios scatter
-    beyond their requests' noise, so it is the number of pairs, more than their size, that lets a
-    neighbour's load average out (4 pairs of 10 under a bursty neighbour: 1.3x unjudgeable, 1.06x
-    at best; the interval without the widening said 1.22x)."""
-    ab_block_requests: int = 7
-    """Distinct requests a block: no two block pairs share one, so ``ab_blocks × ab_block_requests``
-    must fit in the corpus (8 × 7 = 56 of 60; the medians need 20 pairs, a P95 200: left out)."""
+    looks: int = 2
+    """Looks of each A/B case: a clear regression stops after the first."""
+    ab_blocks: int = 4
+    """Block pairs a look (the CI job's)."""
+    ab_block_requests: int = 8
+    """Distinct requests a block: no two block pairs share one, so ``looks × ab_blocks ×
+    ab_block_requests`` must fit in the corpus (2 × 4 × 8 = 64)."""
+    warm_requests: int = 64
+    """Requests each side sends again, cached: the warm rate's limit (fixtures/baselines/ci-limits.yaml)
+    needs 61 to catch a 30 % loss of warm hits at power 0.95, and says so below that."""
+    metrics: str = "ttft_p50,tpot_p50,itl_p50,e2e_p50,prefill_kv_bytes_p50"
+    """The CI job's metrics but its P95s: a P95 needs 200 request pairs, the demo's corpus has 60."""
     cases: tuple[str, ...] = ()
     """The verdicts to show, by :data:`CASES` name (empty: all of them)."""
 
     def __post_init__(self) -> None:
         # Checked here, not minutes in when ``harness ab`` refuses the blocks (a demo once did).
-        if self.requests > self.corpus_n:
+        need = self.looks * self.ab_blocks * self.ab_block_requests
+        if need > self.corpus_n:
             raise ValueError(
-                f"{self.requests} requests a phase need as many prompts; corpus_n is {self.corpus_n}"
+                f"{self.looks} look(s) of {self.ab_blocks} A/B block pairs of {self.ab_block_requests} "
+                f"distinct requests need {need} prompts; corpus_n is {self.corpus_n}"
             )
-        if self.ab_blocks * self.ab_block_requests > self.corpus_n:
+        if self.warm_requests > need:
             raise ValueError(
-                f"{self.ab_blocks} A/B block pairs of {self.ab_block_requests} distinct requests need "
-                f"{self.ab_blocks * self.ab_block_requests} prompts; corpus_n is {self.corpus_n}"
+                f"a warm pass of {self.warm_requests} needs as many block requests; there are {need}"
             )
 
 
@@ -138,41 +129,27 @@ class DemoContext:
     config: DemoConfig
     console: Console
     outcome: dict[str, Any] = field(default_factory=dict)
-    url: str | None = None
-    """The target the capacity search, the calibration and the unchanged run share."""
     capacity_rps: float | None = None
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    """The demo server's admin token (its cache admin API is not open to the machine), handed to the
-    server and to every ``harness`` command through the environment, as a user would."""
+    """The cache admin API's token (not open to the machine), handed to every ``harness`` command and
+    the servers they start through the environment, as a user would."""
 
     @property
     def run_dir(self) -> Path:
         return self.config.out_dir
 
-    @property
-    def baseline(self) -> Path:
-        return self.run_dir / "baseline.yaml"
-
-    def recipe(self) -> list[str]:
-        """``--recipe FILE``: what every paired run shares (the calibration's and the gated ones), as a
-        recipe file: the same corpus, the same share of the same capacity, the same count."""
-        import yaml
-
+    def job(self) -> list[str]:
+        """The CI job's recipe (``--recipe fixtures/recipes/ci.yaml``) and what the demo changes in it:
+        the corpus, the capacity measured once, the sizes its corpus allows."""
         c = self.config
         assert self.capacity_rps is not None
-        path = self.run_dir / "recipe.yaml"
-        # The same file every time it is asked for, with this run's capacity in it.
-        doc = {
-            "load": {
-                "corpus": str(self.run_dir / "corpus"), "rate": f"{c.rate_share:.0%}",
-                "capacity": float(f"{self.capacity_rps:g}"), "max_requests": c.requests,
-                "max_duration": 600, "max_tokens_cap": c.max_tokens_cap,
-            },
-            "warmup": {"probes": 20},  # the fewest that can call a target warm (docs/ci.md)
-        }  # fmt: skip
-        head = "# The demo's recipe: every paired run (calibration's and the gated ones) runs it.\n"
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
-        return ["--recipe", str(path)]
+        return [
+            "--recipe", str(CI_RECIPE), "--corpus", str(self.run_dir / "corpus"),
+            "--rate", f"{c.rate_share:.0%}", "--capacity", f"{self.capacity_rps:g}",
+            "--max-tokens-cap", str(c.max_tokens_cap), "--looks", str(c.looks), "--blocks", str(c.ab_blocks),
+            "--block-requests", str(c.ab_block_requests), "--warm-requests", str(c.warm_requests),
+            "--metrics", c.metrics,
+        ]  # fmt: skip
 
 
 class StepFailed(HarnessError):
@@ -204,7 +181,7 @@ def harness(ctx: DemoContext, *args: str, ok: Sequence[int] = (0,)) -> int:
 
 
 VERDICT_CODES = (int(ExitCode.OK), int(ExitCode.CHECK_FAILED), int(ExitCode.UNJUDGEABLE))
-"""``harness run --gate`` / ``harness gate`` exit codes that are verdicts, not breakage."""
+"""``harness ab`` / ``harness capacity`` exit codes that are verdicts, not breakage."""
 
 
 class Step(Protocol):
@@ -254,19 +231,19 @@ def demo_capacity(answer: CapacityResult) -> tuple[float, str | None]:
 
 @dataclass
 class Capacity:
-    """How much this machine's target serves: the paired runs load a share of it."""
+    """How much this machine's target serves: every case loads a share of it."""
 
     name: str = "harness capacity: what this machine's target serves"
 
     def run(self, ctx: DemoContext) -> None:
         c = ctx.config
-        assert ctx.url is not None
         out = ctx.run_dir / "capacity"
         harness(
-            ctx, "capacity", "--url", ctx.url, "--corpus", str(ctx.run_dir / "corpus"), "--slo", c.slo,
+            ctx, "capacity", "--serve-args", shlex.join(c.serve_args),
+            "--corpus", str(ctx.run_dir / "corpus"), "--slo", c.slo,
             "--probe-requests", str(c.probe_requests), "--probe-seconds", "3", "--resolution", "0.2",
-            # Probes take the path the cold phase takes (cache misses: embedded, stored), not only the
-            # engine's, or the share would be of a capacity the cold phase never has.
+            # Probes take the path the blocks take (cache misses: embedded, stored), not only the
+            # engine's, or the share would be of a capacity the blocks never have.
             "--use-cache", "--max-tokens-cap", str(c.max_tokens_cap), "--out", str(out), "--force",
             ok=VERDICT_CODES,
         )  # fmt: skip
@@ -277,43 +254,23 @@ class Capacity:
         ctx.outcome["capacity_rps"] = ctx.capacity_rps
 
 
-@dataclass
-class Calibrate:
-    name: str = "harness baseline calibrate: a baseline made on this machine"
-
-    def run(self, ctx: DemoContext) -> None:
-        assert ctx.url is not None
-        harness(
-            ctx, "baseline", "calibrate", "--runs", str(ctx.config.runs),
-            "--max-runs", str(ctx.config.max_runs), "--out", str(ctx.baseline),
-            "--workdir", str(ctx.run_dir / "calibration"), "--name", "demo",
-            "--detect-errors", ctx.config.detect_errors, "--url", ctx.url, *ctx.recipe(),
-        )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Case:
-    """One verdict the demo shows: the target (unchanged, or a regression injected on purpose with
-    ``harness serve``'s fault injection), how it is judged, and what the verdict must be."""
+    """One verdict the demo shows: the candidate (unchanged, or a regression injected on purpose with
+    ``harness serve``'s fault injection) judged beside the unchanged base, and what it must be."""
 
     name: str
     """The key in ``verdicts.json`` and the results directory."""
     what: str
     inject: tuple[str, ...] = ()
     """``harness serve`` flags that make the regression."""
-    mode: Literal["stored", "ab"] = "stored"
-    """``stored``: ``harness run --gate`` against the baseline calibrated here; ``ab``: ``harness ab``
-    beside the unchanged target (no stored latency)."""
     expected: Verdict = "fail"
 
 
 CASES: tuple[Case, ...] = (
     Case("unchanged", "the unchanged target", expected="pass"),
     Case("regression", "every engine step twice as long", ("--inject-slowdown", "2")),
-    # A stored baseline from three runs allows their run-to-run spread (3.8 ranges): on 2 cores that
-    # holds a 1.3x slower decode (bench/gates.py power). Beside the unchanged target, block by block,
-    # the drift cancels and 1.3x shows (docs/gates.md, "A/B in one job").
-    Case("slower_1_3x", "every engine step 1.3 times as long", ("--inject-slowdown", "1.3"), "ab"),
+    Case("slower_1_3x", "every engine step 1.3 times as long", ("--inject-slowdown", "1.3")),
     Case("errors_20pct", "20 % of generation requests answer 500", ("--inject-error-rate", "0.2")),
     Case("warm_miss_30pct", "30 % of requests miss both caches", ("--inject-cache-miss-rate", "0.3")),
 )
@@ -328,46 +285,32 @@ def chosen_cases(config: DemoConfig) -> tuple[Case, ...]:
 
 
 def verdict_of(ctx: DemoContext, case: Case) -> tuple[Verdict, dict[str, Any]]:
-    """A case's verdict and the file it comes from (``gate.json``, or ``ab.json``'s judgement)."""
-    d = ctx.run_dir / case.name
-    if case.mode == "ab":
-        doc = orjson.loads((d / "ab.json").read_bytes())["judgement"] or {}
-        return doc.get("verdict", "unjudgeable"), doc
-    doc = orjson.loads((d / "gate.json").read_bytes())
-    return doc["verdict"], doc
+    """A case's verdict (the job's: the ratios, the error rate and the declared limits together) and
+    its ``ab.json``."""
+    doc = orjson.loads((ctx.run_dir / case.name / "ab.json").read_bytes())
+    return doc.get("verdict") or "unjudgeable", doc
 
 
 @dataclass
-class Gated:
-    """One case judged: ``harness run --gate`` against the calibrated baseline, or ``harness ab``."""
+class Judged:
+    """One case: the CI job's ``harness ab``, the unchanged target as the base, the case's as the
+    candidate (both started fresh, so neither has served more than the other)."""
 
     which: str
     name: str = ""
 
     def __post_init__(self) -> None:
-        case = CASE_BY_NAME[self.which]
-        how = "harness ab beside the unchanged target" if case.mode == "ab" else "harness run --gate"
-        self.name = self.name or f"{how}: {case.what}"
+        self.name = self.name or f"harness ab beside the unchanged target: {CASE_BY_NAME[self.which].what}"
 
     def run(self, ctx: DemoContext) -> None:
         case = CASE_BY_NAME[self.which]
         out = ctx.run_dir / case.name
-        serve = shlex.join([*ctx.config.serve_args, *case.inject])
-        if case.mode == "ab":
-            assert ctx.url is not None  # the base is the demo target, up for the whole served part
-            code = harness(
-                ctx, "ab", "--base-url", ctx.url, "--candidate-serve-args", serve, *ctx.recipe(),
-                "--blocks", str(ctx.config.ab_blocks), "--block-requests", str(ctx.config.ab_block_requests),
-                "--out", str(out), "--force", ok=VERDICT_CODES,
-            )  # fmt: skip
-        else:
-            # The unchanged target is the demo's own; a regression gets a target of its own, started
-            # (and stopped) by harness run with the fault injected.
-            target = ["--url", ctx.url] if not case.inject and ctx.url else ["--serve-args", serve]
-            code = harness(
-                ctx, "run", *target, *ctx.recipe(), "--gate", str(ctx.baseline), "--out", str(out),
-                "--force", ok=VERDICT_CODES,
-            )  # fmt: skip
+        base = shlex.join(ctx.config.serve_args)
+        code = harness(
+            ctx, "ab", *ctx.job(), "--base-serve-args", base,
+            "--candidate-serve-args", shlex.join([*ctx.config.serve_args, *case.inject]),
+            "--out", str(out), "--force", ok=VERDICT_CODES,
+        )  # fmt: skip
         ctx.outcome[f"{case.name}_exit_code"] = code
 
 
@@ -377,13 +320,12 @@ class Report:
 
     def run(self, ctx: DemoContext) -> None:
         u, r = ctx.run_dir / "unchanged", ctx.run_dir / "regression"
-        verdicts = [
-            f"{c.name}={ctx.run_dir / c.name / ('ab.json' if c.mode == 'ab' else 'gate.json')}"
-            for c in chosen_cases(ctx.config)
-        ]
+        verdicts = [f"{c.name}={ctx.run_dir / c.name / 'ab.json'}" for c in chosen_cases(ctx.config)]
+        sets = [f"cold={u / 'candidate' / '01'}", f"warm={u / 'warm' / 'candidate'}"]
+        if (r / "candidate" / "01").exists():
+            sets.append(f"regressed-cold={r / 'candidate' / '01'}")
         harness(
-            ctx, "report", f"cold={u / 'cold'}", f"warm={u / 'warm'}", f"regressed-cold={r / 'cold'}",
-            *(a for v in verdicts for a in ("--verdict", v)),
+            ctx, "report", *sets, *(a for v in verdicts for a in ("--verdict", v)),
             "--capacity-json", str(ctx.run_dir / "capacity" / "capacity.json"),
             "-o", str(ctx.run_dir / "report.html"), "--title", "harness demo: tiny CPU target",
         )  # fmt: skip
@@ -407,21 +349,18 @@ class Explain:
     def run(self, ctx: DemoContext) -> None:
         say = ctx.console.print
         verdicts: dict[str, Any] = {}
-        say(f"capacity: {ctx.capacity_rps:g} requests/s within {ctx.config.slo}; every paired run at "
+        say(f"capacity: {ctx.capacity_rps:g} requests/s within {ctx.config.slo}; every case at "
             f"{ctx.config.rate_share:.0%} of it", highlight=False)  # fmt: skip
         modes: dict[str, str] = {}
         for case in chosen_cases(ctx.config):
             word, doc = verdict_of(ctx, case)
             verdicts[case.name] = word
-            modes[case.name] = "A/B beside the unchanged target" if case.mode == "ab" else "stored baseline"
+            modes[case.name] = "A/B beside the unchanged target (the CI job)"
             colour = {"pass": "green", "fail": "red"}.get(word, "yellow")
             mark = "as it should" if word == case.expected else f"expected {case.expected.upper()}"
-            say(f"[bold {colour}]{case.name} ({case.what}; {modes[case.name]}): {word.upper()}[/] ({mark}) — "
+            say(f"[bold {colour}]{case.name} ({case.what}): {word.upper()}[/] ({mark}) — "
                 f"{VERDICT_MEANING[word]}")  # fmt: skip
-            if case.mode == "ab":
-                self._why_ab(ctx, doc)
-            else:
-                self._why(ctx, doc, word)
+            self._why_ab(ctx, doc)
         verdicts["capacity_rps"] = ctx.capacity_rps
         verdicts["modes"] = modes
         write_json(ctx.run_dir / VERDICTS_FILE, verdicts)
@@ -434,81 +373,39 @@ class Explain:
         )
 
     @staticmethod
-    def _why_ab(ctx: DemoContext, judgement: dict[str, Any]) -> None:
-        """The A/B ratios that decided."""
-        for m in judgement.get("metrics", [])[:4]:
+    def _why_ab(ctx: DemoContext, doc: dict[str, Any]) -> None:
+        """What decided: the failed ratios (or every one), the error rate and the declared limits."""
+        say = ctx.console.print
+        j = doc.get("judgement") or {}
+        metrics = j.get("metrics", [])
+        shown = [m for m in metrics if m.get("verdict") == "fail"] or metrics[:3]
+        for m in shown:
             ratio, lo, hi = m.get("ratio"), m.get("lo"), m.get("hi")
             if ratio is not None and lo is not None and hi is not None:
-                ctx.console.print(
-                    f"  {m['metric']}: candidate/base {ratio:.2f}x [{lo:.2f}, {hi:.2f}] — {m['verdict']}",
-                    highlight=False,
-                )
-
-    @staticmethod
-    def _why(ctx: DemoContext, gate: dict[str, Any], word: str) -> None:
-        """The gates that decided, with their numbers (failures first), or the causes of a refusal."""
-        say = ctx.console.print
-        failed = [g for g in gate["gates"] if g["verdict"] == "fail"]
-        for g in failed[:4]:
-            value = format_value(g["measured"], g["unit"]) if g["measured"] is not None else "—"
-            limit = format_value(g["limit"], g["unit"])
-            say(f"  {g['id']}@{g['label']}: {value}, limit {limit}", highlight=False)
-        if word != "unjudgeable":
-            return
-        whys: dict[str, list[str]] = {}
-        for g in gate["gates"]:
-            if g["verdict"] not in ("pass", "fail"):
-                whys.setdefault(g.get("why") or g["reason"], []).append(f"{g['id']}@{g.get('label') or '—'}")
-        for why, ids in whys.items():
-            more = " …" if len(ids) > 6 else ""
-            say(f"  {len(ids)} gate(s) {escape(why)}: {escape(', '.join(ids[:6]))}{more}", highlight=False)
-
-
-@contextmanager
-def demo_target(ctx: DemoContext) -> Iterator[None]:
-    """``harness serve`` for the capacity search, the calibration and the unchanged run (one target,
-    started once: a fresh start per run would cost more than the runs); stopped on every exit path."""
-    from harness.server.launch import running_server
-
-    log_dir = ctx.run_dir / "server"
-    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve()), SERVER_ADMIN_TOKEN_ENV: ctx.admin_token}
-    ctx.console.print(
-        f"[bold]$ export {ADMIN_TOKEN_ENV}=… {SERVER_ADMIN_TOKEN_ENV}=…  # the cache admin API's token[/]",
-        highlight=False,
-    )
-    ctx.console.print(
-        f"[bold]$ harness serve {shlex.join(ctx.config.serve_args)} --port 0 &[/]", highlight=False
-    )
-    with running_server(list(ctx.config.serve_args), log_dir=log_dir, env=env) as server:
-        ctx.url = server.url
-        ctx.console.print(f"serving {server.model} at {server.url}", highlight=False)
-        try:
-            yield
-        finally:
-            ctx.url = None
+                say(f"  {m['metric']}: candidate/base {ratio:.2f}x [{lo:.2f}, {hi:.2f}] — {m['verdict']}",
+                    highlight=False)  # fmt: skip
+        e = j.get("error_rate") or {}
+        if e.get("verdict") == "fail":
+            say(f"  error_rate: {escape(e.get('reason', ''))}", highlight=False)
+        gate = doc.get("gate") or {}
+        if gate.get("verdict") == "fail":
+            report = orjson.loads(Path(gate["file"]).read_bytes())
+            for g in report["gates"]:
+                if g["verdict"] == "fail":
+                    value = format_value(g["measured"], g["unit"]) if g["measured"] is not None else "—"
+                    say(f"  {g['id']}@{g['label']}: {value}, limit {format_value(g['limit'], g['unit'])}",
+                        highlight=False)  # fmt: skip
 
 
 def default_steps(config: DemoConfig) -> list[Step]:
-    cases = chosen_cases(config)
-    served = ServedSteps(
-        steps=(Capacity(), Calibrate(), Gated("unchanged"), *(Gated(c.name) for c in cases if c.mode == "ab"))
-    )
-    stored_regressions = [Gated(c.name) for c in cases if c.inject and c.mode == "stored"]
-    return [Scenarios(), Corpus(), served, *stored_regressions, Report(), Explain()]
-
-
-@dataclass
-class ServedSteps:
-    """Capacity, calibration and the unchanged run against the one demo target."""
-
-    name: str = "harness serve --preset tiny --cache"
-    steps: tuple[Step, ...] = ()
-
-    def run(self, ctx: DemoContext) -> None:
-        with demo_target(ctx):
-            for step in self.steps:
-                ctx.console.rule(f"[bold]{step.name}")
-                step.run(ctx)
+    return [
+        Scenarios(),
+        Corpus(),
+        Capacity(),
+        *(Judged(c.name) for c in chosen_cases(config)),
+        Report(),
+        Explain(),
+    ]
 
 
 def run_demo(config: DemoConfig | None = None, steps: Sequence[Step] | None = None) -> DemoContext:

@@ -109,6 +109,7 @@ class EngineCore:
         prefix_eviction: str = "lru",
         seed: int = 0,
         slowdown: float = 1.0,
+        kv_overalloc: float = 0.0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -119,7 +120,10 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, prefix_eviction)
+        self.blocks = BlockManager(
+            num_blocks, block_size, enable_prefix_caching, prefix_eviction, overalloc=kv_overalloc
+        )
+        """Its ``overalloc`` is the injected regression ``EngineSettings.inject_kv_overalloc`` (0: none)."""
         c = model.cfg
         self.kv_cache = torch.zeros(
             (c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.dh), device=device, dtype=dtype
@@ -247,6 +251,14 @@ class EngineCore:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def _extra_room(self, req: Request) -> int:
+        """The most blocks the injected over-allocation may add to ``req``'s allocation: what an
+        otherwise empty pool has left once the request holds every block of its longest life
+        (prompt + ``max_tokens``). Without this cap a request near the pool's size would never be
+        admitted, or would preempt itself at every step for ever; with it, a request alone in the
+        pool always runs to the end, and only such near-pool-size requests get less than F extra."""
+        return self.blocks.num_blocks - self.blocks.blocks_for(len(req.prompt_ids) + req.params.max_tokens)
+
     def _schedule(self) -> list[tuple[Request, int]]:
         """Pick this step's (request, chunk length) pairs, decodes first."""
         budget = self.max_num_batched_tokens
@@ -271,11 +283,14 @@ class EngineCore:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             use_cache = req.use_prefix_cache
-            if not self.blocks.can_admit(req.tokens, reserve=watermark, use_prefix_cache=use_cache):
+            room = self._extra_room(req)
+            if not self.blocks.can_admit(
+                req.tokens, reserve=watermark, use_prefix_cache=use_cache, max_extra=room
+            ):
                 break
             self.waiting.popleft()
             cached = self.blocks.allocate(
-                req.request_id, req.tokens, req.priority, use_prefix_cache=use_cache
+                req.request_id, req.tokens, req.priority, use_prefix_cache=use_cache, max_extra=room
             )
             req._computed = cached
             if req.first_scheduled is None:
@@ -411,7 +426,8 @@ class EngineCore:
         req.prefill_done = True
         m = req.metrics
         # The blocks the block manager handed this request for its prompt, counted where it took
-        # them (at admission and in every chunk's step); the next token's block comes later.
+        # them (at admission and in every chunk's step; over-allocated ones included, as they are
+        # gone from the pool all the same); the next token's block comes later.
         taken = req.prefill_blocks_before + self.blocks.tables[req.request_id].taken
         m.prefill_kv_bytes, m.prefill_kv_measured = taken * self.block_bytes, True
         start = req.first_scheduled or req.arrival

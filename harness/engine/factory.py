@@ -92,6 +92,7 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
         prefix_eviction=settings.prefix_eviction,
         seed=settings.seed,
         slowdown=settings.inject_slowdown,
+        kv_overalloc=settings.inject_kv_overalloc,
     )
     return core, loaded
 

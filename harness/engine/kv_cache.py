@@ -33,6 +33,14 @@ Every block handed out is counted where it is taken from the pool, per sequence
 ``use_prefix_cache=False`` neither shares cached blocks nor registers its own (a fault injection
 that makes one request miss without changing what the next one finds).
 
+Over-allocation (engine setting ``inject_kv_overalloc`` F, ``harness serve --inject-kv-overalloc``,
+a fault injection): every :meth:`BlockManager.allocate` takes ``ceil(F × n)`` blocks more than the
+``n`` its prompt needs, as an allocator that wastes KV bytes per token would. The extra blocks are
+really taken from the pool (counted in ``taken``, so ``prefill_kv_bytes`` rises by about F, and
+they can evict cached blocks) but kept apart from the block table (:attr:`BlockTable.extra`): no
+token is ever written to one and none is registered in the prefix cache; they go back to the free
+list when the sequence is freed.
+
 :meth:`BlockManager.validate` checks the layout invariants (no sequence has written past its own
 length, a block is shared only by sequences with an identical prefix, reference counts match the
 block tables) and raises :class:`~harness.common.errors.CheckFailed` naming the first violation.
@@ -40,6 +48,7 @@ block tables) and raises :class:`~harness.common.errors.CheckFailed` naming the 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -66,7 +75,7 @@ class KVBlock:
 class BlockTable:
     """A sequence's view of the pool: its blocks in order and how many tokens they hold."""
 
-    __slots__ = ("blocks", "cacheable", "num_tokens", "priority", "seq_id", "taken")
+    __slots__ = ("blocks", "cacheable", "extra", "num_tokens", "priority", "seq_id", "taken")
 
     def __init__(self, seq_id: str, priority: int = 0, cacheable: bool = True) -> None:
         self.seq_id = seq_id
@@ -79,6 +88,9 @@ class BlockTable:
         """Whether this sequence's full blocks are registered in the prefix cache."""
         self.taken = 0
         """Blocks taken from the pool for this sequence (shared prefix-cache hits not included)."""
+        self.extra: list[KVBlock] = []
+        """Blocks the injected over-allocation took for it: held (reference count 1) and counted in
+        ``taken``, but never written, hashed or part of the slot layout (not in ``blocks``)."""
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -256,14 +268,24 @@ class BlockManager:
     """Allocates KV blocks to sequences; keeps the prefix-cache table and its eviction order.
 
     ``eviction`` names the policy in :data:`EVICTION_POLICIES` (an unknown name raises
-    :class:`~harness.common.errors.ConfigError` listing the known ones).
+    :class:`~harness.common.errors.ConfigError` listing the known ones). ``overalloc`` F > 0 is the
+    over-allocation fault injection (module doc): every allocation takes ``ceil(F × n)`` extra blocks.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        eviction: str = "lru",
+        overalloc: float = 0.0,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("need at least one KV block")
+        if not overalloc >= 0.0:  # written so that NaN fails too
+            raise ValueError(f"overalloc must be >= 0, got {overalloc}")
+        self.overalloc = overalloc
+        """Injected over-allocation F (0: none)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -294,6 +316,18 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def extra_blocks(self, needed: int, limit: int | None = None) -> int:
+        """Blocks the injected over-allocation adds to an allocation of ``needed`` blocks:
+        ``ceil(F × needed)``, so ``ceil((1 + F) × needed)`` in all; at most ``limit`` when given.
+
+        The product is rounded to 9 decimals before the ceiling: ``0.28 × 25`` must be 7 extra
+        blocks, not 8 because the float product is 7.000000000000001.
+        """
+        if self.overalloc <= 0.0 or needed <= 0:
+            return 0
+        extra = math.ceil(round(self.overalloc * needed, 9))
+        return extra if limit is None else max(0, min(extra, limit))
 
     # ---- allocation -----------------------------------------------------------------------------
     def _take(self, table: BlockTable) -> KVBlock:
@@ -349,16 +383,31 @@ class BlockManager:
             parent = h
         return hits
 
-    def can_admit(self, token_ids: Sequence[int], reserve: int = 0, *, use_prefix_cache: bool = True) -> bool:
-        """Whether a sequence with this prompt can get its blocks now, keeping ``reserve`` free."""
+    def can_admit(
+        self,
+        token_ids: Sequence[int],
+        reserve: int = 0,
+        *,
+        use_prefix_cache: bool = True,
+        max_extra: int | None = None,
+    ) -> bool:
+        """Whether a sequence with this prompt can get its blocks now, keeping ``reserve`` free
+        (the over-allocation's extra blocks included, ``max_extra`` as in :meth:`allocate`)."""
         hits = self.match_prefix(token_ids) if use_prefix_cache else []
         # Hits parked in the LRU stop being free once shared.
         reused_free = sum(1 for b in hits if b.ref_count == 0)
         need = self.blocks_for(len(token_ids)) - len(hits)
+        need += self.extra_blocks(need, max_extra)
         return self.num_free - reused_free - need >= reserve
 
     def allocate(
-        self, seq_id: str, token_ids: Sequence[int], priority: int = 0, *, use_prefix_cache: bool = True
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        priority: int = 0,
+        *,
+        use_prefix_cache: bool = True,
+        max_extra: int | None = None,
     ) -> int:
         """Give a new sequence blocks for its whole prompt; returns the cached prefix length.
 
@@ -366,7 +415,9 @@ class BlockManager:
         eviction policy with it (``s3fifo``: straight to the main queue with that many second
         chances; ``lru`` ignores it). ``use_prefix_cache=False``: no cached block is shared (0 is
         returned) and none of the sequence's blocks is registered later; its prompt still counts
-        as looked up (``prefix_query_tokens``), with no hit.
+        as looked up (``prefix_query_tokens``), with no hit. With over-allocation on, the extra
+        blocks (:meth:`extra_blocks`, at most ``max_extra``) are taken too, into
+        :attr:`BlockTable.extra`.
         """
         if seq_id in self.tables:
             raise RuntimeError(f"sequence {seq_id} already has blocks")
@@ -378,8 +429,13 @@ class BlockManager:
         table.blocks = list(hits)
         cached = len(hits) * self.block_size
         table.num_tokens = cached
-        for _ in range(self.blocks_for(len(token_ids)) - len(hits)):
+        need = self.blocks_for(len(token_ids)) - len(hits)
+        for _ in range(need):
             table.blocks.append(self._take(table))
+        # Taken after the prompt's own blocks, so the prompt's layout is the one it would have
+        # without the injection; kept out of ``blocks``, so nothing is written to them or hashed.
+        for _ in range(self.extra_blocks(need, max_extra)):
+            table.extra.append(self._take(table))
         self.tables[seq_id] = table
         self.prefix_query_tokens += len(token_ids)
         self.prefix_hit_tokens += cached
@@ -439,6 +495,9 @@ class BlockManager:
         t = self.tables.pop(seq_id, None)
         if t is None:
             return
+        # Over-allocated blocks hold nothing and have no hash: straight back to the free list.
+        for blk in t.extra:
+            self._unref(blk)
         # Free back to front so that a prefix's leaf blocks are evicted before its root blocks.
         for blk in reversed(t.blocks):
             self._unref(blk)
@@ -471,7 +530,8 @@ class BlockManager:
         """Check the layout against each sequence's true token ids ``(seq_id, tokens)``.
 
         Raises :class:`CheckFailed` when a sequence has written past its own length, a block is
-        shared by sequences whose prefixes differ, or reference counts and free lists disagree.
+        shared by sequences whose prefixes differ, an over-allocated block holds tokens, a hash or
+        another holder, or reference counts and free lists disagree.
         """
         bs = self.block_size
         holders: dict[int, list[tuple[str, int]]] = {}
@@ -508,6 +568,16 @@ class BlockManager:
                     raise CheckFailed(
                         f"sequence {seq_id}: block {blk.block_id} (index {i}) holds other tokens than "
                         "the sequence's own",
+                        field="kv_cache",
+                    )
+            for blk in t.extra:
+                # Position -1 (no slot of the sequence): a block also held elsewhere fails the
+                # shared-block checks below, as no over-allocated block is ever shared.
+                holders.setdefault(blk.block_id, []).append((seq_id, -1))
+                if blk.tokens or blk.block_hash is not None:
+                    raise CheckFailed(
+                        f"sequence {seq_id}: over-allocated block {blk.block_id} holds tokens or a "
+                        "prefix-cache hash",
                         field="kv_cache",
                     )
         for bid, users in holders.items():

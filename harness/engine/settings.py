@@ -59,6 +59,12 @@ class EngineSettings(BaseSettings):
     prefill and decode, takes this many times as long (the engine waits out the extra after the
     forward pass), like a slower kernel: a code regression whose size is the same on any machine, so a
     gate must catch it anywhere. 1.0: off. Never set in production."""
+    inject_kv_overalloc: float = Field(default=0.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    """Fault injection for proving gates (``harness serve --inject-kv-overalloc 0.2``): every prefill
+    takes ``ceil((1 + F) × n)`` KV blocks where it needs ``n``, the extra ones held unused until the
+    request ends (:mod:`harness.engine.kv_cache`), like an allocator bug: ``prefill_kv_bytes`` and
+    the gate ``prefill_kv_bytes_per_token_p95`` rise by about F, and the pool holds fewer requests.
+    0.0: off. Never set in production."""
 
     @model_validator(mode="after")
     def _placement(self) -> EngineSettings:

@@ -6,20 +6,42 @@ latency: it measures a **base** (A) and a **candidate** (B) in the same job and 
 candidate ÷ base (:mod:`harness.gates.ab`).
 
 1. **check** every input before anything starts (the corpus, the load options, both targets' serve
-   arguments, ``--out``): a mistake costs milliseconds (exit 3/4), not two model loads;
+   arguments, the gate file, ``--out``): a mistake costs milliseconds (exit 3/4), not two model loads;
 2. **targets**: both are up for the whole run, each started from serve arguments (its log and cache
-   state under ``OUT/server/<arm>/``) or reached at a URL; every cache level of both is flushed
-   before the first block;
-3. **blocks**: ``--blocks`` pairs, in the order A B B A A B B A … (each pair's first arm alternates, so
-   a drift that is linear in time hits both arms alike). Every block is one headless Locust replay
+   state under ``OUT/server/<arm>/``) or reached at a URL;
+3. **capacity**: ``--rate 70%`` without ``--capacity`` measures the **base's** capacity first
+   (:class:`harness.experiments.capacity.CapacityRunner`, ``OUT/capacity/``), and both arms get that
+   share of it: the same absolute load, so a slower candidate queues more at it, as it would in
+   production, instead of being loaded to the same share of its own smaller capacity. The candidate's
+   is measured the same way (``OUT/capacity-candidate/``, recorded, not judged), so that both arms have
+   served the same probe traffic before the first block. Then every cache level of both is flushed;
+4. **blocks**: ``--blocks`` pairs a look, in the order A B B A A B B A … (each pair's first arm
+   alternates, so a drift that is linear in time hits both arms alike). Every block is one headless
+   Locust replay
    (:func:`harness.load.runner.run_locust`) at the recipe's rate into ``OUT/base/NN`` or
    ``OUT/candidate/NN``, an ordinary run directory. Block pair ``NN`` sends the requests of
    ``OUT/blocks/NN.jsonl`` to both arms: distinct requests (one per prompt) drawn, seeded, from the
    corpus, no two pairs sharing one, so neither arm's cache is warmed by the other's pair and the
    requests pair up by id. One target receives load at a time: the two never compete for the CPU,
-   and what slows the machine during a pair slows both of its blocks;
-4. **judge** (:func:`harness.gates.ab.judge_ab`) → ``OUT/ab.json`` (:class:`ABRun`, rewritten after
-   every step) and the exit code: 0 pass, 1 fail, 6 cannot be judged.
+   and what slows the machine during a pair slows both of its blocks. (Request-by-request
+   alternation would need the two loads at once, and on cores the targets share, a slower candidate
+   would then slow the base too and shrink the very ratio being judged: a short block is the finest
+   grain at which one target is measured alone.);
+5. **looks** (``--looks``): after each look's block pairs the verdict is judged
+   (:func:`harness.gates.ab.judge_ab`); the run stops at the first look that decides (a regression
+   proven, or every metric's slowdown of ``--detect`` ruled out), when the next look would end past
+   ``--max-duration``, or after the last. Each look spends an equal share of the false-alarm rate, so
+   looking early costs no false alarms (tachometer's auto-sampling, with the rate held);
+6. **warm pass** (``--warm-requests N``): each arm sends N of its block requests again, now cached
+   (``OUT/warm/<arm>``), at :data:`WARM_SPEEDUP` × the blocks' rate: hit and warm rates and errors,
+   which do not depend on the runner's speed;
+7. **judge**: the latency ratios and the candidate's error rate (:mod:`harness.gates.ab`), and, with
+   ``--gate FILE``, the file's gates on the candidate's pooled cold blocks (``cold``) and warm pass
+   (``warm``): its rates and bytes against their declared limits on any runner, its absolute
+   latencies only where its fingerprint matches (skipped elsewhere, never failing the job). One
+   family-wise false-alarm rate covers every test and look (:func:`harness.gates.ab.levels`).
+   ``OUT/ab.json`` (:class:`ABRun`, rewritten after every step), ``OUT/gate.json`` and
+   ``OUT/gate.junit.xml``, and the exit code: 0 pass, 1 fail, 6 cannot be judged.
 
 By default every request carries ``Cache-Control: no-cache`` (``--bypass-cache``): the engine is
 measured, not a response cache answering from memory.
@@ -27,11 +49,12 @@ measured, not a response cache answering from memory.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -54,6 +77,8 @@ from harness.common.errors import (
 from harness.common.io import atomic_write, write_json
 from harness.common.model import StrictModel
 from harness.corpus.model import CorpusRecord
+from harness.experiments.capacity import CapacitySpec
+from harness.experiments.capacity_result import CapacityResult
 from harness.experiments.driver import (
     ERRORS_BY_CODE,
     Ui,
@@ -72,33 +97,50 @@ from harness.gates.ab import (
     DEFAULT_SEED,
     ABJudgement,
     judge_ab,
+    levels,
     parse_ab_metrics,
     reachable,
 )
+from harness.gates.baseline import Baseline, read_baseline
+from harness.gates.judge import EXIT_CODES, Overall
 from harness.gates.metrics import Metric
+from harness.gates.runs import ResultSet
 from harness.load.inputs import Inputs
-from harness.load.options import LoadOptions
+from harness.load.options import LoadOptions, Share
 from harness.load.results import RECORDS_FILE, SUMMARY_FILE, InputRef, read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.target import NotExposed
 
 Arm = Literal["base", "candidate"]
 ARMS: tuple[Arm, Arm] = ("base", "candidate")
 AB_FILE = "ab.json"
 BLOCKS_DIR = "blocks"
 SERVER_DIR = "server"
-OUTPUTS = (*ARMS, BLOCKS_DIR, SERVER_DIR, AB_FILE, RECIPE_FILE)
+WARM_DIR = "warm"
+CAPACITY_DIR = "capacity"
+CANDIDATE_CAPACITY_DIR = "capacity-candidate"
+GATE_JSON = "gate.json"
+GATE_JUNIT = "gate.junit.xml"
+OUTPUTS = (
+    *ARMS, BLOCKS_DIR, SERVER_DIR, WARM_DIR, CAPACITY_DIR, CANDIDATE_CAPACITY_DIR, AB_FILE, RECIPE_FILE,
+    GATE_JSON, GATE_JUNIT,
+)  # fmt: skip
 """Everything ``harness ab`` writes under ``OUT`` (``--force`` removes exactly these)."""
 DEFAULT_BLOCK_REQUESTS = 50
 """Requests per block when ``--block-requests`` is not given (fewer when the corpus is short)."""
+WARM_SPEEDUP = 3.0
+"""The warm pass sends at this many times the blocks' rate: it measures rates (hits, errors), which do
+not depend on the load, and its requests are cache hits that cost the target little; at the blocks'
+own rate it took as long as all the blocks of a look."""
 
 UNUSED_LOAD: tuple[str, ...] = (
-    "schedule", "duration", "max_requests", "speedup", "plan", "preload", "until_precision", "max_duration",
+    "schedule", "duration", "max_requests", "speedup", "plan", "preload", "until_precision",
     "precision_on", "precision_confidence", "precision_min_samples", "history", "salt_per_pass",
     "bypass_fraction",
 )  # fmt: skip
 """Load options a recipe file may hold that an A/B run sets itself or has no use for (warned about,
 then unset): each block sends its own requests once, at the recipe's rate."""
-UNUSED_SECTIONS: tuple[str, ...] = ("warmup", "capacity")
+UNUSED_SECTIONS: tuple[str, ...] = ("warmup",)
 
 
 # ---- what a run is configured with, and the checks before it starts ---------------------------------
@@ -107,7 +149,8 @@ UNUSED_SECTIONS: tuple[str, ...] = ("warmup", "capacity")
 @dataclass
 class ABSpec:
     """An A/B run: the :class:`~harness.experiments.recipe.Recipe` it runs (its ``ab`` section, load,
-    launcher and ``gate.confidence``), where its results go, and the runner's own settings."""
+    launcher, ``capacity`` section when a share of capacity is asked for, and ``gate``), where its
+    results go, and the runner's own settings."""
 
     recipe: Recipe
     out: Path
@@ -147,13 +190,18 @@ class ABSpec:
             )  # fmt: skip
         return {"base": base, "candidate": candidate}
 
+    def measures_capacity(self) -> bool:
+        """``--rate N%`` without ``--capacity``: the base's capacity is measured first."""
+        load = self.recipe.load
+        return isinstance(load.rate, Share) and load.capacity is None
+
     def unused(self) -> list[str]:
-        """The recipe's settings an A/B run does not use (``load.duration``, ``gate.baseline`` …)."""
+        """The recipe's settings an A/B run does not use (``load.duration``, ``warmup.plan`` …)."""
         r = self.recipe
         out = [f"load.{name}" for name in UNUSED_LOAD if r.load.is_set(name)]
         out += [f"{s}.{name}" for s in UNUSED_SECTIONS for name in sorted(getattr(r, s).model_fields_set)]
-        if r.gate.baseline is not None:
-            out.append("gate.baseline")
+        if not self.measures_capacity():
+            out += [f"capacity.{name}" for name in sorted(r.capacity.model_fields_set)]
         return out
 
 
@@ -164,13 +212,18 @@ class ABPlan:
     load: LoadOptions
     """Every block's load options but its corpus, size, stage and results directory."""
     blocks: list[list[CorpusRecord]]
-    """Block pair ``j``'s records (distinct prompts; no two pairs share one)."""
+    """Block pair ``j``'s records (distinct prompts; no two pairs share one), for every look."""
     distinct: int
     """Distinct prompts in the corpus."""
-    rate_rps: float
+    rate_rps: float | None
+    """Each block's rate; ``None`` until the base's capacity is measured (:attr:`share`)."""
     serve_args: dict[Arm, list[str] | None]
     targets: dict[Arm, TargetRecipe]
     corpus: InputRef
+    share: Share | None = None
+    """``--rate N%`` of the base's capacity, measured in the run."""
+    baseline: Baseline | None = None
+    """``--gate FILE``: judged on the candidate's pooled blocks and warm pass."""
 
 
 def order(blocks: int) -> list[tuple[int, Arm]]:
@@ -212,10 +265,17 @@ def prepare(spec: ABSpec) -> ABPlan:
     if load.rate is None:
         raise ConfigError(
             "an A/B run sends every block at a constant rate", field="--rate",
-            hint="--rate 4 (requests/s), or --rate 70% with --capacity N",
+            hint="--rate 4 (requests/s), or --rate 70% (of the base's capacity, measured first)",
         )  # fmt: skip
-    # The load stage's own checks (a share without --capacity, a tokenizer …) on the corpus, read once.
-    inputs = Inputs.load(load.evolve(max_requests=1), ladder=False)
+    share = load.rate if spec.measures_capacity() and isinstance(load.rate, Share) else None
+    if share is not None:
+        from harness.experiments.capacity import check_spec
+
+        check_spec(CapacitySpec(spec.recipe, out=spec.out / CAPACITY_DIR))  # the SLO, before anything starts
+    # The load stage's own checks (a tokenizer …) on the corpus, read once; a share of a capacity still
+    # to be measured is checked at a placeholder capacity.
+    probe = load.evolve(max_requests=1, capacity=1.0) if share is not None else load.evolve(max_requests=1)
+    inputs = Inputs.load(probe, ladder=False)
     corpus_file = load.corpus / "corpus.jsonl" if load.corpus.is_dir() else load.corpus
     if inputs.sessions is not None:
         raise ConfigError(
@@ -224,26 +284,34 @@ def prepare(spec: ABSpec) -> ABPlan:
         )  # fmt: skip
     distinct = distinct_records(inputs.records, corpus_file)
     ab = spec.ab
+    pairs = ab.blocks * ab.looks
     n = ab.block_requests
     if n is None:
-        n = min(DEFAULT_BLOCK_REQUESTS, len(distinct) // ab.blocks)
-    if n < 1 or n * ab.blocks > len(distinct):
+        n = min(DEFAULT_BLOCK_REQUESTS, len(distinct) // pairs)
+    if n < 1 or n * pairs > len(distinct):
         raise ConfigError(
-            f"{ab.blocks} block pairs of {n} distinct requests need {ab.blocks * n}; the corpus has "
-            f"{len(distinct)} distinct prompts",
+            f"{ab.looks} look(s) of {ab.blocks} block pairs of {n} distinct requests need {pairs * n}; the "
+            f"corpus has {len(distinct)} distinct prompts",
             field="--block-requests" if ab.block_requests is not None else "--blocks",
-            hint="fewer --blocks or --block-requests, or a larger corpus (harness corpus build --n)",
+            hint="fewer --looks, --blocks or --block-requests, or a larger corpus (harness corpus build --n)",
         )
+    if ab.warm_requests > n * pairs:
+        raise ConfigError(
+            f"a warm pass of {ab.warm_requests} requests a side needs as many block requests; the blocks "
+            f"hold {n * pairs}", field="--warm-requests",
+        )  # fmt: skip
     # Seeded, so the blocks are a fair sample of a corpus ordered by scenario, and a rerun sends the same.
-    picked = np.random.default_rng(load.seed).permutation(len(distinct))[: n * ab.blocks]
-    blocks = [[distinct[i] for i in sorted(picked[j * n : (j + 1) * n].tolist())] for j in range(ab.blocks)]
-    rate = inputs.rate
-    assert rate is not None  # checked above; a share is resolved by Inputs
+    picked = np.random.default_rng(load.seed).permutation(len(distinct))[: n * pairs]
+    blocks = [[distinct[i] for i in sorted(picked[j * n : (j + 1) * n].tolist())] for j in range(pairs)]
+    rate = None if share is not None else inputs.rate
     serve_args: dict[Arm, list[str] | None] = {}
     for arm in ARMS:
         argv = targets[arm].serve_argv()
         serve_args[arm] = None if argv is None else _checked_serve_args(argv, arm)
-    return ABPlan(load, blocks, len(distinct), rate, serve_args, targets, InputRef.of(corpus_file))
+    baseline = read_baseline(spec.recipe.gate.baseline) if spec.recipe.gate.baseline is not None else None
+    return ABPlan(
+        load, blocks, len(distinct), rate, serve_args, targets, InputRef.of(corpus_file), share, baseline
+    )
 
 
 def _checked_serve_args(argv: list[str], arm: Arm) -> list[str]:
@@ -265,7 +333,7 @@ class TargetRecord(StrictModel):
 
 
 class BlockRecord(StrictModel):
-    """One block: one arm's replay of one pair's requests."""
+    """One block: one arm's replay of one pair's requests (``pair`` 0: the arm's warm pass)."""
 
     pair: int
     arm: Arm
@@ -278,6 +346,44 @@ class BlockRecord(StrictModel):
     interrupted: bool = False
 
 
+class LookRecord(StrictModel):
+    """One look at the verdict: after how many block pairs, what it said, and how long the blocks took."""
+
+    look: int
+    block_pairs: int
+    verdict: str
+    headline: str
+    seconds: float
+
+
+class CapacityNote(StrictModel):
+    """The base's capacity, measured in the run, and the rate both arms got from it; the candidate's,
+    measured the same way (so both arms have served the same probe traffic before the first block)."""
+
+    capacity_rps: float
+    share: float
+    rate_rps: float
+    file: str
+    bounded: bool | None = None
+    candidate_capacity_rps: float | None = None
+    """Information, not judged: a capacity search's resolution (its bisection) is coarser than the
+    ratios the blocks measure."""
+    candidate_file: str | None = None
+    candidate_reason: str | None = None
+
+
+class GateNote(StrictModel):
+    """``--gate FILE`` judged on the candidate: its verdict and where it is written."""
+
+    baseline: str
+    verdict: str
+    exit_code: int
+    counts: dict[str, int]
+    confidence: float
+    """Each gate's two-sided confidence: ``1 − 2α / tests`` (its share of the family's α)."""
+    file: str
+
+
 class ABRun(StrictModel):
     """``OUT/ab.json``: what the A/B run did, rewritten after every step, and its verdict."""
 
@@ -288,8 +394,11 @@ class ABRun(StrictModel):
     corpus: InputRef | None = None
     distinct_requests: int | None = None
     block_pairs: int
+    """Block pairs a look."""
+    looks_planned: int = 1
     block_requests: int | None = None
     rate_rps: float | None = None
+    capacity: CapacityNote | None = None
     bypass_cache: bool
     load: list[str] = Field(default_factory=list)
     """Every block's load options as flags (its corpus, size and stage aside; secrets never)."""
@@ -300,7 +409,12 @@ class ABRun(StrictModel):
     targets: dict[str, TargetRecord] = Field(default_factory=dict)
     flush: dict[str, list[FlushRecord]] = Field(default_factory=dict)
     blocks: list[BlockRecord] = Field(default_factory=list)
+    looks: list[LookRecord] = Field(default_factory=list)
+    stop_reason: str | None = None
+    """Why the blocks stopped: a look decided, the budget, or the last look."""
+    warm: list[BlockRecord] = Field(default_factory=list)
     judgement: ABJudgement | None = None
+    gate: GateNote | None = None
     verdict: str | None = None
     exit_code: int | None = None
     message: str | None = None
@@ -330,16 +444,18 @@ class ABRunner:
         self.ui = Ui(console or cons.err())
         self.record = ABRun(
             started_at=datetime.now(UTC).isoformat(), out=str(spec.out), block_pairs=spec.ab.blocks,
-            bypass_cache=spec.ab.bypass_cache,
+            looks_planned=spec.ab.looks, bypass_cache=spec.ab.bypass_cache,
         )  # fmt: skip
         self.metrics = parse_ab_metrics(spec.ab.metrics)
         self.left_out: list[str] = []
+        self.pairs_run = 0
 
     def save(self) -> None:
         write_json(self.out / AB_FILE, self.record.model_dump(mode="json"))
 
     def run(self) -> ABRun:
-        """Check, start both targets, flush, run the blocks, judge; ``ab.json`` after each step."""
+        """Check, start both targets, measure the base's capacity, flush, run the looks' blocks, the
+        warm pass, judge; ``ab.json`` after each step."""
         spec = self.spec
         plan = prepare(spec)
         if spec.force:
@@ -351,7 +467,7 @@ class ABRunner:
         rec.block_requests, rec.rate_rps = len(plan.blocks[0]), plan.rate_rps
         rec.load = plan.load.to_args()
         rec.unused = spec.unused()
-        rec.order = [f"{arm}/{pair:02d}" for pair, arm in order(spec.ab.blocks)]
+        rec.order = [f"{arm}/{pair:02d}" for pair, arm in order(len(plan.blocks))]
         write_recipe(self.out, spec.recipe, source=spec.source)
         self.save()
         if rec.unused:
@@ -363,9 +479,12 @@ class ABRunner:
             self.ui.say(f"[yellow]note:[/] {escape(note)}")
         try:
             with sigterm_interrupts(), self.ui.progress, self._targets(plan) as targets:
+                if plan.share is not None:
+                    plan = self._capacity(plan, targets)
                 self._flush(targets)
-                for pair, arm in order(spec.ab.blocks):
-                    self._block(plan, targets[arm], arm, pair, files[pair - 1])
+                self._looks(plan, targets, files)
+                if spec.ab.warm_requests:
+                    self._warm(plan, targets)
         except KeyboardInterrupt:
             self._finish(int(ExitCode.INTERRUPTED), "interrupted: the running block was finalized and the "
                          "servers stopped", interrupted=True)  # fmt: skip
@@ -373,7 +492,7 @@ class ABRunner:
         except HarnessError as exc:
             self._finish(int(exc.exit_code), str(exc))
             raise
-        self._judge()
+        self._conclude(plan)
         return self.record
 
     def _finish(self, code: int, message: str, *, interrupted: bool = False) -> None:
@@ -386,14 +505,17 @@ class ABRunner:
         """``OUT/blocks/NN.jsonl``: block pair NN's requests, a corpus both arms replay."""
         folder = self.out / BLOCKS_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        files = []
-        for j, records in enumerate(plan.blocks):
-            path = folder / f"{j + 1:02d}.jsonl"
-            with atomic_write(path, "wb", encoding=None) as fh:
-                for r in records:
-                    fh.write(orjson.dumps(r.model_dump(mode="json", exclude_none=True)) + b"\n")
-            files.append(path)
-        return files
+        return [
+            self._write_corpus(folder / f"{j + 1:02d}.jsonl", records)
+            for j, records in enumerate(plan.blocks)
+        ]
+
+    @staticmethod
+    def _write_corpus(path: Path, records: list[CorpusRecord]) -> Path:
+        with atomic_write(path, "wb", encoding=None) as fh:
+            for r in records:
+                fh.write(orjson.dumps(r.model_dump(mode="json", exclude_none=True)) + b"\n")
+        return path
 
     @contextmanager
     def _targets(self, plan: ABPlan) -> Iterator[dict[Arm, Target]]:
@@ -421,6 +543,57 @@ class ABRunner:
                 out[arm] = target
             yield out
 
+    def _capacity(self, plan: ABPlan, targets: dict[Arm, Target]) -> ABPlan:
+        """The base's capacity, and the rate both arms get: the same share of the *base's* capacity.
+        Then the candidate's, measured the same way: for the record, and because a target that has
+        served a capacity search is not in the state of one that has not (measured: with the search
+        on the base alone, unchanged A/A runs put the candidate 4–5 % faster on every median; with
+        none, 1.00), so both arms serve the same probe traffic. Before the flush: the probes warm the
+        caches."""
+        from harness.common.errors import CannotJudge
+        from harness.experiments.capacity import CapacityRunner
+
+        assert plan.share is not None
+        # The probes take the path the blocks take: cached (and embedded) misses, or the engine alone.
+        recipe = self.spec.recipe
+        recipe = recipe.model_copy(
+            update={
+                "capacity": recipe.capacity.model_copy(update={"bypass_cache": self.spec.ab.bypass_cache})
+            }
+        )
+        results: dict[Arm, CapacityResult] = {}
+        folders: dict[Arm, str] = {"base": CAPACITY_DIR, "candidate": CANDIDATE_CAPACITY_DIR}
+        for arm, folder in folders.items():
+            cspec = CapacitySpec(recipe, out=self.out / folder)
+            self.ui.say(
+                f"[dim]measuring the {arm}'s capacity (SLO {escape(recipe.capacity.slo)}) → {cspec.out}[/]"
+            )
+            results[arm] = CapacityRunner(cspec, ui=self.ui).measure(targets[arm])
+            if arm == "base" and results[arm].capacity_rps <= 0:
+                raise CannotJudge(
+                    f"no rate meets the capacity SLO on the base, so a share of its capacity means nothing: "
+                    f"{results[arm].reason}", file=cspec.out / "capacity.json",
+                )  # fmt: skip
+        base, cand = results["base"], results["candidate"]
+        cap = base.capacity_rps
+        rate = plan.share.of(cap)
+        self.record.capacity = CapacityNote(
+            capacity_rps=cap, share=plan.share.fraction, rate_rps=rate,
+            file=str(self.out / CAPACITY_DIR / "capacity.json"), bounded=base.bounded,
+            candidate_capacity_rps=cand.capacity_rps,
+            candidate_file=str(self.out / CANDIDATE_CAPACITY_DIR / "capacity.json"),
+            candidate_reason=cand.reason,
+        )  # fmt: skip
+        self.record.rate_rps = rate
+        load = plan.load.evolve(capacity=cap)
+        self.record.load = load.to_args()
+        self.save()
+        self.ui.say(
+            f"[green]✓[/] base capacity {cap:.4g} req/s (the candidate's: {cand.capacity_rps:.4g}): "
+            f"both arms at {plan.share} of the base's → {rate:g} req/s"
+        )
+        return replace(plan, load=load, rate_rps=rate)
+
     def _flush(self, targets: dict[Arm, Target]) -> None:
         for arm, target in targets.items():
             with self.ui.step(f"flushing the {arm}'s caches"):
@@ -431,14 +604,85 @@ class ABRunner:
                 self.ui.say(f"{mark} {arm}: {escape(f.detail)}")
         self.save()
 
+    def _looks(self, plan: ABPlan, targets: dict[Arm, Target], files: list[Path]) -> None:
+        """Each look's block pairs, then its verdict; stop at the first that decides, or before a look
+        that would end past the budget (``--max-duration``)."""
+        ab, budget = self.spec.ab, self.spec.recipe.load.max_duration
+        steps = order(len(plan.blocks))
+        started = time.monotonic()
+        for look in range(1, ab.looks + 1):
+            elapsed = time.monotonic() - started
+            if look > 1 and budget is not None and elapsed + elapsed / (look - 1) > budget:
+                self.record.stop_reason = (
+                    f"budget: look {look} would end past --max-duration {budget:g} s "
+                    f"({elapsed:.0f} s spent on {look - 1})"
+                )
+                break
+            t0 = time.monotonic()
+            for pair, arm in steps[(look - 1) * ab.blocks * 2 : look * ab.blocks * 2]:
+                self._block(plan, targets[arm], arm, pair, files[pair - 1])
+            self.pairs_run = look * ab.blocks
+            j = self._judge(look)
+            self.record.looks.append(
+                LookRecord(look=look, block_pairs=self.pairs_run, verdict=j.verdict, headline=j.headline,
+                           seconds=round(time.monotonic() - t0, 3))
+            )  # fmt: skip
+            self.save()
+            self.ui.say(f"look {look}: {escape(j.headline)}")
+            # A pass stops early only once the blocks sent hold the warm pass's requests: a warm pass
+            # of fewer could not judge its limits.
+            sent = sum(len(b) for b in plan.blocks[: self.pairs_run])
+            if j.verdict == "fail" or (j.verdict == "pass" and sent >= ab.warm_requests):
+                self.record.stop_reason = f"look {look} decided: {j.verdict}"
+                break
+        else:
+            self.record.stop_reason = f"the last look ({ab.looks})"
+        self.save()
+
     def _block(self, plan: ABPlan, target: Target, arm: Arm, pair: int, corpus: Path) -> None:
-        spec = self.spec
         results = self.out / arm / f"{pair:02d}"
         n = len(plan.blocks[pair - 1])
+        rec = self._replay(
+            plan, target, arm, corpus=corpus, results=results, n=n, label=f"pair {pair}: {arm}", pair=pair
+        )
+        self.record.blocks.append(rec)
+        self.save()
+        self._check_block(rec, f"the {arm}'s block {pair}", results)
+
+    def _warm(self, plan: ABPlan, targets: dict[Arm, Target]) -> None:
+        """Each arm sends ``--warm-requests`` of the requests its blocks sent (a seeded sample), again:
+        now they are cached. Rates, not latencies, are judged on it, so one block an arm will do."""
+        sent = [r for block in plan.blocks[: self.pairs_run] for r in block]
+        k = min(self.spec.ab.warm_requests, len(sent))
+        rng = np.random.default_rng(plan.load.seed)
+        chosen = [sent[i] for i in sorted(rng.choice(len(sent), size=k, replace=False).tolist())]
+        corpus = self._write_corpus(self.out / BLOCKS_DIR / "warm.jsonl", chosen)
+        assert plan.rate_rps is not None
+        warm = replace(plan, rate_rps=round(plan.rate_rps * WARM_SPEEDUP, 4))
+        for target in targets.values():
+            # The blocks' cache write-backs land first (a busy runner lags them): the warm pass judges
+            # what the cache keeps, not how far behind its writer is.
+            with contextlib.suppress(NotExposed):
+                target.client.cache_drain(60.0)
+        for arm in ARMS:
+            results = self.out / WARM_DIR / arm
+            rec = self._replay(
+                warm, targets[arm], arm, corpus=corpus, results=results, n=k, label=f"warm: {arm}", pair=0
+            )
+            self.record.warm.append(rec)
+            self.save()
+            self._check_block(rec, f"the {arm}'s warm pass", results)
+
+    def _replay(
+        self, plan: ABPlan, target: Target, arm: Arm, *, corpus: Path, results: Path, n: int, label: str,
+        pair: int,
+    ) -> BlockRecord:  # fmt: skip
+        spec = self.spec
         given = spec.recipe.load
+        assert plan.rate_rps is not None
         opts = plan.load.evolve(
-            corpus=corpus, max_requests=n, stage=arm, results_dir=results,
-            bypass_fraction=1.0 if spec.ab.bypass_cache else None,
+            corpus=corpus, max_requests=n, stage=arm, results_dir=results, rate=plan.rate_rps, capacity=None,
+            max_duration=None, bypass_fraction=1.0 if spec.ab.bypass_cache else None,
             # A block is short: Locust's own start-up already gives the users time to spawn.
             start_delay=given.start_delay if given.is_set("start_delay") else 1.0,
         )  # fmt: skip
@@ -446,14 +690,18 @@ class ABRunner:
         self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
         started = time.monotonic()
         try:
-            with self.ui.phase(f"pair {pair}: {arm}", results / RECORDS_FILE, n):
+            with self.ui.phase(label, results / RECORDS_FILE, n):
                 code = run_locust(load, timeout_s=spec.recipe.phase_timeout)
         except KeyboardInterrupt:  # run_locust let the child finalize its results first
-            self._note_block(pair, arm, results, int(ExitCode.INTERRUPTED), started)
+            rec = self._note_block(pair, arm, results, int(ExitCode.INTERRUPTED), started)
+            (self.record.warm if pair == 0 else self.record.blocks).append(rec)
             raise
-        block = self._note_block(pair, arm, results, code, started)
+        return self._note_block(pair, arm, results, code, started)
+
+    def _check_block(self, block: BlockRecord, name: str, results: Path) -> None:
+        """The error a block's exit code means (a dead target, a broken run), or its line."""
+        code = block.exit_code
         summary_path, log = results / SUMMARY_FILE, results / "locust.log"
-        name = f"the {arm}'s block {pair}"
         if code == int(ExitCode.TARGET_DIED) and summary_path.exists():
             died = read_summary(results).target_died
             if died is not None:
@@ -462,14 +710,14 @@ class ABRunner:
             raise ERRORS_BY_CODE[code](f"{name} exited with {code}: {log_tail(log)}", file=log)
         if code == int(ExitCode.INTERRUPTED):
             raise UnavailableError(
-                f"{name} did not end within {spec.recipe.phase_timeout:g} s and was stopped", file=log,
+                f"{name} did not end within {self.spec.recipe.phase_timeout:g} s and was stopped", file=log,
                 hint="a larger --phase-timeout, or smaller blocks",
             )  # fmt: skip
         if not summary_path.exists():
             raise UnavailableError(f"{name} wrote no summary (exit {code}): {log_tail(log)}", file=log)
         mark = "[green]✓[/]" if code == 0 else "[yellow]![/]"
         self.ui.say(
-            f"{mark} pair {pair} {arm}: {block.requests} requests, {block.errors} errors"
+            f"{mark} {name}: {block.requests} requests, {block.errors} errors"
             + (", client-bound" if block.client_bound else "")
             + f" → {results}"
         )
@@ -484,11 +732,23 @@ class ABRunner:
                 update={"requests": s.requests, "errors": s.errors, "client_bound": s.client_bound,
                         "interrupted": s.interrupted}
             )  # fmt: skip
-        self.record.blocks.append(rec)
-        self.save()
         return rec
 
-    def _judge(self) -> None:
+    # ---- judging ---------------------------------------------------------------------------------
+
+    @property
+    def _family_looks(self) -> int:
+        """Looks the family's α is split over: every look at the blocks, and the final one after a warm
+        pass (its errors count in the candidate's error rate)."""
+        return self.spec.ab.looks + (1 if self.spec.ab.warm_requests else 0)
+
+    def _other_tests(self) -> int:
+        """The gate file's tests, each taking its share of α (every gate counted, a skipped one too:
+        conservative, and known before the run)."""
+        plan_gate = self.spec.recipe.gate.baseline
+        return len(read_baseline(plan_gate).gates) if plan_gate is not None else 0
+
+    def _judge(self, look: int, more: Sequence[tuple[ResultSet, ResultSet]] = ()) -> ABJudgement:
         from harness.gates.runs import load_result_set
 
         spec, ab = self.spec, self.spec.ab
@@ -497,14 +757,81 @@ class ABRunner:
                 load_result_set(self.out / "base" / f"{j:02d}", f"base-{j:02d}"),
                 load_result_set(self.out / "candidate" / f"{j:02d}", f"candidate-{j:02d}"),
             )
-            for j in range(1, ab.blocks + 1)
+            for j in range(1, self.pairs_run + 1)
         ]
         with self.ui.step("judging the ratios"):
             j = judge_ab(
                 pairs, metrics=self.metrics, limit=ab.limit, detect=ab.detect,
-                max_error_rate=ab.max_error_rate, confidence=spec.recipe.gate.confidence,
-                resamples=spec.resamples, seed=spec.seed, left_out=self.left_out,
+                max_error_rate=ab.max_error_rate, detect_error_rate=ab.detect_error_rate,
+                confidence=spec.recipe.gate.confidence, resamples=spec.resamples, seed=spec.seed,
+                left_out=self.left_out, look=look, looks=self._family_looks, other_tests=self._other_tests(),
+                more_errors=more,
             )  # fmt: skip
         self.record.judgement = j
         self.record.verdict = j.verdict
-        self._finish(j.exit_code, j.headline)
+        self.save()
+        return j
+
+    def _conclude(self, plan: ABPlan) -> None:
+        """The final verdict: the last look's ratios with the warm pass's errors counted, and the gate
+        file on the candidate; ``ab.json``, ``gate.json`` and the exit code."""
+        from harness.gates.runs import load_result_set
+
+        more: list[tuple[ResultSet, ResultSet]] = []
+        if self.record.warm:
+            more = [(load_result_set(self.out / WARM_DIR / "base", "warm-base"),
+                     load_result_set(self.out / WARM_DIR / "candidate", "warm-candidate"))]  # fmt: skip
+        j = self._judge(len(self.record.looks) + (1 if more else 0), more) if more else self.record.judgement
+        assert j is not None
+        verdicts: list[str] = [j.verdict]
+        messages = [j.headline]
+        if plan.baseline is not None:
+            note = self._gate(plan.baseline)
+            verdicts.append(note.verdict)
+            messages.append(f"--gate {note.baseline}: {note.verdict} ({_counts_text(note.counts)})")
+        overall: Overall = (
+            "fail" if "fail" in verdicts else "unjudgeable" if set(verdicts) - {"pass"} else "pass"
+        )
+        self.record.verdict = overall
+        self._finish(int(EXIT_CODES[overall]), "; ".join(messages))
+
+    def _gate(self, baseline: Baseline) -> GateNote:
+        """``--gate FILE`` on the candidate's pooled cold blocks (``cold``) and warm pass (``warm``), each
+        gate at its share of the family's α."""
+        from harness.gates.judge import judge, write_report_json
+        from harness.gates.output import write_junit
+        from harness.gates.runs import load_result_set, pooled_set
+
+        assert self.record.judgement is not None
+        tests = self.record.judgement.tests
+        # Two-sided confidence whose one-sided tail is this gate's α / tests.
+        confidence = 1.0 - 2.0 * levels(1.0 - self.spec.recipe.gate.confidence, tests)
+        cold = pooled_set(
+            [load_result_set(self.out / "candidate" / f"{j:02d}") for j in range(1, self.pairs_run + 1)],
+            "cold",
+        )
+        sets = [cold]
+        if self.record.warm:
+            sets.append(load_result_set(self.out / WARM_DIR / "candidate", "warm"))
+        path = self.spec.recipe.gate.baseline
+        report = judge(baseline.model_copy(update={"confidence": confidence}), sets, baseline_path=path)
+        write_report_json(self.out / GATE_JSON, report)
+        write_junit(self.out / GATE_JUNIT, report)
+        counts = {k: v for k, v in report.counts().items() if v}
+        note = GateNote(
+            baseline=str(path), verdict=report.verdict, exit_code=report.exit_code, counts=counts,
+            confidence=confidence, file=str(self.out / GATE_JSON),
+        )  # fmt: skip
+        self.record.gate = note
+        self.save()
+        return note
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    words = {
+        "pass": "passed",
+        "fail": "failed",
+        "inconclusive": "inconclusive",
+        "unjudgeable": "cannot be judged",
+    }
+    return ", ".join(f"{n} {words.get(k, k)}" for k, n in counts.items()) or "no gates"

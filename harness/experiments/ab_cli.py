@@ -18,23 +18,33 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
-from harness.common.options import with_options
-from harness.experiments.recipe import AB_LOAD_FLAGS, RecipeFile, check_corpus, recipe_options, resolve
+from harness.common.options import options_of, with_options
+from harness.experiments.recipe import (
+    AB_LOAD_FLAGS,
+    CapacityRecipe,
+    RecipeFile,
+    check_corpus,
+    recipe_options,
+    resolve,
+)
 from harness.load.options import LOAD_PANEL
 
 stderr = cons.err()
 COMMAND_SETTINGS = {
     "ab": {
-        "epilog": 'Example: harness ab --base-serve-args "--preset tiny --cache" --candidate-serve-args '
-        '"--preset tiny --cache --inject-slowdown 1.3" --corpus runs/corpus --rate 4 --max-tokens-cap 8 '
-        "-o runs/ab",
+        "epilog": "Example: harness ab --recipe fixtures/recipes/ci.yaml "
+        '--candidate-serve-args "--preset tiny --cache --inject-slowdown 1.3" -o runs/ab',
     }
 }
 """How ``harness/cli.py`` registers the command."""
 
 
-AB_OPTIONS = recipe_options(load=AB_LOAD_FLAGS, sections=("ab", "confidence", "phase_timeout"), target=False)
-"""``harness ab``'s recipe options (every one is a field of :class:`~harness.experiments.recipe.Recipe`)."""
+AB_OPTIONS = [
+    *recipe_options(load=AB_LOAD_FLAGS, sections=("ab", "gate", "phase_timeout"), target=False),
+    # The base's capacity search (--rate N%): its probes take the blocks' path (--bypass-cache/--use-cache).
+    *options_of(CapacityRecipe, at=("capacity",), exclude=("bypass_cache",)),
+]
+"""``harness ab``'s recipe options (every one a field of :class:`~harness.experiments.recipe.Recipe`)."""
 
 
 @with_options(
@@ -49,13 +59,17 @@ def ab(
         bool, typer.Option("--force", help="Replace an earlier A/B run's results in OUT.")
     ] = False,
 ) -> None:
-    """A/B latency verdict: a base and a candidate target, block pairs interleaved A B B A …
+    """A/B verdict: a base and a candidate target, block pairs interleaved A B B A …, judged in the job.
 
-    Each block pair sends the same distinct requests to both (one target loaded at a time), and each
-    latency percentile's ratio candidate/base gets a stratified bootstrap interval: fail when it is
-    above --limit, pass when --detect is ruled out. No stored latency: drift hits both arms alike.
+    --rate 70% loads both at that share of the base's capacity, measured first. Each block pair sends
+    the same distinct requests to both (one target loaded at a time), and each latency percentile's
+    ratio candidate/base gets a stratified bootstrap interval: fail when proven above --limit, pass
+    when --detect is ruled out; --looks looks stop at the first that decides. --warm-requests sends
+    requests again, cached; --gate FILE judges its rates and bytes on the candidate. One family-wise
+    false-alarm rate (1 − --confidence) covers every test and look. No stored latency: drift hits
+    both arms alike.
 
-    Writes OUT/ab.json, OUT/recipe.yaml and one run directory per block (docs/gates.md).
+    Writes OUT/ab.json, OUT/gate.json, OUT/recipe.yaml and one run directory per block (docs/ci.md).
 
     Exit 0 pass, 1 fail, 6 cannot be judged.
     """
@@ -70,6 +84,11 @@ def ab(
         for m in record.judgement.metrics:
             if m.verdict != "pass":
                 stderr.print(f"  {m.metric}: {m.reason}", highlight=False, soft_wrap=True, markup=False)
+    if record.gate is not None:
+        from harness.gates.judge import read_report_json
+        from harness.gates.output import gate_table
+
+        cons.wide(160).print(gate_table(read_report_json(record.gate.file)))
     stderr.print(f"results in {out} (ab.json; base/NN, candidate/NN)", highlight=False)
     code = record.exit_code or 0
     message = record.message or ""

@@ -11,6 +11,12 @@ The pieces: the SLO and a probe's verdict (:mod:`harness.experiments.slo`), the 
 Exit codes (:attr:`CapacityResult.exit_code`): 0 a rate meets the SLO (``bounded: false`` when none
 failed up to ``--max-rate``: "at least"); 1 not even the lowest rate does; 6 the lowest rate could
 not be judged (its interval straddles a limit).
+
+**Errors are judged, never hidden**: a calibration request or a probe request the target answered
+with an error is counted (the calibration's in :class:`Calibration`, each probe's in its row), and the
+answer names the target's error rate with its interval (:mod:`harness.experiments.capacity_search`).
+Only a target that answered none of the calibration's requests (refused, no answer) is unreachable
+(:class:`~harness.common.errors.UnavailableError`, exit 5).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from harness.common import console as cons
 from harness.common.errors import ExitCode, UnavailableError
 from harness.common.io import write_json
 from harness.experiments.capacity_result import CAPACITY_FILE, Calibration, CapacityResult
-from harness.experiments.capacity_search import search
+from harness.experiments.capacity_search import search, unprobed
 from harness.experiments.driver import (
     ERRORS_BY_CODE,
     Ui,
@@ -161,6 +167,12 @@ class CapacityRunner:
         start = spec.search.min_rate
         if start is None:
             calibration = self._calibrate(target, requests)
+            if calibration.start_rate is None:  # every request failed, yet the target answered them
+                answer = unprobed(
+                    self.terms, calibration, confidence=spec.confidence,
+                    resolution=spec.search.resolution, slo_text=spec.search.slo,
+                )  # fmt: skip
+                return self._finish(answer, target)
             start = calibration.start_rate
             if spec.search.max_rate is not None:
                 start = min(start, spec.search.max_rate)
@@ -184,13 +196,17 @@ class CapacityRunner:
                 confidence=spec.confidence,
                 on_probe=progress,
                 slo_text=spec.search.slo,
+                calibration=calibration,
             )
         except KeyboardInterrupt:
             self._save_partial(self.probes, calibration, target, interrupted=True)
             raise
+        return self._finish(result, target)
+
+    def _finish(self, result: CapacityResult, target: Target) -> CapacityResult:
+        """The answer with where and when it was measured, written to ``capacity.json``."""
         result = result.model_copy(
             update={
-                "calibration": calibration,
                 "target": target.url,
                 "started_at": self.started_at,
                 "finished_at": datetime.now(UTC).isoformat(),
@@ -222,29 +238,52 @@ class CapacityRunner:
         write_json(self.out / CAPACITY_FILE, partial)
 
     def _calibrate(self, target: Target, specs: Sequence[RequestSpec]) -> Calibration:
-        """Send a few requests one at a time; the start rate is half of what one stream sustains."""
+        """Send a few requests one at a time; the start rate is half of what one stream sustains.
+
+        A request that fails is counted (the target's error rate one at a time), not the end of the
+        search: a target that answers some errors still has a capacity, and its errors are judged.
+        Only a target that answered none of them is unreachable (exit 5). When every one failed with
+        an answer, ``start_rate`` is ``None`` and the caller answers from the calibration alone."""
         n = self.spec.search.calibration_requests
         picked = [specs[i % len(specs)] for i in range(n)]
-        times: list[float] = []
+        sent: list[tuple[bool, float]] = []
+        answered = 0
+        first_error: str | None = None
         with self.ui.step(f"calibrating: {n} requests one at a time"):
-            for i, spec in enumerate(picked):
+            for spec in picked:
                 t0 = time.perf_counter()
                 (res,) = target.client.probe([spec], no_cache=self.spec.search.bypass_cache, concurrency=1)
-                elapsed = time.perf_counter() - t0
-                if not res.ok:
-                    raise UnavailableError(
-                        f"calibration request {i + 1} failed ({res.error}): the target does not serve",
-                        hint="check the target, or give --min-rate to skip the calibration",
-                    )
-                if i > 0:  # the first one pays for connections, lazy loading, compilation
-                    times.append(elapsed)
+                sent.append((res.ok, time.perf_counter() - t0))
+                answered += res.status > 0  # status 0: refused, reset or timed out
+                if not res.ok and first_error is None:
+                    first_error = res.error or f"HTTP {res.status}"
+        if not answered:
+            raise UnavailableError(
+                f"none of the {n} calibration requests was answered ({first_error}): the target does not "
+                "serve",
+                hint="check the target, or give --min-rate to skip the calibration",
+            )
+        errors = sum(not ok for ok, _ in sent)
+        # The first one pays for connections, lazy loading, compilation: left out when another succeeded.
+        times = [t for i, (ok, t) in enumerate(sent) if ok and i > 0] or [t for ok, t in sent if ok]
+        if errors:
+            self.ui.say(
+                f"[yellow]![/] calibration: {errors} of {n} requests failed "
+                f"(first: {escape(first_error or '')}): the target's errors, judged with the probes'"
+            )
+        if not times:
+            return Calibration(
+                requests=n, errors=errors, first_error=first_error, service_ms=None, start_rate=None
+            )
         service = float(np.median(times))
         start = 0.5 / service
         self.ui.say(
             f"[green]✓[/] one request alone takes {service * 1000:.0f} ms: starting at {start:.3g} req/s "
             "(half of what one stream sustains)"
         )
-        return Calibration(requests=n, service_ms=service * 1000.0, start_rate=start)
+        return Calibration(
+            requests=n, errors=errors, first_error=first_error, service_ms=service * 1000.0, start_rate=start
+        )
 
 
 class _LocustProber:

@@ -3,8 +3,9 @@
 Exit codes: 0 a rate meets the SLO (printed as "at least" when no probe failed up to ``--max-rate``);
 1 not even the lowest rate does; 6 the lowest rate cannot be judged; 2 bad command line; 3 bad input
 file; 4 bad option, SLO or ``--serve-args``, or ``--out`` holding an earlier search; 5 the target
-could not be started or reached; 130 interrupted (the running probe finalized, the server stopped,
-``capacity.json`` holds the probes so far).
+could not be started or reached (it answered none of the calibration's requests: one that answers
+errors is judged on its error rate, 1 or 6, the reason naming it); 130 interrupted (the running probe
+finalized, the server stopped, ``capacity.json`` holds the probes so far).
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def result_table(result: CapacityResult) -> Table:
         left={"verdict"},
     )
     colours = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+    cal = result.calibration
+    if cal is not None:  # its errors are the target's too: a row, not a footnote
+        errors = f"[red]{cal.errors}[/]" if cal.errors else "0"
+        verdict = "calibration" if cal.start_rate is not None else "[red]calibration: every request failed[/]"
+        table.add_row("–", "one at a time", "—", str(cal.requests), errors, *["—"] * len(terms), verdict)
     for p in sorted(result.probes, key=lambda p: p.rate):
         cells = [
             str(p.index),

@@ -1,5 +1,12 @@
 """What a capacity search answers (``OUT/capacity.json``): a small model that reports and the demo
-read without the runner that made it."""
+read without the runner that made it.
+
+**Errors are judged, never hidden.** A request the target answered with an error (or, while others
+were answered, did not answer) is counted, not taken for an unreachable target: the calibration and
+every probe record their errors, and :attr:`CapacityResult.errors` is the target's error rate with its
+exact interval (:class:`ErrorCount`, shared with the warm check), which ``harness run`` judges against
+its baseline's ``error_rate`` gates before it sends a phase.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,52 @@ from harness.experiments.slo import ProbeResult, SloTerm, Verdict
 CAPACITY_FILE = "capacity.json"
 
 
+class ErrorCount(StrictModel):
+    """Failed requests among those sent, and their share with its exact (Clopper–Pearson) interval at
+    ``confidence``, as the gates' ``error_rate`` computes it (:func:`harness.gates.metrics.rate_interval`)."""
+
+    errors: int
+    requests: int
+    rate: float | None
+    """``errors / requests`` (``None``: nothing was sent)."""
+    lo: float | None
+    hi: float | None
+    confidence: float
+
+    @classmethod
+    def of(cls, errors: int, requests: int, confidence: float) -> ErrorCount:
+        from harness.gates.metrics import rate_interval
+
+        if requests <= 0:
+            return cls(errors=0, requests=0, rate=None, lo=None, hi=None, confidence=confidence)
+        lo, hi = rate_interval(errors, requests, confidence)
+        return cls(
+            errors=errors, requests=requests, rate=errors / requests, lo=lo, hi=hi, confidence=confidence
+        )
+
+    def text(self) -> str:
+        """``3 of 40 requests failed: error rate 7.50 % [1.57 %, 20.39 %] (95 %)``."""
+        from harness.gates.metrics import format_interval, format_value
+
+        if self.rate is None:
+            return "no request was sent"
+        share = f"{format_value(self.rate, 'ratio')} {format_interval(self.lo, self.hi, 'ratio')}"
+        return f"{self.errors} of {self.requests} requests failed: error rate {share} ({self.confidence:.0%})"
+
+
 class Calibration(StrictModel):
     """The sequential calibration that picked the start rate."""
 
     requests: int
-    service_ms: float
-    """Median time of one request sent alone."""
-    start_rate: float
+    errors: int = 0
+    """Requests that failed: the target answered an error (or did not answer, while others were
+    answered). They are the target's error rate one request at a time, not a reason to stop."""
+    first_error: str | None = None
+    service_ms: float | None
+    """Median time of one successful request sent alone (``None``: none succeeded)."""
+    start_rate: float | None
+    """``None``: every request failed, so no rate was probed
+    (:func:`harness.experiments.capacity_search.unprobed`)."""
 
 
 class CapacityResult(StrictModel):
@@ -39,6 +85,14 @@ class CapacityResult(StrictModel):
     cliff_rates: list[float] | None = None
     """``[low, high]`` across which a term jumped from within half its limit to 3× beyond it."""
     cliff_term: str | None = None
+    errors: ErrorCount | None = None
+    """The target's error rate where it was not overloaded: the calibration's requests (one at a
+    time) and those of the probes at rates up to ``low`` (the lowest probe when none passed). Errors
+    of the probes above are the overload's as much as the target's, and stay in their rows."""
+    limited_by_errors: bool = False
+    """No rate could be shown to meet the SLO because of the target's errors: the lowest probe's
+    ``error_rate`` term alone gives its verdict (or every request failed), or every calibration
+    request failed. ``reason`` then names the error rate and its interval."""
     slo: str
     terms: list[SloTerm]
     limits: list[float | None]

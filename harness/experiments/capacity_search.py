@@ -7,6 +7,14 @@ then bisection (geometric mean) between the highest passing and the lowest not-p
 against the offered rate gives the interpolated crossing inside the bracket. **A cliff**: between the
 last passing and the first failing rate some term jumps from comfortably within (≤ half its limit) to
 far beyond (≥ 3× its limit; an error rate ≥ max(3× the limit, 10 %)).
+
+**Errors.** A probe whose requests got error answers measured an error rate: its ``error_rate`` term
+is judged like any other. The answer also pools the errors where the target was not overloaded (the
+calibration and the probes up to ``low``, or the lowest probe when none passed) into
+:attr:`~harness.experiments.capacity_result.CapacityResult.errors`, names them in its reason, and
+says when they alone kept every rate from passing (``limited_by_errors``). A calibration whose every
+request failed while the target answered (:func:`unprobed`) is judged against the SLO like a probe:
+the error rate is the answer, not "unreachable".
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from harness.common.errors import ConfigError, ExitCode
-from harness.experiments.capacity_result import CapacityResult
+from harness.experiments.capacity_result import Calibration, CapacityResult, ErrorCount
 from harness.experiments.slo import ProbeResult, ProbeSamples, SloTerm, judge_probe, resolve_limits
 
 CLIFF_FACTOR = 3.0
@@ -76,11 +86,13 @@ def search(
     confidence: float = 0.95,
     on_probe: Callable[[ProbeResult, list[ProbeResult]], None] | None = None,
     slo_text: str = "",
+    calibration: Calibration | None = None,
 ) -> CapacityResult:
     """Bracket the knee by growing the rate ×``growth``, then bisect it (see the module docstring).
 
     ``measure(rate)`` runs one probe; ``on_probe(result, so_far)`` is called after each (progress,
-    ``capacity.json`` rewritten).
+    ``capacity.json`` rewritten); ``calibration``: the one that picked ``start``, whose errors count
+    with the probes'.
     """
     if start <= 0 or (max_rate is not None and start > max_rate):
         raise ConfigError(f"the start rate {start:g} must be in (0, --max-rate]", field="--min-rate")
@@ -137,7 +149,31 @@ def search(
         confidence=confidence,
         resolution=resolution,
         slo_text=slo_text,
+        calibration=calibration,
     )
+
+
+def sustained_errors(
+    probes: Sequence[ProbeResult], low: float | None, calibration: Calibration | None, confidence: float
+) -> ErrorCount:
+    """The errors of the requests sent where the target was not overloaded: the calibration's (one at
+    a time) and the probes' at rates up to ``low``, or the lowest probe's when none passed (the start
+    rate is half of what one stream sustains). A probe above ``low`` may have been refused for the
+    overload itself (a server shedding load answers 503): its errors stay in its row, since they may be
+    the overload's rather than the target's own."""
+    upto = low if low is not None else min((p.rate for p in probes), default=0.0)
+    counted = [p for p in probes if p.rate <= upto]
+    errors = sum(p.errors for p in counted) + (calibration.errors if calibration else 0)
+    requests = sum(p.requests for p in counted) + (calibration.requests if calibration else 0)
+    return ErrorCount.of(errors, requests, confidence)
+
+
+def _errors_alone(probe: ProbeResult) -> bool:
+    """Whether the errors alone would give the probe its verdict: the ``error_rate`` term's verdict is
+    the probe's (the worst of its terms), or every request failed (no latency sample at all)."""
+    if probe.requests > 0 and probe.errors == probe.requests:
+        return True
+    return any(t.metric == "error_rate" and t.verdict == probe.verdict for t in probe.terms)
 
 
 def _answer(
@@ -152,7 +188,9 @@ def _answer(
     confidence: float,
     resolution: float,
     slo_text: str,
+    calibration: Calibration | None = None,
 ) -> CapacityResult:
+    errors = sustained_errors(probes, low, calibration, confidence)
     common = {
         "slo": slo_text or ",".join(t.text for t in terms),
         "terms": list(terms),
@@ -161,18 +199,26 @@ def _answer(
         "resolution": resolution,
         "probes": probes,
         "reference": probes[0].dir if probes else None,
+        "calibration": calibration,
+        "errors": errors,
     }
+    # Errors where the target was not overloaded are named in every answer, with their interval.
+    seen = f"; the target answered errors: {errors.text()}" if errors.errors else ""
     if low is None:
         assert high is not None
         code = ExitCode.CHECK_FAILED if high.verdict == "fail" else ExitCode.UNJUDGEABLE
         what = "no rate meets the SLO" if high.verdict == "fail" else "the lowest rate cannot be judged"
+        by_errors = high.verdict != "pass" and _errors_alone(high)
+        if by_errors:
+            what += " because of the target's errors"
         return CapacityResult(
             capacity_rps=0.0,
             low=0.0,
             high=high.rate,
             high_verdict=high.verdict,
             bounded=True,
-            reason=f"{what}: at {high.rate:.4g} req/s (the lowest probed), {high.note}",
+            limited_by_errors=by_errors,
+            reason=f"{what}: at {high.rate:.4g} req/s (the lowest probed), {high.note}{seen}",
             exit_code=int(code),
             **common,
         )
@@ -187,7 +233,7 @@ def _answer(
             low=low,
             high=None,
             bounded=False,
-            reason=f"every probe passed up to {low:.4g} req/s ({why}): capacity is at least that",
+            reason=f"every probe passed up to {low:.4g} req/s ({why}): capacity is at least that{seen}",
             exit_code=0,
             **common,
         )
@@ -216,6 +262,7 @@ def _answer(
     )
     if cliff_term is not None:
         reason += f"; a cliff in {cliff_term} between them"
+    reason += seen
     return CapacityResult(
         capacity_rps=capacity,
         low=low,
@@ -228,6 +275,50 @@ def _answer(
         reason=reason,
         exit_code=0,
         **common,
+    )
+
+
+def unprobed(
+    terms: Sequence[SloTerm],
+    calibration: Calibration,
+    *,
+    confidence: float,
+    resolution: float,
+    slo_text: str = "",
+) -> CapacityResult:
+    """The answer when every calibration request failed though the target answered them: there is no
+    service time to start from, and the calibration is the measurement. Its requests are judged
+    against the SLO as a probe's would be (the error rate with its interval; a latency term has no
+    sample, so an absolute one fails and a relative one cannot be judged): exit 1 when a term fails,
+    6 otherwise, the reason naming the error rate either way."""
+    n = calibration.requests
+    columns = {t.column: np.full(n, np.nan) for t in terms if t.column is not None and t.column != "itl_ms"}
+    samples = ProbeSamples(rate=0.0, columns=columns, ok=np.zeros(n, dtype=bool), itl=np.empty(0))
+    judged = judge_probe(0, terms, resolve_limits(terms, samples), samples, confidence)
+    failed = judged.verdict == "fail"
+    errors = ErrorCount.of(calibration.errors, n, confidence)
+    what = "no rate meets the SLO" if failed else "the SLO cannot be judged"
+    first = f" (first: {calibration.first_error})" if calibration.first_error else ""
+    return CapacityResult(
+        capacity_rps=0.0,
+        low=0.0,
+        high=None,
+        bounded=True,
+        limited_by_errors=True,
+        slo=slo_text or ",".join(t.text for t in terms),
+        terms=list(terms),
+        limits=[t.limit for t in terms],
+        confidence=confidence,
+        resolution=resolution,
+        probes=[],
+        reference=None,
+        calibration=calibration,
+        errors=errors,
+        reason=(
+            f"{what} because of the target's errors: every one of the {n} calibration requests sent one "
+            f"at a time failed{first}, so no rate was probed; {judged.note}; {errors.text()}"
+        ),
+        exit_code=int(ExitCode.CHECK_FAILED if failed else ExitCode.UNJUDGEABLE),
     )
 
 

@@ -28,11 +28,19 @@ against the same target, by :class:`harness.experiments.capacity.CapacityRunner`
 ``run.json`` (``capacity``); a target that meets the capacity SLO at no rate cannot be loaded to a share
 of it (exit 6).
 
+**Errors are judged, never hidden.** A target that answers errors is failed on its error rate however
+the run got there. The capacity search and the warm check count the errors they saw (with the exact
+interval) instead of calling the target unreachable (exit 5 is a target that answered nothing); with
+``--gate``, the baseline's ``error_rate`` gates are judged on those counts right away, by the gates'
+own rule (:func:`judge_errors`), and one proven exceeded ends the run with exit 1 naming it
+(``gate.json``, ``gate.junit.xml`` as a gated run writes them) before the next phase is sent. Errors
+that prove nothing go on, named in the message the run ends with.
+
 ``OUT/run.json`` (:class:`PairedRun`) is rewritten atomically after every step, so an interrupted
 or failed run still says how far it got. Exit codes (:func:`exit_code_of`): 0 pass; 1 a gate proved
-a regression; 6 the warm phase could not be called warm or a gate could not judge; 3/4/5 bad input,
-bad configuration, target unavailable; 130 interrupted (Ctrl-C or SIGTERM: the running phase is
-finalized, the server stopped, ``run.json`` written).
+a regression (the errors before the phases included); 6 the warm phase could not be called warm or a
+gate could not judge; 3/4/5 bad input, bad configuration, target unavailable; 130 interrupted
+(Ctrl-C or SIGTERM: the running phase is finalized, the server stopped, ``run.json`` written).
 
 Locust runs in its own process (gevent never runs in this one); this process only polls the
 results file for the progress bar.
@@ -57,8 +65,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import ExitCode, HarnessError, TargetDied, UnavailableError
+from harness.common.errors import CheckFailed, ExitCode, HarnessError, TargetDied, UnavailableError
 from harness.common.io import write_json
+from harness.experiments.capacity_result import ErrorCount
 from harness.experiments.driver import (
     ERRORS_BY_CODE,
     Ui,
@@ -90,10 +99,49 @@ from harness.experiments.target import Target, flush_all
 from harness.experiments.warmcheck import check_warm
 from harness.gates.compare import Comparison
 from harness.gates.judge import GateReport
+from harness.gates.metrics import format_value
 from harness.load.arrivals import RequestSpec
 from harness.load.results import RECORDS_FILE, read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.target import NotExposed
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+def judge_errors(baseline: Path, label: str, seen: ErrorCount, where: Path) -> GateReport | None:
+    """The baseline's ``error_rate`` gates judged on errors counted outside the phases (the capacity
+    search's, the warm check's probes), by the gates' own rule and exact test
+    (:func:`harness.gates.judge.judge`) on a result set labelled ``label`` of ``seen.requests``
+    requests, ``seen.errors`` of them failed; ``None`` when no gate applies.
+
+    Every at-most ``error_rate`` gate applies whatever its phase: the error rate is the target's, and
+    these requests went to the same target (gates with one limit and ``detect`` are judged once). A
+    gate that selects a scenario or a stage does not: it judges part of a phase's traffic, and these
+    counts are of the whole. ``min_samples`` is lifted to 1: it keeps a run too small to see the
+    regression from *passing*; a count that proves the limit exceeded proves it at any size, and only
+    a fail is acted on (:meth:`PairedRunner._judge_errors`)."""
+    import numpy as np
+
+    from harness.gates import judge, read_baseline
+    from harness.gates.runs import ResultSet, RunFrame
+
+    spec = read_baseline(baseline)
+    gates = []
+    judged: set[tuple[float, float | None]] = set()
+    for g in spec.gates:
+        if g.metric != "error_rate" or g.effective_direction != "at_most" or g.scenario or g.stage:
+            continue
+        if (g.limit, g.detect) in judged:
+            continue
+        judged.add((g.limit, g.detect))
+        gates.append(g.model_copy(update={"phase": label, "min_samples": 1}))
+    if not gates:
+        return None
+    ok = np.arange(seen.requests) >= seen.errors  # which requests failed does not matter to a count
+    frame = RunFrame.from_columns(seen.requests, ok=ok)
+    counted = ResultSet(label=label, path=where, summary=None, frame=frame)
+    return judge(spec.model_copy(update={"gates": gates}), [counted], baseline_path=baseline)
+
 
 # ------------------------------------------------------------------------------------------ running
 
@@ -176,12 +224,22 @@ class PairedRunner:
             cap = result.capacity_rps
             record = CapacityRecord(
                 capacity_rps=cap, source="measured", low=result.low, high=result.high, bounded=result.bounded,
-                file=str(cspec.out / "capacity.json"), rate_share=spec.rate_share,
+                file=str(cspec.out / "capacity.json"), rate_share=spec.rate_share, errors=result.errors,
+                limited_by_errors=result.limited_by_errors,
             )  # fmt: skip
+            self.record.capacity = record
+            self.save()
+            unproven = self._judge_errors(
+                "capacity", result.errors, "the capacity search's requests, before any phase", cspec.out
+            )
             if cap <= 0:
-                self.record.capacity = record
+                why = (
+                    "the target's errors leave no capacity to take a share of"
+                    if result.limited_by_errors
+                    else "no rate meets the capacity SLO, so a share of capacity means nothing"
+                )
                 raise CannotJudge(
-                    f"no rate meets the capacity SLO, so a share of capacity means nothing: {result.reason}",
+                    f"{why}: {result.reason}" + (f"; {unproven}" if unproven else ""),
                     file=cspec.out / "capacity.json",
                 )
         assert cap is not None
@@ -277,8 +335,57 @@ class PairedRunner:
         else:
             self.ui.say(f"[bold red]✗ not calling this run warm[/]: {escape(check.reason)} (measured anyway)")
         self.save()
+        self._judge_errors(
+            "warm-check", check.errors, "the warm check's probes, before the warm phase",
+            self.out / WARM_CHECK_FILE,
+        )  # fmt: skip
         warm = replay.replace(stage="warm", **prep.phase_load.get("warm", {}))
         self._phase("warm", warm, len(prep.planned))
+
+    def _judge_errors(self, label: str, seen: ErrorCount | None, what: str, where: Path) -> str | None:
+        """Judge the gate's ``error_rate`` limits on errors seen outside the phases
+        (:func:`judge_errors`). Proven exceeded: the verdict is written as a gated run writes it and the
+        run ends here (:class:`CheckFailed`, exit 1, naming the gate and the numbers); the phases to come
+        could not undo it. Not proven: the run goes on, and the sentence saying so is returned for the
+        message it may end with (``None``: no errors, no gate, or no ``error_rate`` gate)."""
+        from harness.gates import write_report_json
+        from harness.gates.output import write_junit
+
+        if seen is None or not seen.errors or self.spec.gate is None:
+            return None
+        report = judge_errors(self.spec.gate, label, seen, where)
+        if report is None:
+            return None
+        failed = [g for g in report.gates if g.verdict == "fail"]
+        if not failed:
+            limits = ", ".join(f"{g.id} ≤ {format_value(g.limit, g.unit)}" for g in report.gates)
+            note = f"the gate's {limits} is not proven exceeded by {what} ({seen.text()})"
+            self.ui.say(f"[yellow]![/] {escape(note)}")
+            return note
+        # Only the failing gates: the lifted min_samples makes a pass here mean nothing.
+        report = report.model_copy(update={"gates": failed})
+        junit, verdict = self.out / JUNIT_FILE, self.out / VERDICT_FILE
+        write_junit(junit, report)
+        write_report_json(verdict, report)
+        self.gate_report = report
+        self.record.gate = GateRecord(
+            verdict=report.verdict, exit_code=report.exit_code, headline=report.headline(),
+            junit=str(junit), verdict_json=str(verdict),
+        )  # fmt: skip
+        reasons = "; ".join(f"{g.id}: {g.reason}" for g in failed)
+        raise CheckFailed(f"gate: {report.headline()}, judged on {what}: {reasons}", file=verdict)
+
+    def _errors_seen(self) -> list[str]:
+        """The errors the capacity search and the warm check counted, for the message the run ends with
+        (the warm check's only where its own reason, already in the message, does not say them)."""
+        notes = []
+        cap = self.record.capacity
+        if cap is not None and cap.errors is not None and cap.errors.errors:
+            notes.append(f"the capacity search's requests: {cap.errors.text()}")
+        check = self.record.warm_check
+        if check is not None and check.warm and check.errors is not None and check.errors.errors:
+            notes.append(f"the warm check's probes: {check.errors.text()}")
+        return notes
 
     def _probe_sample(self, prep: Prepared) -> list[RequestSpec]:
         """A seeded sample of the distinct requests the warm phase will send."""
@@ -376,4 +483,7 @@ class PairedRunner:
                 headline=self.gate_report.headline(), junit=str(junit), verdict_json=str(verdict),
             )  # fmt: skip
         code, message = exit_code_of(self.record.warm_check, self.gate_report)
+        seen = self._errors_seen()
+        if seen:  # judged where a gate could (above, and before the phases); said in every case
+            message += "; errors before the phases: " + "; ".join(seen)
         self.record.exit_code, self.record.message = int(code), message

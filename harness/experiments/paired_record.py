@@ -15,6 +15,7 @@ from rich.console import Console
 
 from harness.common.errors import ExitCode
 from harness.common.model import StrictModel
+from harness.experiments.capacity_result import ErrorCount
 from harness.experiments.recipe import RECIPE_FILE
 from harness.experiments.target import FlushOutcome
 from harness.experiments.warmcheck import WarmCheck
@@ -105,6 +106,12 @@ class CapacityRecord(StrictModel):
     """The absolute constant rate both phases used (``rate_share × capacity_rps``)."""
     plan_shares: bool = False
     """Whether the ladder plan's shares were resolved with it (``--capacity`` to the ladder)."""
+    errors: ErrorCount | None = None
+    """The target's error rate as the measurement saw it where the target was not overloaded
+    (:attr:`harness.experiments.capacity_result.CapacityResult.errors`); judged by the gate's
+    ``error_rate`` limits before any phase."""
+    limited_by_errors: bool = False
+    """The target's errors alone kept the measurement from finding a capacity."""
 
 
 class PairedRun(StrictModel):

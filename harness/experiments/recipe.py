@@ -8,7 +8,7 @@ option, declared once with its type, default, validation and help; the commands'
 from the fields (:mod:`harness.common.options`), so ``--max-tokens-cap`` is the same option, with the
 same words, in every command and in a recipe file::
 
-    # fixtures/recipes/ci.yaml
+    # a recipe for harness run (fixtures/recipes/paired.yaml is another)
     target:
       serve_args: --preset tiny --cache
     load:
@@ -18,7 +18,7 @@ same words, in every command and in a recipe file::
       max_tokens_cap: 16
       plan: fixtures/plans/tiny.yaml
     gate:
-      baseline: fixtures/baselines/tiny-cpu.yaml
+      baseline: my-runner.yaml
 
 ``--recipe FILE`` reads such a file; flags given beside it override its values (:func:`resolve`). Paths
 in a file are relative to the working directory, as on a command line. Secrets never go in a file
@@ -222,16 +222,20 @@ class ABTargets(StrictModel):
 
 
 class ABRecipe(ABTargets):
-    """``harness ab``: the two targets, the blocks it interleaves and the verdict's terms
-    (:mod:`harness.gates.ab`)."""
+    """``harness ab``: the two targets, the blocks it interleaves, when it looks at them, and the
+    verdict's terms (:mod:`harness.gates.ab`)."""
 
     blocks: Annotated[int, Flag(panel=AB_PANEL)] = Field(
-        4, ge=2, description="Block pairs: each sends the same distinct requests to both targets, in the "
-        "order A B B A A B …; no two pairs share a request",
+        4, ge=2, description="Block pairs a look: each sends the same distinct requests to both targets, "
+        "in the order A B B A A B …; no two pairs share a request",
     )  # fmt: skip
     block_requests: Annotated[int | None, Flag(panel=AB_PANEL)] = Field(
         None, ge=1, description="Requests per block (default: the corpus's distinct requests split over "
-        "the blocks, at most 50)",
+        "every look's blocks, at most 50)",
+    )  # fmt: skip
+    looks: Annotated[int, Flag(panel=AB_PANEL)] = Field(
+        1, ge=1, le=20, description="Looks at the verdict, one after every --blocks block pairs: the run "
+        "stops at the first that decides; each spends an equal share of the false-alarm rate",
     )  # fmt: skip
     limit: Annotated[float, Flag(panel=AB_PANEL)] = Field(
         1.10, gt=0, description="Fail when a latency ratio candidate/base is proven above this"
@@ -240,15 +244,30 @@ class ABRecipe(ABTargets):
         1.30, gt=0, description="Pass only when a latency ratio of this size is ruled out"
     )
     metrics: Annotated[str, Flag(panel=AB_PANEL)] = Field(
-        DEFAULT_METRICS, description="Comma-separated latency percentiles to compare (ttft/tpot/e2e_pNN)"
+        DEFAULT_METRICS, description="Comma-separated latency percentiles to compare (ttft/tpot/itl/e2e_pNN)"
     )
     max_error_rate: Annotated[float, Flag(panel=AB_PANEL)] = Field(
         0.01, ge=0, lt=1, description="Fail when the candidate's error rate is proven above this share"
+    )
+    detect_error_rate: Annotated[float, Flag(panel=AB_PANEL)] = Field(
+        0.05, gt=0, lt=1, description="The candidate error rate whose detection power the verdict prints"
     )
     bypass_cache: Annotated[bool, Flag(names=("--bypass-cache/--use-cache",), panel=AB_PANEL)] = Field(
         True, description="Send every request with Cache-Control: no-cache (measure the engine, not the "
         "response cache)",
     )  # fmt: skip
+    warm_requests: Annotated[int, Flag(panel=AB_PANEL)] = Field(
+        0, ge=0, description="After the blocks, each arm sends this many of its requests again (the warm "
+        "pass: hit and warm rates, errors; --gate judges them); 0: none. Needs --use-cache",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _warm_needs_cache(self) -> ABRecipe:
+        if self.warm_requests and self.bypass_cache:
+            raise ValueError(
+                "a warm pass replays what the blocks stored: give --use-cache (bypass_cache: false)"
+            )
+        return self
 
     @field_validator("metrics")
     @classmethod
@@ -338,8 +357,8 @@ CAPACITY_LOAD_FLAGS: tuple[str, ...] = (
 """The load options of every capacity probe (each sets its own rate and size)."""
 AB_LOAD_FLAGS: tuple[str, ...] = (
     "corpus", "rate", "arrival", "max_tokens_cap", "concurrency", "api", "model", "token_counting",
-    "seed_policy", "tokenizer", "start_delay", "seed", "capacity", "api_key", "admin_token", "header",
-    "ca_bundle", "insecure",
+    "seed_policy", "tokenizer", "start_delay", "seed", "capacity", "max_duration", "api_key", "admin_token",
+    "header", "ca_bundle", "insecure",
 )  # fmt: skip
 """The load options ``harness ab`` takes as flags: what a block sends and how (its blocks set the size
 of each replay, and the requests come from the corpus, not a schedule)."""

@@ -1,7 +1,8 @@
 """``harness run``: a paired cold / warm run in one command (:mod:`harness.experiments.paired`).
 
-Exit codes: 0 pass; 1 a gate proved a regression; 6 the warm phase could not be called warm, or a
-gate could not judge; 2 bad command line; 3 bad input file; 4 bad option or ``--serve-args``, or
+Exit codes: 0 pass; 1 a gate proved a regression (an ``error_rate`` gate may prove it on the errors
+the capacity search or the warm check saw, before the phases); 6 the warm phase could not be called
+warm, or a gate could not judge; 2 bad command line; 3 bad input file; 4 bad option or ``--serve-args``, or
 ``--out`` holds an earlier run; 5 the target could not be started or reached; 130 interrupted
 (the running phase finalized, the server stopped, ``run.json`` written).
 """
@@ -56,6 +57,7 @@ def run(
 
     Exit 0 pass, 1 a gate failed, 6 not warm or cannot be judged (docs/ci.md).
     """
+    from harness.common.errors import CheckFailed
     from harness.experiments.paired import PairedRunner
     from harness.experiments.paired_record import conclude
     from harness.experiments.paired_spec import PairedSpec
@@ -64,8 +66,14 @@ def run(
     resolved = check_corpus(resolve(recipe, given, RUN_OPTIONS), recipe)
     spec = PairedSpec(resolved, out=out, force=force, source=recipe)
     runner = PairedRunner(spec, stderr)
-    record = runner.run()
     console = cons.wide(150)
+    try:
+        record = runner.run()
+    except CheckFailed:
+        # A gate proved before the phases ended (the target's errors): its table, then the error.
+        if runner.gate_report is not None:
+            console.print(gate_table(runner.gate_report))
+        raise
     if runner.comparison is not None:
         console.print(comparison_table(runner.comparison))
     if runner.gate_report is not None:

@@ -34,6 +34,12 @@ but its verdict is taken before.
 Level status: ``warm`` (its hit share reaches the minimum warm rate), ``partial`` (some hits, fewer
 than that: reported, not refused — a KV pool smaller than the corpus evicts, and the response cache
 in front still serves), ``cold`` (none: refused), ``skipped``.
+
+**Errors.** A probe the target answered with an error (or did not answer) says nothing about warmth,
+but it is the target's error rate: every failed probe is counted (:attr:`WarmCheck.errors`, the count
+and share with its exact interval) and named in the reason, so a target that errors is reported as
+erroring, not only as "not warm"; ``harness run`` judges its gate's ``error_rate`` limits on that
+count. A target whose every probe failed cannot be told warm or cold, and the reason says why.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from pydantic import Field
 from harness.common.errors import HarnessError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
+from harness.experiments.capacity_result import ErrorCount
 from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
 from harness.gates.power import CountTest, describe_need
 from harness.gates.runs import RunFrame
@@ -129,6 +136,8 @@ class WarmCheck(StrictModel):
     probes: list[ProbeRow] = Field(default_factory=list)
     kv_evidence: Evidence | None = None
     """What the KV signal of the warm rate rests on (``None``: the target gave none)."""
+    errors: ErrorCount | None = None
+    """The probes that failed (KV and response probes together), with their share's interval."""
 
 
 @dataclass
@@ -323,7 +332,15 @@ def check_warm(
         catch = min(COLD_WARM_RATE, 0.65 * min_warm_rate)
         test = CountTest(hits, warm_rate.n, min_warm_rate, catch, 1.0 - confidence, False, WARM_CHECK_POWER)
     shown = f"warm rate {format_value(warm_rate.value, 'ratio')} of {warm_rate.n} probes" if test else ""
-    if cold:
+    sent = [*ctx.kv_probes, *ctx.response_probes]
+    failed = [p for p in sent if not p.ok]
+    errors = ErrorCount.of(len(failed), len(sent), confidence)
+    first = f" (first: {failed[0].error or f'HTTP {failed[0].status}'})" if failed else ""
+    every_failed = bool(sent) and len(failed) == len(sent)
+    if every_failed:
+        # No probe was answered well: no level can be seen (not "cold"), and the errors are the finding.
+        reason = f"cannot tell: every probe failed, the target answers errors: {errors.text()}{first}"
+    elif cold:
         reason = "cold: " + "; ".join(f"{lv.level}: {lv.detail}" for lv in cold)
     elif test is None:
         reason = "cannot tell: the probes report neither x-cache nor cached_tokens, so no level is observable"
@@ -343,7 +360,9 @@ def check_warm(
             f"warm: {shown}, not below {format_value(min_warm_rate, 'ratio')} (power {test.power:.2f})"
             + (f" (not observable here: {', '.join(skipped)})" if skipped else "")
         )
-    warm = not cold and test is not None and not test.failed and test.powered
+    if failed and not every_failed:
+        reason += f"; the target answered errors to probes: {errors.text()}{first}"
+    warm = not every_failed and not cold and test is not None and not test.failed and test.powered
     server_hits = ctx.kv_server_hits or [None] * len(ctx.kv_probes)
     rows = [_row(p, "kv", h) for p, h in zip(ctx.kv_probes, server_hits, strict=True)]
     rows += [_row(p, "response") for p in ctx.response_probes]
@@ -359,6 +378,7 @@ def check_warm(
         levels=levels,
         probes=rows,
         kv_evidence=kv_evidence,
+        errors=errors,
     )
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -62,11 +62,14 @@ from harness.common.stats import interval_ranks, percentile
 from harness.gates.judge import EXIT_CODES, VERDICT_WORDS, Overall
 from harness.gates.metrics import METRICS, Metric, format_interval, format_value, rate_interval
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
+from harness.load.results import BYTES_FIELDS
 
 AB_SCHEMA_VERSION: Literal[1] = 1
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
-DEFAULT_METRICS = "ttft_p50,tpot_p50,e2e_p50,tpot_p95"
+DEFAULT_METRICS = "ttft_p50,tpot_p50,itl_p50,e2e_p50,tpot_p95,itl_p95"
+"""The engine's latencies: first token, decode (per request and every gap pooled) at the median and
+the P95, and the whole answer."""
 TAIL_SAMPLES = 10
 """Pairs a percentile needs on its far side (``n · min(q, 1 − q) ≥ 10``) before its bootstrap
 interval means anything: 20 for a median, 200 for a P95, 1 000 for a P99."""
@@ -76,11 +79,14 @@ ARMS = ("base", "candidate")
 
 
 def ab_metric(name: str) -> Metric:
-    """The latency metric ``name`` an A/B run can judge: a percentile of a latency field the client
-    timed (``ttft_p50``, ``tpot_p95``, ``e2e_from_intended_p99`` …). ``ValueError`` names the others."""
+    """The metric ``name`` an A/B run can judge: a percentile of a latency field the client timed
+    (``ttft_p50``, ``tpot_p95``, ``e2e_from_intended_p99`` …), of every inter-token gap pooled
+    (``itl_p50``, ``itl_p95``: each request's gaps pair with the same request's on the other arm), or of
+    the prefill KV bytes the target counted (``prefill_kv_bytes_p50``: the same prompt's memory on both
+    arms). ``ValueError`` names the others."""
     known = ab_metric_names()
     if name not in known:
-        raise ValueError(f"{name!r} is not a latency percentile an A/B run judges; known: {', '.join(known)}")
+        raise ValueError(f"{name!r} is not a percentile an A/B run judges; known: {', '.join(known)}")
     return METRICS.get(name)
 
 
@@ -89,7 +95,10 @@ def ab_metric_names() -> list[str]:
     return [
         name
         for name, m in METRICS.items()
-        if m.kind == "percentile" and m.column is not None and m.client_timed and m.default_phase is None
+        if m.kind in ("percentile", "pooled")
+        and m.column is not None
+        and (m.client_timed or m.column in BYTES_FIELDS)
+        and m.default_phase is None
     ]
 
 
@@ -150,6 +159,82 @@ class RatioInterval:
     spread: float
     """``τ``: the standard deviation, on the log scale, of the block pairs' own ratios beyond what
     their requests' noise explains (0: none seen, or fewer than two block pairs)."""
+    log_se: float = math.nan
+    """The standard deviation of the bootstrap's log ratios (the requests' own noise)."""
+    spread_se: float = 0.0
+    """``τ · √Σ share²``: how far the block pairs' excess spread moves the pooled log ratio."""
+    blocks: int = 1
+    """Block pairs with request pairs."""
+
+    @property
+    def se(self) -> float:
+        """The log ratio's standard error: the requests' noise and the block pairs' excess spread."""
+        return math.hypot(self.log_se, self.spread_se)
+
+    @property
+    def df(self) -> float:
+        """Degrees of freedom of the log ratio's ``t`` reference (Welch–Satterthwaite): infinite when
+        the block pairs agree, ``P − 1`` when their spread is all of the error (``τ`` is itself
+        estimated from ``P`` block pairs)."""
+        if self.spread_se <= 0 or self.blocks < 2:
+            return math.inf
+        return (self.blocks - 1) * (1.0 + (self.log_se / self.spread_se) ** 2) ** 2
+
+    def bounds(self, alpha: float) -> tuple[float, float]:
+        """One-sided bounds at level ``alpha`` each: ``P(true ratio < lo) ≤ α`` and likewise above ``hi``."""
+        if not (math.isfinite(self.ratio) and self.ratio > 0 and math.isfinite(self.se)):
+            return math.nan, math.nan
+        w = _t_quantile(1.0 - alpha, self.df) * self.se
+        return self.ratio * math.exp(-w), self.ratio * math.exp(w)
+
+    def p_above(self, limit: float) -> float:
+        """The one-sided p-value of "the true ratio is at most ``limit``": small when the candidate is
+        proven slower than ``limit`` × the base."""
+        if not (math.isfinite(self.ratio) and self.ratio > 0 and math.isfinite(self.se)):
+            return 1.0
+        if self.se == 0:
+            return 0.0 if self.ratio > limit else 1.0
+        return _t_sf((math.log(self.ratio) - math.log(limit)) / self.se, self.df)
+
+    def power(self, limit: float, detect: float, alpha: float) -> float:
+        """The chance that a candidate truly ``detect`` × slower is proven above ``limit`` at level
+        ``alpha`` by a design with this one's standard error."""
+        if not (math.isfinite(self.se) and self.se > 0):
+            return 1.0 if math.isfinite(self.se) and detect > limit else math.nan
+        shift = (math.log(detect) - math.log(limit)) / self.se
+        return _t_sf(_t_quantile(1.0 - alpha, self.df) - shift, self.df)
+
+
+def _t_quantile(p: float, df: float) -> float:
+    from scipy.stats import norm, t
+
+    return float(norm.ppf(p)) if not math.isfinite(df) else float(t.ppf(p, df))
+
+
+def _t_sf(x: float, df: float) -> float:
+    from scipy.stats import norm, t
+
+    return float(norm.sf(x)) if not math.isfinite(df) else float(t.sf(x, df))
+
+
+def _matrix(a: FloatArray) -> FloatArray:
+    """One row per request pair: a 1-D array (one value a request) as a column, a 2-D one (each
+    request's values, NaN-padded: its inter-token gaps) as it is."""
+    m = np.asarray(a, np.float64)
+    return m.reshape(-1, 1) if m.ndim == 1 else m
+
+
+def _row_quantiles(values: npt.NDArray[np.float32], q: float) -> npt.NDArray[np.float32]:
+    """The nearest-rank ``q``-th percentile of each row (NaN: no value; a row of none gives NaN)."""
+    nan = np.isnan(values)
+    if not nan.any():
+        k = interval_ranks(values.shape[1], q)[1]
+        return np.partition(values, k, axis=1)[:, k]
+    counts = (~nan).sum(axis=1)
+    ordered = np.sort(values, axis=1)  # NaN last
+    ranks = np.clip(np.ceil(q / 100.0 * counts - 1e-9).astype(np.int64) - 1, 0, None)
+    out = np.take_along_axis(ordered, ranks[:, None], axis=1)[:, 0]
+    return np.where(counts > 0, out, np.float32(np.nan))
 
 
 def ratio_interval(
@@ -165,33 +250,35 @@ def ratio_interval(
     two-sided ``confidence`` interval: the percentile bootstrap over request pairs, stratified by
     block pair, widened by the block pairs' excess spread (:func:`block_spread`).
 
-    ``base[j][i]`` and ``candidate[j][i]`` are the same request's latency in block pair ``j``; each
+    ``base[j][i]`` and ``candidate[j][i]`` are the same request's latency in block pair ``j`` (or, as
+    rows of 2-D arrays, the same request's values, NaN-padded: its inter-token gaps, pooled); each
     resample draws, with replacement, as many pairs from every block pair as it holds (stratified).
     Block pairs without pairs are skipped. ``ValueError`` when there are none at all, or arrays of a
-    block pair differ in length."""
+    block pair differ in shape."""
     if len(base) != len(candidate):
         raise ValueError("base and candidate have different numbers of block pairs")
     pairs = zip(base, candidate, strict=True)
-    blocks = [(np.asarray(b, np.float64), np.asarray(c, np.float64)) for b, c in pairs]
+    blocks = [(_matrix(b), _matrix(c)) for b, c in pairs]
     for j, (b, c) in enumerate(blocks):
-        if b.shape != c.shape or b.ndim != 1:
+        if b.shape[0] != c.shape[0]:
             raise ValueError(
                 f"block pair {j + 1}: base and candidate are not paired ({b.shape} vs {c.shape})"
             )
-    blocks = [(b, c) for b, c in blocks if b.size]
+    blocks = [(b, c) for b, c in blocks if b.shape[0]]
     if not blocks:
         raise ValueError("no request pairs")
-    b_all = np.concatenate([b for b, _ in blocks])
-    c_all = np.concatenate([c for _, c in blocks])
-    n = int(b_all.size)
-    base_q, cand_q = percentile(b_all, q), percentile(c_all, q)
+    width = max(max(b.shape[1], c.shape[1]) for b, c in blocks)
+    padded = [(_pad(b, width), _pad(c, width)) for b, c in blocks]
+    b_all = np.concatenate([b for b, _ in padded])
+    c_all = np.concatenate([c for _, c in padded])
+    n = int(b_all.shape[0])
+    base_q, cand_q = percentile(b_all.ravel(), q), percentile(c_all.ravel(), q)
     ratio = cand_q / base_q if base_q > 0 else math.nan
-    k = interval_ranks(n, q)[1]
     rng = np.random.default_rng(seed)
-    sizes = [b.size for b, _ in blocks]
+    sizes = [b.shape[0] for b, _ in padded]
     starts = [int(x) for x in np.cumsum([0, *sizes[:-1]])]
     ratios = np.empty(resamples, dtype=np.float64)
-    chunk = max(1, _CELLS_PER_CHUNK // n)
+    chunk = max(1, _CELLS_PER_CHUNK // (n * width))
     # Resampled in single precision: half the memory traffic of the gathers and partitions, which are
     # the whole cost; a relative rounding of 6e-8 is far below any latency's resolution.
     b32, c32 = b_all.astype(np.float32), c_all.astype(np.float32)
@@ -204,33 +291,51 @@ def ratio_interval(
             for start, size in zip(starts, sizes, strict=True)
         ]
         idx = np.concatenate(draws, axis=1)
-        bs, cs = b32[idx], c32[idx]
-        qb = np.partition(bs, k, axis=1)[:, k]
-        qc = np.partition(cs, k, axis=1)[:, k]
+        # A drawn request brings all its values (its gaps): the resampling unit is the request.
+        bs, cs = b32[idx].reshape(rows, n * width), c32[idx].reshape(rows, n * width)
+        qb, qc = _row_quantiles(bs, q), _row_quantiles(cs, q)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios[first : first + rows] = np.where(qb > 0, qc.astype(np.float64) / qb, np.nan)
         if first == 0:  # each block pair's own log ratio over the same resamples (a few hundred do)
-            per_block = _block_log_ratios(bs[:SPREAD_RESAMPLES], cs[:SPREAD_RESAMPLES], starts, sizes, q)
+            per_block = _block_log_ratios(
+                bs[:SPREAD_RESAMPLES], cs[:SPREAD_RESAMPLES], starts, sizes, q, width=width
+            )
     alpha = 1.0 - confidence
     if np.isnan(ratios).any() or not math.isfinite(ratio):
         nan = math.nan
-        return RatioInterval(base_q, cand_q, ratio, nan, nan, n, nan, nan, nan)
+        return RatioInterval(base_q, cand_q, ratio, nan, nan, n, nan, nan, nan, blocks=len(blocks))
     boot_lo, boot_hi = percentile(ratios, 100.0 * alpha / 2), percentile(ratios, 100.0 * (1 - alpha / 2))
-    theta = [_log_ratio(b, c, q) for b, c in blocks]
+    with np.errstate(divide="ignore"):
+        log_se = float(np.std(np.log(ratios), ddof=1)) if resamples > 1 else math.nan
+    theta = [_log_ratio(b.ravel(), c.ravel(), q) for b, c in padded]
     tau = block_spread(theta, [float(np.var(v, ddof=1)) if v.size > 1 else 0.0 for v in per_block])
     lo, hi = boot_lo, boot_hi
+    spread_se = 0.0
     if tau > 0 and math.isfinite(tau):
         from scipy.stats import t
 
         # A per-pair shift moves the pooled quantile by about its share of the requests.
         shares = np.asarray(sizes, dtype=np.float64) / n
-        extra = float(t.ppf(1 - alpha / 2, len(blocks) - 1)) * tau * math.sqrt(float((shares**2).sum()))
+        spread_se = tau * math.sqrt(float((shares**2).sum()))
+        extra = float(t.ppf(1 - alpha / 2, len(blocks) - 1)) * spread_se
         centre = math.log(ratio)
         lo = math.exp(centre - math.hypot(centre - math.log(boot_lo), extra))
         hi = math.exp(centre + math.hypot(math.log(boot_hi) - centre, extra))
     elif not math.isfinite(tau):
         lo, hi = math.nan, math.nan
-    return RatioInterval(base_q, cand_q, ratio, lo, hi, n, boot_lo, boot_hi, tau)
+        spread_se = math.nan
+    return RatioInterval(
+        base_q, cand_q, ratio, lo, hi, n, boot_lo, boot_hi, tau, log_se=log_se, spread_se=spread_se,
+        blocks=len(blocks),
+    )  # fmt: skip
+
+
+def _pad(m: FloatArray, width: int) -> FloatArray:
+    if m.shape[1] == width:
+        return m
+    out = np.full((m.shape[0], width), np.nan)
+    out[:, : m.shape[1]] = m
+    return out
 
 
 SPREAD_RESAMPLES = 500
@@ -249,13 +354,14 @@ def _block_log_ratios(
     starts: Sequence[int],
     sizes: Sequence[int],
     q: float,
+    *,
+    width: int = 1,
 ) -> list[FloatArray]:
     """Each block pair's resampled log ratio, from the columns of the pooled resamples that hold it."""
     out: list[FloatArray] = []
     for start, size in zip(starts, sizes, strict=True):
-        k = interval_ranks(size, q)[1]
-        qb = np.partition(bs[:, start : start + size], k, axis=1)[:, k]
-        qc = np.partition(cs[:, start : start + size], k, axis=1)[:, k]
+        cols = slice(start * width, (start + size) * width)
+        qb, qc = _row_quantiles(bs[:, cols], q), _row_quantiles(cs[:, cols], q)
         with np.errstate(divide="ignore", invalid="ignore"):
             out.append(np.log(qc.astype(np.float64) / qb))
     return out
@@ -359,6 +465,13 @@ class MetricVerdict(StrictModel):
     why: str
     block_pairs_needed: int | None = None
     """Cannot be judged: about how many block pairs in all would likely decide it."""
+    p_value: float | None = None
+    """One-sided p-value of "the candidate is at most ``limit`` × the base"
+    (:meth:`RatioInterval.p_above`)."""
+    tested_at: float | None = None
+    """The one-sided level ``lo`` and ``hi`` are at (the family's share of this test: :func:`levels`)."""
+    power: float | None = None
+    """The chance this design fails a candidate ``detect`` × slower, at this run's standard error."""
 
 
 class ErrorVerdict(StrictModel):
@@ -376,6 +489,12 @@ class ErrorVerdict(StrictModel):
     """``P(errors ≥ observed)`` were the true rate ``max_error_rate`` (exact binomial)."""
     verdict: Overall
     reason: str
+    tested_at: float | None = None
+    """The one-sided level of the Bonferroni step (Holm may reject at a larger one)."""
+    detect: float | None = None
+    """The error rate the test must catch (``detect_error_rate``)."""
+    power: float | None = None
+    """The chance of failing a candidate whose error rate is :attr:`detect`, with this many requests."""
 
 
 class ABJudgement(StrictModel):
@@ -397,6 +516,15 @@ class ABJudgement(StrictModel):
     """Why the block runs cannot be judged (empty: they can)."""
     left_out: list[str] = Field(default_factory=list)
     """Metrics the design could not judge, each with why (:func:`reachable`)."""
+    family_alpha: float | None = None
+    """The false-alarm rate the whole verdict holds: the chance that a candidate no slower than
+    ``limit`` (and erring no more than ``max_error_rate``) fails anything, over every look and every
+    test (:func:`levels`)."""
+    look: int = 1
+    looks: int = 1
+    """This verdict's look at the data, of at most :attr:`looks` (each spends ``1/looks`` of α)."""
+    tests: int = 0
+    """Tests the family's α is shared among: these metrics, the error rate and ``other_tests``."""
 
 
 def _finite(x: float) -> float | None:
@@ -404,33 +532,81 @@ def _finite(x: float) -> float | None:
 
 
 def paired_samples(
-    pairs: Sequence[tuple[RunFrame, RunFrame]], column: str
+    pairs: Sequence[tuple[RunFrame, RunFrame]], column: str, *, pooled: bool = False
 ) -> tuple[list[FloatArray], list[FloatArray], int]:
     """Per block pair, the ``column`` values of the requests both arms answered with a value, in the
-    same order (by request id); and how many requests of either arm were left out."""
+    same order (by request id); and how many requests of either arm were left out. ``pooled``: each
+    request's inter-token gaps, one NaN-padded row a request (2-D arrays)."""
     base_out: list[FloatArray] = []
     cand_out: list[FloatArray] = []
     left_out = 0
     for base, cand in pairs:
-        b, c = _by_id(base, column), _by_id(cand, column)
+        b, c = _by_id(base, column, pooled), _by_id(cand, column, pooled)
         common = [i for i in b if i in c]
         left_out += (len(b) - len(common)) + (len(c) - len(common))
         left_out += (base.n - len(b)) + (cand.n - len(c))
-        base_out.append(np.asarray([b[i] for i in common], dtype=np.float64))
-        cand_out.append(np.asarray([c[i] for i in common], dtype=np.float64))
+        if pooled:
+            base_out.append(_rows([b[i] for i in common]))
+            cand_out.append(_rows([c[i] for i in common]))
+        else:
+            base_out.append(np.asarray([b[i] for i in common], dtype=np.float64))
+            cand_out.append(np.asarray([c[i] for i in common], dtype=np.float64))
     return base_out, cand_out, left_out
 
 
-def _by_id(frame: RunFrame, column: str) -> dict[str, float]:
-    """Request id → value, for the requests that succeeded with a finite value (an id seen twice in a
-    block is ambiguous and left out)."""
-    values = frame.col(column)
-    usable = frame.ok & np.isfinite(values) & ~frame.bad(column)
+def _rows(groups: Sequence[FloatArray]) -> FloatArray:
+    """Ragged arrays as the rows of one NaN-padded matrix."""
+    width = max((g.size for g in groups), default=1)
+    out = np.full((len(groups), max(width, 1)), np.nan)
+    for i, g in enumerate(groups):
+        out[i, : g.size] = g
+    return out
+
+
+def _by_id(frame: RunFrame, column: str, pooled: bool = False) -> dict[str, Any]:
+    """Request id → value (``pooled``: its gaps), for the requests that succeeded with a finite value
+    (an id seen twice in a block is ambiguous and left out)."""
     ids = frame.text["id"]
     seen: dict[str, int] = {}
     for i in ids:
         seen[str(i)] = seen.get(str(i), 0) + 1
+    if pooled:
+        gaps = frame.gaps()
+        return {
+            str(i): np.asarray(g, dtype=np.float64)
+            for i, g, ok in zip(ids, gaps, frame.ok, strict=True)
+            if ok and seen[str(i)] == 1 and len(g) and np.isfinite(np.asarray(g, dtype=np.float64)).all()
+        }
+    values = frame.col(column)
+    usable = frame.ok & np.isfinite(values) & ~frame.bad(column)
     return {str(i): float(v) for i, v, u in zip(ids, values, usable, strict=True) if u and seen[str(i)] == 1}
+
+
+def levels(alpha: float, tests: int, looks: int = 1) -> float:
+    """The one-sided level of one test's Bonferroni step, for a family false-alarm rate ``alpha`` over
+    ``tests`` tests and up to ``looks`` looks: ``α / tests / looks``.
+
+    An A/B verdict's own tests (its metrics and the error rate, ``own`` of them) share
+    ``α · own / tests`` per look by Holm's step-down, which rejects at this level or larger ones;
+    a gate file judged on the same candidate gives each of its tests ``α / tests`` (Bonferroni, one
+    look); a look that stops early never spends the rest. By the union bound, the chance of any
+    false fail, over every look and every test, stays at most ``α``."""
+    if not (0 < alpha < 1 and tests >= 1 and looks >= 1):
+        raise ValueError(f"need 0 < alpha < 1, tests ≥ 1 and looks ≥ 1 (got {alpha}, {tests}, {looks})")
+    return alpha / tests / looks
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm–Bonferroni: which of the hypotheses with these p-values are rejected at family-wise level
+    ``alpha`` (the smallest p against ``α/m``, the next against ``α/(m − 1)`` …, stopping at the
+    first that is not below its level)."""
+    m = len(p_values)
+    out = [False] * m
+    for step, i in enumerate(sorted(range(m), key=lambda k: p_values[k])):
+        if not p_values[i] < alpha / (m - step):
+            break
+        out[i] = True
+    return out
 
 
 def judge_ab(
@@ -440,13 +616,23 @@ def judge_ab(
     limit: float = 1.10,
     detect: float = 1.30,
     max_error_rate: float = 0.01,
+    detect_error_rate: float | None = None,
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     left_out: Sequence[str] = (),
+    look: int = 1,
+    looks: int = 1,
+    other_tests: int = 0,
+    more_errors: Sequence[tuple[ResultSet, ResultSet]] = (),
 ) -> ABJudgement:
     """Judge block pairs ``(base, candidate)`` of result sets (one per block) by the module's rule;
-    ``left_out``: the metrics the design left out, and why (carried into the judgement)."""
+    ``left_out``: the metrics the design left out, and why (carried into the judgement).
+
+    The family's false-alarm rate ``α = 1 − confidence`` is held over every test and look
+    (:func:`levels`): ``look`` of at most ``looks``, and ``other_tests`` judged elsewhere on the same
+    candidate (a gate file's) taking their share. ``more_errors``: further runs of both arms (a warm
+    pass) whose errors count in the candidate's error rate, not in the latency ratios."""
     if not pairs:
         raise ValueError("no block pairs to judge")
     if not 0 < limit < detect:
@@ -454,25 +640,32 @@ def judge_ab(
     chosen = parse_ab_metrics(metrics) if isinstance(metrics, str) else list(metrics)
     problems = [
         f"{arm} block {j + 1} ({rs.path}): {p}"
-        for j, pair in enumerate(pairs)
+        for j, pair in enumerate([*pairs, *more_errors])
         for arm, rs in zip(ARMS, pair, strict=True)
         for p in rs.problems
     ]
+    alpha = 1.0 - confidence
+    own = len(chosen) + 1  # every latency metric and the error rate
+    tests = own + other_tests
+    level = levels(alpha, tests, looks)  # the Bonferroni step of one test: Holm's smallest level
     frames = [(b.frame, c.frame) for b, c in pairs]
+    ratios = [_ratio(m, frames, confidence=confidence, resamples=resamples, seed=seed) for m in chosen]
+    error_frames = frames + [(b.frame, c.frame) for b, c in more_errors]
+    e_counts = _error_counts(error_frames)
+    p_error = error_rate_test(e_counts[2], e_counts[3], max_error_rate, confidence)[0]
+    p_values = [r.p_above(limit) if r is not None else 1.0 for _, _, r in ratios] + [p_error]
+    rejected = holm(p_values, alpha * own / tests / looks)
     results = [
         _judge_metric(
-            m,
-            frames,
-            limit=limit,
-            detect=detect,
-            confidence=confidence,
-            resamples=resamples,
-            seed=seed,
-            problems=problems,
+            m, frames, sample, r, limit=limit, detect=detect, confidence=confidence, level=level,
+            rejected=rejected[k], problems=problems,
         )
-        for m in chosen
-    ]
-    errors = _judge_errors(frames, max_error_rate, confidence, problems)
+        for k, (m, sample, r) in enumerate(ratios)
+    ]  # fmt: skip
+    errors = _judge_errors(
+        e_counts, p=p_error, rejected=rejected[-1], max_rate=max_error_rate, detect=detect_error_rate,
+        confidence=confidence, level=level, problems=problems,
+    )  # fmt: skip
     verdicts: set[Overall] = {r.verdict for r in results} | {errors.verdict}
     overall: Overall = "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass"} else "pass"
     every = [r.verdict for r in results] + [errors.verdict]
@@ -480,6 +673,8 @@ def judge_ab(
     headline = (
         f"{VERDICT_WORDS[overall]}: {counts['pass']} passed, {counts['fail']} failed, "
         f"{counts['unjudgeable']} cannot be judged ({len(pairs)} block pairs"
+        + (f", look {look} of at most {looks}" if looks > 1 else "")
+        + f"; family-wise false-alarm rate {alpha:.0%}"
         + (f"; {len(left_out)} metric(s) left out by design" if left_out else "")
         + ")"
     )
@@ -487,76 +682,134 @@ def judge_ab(
         verdict=overall, exit_code=int(EXIT_CODES[overall]), headline=headline, confidence=confidence,
         limit=limit, detect=detect, block_pairs=len(pairs), resamples=resamples, seed=seed,
         metrics=results, error_rate=errors, problems=problems, left_out=list(left_out),
+        family_alpha=alpha, look=look, looks=looks, tests=tests,
     )  # fmt: skip
+
+
+Sample = tuple[list[FloatArray], list[FloatArray], int]
+
+
+def _ratio(
+    metric: Metric,
+    frames: Sequence[tuple[RunFrame, RunFrame]],
+    *,
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> tuple[Metric, Sample, RatioInterval | None]:
+    assert metric.column is not None and metric.q is not None
+    sample = paired_samples(frames, metric.column, pooled=metric.kind == "pooled")
+    if sum(b.shape[0] for b in sample[0]) == 0:
+        return metric, sample, None
+    r = ratio_interval(sample[0], sample[1], metric.q, confidence=confidence, resamples=resamples, seed=seed)
+    return metric, sample, r
 
 
 def _judge_metric(
     metric: Metric,
     frames: Sequence[tuple[RunFrame, RunFrame]],
+    sample: Sample,
+    r: RatioInterval | None,
     *,
     limit: float,
     detect: float,
     confidence: float,
-    resamples: int,
-    seed: int,
+    level: float,
+    rejected: bool,
     problems: Sequence[str],
 ) -> MetricVerdict:
     assert metric.column is not None and metric.q is not None
     q, unit = metric.q, metric.unit
-    base, cand, left_out = paired_samples(frames, metric.column)
-    n = sum(b.size for b in base)
+    base, _, left_out = sample
+    n = sum(b.shape[0] for b in base)
     need = min_pairs(q)
+    lo, hi = r.bounds(level) if r is not None else (math.nan, math.nan)
 
-    def verdict(
-        v: Overall, why: str, r: RatioInterval | None = None, then: int | None = None
-    ) -> MetricVerdict:
+    def verdict(v: Overall, why: str, then: int | None = None) -> MetricVerdict:
         if r is None:
             numbers = f"{n} request pairs"
         else:
             numbers = (
                 f"base {format_value(r.base, unit)}, candidate {format_value(r.candidate, unit)}, ratio "
-                f"{format_value(r.ratio, 'x')} {format_interval(r.lo, r.hi, 'x')} at {confidence:.0%}, "
-                f"{n} request pairs"
+                f"{format_value(r.ratio, 'x')} {format_interval(lo, hi, 'x')} (one-sided {level:.2g} each "
+                f"side), {n} request pairs"
             )
         return MetricVerdict(
             metric=metric.name, unit=unit,
             base=_finite(r.base) if r else None, candidate=_finite(r.candidate) if r else None,
-            ratio=_finite(r.ratio) if r else None, lo=_finite(r.lo) if r else None,
-            hi=_finite(r.hi) if r else None, pairs=n, unpaired=left_out, min_pairs=need,
+            ratio=_finite(r.ratio) if r else None, lo=_finite(lo), hi=_finite(hi), pairs=n,
+            unpaired=left_out, min_pairs=need,
             bootstrap_lo=_finite(r.boot_lo) if r else None, bootstrap_hi=_finite(r.boot_hi) if r else None,
             block_spread=_finite(math.expm1(r.spread)) if r else None, verdict=v,
             reason=f"{v}: {numbers}; {why}", why=why, block_pairs_needed=then,
+            p_value=_finite(r.p_above(limit)) if r else None, tested_at=level,
+            power=_finite(r.power(limit, detect, level)) if r else None,
         )  # fmt: skip
 
-    if n == 0:
+    if r is None or n == 0:
         return verdict("unjudgeable", f"no request was answered with a {metric.column} by both arms")
-    r = ratio_interval(base, cand, q, confidence=confidence, resamples=resamples, seed=seed)
     if problems:
-        return verdict("unjudgeable", f"the block runs cannot be judged: {problems[0]}", r)
+        return verdict("unjudgeable", f"the block runs cannot be judged: {problems[0]}")
     if n < need:
         per_block = n / len(frames)
         then = math.ceil(need / per_block) if per_block > 0 else None
         why = f"a P{q:g} needs ≥ {need} request pairs ({TAIL_SAMPLES} beyond it), this run has {n}"
         if then is not None:
             why += f": about {then} block pairs of this size, or larger blocks"
-        return verdict("unjudgeable", why, r, then)
-    v, why, then = decide_ratio(r.ratio, r.lo, r.hi, limit=limit, detect=detect, pairs=len(frames))
-    if r.spread > 0:
-        why += (
-            f" (widened from {format_interval(r.boot_lo, r.boot_hi, 'x')}: the block pairs' ratios scatter "
-            f"{math.expm1(r.spread):.0%} beyond their requests' noise)"
+        return verdict("unjudgeable", why, then)
+    if rejected:
+        why = (
+            f"the candidate is slower: proven above the limit {limit:g}× (p = {r.p_above(limit):.2g}, "
+            "Holm–Bonferroni over the verdict's tests)"
         )
-    return verdict(v, why, r, then)
+        return verdict("fail", why)
+    v, why, then = decide_ratio(r.ratio, lo, hi, limit=limit, detect=detect, pairs=len(frames))
+    if v == "fail":  # lo > limit at the Bonferroni level implies Holm rejects: kept for safety
+        v, why, then = (
+            "unjudgeable",
+            "the interval is above the limit but the family's test did not reject",
+            None,
+        )
+    if r.spread > 0:
+        why += f" (the block pairs' ratios scatter {math.expm1(r.spread):.0%} beyond their requests' noise)"
+    return verdict(v, why, then)
 
 
-def _judge_errors(
-    frames: Sequence[tuple[RunFrame, RunFrame]], max_rate: float, confidence: float, problems: Sequence[str]
-) -> ErrorVerdict:
+def _error_counts(frames: Sequence[tuple[RunFrame, RunFrame]]) -> tuple[int, int, int, int]:
+    """``(base errors, base requests, candidate errors, candidate requests)``."""
     b_err = sum(int((~b.ok).sum()) for b, _ in frames)
     b_n = sum(b.n for b, _ in frames)
     c_err = sum(int((~c.ok).sum()) for _, c in frames)
     c_n = sum(c.n for _, c in frames)
-    p, proven = error_rate_test(c_err, c_n, max_rate, confidence)
+    return b_err, b_n, c_err, c_n
+
+
+def error_power(requests: int, max_rate: float, detect: float, level: float) -> float:
+    """The chance an exact one-sided binomial test at ``level`` proves an error rate above
+    ``max_rate`` from ``requests`` requests when the true rate is ``detect``."""
+    from scipy.stats import binom
+
+    if requests <= 0:
+        return 0.0
+    # The fewest errors that prove it: P(X ≥ k | max_rate) < level.
+    ks = np.arange(requests + 2)
+    sf = binom.sf(ks - 1, requests, max_rate)
+    k = int(ks[np.argmax(sf < level)]) if (sf < level).any() else requests + 1
+    return float(binom.sf(k - 1, requests, detect))
+
+
+def _judge_errors(
+    counts: tuple[int, int, int, int],
+    *,
+    p: float,
+    rejected: bool,
+    max_rate: float,
+    detect: float | None,
+    confidence: float,
+    level: float,
+    problems: Sequence[str],
+) -> ErrorVerdict:
+    b_err, b_n, c_err, c_n = counts
     lo, hi = rate_interval(c_err, c_n, confidence)
     rate = c_err / c_n if c_n else math.nan
     numbers = (
@@ -566,16 +819,18 @@ def _judge_errors(
     v: Overall
     if c_n == 0:
         v, why = "unjudgeable", "the candidate recorded no request"
+    elif rejected:
+        # Errors are the candidate's answers, whatever else went wrong: proven is proven.
+        v, why = "fail", f"proven above {format_value(max_rate, 'ratio')} (exact binomial test, p = {p:.2g})"
     elif problems:
         v, why = "unjudgeable", f"the block runs cannot be judged: {problems[0]}"
-    elif proven:
-        v, why = "fail", f"proven above {format_value(max_rate, 'ratio')} (exact binomial test, p = {p:.2g})"
     else:
         v, why = "pass", f"not proven above {format_value(max_rate, 'ratio')} (p = {p:.2g})"
     return ErrorVerdict(
         base_errors=b_err, base_requests=b_n, candidate_errors=c_err, candidate_requests=c_n,
         rate=_finite(rate), lo=_finite(lo), hi=_finite(hi), max_error_rate=max_rate, p_value=p,
-        verdict=v, reason=f"{v}: {numbers}; {why}",
+        verdict=v, reason=f"{v}: {numbers}; {why}", tested_at=level, detect=detect,
+        power=error_power(c_n, max_rate, detect, level) if detect is not None else None,
     )  # fmt: skip
 
 
@@ -583,17 +838,23 @@ VERDICT_STYLE = {"pass": "green", "fail": "bold red", "unjudgeable": "yellow"}
 
 
 def ab_table(j: ABJudgement) -> Table:
-    """One row per metric (base, candidate, ratio, interval, pairs, verdict) and one for errors."""
+    """One row per metric (base, candidate, ratio, interval, p-value, power, pairs, verdict) and one for
+    errors; the caption states the family-wise false-alarm rate and the levels."""
+    alpha = j.family_alpha if j.family_alpha is not None else 1.0 - j.confidence
+    level = j.metrics[0].tested_at if j.metrics and j.metrics[0].tested_at else j.error_rate.tested_at
     t = Table(
         title=escape(f"A/B: candidate ÷ base — {j.headline}"),
         title_justify="left",
-        caption=f"intervals at {j.confidence:.0%} (stratified bootstrap, {j.resamples} resamples); fail when "
-        f"the interval is above {j.limit:g}×, pass when it ends at or below {j.detect:g}×",
+        caption=f"family-wise false-alarm rate {alpha:.0%} over {j.tests or len(j.metrics) + 1} tests and "
+        f"{j.looks} look(s) (Holm–Bonferroni); bounds one-sided at {level or 0:.2g} each; fail when proven "
+        f"above {j.limit:g}×, pass when {j.detect:g}× is ruled out; power: the chance of failing a "
+        f"candidate {j.detect:g}× slower (errors: at {j.error_rate.detect or 0:.0%}) at this run's size",
         caption_justify="left",
     )
     for col, just in (
         ("metric", "left"), ("base", "right"), ("candidate", "right"), ("ratio", "right"),
-        ("interval", "right"), ("pairs", "right"), ("verdict", "left"), ("why", "left"),
+        ("interval", "right"), ("p", "right"), ("power", "right"), ("pairs", "right"), ("verdict", "left"),
+        ("why", "left"),
     ):  # fmt: skip
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for m in j.metrics:
@@ -603,6 +864,8 @@ def ab_table(j: ABJudgement) -> Table:
             format_value(m.candidate, m.unit),
             format_value(m.ratio, "x"),
             format_interval(m.lo, m.hi, "x"),
+            f"{m.p_value:.2g}" if m.p_value is not None else "—",
+            f"{m.power:.2f}" if m.power is not None else "—",
             str(m.pairs),
             f"[{VERDICT_STYLE[m.verdict]}]{m.verdict}[/]",
             escape(m.why),
@@ -615,6 +878,8 @@ def ab_table(j: ABJudgement) -> Table:
         format_value(e.rate, "ratio"),
         "—",
         format_interval(e.lo, e.hi, "ratio"),
+        f"{e.p_value:.2g}",
+        f"{e.power:.2f}" if e.power is not None else "—",
         str(e.candidate_requests),
         f"[{VERDICT_STYLE[e.verdict]}]{e.verdict}[/]",
         escape(e.reason.split("; ", 1)[-1]),

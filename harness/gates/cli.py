@@ -72,7 +72,7 @@ def gate(
     if report.verdict == "fail":
         raise CheckFailed(report.headline(), file=baseline)
     if report.verdict == "unjudgeable":
-        reasons = [f"{g.id}@{g.label or '—'}: {g.reason}" for g in report.gates if g.verdict != "pass"]
+        reasons = [f"{g.id}@{g.label or '—'}: {g.reason}" for g in report.gates if g.verdict not in ("pass", "skipped")]
         raise CannotJudge(report.headline() + ". First: " + reasons[0], file=baseline)
 
 
@@ -190,12 +190,12 @@ def noise(
         est.overall.update(part.overall)
         for key, counts in part.per_gate.items():
             est.per_gate.setdefault(key, type(counts)()).update(counts)
-    verdicts = ("pass", "fail", "inconclusive", "unjudgeable")
+    verdicts = ("pass", "fail", "inconclusive", "unjudgeable", "skipped")
     t = cons.table(
         f"{reps} bootstrap reruns against {escape(spec.name)}: "
         f"{est.rate('pass'):.1%} pass, {est.rate('fail'):.1%} fail, "
         f"{est.rate('unjudgeable'):.1%} cannot be judged",
-        ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable"),
+        ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable", "skipped"),
         [(escape(key), *(f"{est.rate(v, key):.1%}" for v in verdicts)) for key in est.per_gate],
         left={"gate"},
         title_justify="left",

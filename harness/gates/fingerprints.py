@@ -7,9 +7,10 @@ measured them, the target's identity (its ``GET /v1/models`` answer,
 :class:`~harness.load.results.Recipe`. ``harness gate`` compares every result set with it
 (:func:`compare`): when the hardware, the target or the recipe differs, the gates on metrics that
 depend on the machine's speed (:attr:`~harness.gates.metrics.Metric.speed_dependent`: absolute
-latencies) cannot be judged on that set, with the reason, and never fail; the rest (error and hit
-rates, warm rate, bytes, the ``*_rel`` ratios) are judged as usual. A baseline without a fingerprint
-(written before it existed, or by hand) is judged as before, with a note.
+latencies) are skipped on that set, with the reason (they neither fail nor refuse:
+:mod:`harness.gates.judge`); the rest (error and hit rates, warm rate, bytes, the ``*_rel`` ratios)
+are judged as usual. A baseline without a fingerprint (written before it existed, or by hand) is
+judged as before, with a note.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class EnvironmentMatch(StrictModel):
     hardware: Match
     target: Match
     recipe: Match
-    """``same``; ``different`` (speed-dependent gates cannot be judged); ``unknown``: the baseline
+    """``same``; ``different`` (speed-dependent gates are skipped); ``unknown``: the baseline
     does not record it, so it is not compared."""
     busier: bool = False
     """Other work took clearly more of the machine during this run than during any calibration run
@@ -72,7 +73,7 @@ class EnvironmentMatch(StrictModel):
     differences: list[str] = Field(default_factory=list)
     """Each field that differs: ``CPU model: A vs B``, ``recipe.rate: 4 vs 2``."""
     reason: str | None = None
-    """Why speed-dependent gates cannot be judged (the gates' ``why``)."""
+    """Why speed-dependent gates are skipped (the start of those gates' ``why``)."""
     note: str | None = None
     """What was not compared, and why (an old baseline without a fingerprint)."""
 

@@ -27,6 +27,14 @@ because a 2× slower target would be within it too; beyond the limit it still fa
 (exit 6) like too few samples, NaN samples, a client-bound or interrupted run, a missing metric or
 an estimated prefill peak where a measured one is required. A proven regression (exit 1) outranks
 cannot-be-judged, which outranks pass (exit 0).
+
+**Skipped gates.** On a result set whose machine, target or recipe is not the baseline's fingerprint
+(:func:`harness.gates.fingerprints.compare`: ``judged`` false) a gate on a speed-dependent metric
+(absolute latencies) is *skipped*: its numbers are shown, its ``why`` says what differs, and it
+counts neither as a pass nor as cannot-be-judged. The other gates decide the overall verdict, so a
+report whose other gates pass is a pass (exit 0); one whose every gate is skipped is a pass too (no
+regression proven, nothing refused), and its headline says ``N skipped (every gate skipped: nothing
+was judged on this run)`` so it is not mistaken for a judged pass.
 """
 
 from __future__ import annotations
@@ -41,14 +49,15 @@ from harness.common.errors import ExitCode
 from harness.common.io import write_json
 from harness.common.model import StrictModel
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
-from harness.gates.fingerprints import EnvironmentMatch, compare
+from harness.gates.fingerprints import RECALIBRATE, EnvironmentMatch, compare
 from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
 from harness.gates.power import CountTest, describe_need, exceedance_test
 from harness.gates.runs import ResultSet, RunFrame
 
 GATE_REPORT_SCHEMA_VERSION: Literal[1] = 1
 
-Verdict = Literal["pass", "fail", "inconclusive", "unjudgeable"]
+Verdict = Literal["pass", "fail", "inconclusive", "unjudgeable", "skipped"]
+"""One gate's verdict; ``skipped``: a latency gate on a set measured elsewhere than the baseline."""
 Overall = Literal["pass", "fail", "unjudgeable"]
 
 VERDICT_WORDS: dict[Overall, str] = {"pass": "PASS", "fail": "FAIL", "unjudgeable": "CANNOT BE JUDGED"}
@@ -57,6 +66,11 @@ EXIT_CODES: dict[Overall, ExitCode] = {
     "fail": ExitCode.CHECK_FAILED,
     "unjudgeable": ExitCode.UNJUDGEABLE,
 }
+SKIPPED_WHY = (
+    f"its latency gates are skipped here (calibrate a baseline on this runner type to judge them: "
+    f"{RECALIBRATE.removeprefix('recalibrate: ')})"
+)
+"""What a skipped gate's ``why`` adds to the fingerprint's reason."""
 
 
 class GateResult(StrictModel):
@@ -137,19 +151,33 @@ class GateReport(StrictModel):
     gates: list[GateResult]
 
     def counts(self) -> dict[Verdict, int]:
-        out: dict[Verdict, int] = {"pass": 0, "fail": 0, "inconclusive": 0, "unjudgeable": 0}
+        out: dict[Verdict, int] = {"pass": 0, "fail": 0, "inconclusive": 0, "unjudgeable": 0, "skipped": 0}
         for g in self.gates:
             out[g.verdict] += 1
         return out
 
-    def headline(self) -> str:
-        """``FAIL: 1 of 14 gates failed (tpot_p95@warm), 0 cannot be judged``."""
+    @property
+    def all_skipped(self) -> bool:
+        """Every gate was skipped (measured elsewhere than the baseline): a pass that judged nothing."""
+        return bool(self.gates) and all(g.verdict == "skipped" for g in self.gates)
+
+    def tally(self) -> str:
+        """``14 passed, 0 failed, 0 cannot be judged``, then ``, 9 skipped (…)`` when any was."""
         c = self.counts()
         cannot = c["inconclusive"] + c["unjudgeable"]
-        text = (
-            f"{VERDICT_WORDS[self.verdict]}: {c['pass']} passed, {c['fail']} failed, "
-            f"{cannot} cannot be judged"
-        )
+        text = f"{c['pass']} passed, {c['fail']} failed, {cannot} cannot be judged"
+        if c["skipped"]:
+            text += f", {c['skipped']} skipped " + (
+                "(every gate skipped: nothing was judged on this run)"
+                if self.all_skipped
+                else "(latency gates on a machine, target or recipe other than the baseline's)"
+            )
+        return text
+
+    def headline(self) -> str:
+        """``FAIL: 13 passed, 1 failed, 0 cannot be judged (failed: tpot_p95@warm)``; skipped gates
+        are counted after the rest (:meth:`tally`)."""
+        text = f"{VERDICT_WORDS[self.verdict]}: {self.tally()}"
         failed = [f"{g.id}@{g.label}" if g.label else g.id for g in self.gates if g.verdict == "fail"]
         if failed:
             text += f" (failed: {', '.join(failed)})"
@@ -317,8 +345,8 @@ def judge_gate(
     """Judge one gate on one result set (``None``: no result set of the gate's phase was given).
 
     ``reference``: the set labelled ``reference`` (the ``*_rel`` metrics divide by it); ``match``: the
-    set compared with the baseline's fingerprint: when it does not match, a speed-dependent gate
-    cannot be judged (its numbers are still shown); ``want``: the power a gate with ``detect`` must have
+    set compared with the baseline's fingerprint: when it does not match, a speed-dependent gate is
+    ``skipped`` (its numbers are still shown); ``want``: the power a gate with ``detect`` must have
     had to pass (the baseline's ``power``)."""
     unit = gate.spec.unit
     min_n = gate.effective_min_samples(confidence)
@@ -367,9 +395,10 @@ def judge_gate(
         why = "; ".join([*rs.problems, why] if why and not why.startswith("interval") else rs.problems)
     elif gate.spec.speed_dependent and match is not None and not match.judged:
         # Another machine, target or recipe: an absolute latency says nothing about the code here.
-        # Never a failure, whatever the numbers.
-        verdict = "unjudgeable"
-        why = match.reason or "measured elsewhere than the baseline"
+        # Skipped, whatever the numbers: neither a failure nor a refusal (the job runs on).
+        verdict = "skipped"
+        where = (match.reason or "measured elsewhere than the baseline").removesuffix(f" ({RECALIBRATE})")
+        why = f"{where}; {SKIPPED_WHY}"
     elif gate.spec.speed_dependent and match is not None and match.busier and verdict == "fail":
         # Other work took clearly more of the machine than in any calibration run: the slower number
         # may be the neighbour's. Only the fail is voided; a pass won against that handicap stands.
@@ -431,8 +460,11 @@ def judge(
         for g in baseline.gates
         for rs in targets(g, result_sets)
     ]  # fmt: skip
+    # Skipped gates count neither way: the judged ones decide (all skipped: a pass, said so).
     verdicts = {r.verdict for r in results}
-    overall: Overall = "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass"} else "pass"
+    overall: Overall = (
+        "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass", "skipped"} else "pass"
+    )
     return GateReport(
         verdict=overall,
         exit_code=int(EXIT_CODES[overall]),

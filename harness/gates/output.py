@@ -4,9 +4,11 @@ warm comparison) and JUnit XML.
 JUnit: one ``<testsuite>`` per result set (``gate.<label>``), one ``<testcase>`` per gate judged on it
 (``name`` = the gate id, ``classname`` = ``gate.<label>``). A failed gate carries ``<failure
 type="regression">``, a gate that cannot be judged ``<error type="unjudgeable">`` or ``<error
-type="inconclusive">`` (JUnit's "could not run" — CI shows both red, and tells them apart), each with
-a ``message`` holding the numbers. The format is the one Jenkins, GitLab and the common GitHub
-Actions reporters read (``testsuites/testsuite/testcase`` with ``failure``/``error`` children).
+type="inconclusive">`` (JUnit's "could not run" — CI shows both red, and tells them apart), a skipped
+gate (a latency gate on a run measured elsewhere than the baseline) ``<skipped>`` (counted in the
+suite's ``skipped``, not red), each with a ``message`` holding the numbers. The format is the one
+Jenkins, GitLab and the common GitHub Actions reporters read (``testsuites/testsuite/testcase`` with
+``failure``/``error``/``skipped`` children).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from harness.gates.compare import Comparison, Side
 from harness.gates.judge import GateReport, GateResult
 from harness.gates.metrics import format_interval, format_value
 
-VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "unjudgeable": "yellow"}
+VERDICT_STYLE = {
+    "pass": "green",
+    "fail": "bold red",
+    "inconclusive": "yellow",
+    "unjudgeable": "yellow",
+    "skipped": "dim",
+}
 
 
 def _delta_text(g: GateResult) -> str:
@@ -40,13 +48,18 @@ def _delta_text(g: GateResult) -> str:
 
 def gate_table(report: GateReport) -> Table:
     """Metric, baseline, limit, measured, delta, interval, n and verdict for every judged gate."""
+    caption = (
+        f"intervals at {report.confidence:.0%} confidence; pass only when the interval is within the limit"
+    )
+    skipped = list(dict.fromkeys(g.why for g in report.gates if g.verdict == "skipped"))
+    if skipped:
+        caption += "; skipped: " + " / ".join(skipped)
     t = table(
         escape(f"gate: {report.baseline.name} — {report.headline()}"),
         ("run", "metric", "baseline", "limit", "measured", "delta", "interval", "n", "verdict"),
         left={"run", "metric", "verdict"},
         title_justify="left",
-        caption=f"intervals at {report.confidence:.0%} confidence; "
-        "pass only when the interval is within the limit",
+        caption=escape(caption),
         caption_justify="left",
     )
     for g in report.gates:
@@ -107,12 +120,13 @@ def junit_xml(report: GateReport) -> ET.Element:
     for g in report.gates:
         if g.label not in labels:
             labels.append(g.label)
-    totals = {"tests": 0, "failures": 0, "errors": 0}
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for label in labels:
         cases = [g for g in report.gates if g.label == label]
         suite_name = f"gate.{label}" if label else "gate.missing"
         failures = sum(g.verdict == "fail" for g in cases)
         errors = sum(g.verdict in ("inconclusive", "unjudgeable") for g in cases)
+        skipped = sum(g.verdict == "skipped" for g in cases)
         suite = ET.SubElement(
             root,
             "testsuite",
@@ -120,7 +134,7 @@ def junit_xml(report: GateReport) -> ET.Element:
             tests=str(len(cases)),
             failures=str(failures),
             errors=str(errors),
-            skipped="0",
+            skipped=str(skipped),
             time="0",
             timestamp=stamp,
         )
@@ -139,12 +153,16 @@ def junit_xml(report: GateReport) -> ET.Element:
             elif g.verdict in ("inconclusive", "unjudgeable"):
                 child = ET.SubElement(case, "error", message=g.reason, type=g.verdict)
                 child.text = _details(g)
+            elif g.verdict == "skipped":
+                child = ET.SubElement(case, "skipped", message=g.reason)
+                child.text = _details(g)
             else:
                 out = ET.SubElement(case, "system-out")
                 out.text = g.reason
         totals["tests"] += len(cases)
         totals["failures"] += failures
         totals["errors"] += errors
+        totals["skipped"] += skipped
     for k, v in totals.items():
         root.set(k, str(v))
     ET.indent(root)

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -387,3 +388,36 @@ def load_result_sets(args: Sequence[str | Path | tuple[str, str | Path]]) -> lis
     if not sets:
         raise InputError("no result sets given")
     return sets
+
+
+def pooled_set(sets: Sequence[ResultSet], label: str) -> ResultSet:
+    """Several runs of one target as one labelled set: their records concatenated (``harness ab``'s
+    blocks of one arm), the first run's summary (its machine and target; the counters of one run are
+    not the pool's, so none), and every run's problems, each naming its run."""
+    if not sets:
+        raise ValueError("no result sets to pool")
+    frames = [rs.frame for rs in sets]
+
+    def cat(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        return np.concatenate(arrays) if arrays else np.empty(0)
+
+    itl: ObjArray | None = None
+    if all(f.itl is not None for f in frames):
+        itl = np.empty(sum(f.n for f in frames), dtype=object)
+        itl[:] = [g for f in frames for g in f.gaps()]
+    kv = [f.kv_measured for f in frames]
+    frame = RunFrame(
+        floats={k: cat([f.floats[k] for f in frames]) for k in frames[0].floats},
+        text={k: cat([f.text[k] for f in frames]) for k in frames[0].text},
+        status=cat([f.status for f in frames]),
+        ok=cat([f.ok for f in frames]),
+        peak_measured=cat([f.peak_measured for f in frames]),
+        worker=cat([f.worker for f in frames]),
+        nonfinite={k: cat([f.bad(k) for f in frames]) for k in {k for f in frames for k in f.nonfinite}},
+        itl=itl,
+        kv_measured=cat([k for k in kv if k is not None]) if all(k is not None for k in kv) else None,
+    )
+    problems = tuple(f"{rs.path}: {p}" for rs in sets for p in rs.problems)
+    return ResultSet(
+        label=label, path=sets[0].path.parent, summary=sets[0].summary, frame=frame, problems=problems
+    )

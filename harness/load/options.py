@@ -199,7 +199,8 @@ class LoadOptions(AccessOptions):
     )
     max_duration: float | None = Field(
         None, gt=0, description="Seconds of sending at most (bounds --rate without --duration, and "
-        "--until-precision; harness run: each phase)",
+        "--until-precision; harness run: each phase; harness ab: its blocks, no look starts that would "
+        "end past it)",
     )  # fmt: skip
     precision_on: str = Field(
         DEFAULT_PRECISION_ON,

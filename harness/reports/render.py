@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -89,11 +90,12 @@ _TEMPLATE = """<!doctype html>
  .verdict-pass { background: #e6f4ea; color: #1e6b34; border: 1px solid #a8d5b5; }
  .verdict-fail { background: #fde7e7; color: #a11d1d; border: 1px solid #f2a7a7; }
  .verdict-unjudgeable { background: #fff4d6; color: #7a5200; border: 1px solid #f0d28a; }
- .verdict-none { background: #f2f2f2; color: #444; border: 1px solid #ddd; }
+ .verdict-none, .verdict-skipped { background: #f2f2f2; color: #444; border: 1px solid #ddd; }
  table { border-collapse: collapse; margin: .6rem 0 1rem; font-size: 13px; }
  th, td { border: 1px solid #ddd; padding: .3rem .55rem; text-align: right; vertical-align: top; }
  th { background: #f6f6f6; } td.l, th.l { text-align: left; }
  tr.fail td { background: #fde7e7; } tr.inconclusive td, tr.unjudgeable td { background: #fff4d6; }
+ tr.skipped td { background: #f2f2f2; color: #555; }
  figure.plot { margin: 1.4rem 0; } figure.plot img { max-width: 100%; height: auto; border: 1px solid #eee; }
  figure.empty p { color: #666; font-style: italic; }
  ul.problems { color: #7a5200; }
@@ -283,16 +285,15 @@ def loose_gates(report: GateReport) -> list[str]:
 
 
 def verdict_text(report: GateReport | None) -> tuple[str, str]:
-    """The banner text and its CSS class."""
+    """The banner text and its CSS class: the verdict, or ``skipped`` (grey, not green) for a pass
+    whose every gate was skipped (measured elsewhere than the baseline: nothing was judged)."""
     if report is None:
         return "Gate: not run", "none"
-    c = report.counts()
-    cannot = c["inconclusive"] + c["unjudgeable"]
     text = (
-        f"Gate {report.baseline.name}: {VERDICT_WORDS[report.verdict]} — {c['pass']} passed, "
-        f"{c['fail']} failed, {cannot} cannot be judged (exit {report.exit_code})"
+        f"Gate {report.baseline.name}: {VERDICT_WORDS[report.verdict]} — {report.tally()} "
+        f"(exit {report.exit_code})"
     )
-    return text, report.verdict
+    return text, "skipped" if report.all_skipped else report.verdict
 
 
 def _run_notes(sets: Sequence[ResultSet]) -> list[tuple[str, str, list[str]]]:
@@ -429,8 +430,8 @@ def render_markdown(
     effect: EffectReport | None = None,
 ) -> str:
     """A short Markdown summary for a CI comment: verdict, one row per run, gates that did not pass."""
-    text, _ = verdict_text(gate)
-    icon = {"pass": "✅", "fail": "❌", "unjudgeable": "⚠️"}.get(gate.verdict if gate else "", "ℹ️")
+    text, cls = verdict_text(gate)
+    icon = {"pass": "✅", "fail": "❌", "unjudgeable": "⚠️", "skipped": "⏭️"}.get(cls, "ℹ️")
     lines = [f"## {icon} {text}", ""]
     if verdicts:
         lines += [*_md_table(_verdict_table(verdicts)), ""]
@@ -467,6 +468,13 @@ def render_markdown(
         reasons = [f"- `{g.id}@{g.label or '—'}`: {g.reason}" for g in gate.gates if g.verdict == "fail"]
         if reasons:
             lines += ["", *reasons[:MD_MAX_GATES]]
+        # Skipped gates once per cause: the run was measured elsewhere than the baseline.
+        skipped = Counter((g.label or "—", g.why) for g in gate.gates if g.verdict == "skipped")
+        lines += [""] if skipped else []
+        lines += [
+            f"- skipped on `{label}` ({k} gate{'s' if k > 1 else ''}): {why}"
+            for (label, why), k in skipped.items()
+        ]
     if html_name:
         lines += ["", f"Full report with plots: `{html_name}`."]
     return "\n".join(lines) + "\n"

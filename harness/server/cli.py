@@ -10,8 +10,8 @@ Programs pass ``--ready-file PATH`` instead: once the server accepts requests (s
 a caller waits for the file, never parses logs. SIGINT/SIGTERM stop accepting connections, give
 in-flight requests ``graceful_shutdown_s`` to finish, stop the engine thread and close the cache.
 ``--tiers FILE`` hands the cache a tier policy file (``HARNESS__CACHE__TIER_FILE``, checked up front):
-value tiers and TTLs from it. ``--inject-slowdown``, ``--inject-error-rate`` and
-``--inject-cache-miss-rate`` (with ``--inject-seed``) make regressions on purpose
+value tiers and TTLs from it. ``--inject-slowdown``, ``--inject-kv-overalloc``, ``--inject-error-rate``
+and ``--inject-cache-miss-rate`` (with ``--inject-seed``) make regressions on purpose
 (:mod:`harness.server.faults`); each active one prints a warning line on stderr at start-up.
 """
 
@@ -245,7 +245,9 @@ def run_server(
         from harness.server.app import create_app
         from harness.server.faults import FaultPlan
 
-        faults = FaultPlan.from_settings(settings, engine_settings.inject_slowdown)
+        faults = FaultPlan.from_settings(
+            settings, engine_settings.inject_slowdown, engine_settings.inject_kv_overalloc
+        )
         app = create_app(
             engine,
             settings=settings,
@@ -345,6 +347,17 @@ def serve(
             "never in production.",
         ),
     ] = None,
+    inject_kv_overalloc: Annotated[
+        float | None,
+        typer.Option(
+            "--inject-kv-overalloc",
+            min=0.0,
+            max=10.0,
+            help="Fault injection: every prefill takes ceil((1+F) x the KV blocks it needs), the extra "
+            "ones held unused until the request ends (0.2 = 20% more KV bytes per prompt token), to prove "
+            "a gate catches a memory regression. Off (0) by default; never in production.",
+        ),
+    ] = None,
     inject_error_rate: Annotated[
         float | None,
         typer.Option(
@@ -432,6 +445,7 @@ def serve(
         "bind_cores": bind_cores,
         "max_model_len": max_model_len,
         "inject_slowdown": inject_slowdown,
+        "inject_kv_overalloc": inject_kv_overalloc,
     }
     server_overrides: dict[str, Any] = {
         "host": host,

@@ -1,12 +1,17 @@
 """Fault injection of ``harness serve``: each kind of regression on purpose, so that a CI gate can be
 shown to catch it.
 
-Three injections, never on by default and loud when on: one warning line each on stderr at
+Four injections, never on by default and loud when on: one warning line each on stderr at
 start-up, ``GET /health``'s ``fault_injection`` object, and the gauge
 ``harness_server_fault_injection_active{kind}`` (1 for each active kind, 0 for the others).
 
 * ``slowdown`` (``--inject-slowdown F``, an engine setting): every engine step takes F times as long
   (:class:`harness.engine.core.EngineCore` waits out the extra after the step).
+* ``kv_overalloc`` (``--inject-kv-overalloc F``, an engine setting): every prefill takes
+  ``ceil((1 + F) × n)`` KV blocks where it needs ``n`` (:class:`harness.engine.kv_cache.BlockManager`
+  holds the extra ones, unwritten and never cached, until the request ends), so each request's
+  ``prefill_kv_bytes`` and the gate ``prefill_kv_bytes_per_token_p95`` rise by about F; the tokens
+  are the same.
 * ``error_rate`` (``--inject-error-rate P``): a fraction P of generation requests answers HTTP 500
   with an OpenAI error body (``code: injected_fault``) before any cache lookup or generation.
 * ``cache_miss_rate`` (``--inject-cache-miss-rate P``): a fraction P of generation requests misses
@@ -41,7 +46,7 @@ from harness.server.settings import ServerSettings
 FaultKind = Literal["error", "cache-miss"]
 """What an injection did to one request (the ``x-harness-fault`` header's values)."""
 FAULT_KINDS: tuple[FaultKind, ...] = ("error", "cache-miss")
-INJECTIONS: tuple[str, ...] = ("slowdown", "error_rate", "cache_miss_rate")
+INJECTIONS: tuple[str, ...] = ("slowdown", "error_rate", "cache_miss_rate", "kv_overalloc")
 """The injections a server can run with (the ``kind`` of the active gauge, the names in ``/health``)."""
 
 
@@ -53,12 +58,16 @@ class FaultPlan:
     cache_miss_rate: float = 0.0
     slowdown: float = 1.0
     seed: int = 0
+    kv_overalloc: float = 0.0
 
     @classmethod
-    def from_settings(cls, settings: ServerSettings, slowdown: float = 1.0) -> FaultPlan:
-        """The server's injections; ``slowdown`` is the engine's (``EngineSettings.inject_slowdown``)."""
+    def from_settings(
+        cls, settings: ServerSettings, slowdown: float = 1.0, kv_overalloc: float = 0.0
+    ) -> FaultPlan:
+        """The server's injections; ``slowdown`` and ``kv_overalloc`` are the engine's
+        (``EngineSettings.inject_slowdown``, ``EngineSettings.inject_kv_overalloc``)."""
         s = settings
-        return cls(s.inject_error_rate, s.inject_cache_miss_rate, slowdown, s.inject_seed)
+        return cls(s.inject_error_rate, s.inject_cache_miss_rate, slowdown, s.inject_seed, kv_overalloc)
 
     @property
     def active(self) -> tuple[str, ...]:
@@ -67,6 +76,7 @@ class FaultPlan:
             "slowdown": self.slowdown > 1.0,
             "error_rate": self.error_rate > 0.0,
             "cache_miss_rate": self.cache_miss_rate > 0.0,
+            "kv_overalloc": self.kv_overalloc > 0.0,
         }
         return tuple(name for name in INJECTIONS if on[name])
 
@@ -82,6 +92,7 @@ class FaultPlan:
             "slowdown": self.slowdown,
             "error_rate": self.error_rate,
             "cache_miss_rate": self.cache_miss_rate,
+            "kv_overalloc": self.kv_overalloc,
             "seed": self.seed,
         }
 
@@ -99,6 +110,11 @@ class FaultPlan:
             lines.append(
                 f"{self.cache_miss_rate * 100:.4g} % of generation requests miss the response and "
                 f"prefix caches (--inject-cache-miss-rate, seed {self.seed})"
+            )
+        if self.kv_overalloc > 0.0:
+            lines.append(
+                f"every prefill takes {self.kv_overalloc * 100:.4g} % more KV blocks than it needs "
+                "(--inject-kv-overalloc)"
             )
         return [f"{line}: a regression on purpose" for line in lines]
 

@@ -152,3 +152,51 @@ def test_a_sequence_without_the_prefix_cache_neither_shares_nor_registers(evicti
     bm.free("c")
     assert bm.allocate("d", fresh) == 0  # "c" registered nothing
     assert bm.prefix_hit_tokens == 0 and bm.prefix_query_tokens == 4 * len(a)
+
+
+def test_over_allocated_blocks_are_taken_never_cached_and_all_given_back(eviction: str) -> None:
+    """The over-allocation fault injection: ``ceil(F × n)`` more blocks really leave the pool (and
+    evict cached ones under pressure), but they hold nothing, enter no prefix table and are all free
+    again once the sequence is."""
+    bm = BlockManager(16, BS, eviction=eviction, overalloc=0.5)
+    a = list(range(1, 18))  # 17 tokens: 5 blocks, 4 of them full
+    fill(bm, "a", a)
+    t = bm.tables["a"]
+    assert (len(t.blocks), len(t.extra)) == (5, 3)  # ceil(0.5 × 5) extra
+    assert t.taken == bm.blocks_taken == bm.num_used == 8
+    assert all(not b.tokens and b.block_hash is None and b.ref_count == 1 for b in t.extra)
+    bm.validate([("a", a)])
+    bm.free("a")
+    assert bm.num_free == 16 and bm.num_cached_free == 4  # the 4 full prompt blocks, no extra
+    # Again: 4 blocks shared, 1 taken for the last token and ceil(0.5 × 1) extra.
+    assert fill(bm, "a2", a) == 4 * BS and bm.tables["a2"].taken == 2
+    bm.free("a2")
+    # 10 new blocks + 5 extra out of 12 never-hashed free ones: 3 cached blocks are evicted.
+    big = list(range(100, 140))
+    assert bm.can_admit(big) and not bm.can_admit([*big, 1])  # 11 + 6 > 16
+    fill(bm, "big", big)
+    assert bm.num_free == 1 and bm.num_cached_free == 1 and len(bm.match_prefix(a)) <= 1
+    bm.validate([("big", big)])
+    bm.free("big")
+    assert bm.num_free == 16 and bm.num_cached_free == 1 + 10  # big's 10 full blocks, no extra
+
+
+def test_the_over_allocation_is_a_ceiling_of_exact_decimals_and_can_be_capped() -> None:
+    def extra(f: float, needed: int, limit: int | None = None) -> int:
+        return BlockManager(4, BS, overalloc=f).extra_blocks(needed, limit)
+
+    assert extra(0.0, 10) == 0 and extra(0.2, 0) == 0
+    assert 0.28 * 25 > 7 and extra(0.28, 25) == 7  # not 8: the float product is 7.000000000000001
+    assert extra(0.2, 5) == 1 and extra(0.2, 6) == 2 and extra(0.2, 40) == 8
+    assert extra(0.2, 40, limit=3) == 3 and extra(0.2, 40, limit=-1) == 0
+    with pytest.raises(ValueError, match="overalloc"):
+        BlockManager(4, BS, overalloc=float("nan"))
+
+
+def test_validate_catches_an_over_allocated_block_that_was_written(eviction: str) -> None:
+    bm = BlockManager(8, BS, eviction=eviction, overalloc=1.0)
+    fill(bm, "a", [1, 2, 3, 4, 5])
+    bm.validate([("a", [1, 2, 3, 4, 5])])
+    bm.tables["a"].extra[0].tokens.append(7)
+    with pytest.raises(CheckFailed, match="over-allocated"):
+        bm.validate([("a", [1, 2, 3, 4, 5])])

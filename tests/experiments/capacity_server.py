@@ -8,6 +8,10 @@ requests/s. What happens to a request that finds every slot busy is the ``mode``
 * ``"collapse"``: the server falls over: it answers 503 to that request and to every request in the
   next ``collapse_s`` seconds (errors jump from none to most: a cliff).
 
+``error_share`` makes it a target that errors: that share of the completion requests is answered
+``500`` at once, spread evenly and deterministically (with 0.25 every 4th request, counted from the
+first), whatever the load; the rest are served as above. :attr:`CapacityServer.errored` counts them.
+
 Times are absolute targets from when the slot was taken, so the hold does not drift with the
 machine's load. Paths other than the two completion endpoints answer 404 (the target then exposes
 no cache level and no model list, like a bare inference server).
@@ -16,6 +20,7 @@ no cache level and no model list, like a bare inference server).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +36,9 @@ class Capacity:
     tokens: int = 5
     mode: Literal["queue", "collapse"] = "queue"
     collapse_s: float = 2.0
+    error_share: float = 0.0
+    """This share of the completion requests is answered 500 (evenly: the k-th request errs when
+    ``floor(k · share)`` grows)."""
 
     @property
     def rps(self) -> float:
@@ -62,6 +70,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         srv = self.server
         c = srv.capacity
+        with srv.lock:
+            srv.count += 1
+            k = srv.count
+        if math.floor(k * c.error_share) > math.floor((k - 1) * c.error_share):
+            srv.errored += 1
+            self._plain(500, b'{"error": {"message": "injected", "type": "server_error"}}')
+            return
         if c.mode == "collapse":
             now = time.monotonic()
             with srv.lock:
@@ -125,6 +140,8 @@ class _Server(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.down_until = 0.0
         self.rejected = 0
+        self.count = 0
+        self.errored = 0
 
 
 class CapacityServer:
@@ -144,6 +161,11 @@ class CapacityServer:
     @property
     def rejected(self) -> int:
         return self._srv.rejected
+
+    @property
+    def errored(self) -> int:
+        """Requests answered 500 for ``error_share``."""
+        return self._srv.errored
 
     def __enter__(self) -> CapacityServer:
         self._thread.start()

@@ -85,7 +85,7 @@ def test_a_repeated_prompt_counts_once_and_two_prompts_may_not_share_an_id(tmp_p
     ("ab", "load", "field", "match"),
     [
         ({"limit": 1.3, "detect": 1.2}, {}, "ab", "must be below detect"),
-        ({"metrics": "ttft_p50,hit_rate_any"}, {}, "--metrics", "not a latency percentile"),
+        ({"metrics": "ttft_p50,hit_rate_any"}, {}, "--metrics", "not a percentile an A/B run judges"),
         ({"base_url": "http://h:1", "base_serve_args": TINY}, {}, "ab", "not both"),
         ({"base_url": "http://h:1/", "candidate_url": "http://h:1"}, {}, "ab", "the same server"),
         ({"blocks": 1}, {}, "--blocks", "greater than or equal to 2"),
@@ -115,8 +115,14 @@ def test_what_cannot_run_is_refused_before_a_target_starts(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="need 40; the corpus has 20 distinct") as small:
         prepare(spec_of(tmp_path, given_for(corpus, block_requests=10)))
     assert small.value.field == "--block-requests"
-    with pytest.raises(ConfigError, match="--capacity"):
-        prepare(spec_of(tmp_path, {**given_for(corpus), "load": {"corpus": str(corpus), "rate": "50%"}}))
+    # A share without --capacity is of the base's capacity, measured in the run: the rate waits for it.
+    shared = prepare(spec_of(tmp_path, {**given_for(corpus), "load": {"corpus": str(corpus), "rate": "50%"}}))
+    assert shared.rate_rps is None and shared.share is not None and shared.share.fraction == 0.5
+    with pytest.raises(ConfigError, match="need 24; the corpus has 20") as looks:
+        prepare(spec_of(tmp_path, given_for(corpus, blocks=2, looks=3, block_requests=4)))
+    assert looks.value.field == "--block-requests"
+    with pytest.raises(ConfigError, match="--use-cache"):
+        prepare(spec_of(tmp_path, given_for(corpus, warm_requests=5)))
     with pytest.raises(ConfigError) as bad_serve:
         prepare(spec_of(tmp_path, {**given_for(corpus), "ab": {"base_serve_args": "--no-such-flag",
                                                              "candidate_url": "http://h:1"}}))  # fmt: skip
@@ -156,9 +162,9 @@ def test_default_metrics_the_design_cannot_reach_are_left_out_named_ones_are_jud
     corpus = make_corpus(tmp_path / "c.jsonl", 20)
     default = resolve(None, given_for(corpus, blocks=8), AB_OPTIONS).ab
     metrics, left_out = chosen_metrics(default, 96)  # 8 pairs of 12: medians yes, a P95 (200) no
-    assert [m.name for m in metrics] == ["ttft_p50", "tpot_p50", "e2e_p50"]
-    assert len(left_out) == 1 and left_out[0].startswith("tpot_p95 left out")
-    assert [m.name for m in chosen_metrics(default, 200)[0]][-1] == "tpot_p95"
+    assert [m.name for m in metrics] == ["ttft_p50", "tpot_p50", "itl_p50", "e2e_p50"]
+    assert [n.split(" ")[0] for n in left_out] == ["tpot_p95", "itl_p95"]
+    assert [m.name for m in chosen_metrics(default, 200)[0]][-2:] == ["tpot_p95", "itl_p95"]
     # from a recipe file written by a run without --metrics: still the defaults
     again = resolve(
         write_recipe(tmp_path, resolve(None, given_for(corpus, blocks=8), AB_OPTIONS)), {}, AB_OPTIONS

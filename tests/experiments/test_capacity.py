@@ -4,15 +4,21 @@ the search (with an injected probe function) and its edges. The real probes are 
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
-from harness.common.errors import ConfigError, ExitCode
-from harness.experiments.capacity_result import CapacityResult
-from harness.experiments.capacity_search import crossing, isotonic_increasing, search
+from harness.common.errors import ConfigError, ExitCode, UnavailableError
+from harness.corpus.model import CorpusRecord
+from harness.experiments import capacity
+from harness.experiments.capacity import CapacityRunner, CapacitySpec
+from harness.experiments.capacity_result import Calibration, CapacityResult, answer_line, read_capacity
+from harness.experiments.capacity_search import crossing, isotonic_increasing, search, unprobed
+from harness.experiments.recipe import Recipe
 from harness.experiments.slo import (
     DEFAULT_SLO,
     ProbeSamples,
@@ -23,6 +29,11 @@ from harness.experiments.slo import (
     probe_min_requests,
     resolve_limits,
 )
+from harness.experiments.target import Target
+from harness.load.arrivals import RequestSpec, prepare_requests
+from harness.load.target import TargetClient
+from tests.experiments.capacity_server import Capacity, CapacityServer
+from tests.load.helpers import make_corpus
 
 # ------------------------------------------------------------------------------------------ SLO
 
@@ -325,3 +336,153 @@ def test_the_default_slo_is_said_as_the_code_has_it(repo_root: Path) -> None:
         assert slo.show_default == DEFAULT_SLO, name
     for doc in ("docs/capacity.md",):
         assert f"`{DEFAULT_SLO}`" in (repo_root / doc).read_text(encoding="utf-8"), doc
+
+
+# ------------------------------------------------------------------------------------------ errors
+# Errors are judged, never hidden: a target that answers errors has an error rate (count, share,
+# interval) in the answer, not an "unreachable" (exit 5) or a bare "cannot be judged" (exit 6).
+
+
+def test_errors_at_the_lowest_rate_are_the_answer_with_their_interval() -> None:
+    """5 of 40 failed: the error term straddles 10 % and alone keeps the lowest rate from passing."""
+
+    def measure(rate: float) -> ProbeSamples:
+        return probe(rate, spread(50, 35), failed=5)
+
+    cal = Calibration(requests=4, errors=1, first_error="HTTP 500", service_ms=10.0, start_rate=1.0)
+    result = search(measure, parse_slo("ttft_p50<=3x,error_rate<=0.1"), start=1.0, calibration=cal)
+    assert result.exit_code == int(ExitCode.UNJUDGEABLE) and result.capacity_rps == 0
+    assert result.limited_by_errors and result.high_verdict == "inconclusive"
+    errors = result.errors
+    assert errors is not None and (errors.errors, errors.requests) == (6, 44)  # calibration + the probe
+    assert errors.lo is not None and errors.hi is not None and errors.lo < 6 / 44 < errors.hi
+    assert "because of the target's errors" in result.reason
+    assert "6 of 44 requests failed: error rate 13.64 % [" in result.reason
+    assert result.calibration == cal and result.probes[0].errors == 5
+    CapacityResult.model_validate(result.model_dump(mode="json"))
+
+
+def test_a_latency_failure_is_not_laid_on_errors() -> None:
+    def measure(rate: float) -> ProbeSamples:
+        return probe(rate, spread(300, 35), failed=5)
+
+    result = search(measure, parse_slo("ttft_p50<=100,error_rate<=0.1"), start=1.0)
+    assert result.exit_code == int(ExitCode.CHECK_FAILED) and not result.limited_by_errors
+    assert "5 of 40 requests failed" in result.reason  # still named
+
+
+def test_errors_count_where_the_target_was_not_overloaded() -> None:
+    """A server that sheds half its load past capacity: those errors are the overload's and stay in
+    the failing probes' rows; the calibration's error (one at a time) is the target's own."""
+    measure, _ = queue_model(8.0, cliff_errors=True)
+    cal = Calibration(requests=4, errors=1, service_ms=10.0, start_rate=1.0)
+    result = search(
+        measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0, calibration=cal, resolution=0.5
+    )
+    assert result.exit_code == 0 and result.capacity_rps > 0 and not result.limited_by_errors
+    sustained = [p for p in result.probes if p.rate <= result.low]
+    assert all(p.errors == 0 for p in sustained) and any(p.errors for p in result.probes)
+    assert result.errors is not None
+    assert (result.errors.errors, result.errors.requests) == (1, 4 + sum(p.requests for p in sustained))
+    assert "the target answered errors: 1 of" in result.reason
+
+
+def test_no_errors_no_error_clause() -> None:
+    measure, _ = queue_model(8.0)
+    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0)
+    assert result.errors is not None and result.errors.errors == 0 and "errors" not in result.reason
+
+
+@pytest.mark.parametrize(
+    ("slo", "code"),
+    [("ttft_p50<=3x,error_rate<=0.1", ExitCode.CHECK_FAILED), ("ttft_p50<=3x", ExitCode.UNJUDGEABLE)],
+)
+def test_every_calibration_request_failing_is_judged_like_a_probe(slo: str, code: ExitCode) -> None:
+    """4 of 4 answered 500: [39.8 %, 100 %] is beyond a 10 % error term (exit 1); with no error term
+    and only a relative latency one nothing can be judged (exit 6). Either way the reason is the error
+    rate, and no rate was probed."""
+    cal = Calibration(
+        requests=4, errors=4, first_error="HTTP 500: injected", service_ms=None, start_rate=None
+    )
+    result = unprobed(parse_slo(slo), cal, confidence=0.95, resolution=0.1, slo_text=slo)
+    assert result.exit_code == int(code) and result.limited_by_errors and result.probes == []
+    assert result.capacity_rps == 0 and result.errors is not None and result.errors.errors == 4
+    assert (
+        "every one of the 4 calibration requests" in result.reason and "HTTP 500: injected" in result.reason
+    )
+    assert "4 of 4 requests failed: error rate 100.00 % [" in result.reason
+    assert answer_line(result).startswith("capacity: none")
+    CapacityResult.model_validate(result.model_dump(mode="json"))
+
+
+# ---- the runner's calibration against a target that answers errors (the probes faked)
+
+
+def _runner(tmp_path: Path, url: str, slo: str = "ttft_p50<=3x,error_rate<=0.1") -> CapacityRunner:
+    recipe = Recipe.model_validate({
+        "target": {"url": url},
+        "capacity": {"slo": slo, "probe_requests": 40, "calibration_requests": 4, "flush": False},
+    })  # fmt: skip
+    return CapacityRunner(CapacitySpec(recipe, out=tmp_path / "cap"), Console(file=io.StringIO()))
+
+
+def _requests(tmp_path: Path) -> list[RequestSpec]:
+    corpus = make_corpus(tmp_path / "corpus.jsonl", 4)
+    return prepare_requests(CorpusRecord.model_validate_json(x) for x in corpus.read_text().splitlines())
+
+
+@pytest.fixture
+def probed(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The rates the probes were asked for; each probe (Locust faked) sends 40 requests, 5 failed."""
+    rates: list[float] = []
+
+    class FakeProber:
+        def __init__(self, runner: object, target: object) -> None:
+            pass
+
+        def __call__(self, rate: float) -> ProbeSamples:
+            rates.append(rate)
+            return probe(rate, spread(50, 35), failed=5)
+
+    monkeypatch.setattr(capacity, "_LocustProber", FakeProber)
+    return rates
+
+
+def test_a_failed_calibration_request_is_counted_not_unreachable(tmp_path, probed) -> None:
+    """Every 4th request answered 500 (the 4th of the calibration): the calibration goes on, starts
+    from the others' service time, and its error is pooled with the probe's in capacity.json."""
+    with CapacityServer(Capacity(slots=4, hold_s=0.05, first_token_s=0.01, error_share=0.25)) as srv:
+        runner = _runner(tmp_path, srv.url)
+        result = runner.measure(Target(TargetClient(srv.url)), requests=_requests(tmp_path))
+        errored = srv.errored
+    assert errored == 1
+    cal = result.calibration
+    assert cal is not None and (cal.requests, cal.errors) == (4, 1) and "HTTP 500" in (cal.first_error or "")
+    assert cal.start_rate is not None and probed == [float(f"{cal.start_rate:.4g}")]
+    assert result.exit_code == int(ExitCode.UNJUDGEABLE) and result.limited_by_errors
+    assert result.errors is not None and (result.errors.errors, result.errors.requests) == (6, 44)
+    written = read_capacity(tmp_path / "cap" / "capacity.json")
+    assert written.errors == result.errors and written.calibration == cal
+    assert "6 of 44 requests failed" in written.reason
+
+
+def test_a_target_answering_only_errors_gets_its_error_rate_not_exit_5(tmp_path, probed) -> None:
+    with CapacityServer(Capacity(error_share=1.0)) as srv:
+        runner = _runner(tmp_path, srv.url)
+        result = runner.measure(Target(TargetClient(srv.url)), requests=_requests(tmp_path))
+    assert probed == []  # nothing to start from: no probe
+    assert result.exit_code == int(ExitCode.CHECK_FAILED) and result.limited_by_errors
+    assert result.calibration is not None and result.calibration.start_rate is None
+    assert "4 of 4 requests failed: error rate 100.00 %" in result.reason
+    assert read_capacity(tmp_path / "cap" / "capacity.json").exit_code == int(ExitCode.CHECK_FAILED)
+
+
+def test_a_target_that_answers_nothing_is_unreachable(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: every connection refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    runner = _runner(tmp_path, url)
+    with pytest.raises(UnavailableError, match="none of the 4 calibration requests was answered"):
+        runner.measure(Target(TargetClient(url)), requests=_requests(tmp_path))

@@ -153,6 +153,26 @@ def test_a_server_that_falls_over_is_a_cliff_in_errors(tmp_path: Path, corpus: P
     assert "a cliff in error_rate" in proc.stdout
 
 
+@pytest.mark.slow
+def test_a_target_answering_some_errors_gets_its_error_rate_not_exit_5(tmp_path: Path, corpus: Path) -> None:
+    """Every 4th request answered 500, the calibration's 4th among them: the search goes on (it once
+    ended there as "the target does not serve", exit 5) and answers with the error rate: 10 of the
+    probe's 40 fail the 10 % term, 11 of 44 with the calibration's."""
+    out = tmp_path / "cap"
+    with CapacityServer(Capacity(slots=4, hold_s=0.1, first_token_s=0.02, error_share=0.25)) as srv:
+        proc = harness_capacity(
+            "--url", srv.url, "--corpus", str(corpus), "--out", str(out), "--max-probes", "1",
+            "--probe-requests", "40", "--probe-seconds", "0", "--slo", SLO,
+        )  # fmt: skip
+    assert proc.returncode == int(ExitCode.CHECK_FAILED), proc.stderr
+    result = read_capacity(out / "capacity.json")
+    assert result.calibration is not None and result.calibration.errors == 1
+    assert [(p.requests, p.errors) for p in result.probes] == [(40, 10)]
+    assert result.limited_by_errors and result.errors is not None
+    assert (result.errors.errors, result.errors.requests) == (11, 44)
+    assert "because of the target's errors" in proc.stderr and "11 of 44 requests failed" in proc.stderr
+
+
 def test_bad_slo_and_an_unreachable_target_exit_before_probing(tmp_path: Path, corpus: Path) -> None:
     bad = harness_capacity(
         "--url",

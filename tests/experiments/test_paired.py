@@ -501,3 +501,150 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     assert [spec.options.stage for spec in launched] == ["cold", "replay", "warm"]
     assert [spec.options.rate_rps() for spec in launched] == [4.0, None, 4.0]  # 50 % of 8 req/s
     assert read(out / "run.json")["load"]["args"][:4] == ["--corpus", str(corpus), "--rate", "50%"]
+
+
+# ------------------------------------------------------------------------- errors are judged (fast)
+# A target that answers errors is failed on its error rate however the run got there: the capacity
+# search's and the warm check's errors are judged by the gate's error_rate limits before the next
+# phase, and never reported as an unreachable target. The target is the test server of known
+# capacity answering a share of its requests 500 (real HTTP for the calibration and the warm check);
+# the Locust children are faked, the capacity probes with an exact number of failed requests.
+
+ERROR_GATE = """\
+schema_version: 1
+name: errors
+gates:
+  - {metric: error_rate, threshold: 0.01, min_samples: 100, phase: cold, detect: 0.05}
+  - {metric: error_rate, threshold: 0.01, min_samples: 100, phase: warm, detect: 0.05}
+"""
+LOOSE_ERROR_GATE = "schema_version: 1\ngates:\n  - {metric: error_rate, threshold: 0.3, phase: cold}\n"
+
+
+def erroring_run(tmp_path, monkeypatch, *, share, probe_errors=0, gate=None, rate="50%", probes=4):
+    """``harness run --recipe`` against a target that answers ``share`` of its requests 500; each
+    capacity probe fails ``probe_errors`` of its 40 requests. Returns the exit code, ``OUT``, the phases
+    launched and the requests the target answered 500."""
+    import dataclasses
+
+    from harness.experiments import capacity, paired
+    from harness.experiments.target import Target
+    from tests.experiments.capacity_server import Capacity, CapacityServer
+    from tests.gates.factory import make_records, write_run
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 8)
+    launched: list[str] = []
+
+    def probe_locust(load, timeout_s=None):
+        n = load.options.max_requests
+        recs = make_records(n, seed=7)
+        recs = [dataclasses.replace(r, status=500, error="HTTP 500") if i < probe_errors else r
+                for i, r in enumerate(recs)]  # fmt: skip
+        write_run(load.options.results_dir, recs)
+        return 1 if probe_errors else 0
+
+    def phase_locust(load, timeout_s=None):
+        launched.append(load.options.stage or "ladder")
+        make_run(load.options.results_dir, 60, seed=len(launched))
+        return 0
+
+    out = tmp_path / "out"
+    with CapacityServer(Capacity(slots=8, hold_s=0.02, first_token_s=0.005, error_share=share)) as srv:
+
+        @contextlib.contextmanager
+        def the_target(*_args, **_kw):
+            yield Target(TargetClient(srv.url))
+
+        monkeypatch.setattr(paired, "open_target", the_target)
+        monkeypatch.setattr(paired, "flush_all", lambda target: [])
+        monkeypatch.setattr(paired, "run_locust", phase_locust)
+        monkeypatch.setattr(capacity, "run_locust", probe_locust)  # a probe: an ordinary run directory
+        recipe = {
+            "target": {"url": srv.url},
+            "load": {"corpus": str(corpus), "rate": rate, "duration": 2},
+            "warmup": {"probes": probes},
+            # probe_seconds 0: a probe is 40 requests, whatever rate the calibration starts at.
+            "capacity": {"slo": "ttft_p50<=3x,error_rate<=0.1", "probe_requests": 40, "probe_seconds": 0,
+                         "calibration_requests": 4, "flush": False},
+        }  # fmt: skip
+        if gate is not None:
+            (tmp_path / "gate.yaml").write_text(gate)
+            recipe["gate"] = {"baseline": str(tmp_path / "gate.yaml")}
+        (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+        code = run_main("--recipe", str(tmp_path / "recipe.yaml"), "--out", str(out))
+        errored = srv.errored
+    return code, out, launched, errored
+
+
+def test_capacity_errors_proving_the_gates_error_rate_fail_the_run_naming_it(tmp_path, monkeypatch):
+    """Calibration: 2 of 4 answered 500; the lowest probe: 20 of 40 failed. 22 of 44 proves the gate's
+    1 % exceeded (exact test): exit 1 before any phase, gate.json and JUnit written, not exit 5/6."""
+    code, out, launched, errored = erroring_run(
+        tmp_path, monkeypatch, share=0.5, probe_errors=20, gate=ERROR_GATE
+    )
+    assert errored == 2
+    assert code == int(ExitCode.CHECK_FAILED)
+    assert launched == []  # no phase was sent: the errors already decided
+    run = read(out / "run.json")
+    assert run["exit_code"] == 1 and "error_rate" in run["message"] and "22 errors of 44" in run["message"]
+    assert "judged on the capacity search's requests" in run["message"]
+    assert run["capacity"]["errors"]["errors"] == 22 and run["capacity"]["limited_by_errors"] is True
+    assert run["gate"]["verdict"] == "fail" and "error_rate@capacity" in run["gate"]["headline"]
+    verdict = read(out / "gate.json")
+    assert verdict["verdict"] == "fail" and verdict["exit_code"] == 1
+    # The two phase gates share one limit: judged once, on the capacity search's requests.
+    assert [(g["metric"], g["label"], g["verdict"], g["n"]) for g in verdict["gates"]] == [
+        ("error_rate", "capacity", "fail", 44)
+    ]
+    cases = list(ET.parse(out / "gate.junit.xml").getroot().iter("testcase"))
+    assert len(cases) == 1 and cases[0].find("failure") is not None
+    capacity_json = read(out / "capacity" / "capacity.json")
+    assert capacity_json["calibration"]["errors"] == 2 and capacity_json["probes"][0]["errors"] == 20
+
+
+@pytest.mark.parametrize("gate", [LOOSE_ERROR_GATE, None], ids=["unproven-gate", "no-gate"])
+def test_errors_that_prove_nothing_are_named_not_called_unreachable(tmp_path, monkeypatch, gate):
+    """4 of 40 failed at the lowest rate: the SLO's 10 % straddles, so no capacity; a gate at 30 % is
+    not proven exceeded either. The run cannot be judged (6), and says it is the error rate."""
+    code, out, launched, _ = erroring_run(tmp_path, monkeypatch, share=0.0, probe_errors=4, gate=gate)
+    assert code == int(ExitCode.UNJUDGEABLE) and launched == []
+    message = read(out / "run.json")["message"]
+    assert "the target's errors leave no capacity to take a share of" in message
+    assert "4 of 44 requests failed: error rate 9.09 % [" in message and "unreachable" not in message
+    assert ("error_rate ≤ 30.00 % is not proven exceeded" in message) == (gate is not None)
+    assert not (out / "gate.json").exists()
+
+
+def test_warm_check_errors_proving_the_gates_error_rate_fail_before_the_warm_phase(tmp_path, monkeypatch):
+    """4 distinct probes, each sent past the caches and through them: every other request answered
+    500, 4 of 8. Proven above 1 %: exit 1 after the cold phase, the warm one never sent."""
+    code, out, launched, errored = erroring_run(tmp_path, monkeypatch, share=0.5, gate=ERROR_GATE, rate="2")
+    assert errored == 4 and code == int(ExitCode.CHECK_FAILED)
+    assert launched == ["cold"]
+    check = read(out / "warm-check.json")
+    assert (check["errors"]["errors"], check["errors"]["requests"]) == (4, 8) and not check["warm"]
+    assert "the target answered errors to probes: 4 of 8 requests failed" in check["reason"]
+    run = read(out / "run.json")
+    assert "error_rate@warm-check" in run["message"] and "4 errors of 8" in run["message"]
+    assert [g["label"] for g in read(out / "gate.json")["gates"]] == ["warm-check"]
+
+
+def test_warm_check_errors_without_a_gate_are_in_the_reason(tmp_path, monkeypatch):
+    code, out, launched, _ = erroring_run(tmp_path, monkeypatch, share=0.5, rate="2")
+    assert code == int(ExitCode.UNJUDGEABLE) and launched == ["cold", "warm"]
+    message = read(out / "run.json")["message"]
+    assert "cannot be called warm" in message and "4 of 8 requests failed: error rate 50.00 %" in message
+
+
+def test_a_warm_check_whose_every_probe_failed_says_errors_not_cold(tmp_path):
+    from tests.experiments.capacity_server import Capacity, CapacityServer
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
+    reqs = prepare_requests(
+        CorpusRecord.model_validate_json(line) for line in corpus.read_text().splitlines()
+    )
+    with CapacityServer(Capacity(error_share=1.0)) as srv:
+        check = check_warm(TargetClient(srv.url), reqs)
+    assert not check.warm and check.errors is not None
+    assert (check.errors.errors, check.errors.requests) == (8, 8)
+    assert check.reason.startswith("cannot tell: every probe failed, the target answers errors: 8 of 8")
+    assert "HTTP 500" in check.reason

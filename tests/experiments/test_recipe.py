@@ -22,16 +22,31 @@ from harness.experiments.run_cli import RUN_OPTIONS
 from harness.load.options import LoadOptions, Share
 
 ROOT = Path(__file__).resolve().parents[2]
-CI = ROOT / "fixtures" / "recipes" / "ci.yaml"
+CI = ROOT / "fixtures" / "recipes" / "paired.yaml"
+JOB = ROOT / "fixtures" / "recipes" / "ci.yaml"
 
 
-def test_the_ci_recipe_is_the_documented_job() -> None:
+def test_the_paired_recipe_is_the_documented_run() -> None:
     r = resolve(CI, {}, RUN_OPTIONS)
     assert r.target.serve_argv() == ["--preset", "tiny", "--cache"]
     assert r.load.rate == Share(0.7) and r.load.capacity is None  # measured first by harness run
     assert (r.load.max_requests, r.load.max_tokens_cap) == (200, 8)
     assert r.capacity.slo == "ttft_p50<=3x,tpot_p50<=3x,error_rate<=0.1" and not r.capacity.bypass_cache
-    assert r.gate.baseline == Path("fixtures/baselines/tiny-cpu.yaml")
+    assert r.gate.baseline is None
+
+
+def test_the_ci_recipe_is_an_ab_job_whose_base_the_workflow_can_replace() -> None:
+    from harness.experiments.ab import ABSpec
+    from harness.experiments.ab_cli import AB_OPTIONS
+
+    r = resolve(JOB, {}, AB_OPTIONS)
+    assert r.load.rate == Share(0.7) and r.load.capacity is None  # the base's, measured in the job
+    assert r.ab.looks * r.ab.blocks * (r.ab.block_requests or 0) <= 240  # the documented corpus
+    assert r.gate.baseline == Path("fixtures/baselines/ci-limits.yaml")
+    # The workflow's --base-url replaces the recipe's own target (the base by default).
+    given = resolve(JOB, {"ab": {"base_url": "http://127.0.0.1:8100"}}, AB_OPTIONS)
+    targets = ABSpec(given, out=Path("runs/ab")).targets()
+    assert targets["base"].url == "http://127.0.0.1:8100" and targets["candidate"].serve_args
 
 
 def test_flags_override_the_file_and_the_defaults_fill_the_rest(tmp_path: Path) -> None:

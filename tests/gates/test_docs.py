@@ -21,8 +21,9 @@ def test_gates_doc_names_every_metric_and_plot(repo_root: Path) -> None:
 
 def test_ci_doc_has_the_job_and_the_exit_codes(repo_root: Path) -> None:
     doc = (repo_root / "docs" / "ci.md").read_text(encoding="utf-8")
-    assert "harness run" in doc and "--gate fixtures/baselines/tiny-cpu.yaml" in doc
+    assert "harness ab --recipe fixtures/recipes/ci.yaml" in doc and "harness run" in doc
     assert "upload-artifact" in doc and "gate.junit.xml" in doc and "report.html" in doc
+    assert "family-wise" in doc and "power" in doc
     for code in (0, 1, 2, 3, 4, 5, 6, 130):
         assert f"| {code} |" in doc
 

@@ -1,10 +1,13 @@
-"""Gates that know where they were calibrated: a baseline from another machine, target or recipe makes
-its absolute-latency gates unjudgeable (never failed) while rates and bytes are still judged; the
-``*_rel`` metrics divide by a ``reference`` set and travel; ``update`` says what a skipped gate needs."""
+"""Gates that know where they were calibrated: on another machine, target or recipe than the baseline's
+its absolute-latency gates are skipped (never failed, never refused: the job passes on the rest) while
+rates and bytes are still judged; the ``*_rel`` metrics divide by a ``reference`` set and travel;
+``update`` says what a gate it leaves out needs."""
 
 from __future__ import annotations
 
+import json
 import math
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from harness.gates.metrics import METRICS, MetricContext, relative_confidence
 from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
 from harness.gates.update import baseline_from_results, rerun_margin, rerun_min_samples
 from harness.load.results import Recipe, TargetInfo, target_identity
-from tests.gates.factory import make_run
+from tests.gates.factory import harness_cli, make_run
 
 SOFTWARE = Software(python="3.11.7", torch="2.13.0+cpu", harness="0.1.0")
 HERE = Environment(hardware=Hardware(cpu_model="AMD EPYC 7B13", cpu_count=2), software=SOFTWARE)
@@ -93,7 +96,7 @@ def test_runs_that_disagree_are_named(tmp_path: Path) -> None:
     assert len(base.fingerprint.notes) == 1 and "disagree on the machine" in base.fingerprint.notes[0]
 
 
-def test_another_machine_makes_latency_gates_unjudgeable_not_failed(tmp_path: Path) -> None:
+def test_another_machine_skips_latency_gates_and_judges_the_rest(tmp_path: Path) -> None:
     base = _update(tmp_path, _run(tmp_path / "cal"))
     # The same system on a machine three times slower: measured there, every latency is far beyond
     # the limits; on a different fingerprint that is no regression, and rates are still judged.
@@ -102,14 +105,26 @@ def test_another_machine_makes_latency_gates_unjudgeable_not_failed(tmp_path: Pa
     latency = [g for g in r.gates if METRICS.get(g.metric).speed_dependent]
     rest = [g for g in r.gates if not METRICS.get(g.metric).speed_dependent]
     assert latency and rest
-    assert {g.verdict for g in latency} == {"unjudgeable"}
+    assert {g.verdict for g in latency} == {"skipped"}
+    # The numbers are kept: measured value and interval, as for any gate.
     assert all(g.measured is not None and g.measured > g.limit for g in latency if g.metric != "lateness_p99")
+    assert all(g.lo is not None and g.hi is not None and g.n > 0 for g in latency)
     why = latency[0].why
     assert why.startswith("calibrated on AMD EPYC 7B13 ×2 CPUs, no GPU, measured on Intel Xeon Platinum")
     assert "absolute latencies do not travel between machines" in why
-    assert "harness baseline calibrate" in why
+    assert why.endswith(
+        "; its latency gates are skipped here (calibrate a baseline on this runner type to judge them: "
+        "harness baseline calibrate)"
+    )
+    assert latency[0].reason.startswith(f"skipped: {latency[0].metric} = ")
     assert {g.verdict for g in rest} == {"pass"}
-    assert r.verdict == "unjudgeable" and r.exit_code == 6
+    # Skipped counts neither as a pass nor as cannot-be-judged: the rest decide, and they pass.
+    assert r.verdict == "pass" and r.exit_code == 0
+    assert r.counts()["skipped"] == len(latency) and r.counts()["pass"] == len(rest)
+    assert r.headline() == (
+        f"PASS: {len(rest)} passed, 0 failed, 0 cannot be judged, {len(latency)} skipped "
+        "(latency gates on a machine, target or recipe other than the baseline's)"
+    )
     match = r.results[0].environment_match
     assert match is not None and not match.judged and match.hardware == "different"
     assert "CPU model: AMD EPYC 7B13 vs Intel Xeon Platinum 8480+" in match.differences
@@ -117,6 +132,82 @@ def test_another_machine_makes_latency_gates_unjudgeable_not_failed(tmp_path: Pa
     erring = load_result_set(_run(tmp_path / "err", seed=6, env=THERE, error_rate=0.2))
     r = judge(base, [erring])
     assert _verdicts(r)["error_rate@err"] == "fail" and r.verdict == "fail"
+
+
+def test_a_fingerprint_of_another_runner_type_skips_latency_and_exits_0(tmp_path: Path) -> None:
+    """A CI job copied to another runner type: the stored baseline's fingerprint (edited here to another
+    CPU model and core count) does not match the runner, so `harness gate` skips its latency gates,
+    judges the rest and passes (exit 0) an unchanged target; a rate that regressed still fails (1)."""
+    _update(tmp_path, _run(tmp_path / "cal"))
+    path = tmp_path / "baseline.yaml"
+    text = path.read_text()
+    here = "cpu_model: AMD EPYC 7B13\n      cpu_count: 2\n"
+    assert here in text
+    path.write_text(text.replace(here, "cpu_model: Intel Xeon Platinum 8480+\n      cpu_count: 16\n"))
+    edited = read_baseline(path)
+    assert edited.fingerprint is not None and edited.fingerprint.environment is not None
+    assert edited.fingerprint.environment.hardware.cpu_count == 16
+
+    run, verdict, junit = _run(tmp_path / "rerun", seed=3), tmp_path / "gate.json", tmp_path / "j.xml"
+    res = harness_cli("gate", "--baseline", str(path), str(run), "--json-out", str(verdict),
+                      "--junit", str(junit))  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = read_report_json(verdict)
+    assert report.verdict == "pass" and report.exit_code == 0
+    match = report.results[0].environment_match
+    assert match is not None and not match.judged and match.hardware == "different"
+    assert "CPU model: Intel Xeon Platinum 8480+ vs AMD EPYC 7B13" in match.differences
+    by = {g.metric: g for g in report.gates}
+    latency = [m for m in by if METRICS.get(m).speed_dependent]
+    assert latency and all(by[m].verdict == "skipped" for m in latency)
+    assert all(by[m].measured is not None and by[m].lo is not None for m in latency)
+    assert "its latency gates are skipped here" in by["tpot_p95"].why
+    # The speed-independent gates are judged on any runner.
+    for m in ("error_rate", "hit_rate_any", "prefill_kv_bytes_p95"):
+        assert by[m].verdict == "pass", by[m].reason
+    assert f"{len(latency)} skipped" in report.headline() and "skipped" in res.stdout
+    # JUnit: a skipped test case, not an error; the suite counts it.
+    root = ET.parse(junit).getroot()
+    assert root.get("errors") == "0" and root.get("failures") == "0"
+    assert root.get("skipped") == str(len(latency))
+    case = next(c for c in root.iter("testcase") if c.get("name") == "tpot_p95")
+    skipped = case.find("skipped")
+    assert skipped is not None and skipped.get("message", "").startswith("skipped: tpot_p95 = ")
+    assert case.find("error") is None
+
+    # A rate gate that fails there fails the job, whatever the runner type.
+    erring = _run(tmp_path / "err", seed=6, error_rate=0.2)
+    res = harness_cli("gate", "--baseline", str(path), str(erring), "--json-out", str(verdict),
+                      "--junit", str(junit))  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    data = json.loads(verdict.read_text())
+    by_json = {g["metric"]: g["verdict"] for g in data["gates"]}
+    assert data["verdict"] == "fail" and by_json["error_rate"] == "fail" and by_json["tpot_p95"] == "skipped"
+
+
+def test_every_gate_skipped_is_a_pass_that_says_so(tmp_path: Path) -> None:
+    """A baseline of latency gates only, on another machine: nothing is judged, nothing refused: a pass
+    (exit 0) whose headline counts the skipped gates so nobody reads it as a judged pass."""
+    base = Baseline(
+        schema_version=1, name="latency", gates=[Gate(metric="tpot_p95", threshold=4.6, rel_tolerance=0.1),
+                                                 Gate(metric="ttft_p95", threshold=90.0, rel_tolerance=0.1)],
+        fingerprint=fingerprint_from_results([[load_result_set(_run(tmp_path / "cal"))]]),
+    )  # fmt: skip
+    r = judge(base, [load_result_set(_run(tmp_path / "there", seed=5, env=THERE))])
+    assert [g.verdict for g in r.gates] == ["skipped", "skipped"]
+    assert r.verdict == "pass" and r.exit_code == 0 and r.all_skipped
+    assert r.headline() == (
+        "PASS: 0 passed, 0 failed, 0 cannot be judged, 2 skipped "
+        "(every gate skipped: nothing was judged on this run)"
+    )
+    # Skipped gates do not mask what cannot be judged: a set too small for a judged gate is still 6.
+    small = Baseline(
+        schema_version=1, gates=[*base.gates, Gate(metric="error_rate", threshold=0.0, min_samples=10**6)],
+        fingerprint=base.fingerprint,
+    )  # fmt: skip
+    r = judge(small, [load_result_set(_run(tmp_path / "there2", seed=6, env=THERE))])
+    assert [g.verdict for g in r.gates] == ["skipped", "skipped", "unjudgeable"]
+    assert r.verdict == "unjudgeable" and r.exit_code == 6 and not r.all_skipped
 
 
 def test_same_machine_judges_latency(tmp_path: Path) -> None:
@@ -215,8 +306,9 @@ def test_another_target_or_recipe_is_named(tmp_path: Path, kw: dict[str, Any], f
     match = r.results[0].environment_match
     assert match is not None and not match.judged and field in match.differences
     latency = [g for g in r.gates if METRICS.get(g.metric).speed_dependent]
-    assert {g.verdict for g in latency} == {"unjudgeable"}
+    assert {g.verdict for g in latency} == {"skipped"} and field.partition(":")[0] in latency[0].why
     assert all(g.verdict == "pass" for g in r.gates if not METRICS.get(g.metric).speed_dependent)
+    assert r.verdict == "pass" and r.exit_code == 0
     # The harness version is not the target: an upgrade is what the gate must judge.
     r = judge(base, [load_result_set(_run(tmp_path / "upgraded", seed=3, target=_target(version="9.9")))])
     assert r.results[0].environment_match is not None and r.results[0].environment_match.judged
@@ -296,8 +388,8 @@ def test_rel_gates_travel_and_catch_a_code_regression(tmp_path: Path) -> None:
     rel = [g for g in base.gates if g.metric.endswith("_rel")]
     assert {g.metric for g in rel} == {"ttft_p95_rel", "tpot_p95_rel", "e2e_p95_rel"}
     assert all(g.phase == "warm" and 0.8 < g.threshold < 1.25 for g in rel)
-    # Another machine, everything 3× slower, phase and reference alike: absolute gates cannot be
-    # judged, the ratios pass.
+    # Another machine, everything 3× slower, phase and reference alike: absolute gates are skipped,
+    # the ratios pass.
     slow = {"env": THERE, "ttft_ms": 150.0, "tpot_ms": 12.0}
     sets = load_result_sets(
         [
@@ -308,7 +400,7 @@ def test_rel_gates_travel_and_catch_a_code_regression(tmp_path: Path) -> None:
     r = judge(base, sets)
     v = _verdicts(r)
     assert {v[f"{m}@warm"] for m in ("ttft_p95_rel", "tpot_p95_rel", "e2e_p95_rel")} == {"pass"}
-    assert v["tpot_p95@warm"] == "unjudgeable" and r.verdict == "unjudgeable"
+    assert v["tpot_p95@warm"] == "skipped" and r.verdict == "pass"
     # There, decode got 2× slower in the code (the reference too is slower by the machine only).
     regressed = {**slow, "tpot_ms": 24.0}
     sets = load_result_sets(

@@ -174,6 +174,34 @@ def test_markdown_names_the_verdict(paired: list[ResultSet]) -> None:
     assert "CANNOT BE JUDGED" in render_markdown(paired, cannot)
 
 
+def test_skipped_latency_gates_are_counted_and_shown(paired: list[ResultSet], tmp_path: Path) -> None:
+    """A baseline calibrated on another machine: its latency gates are skipped (grey, with the cause),
+    the rest decide; every gate skipped is a pass with its own icon and a grey banner."""
+    from harness.common.fingerprint import Environment, Hardware, Software
+    from harness.gates.fingerprints import BaselineFingerprint
+
+    elsewhere = BaselineFingerprint(
+        environment=Environment(hardware=Hardware(cpu_model="Other CPU", cpu_count=64), software=Software())
+    )
+    mixed = judge(GATES.model_copy(update={"fingerprint": elsewhere}), paired)
+    assert [g.verdict for g in mixed.gates] == ["skipped", "skipped", "pass"], mixed.headline()
+    assert mixed.verdict == "pass" and mixed.exit_code == 0
+    md = render_markdown(paired, mixed)
+    assert md.startswith("## ✅ Gate t: PASS — 1 passed, 0 failed, 0 cannot be judged, 2 skipped (")
+    assert "| skipped |" in md and "- skipped on `warm` (1 gate): calibrated on Other CPU ×64 CPUs" in md
+    files = write_report(paired, tmp_path / "mixed.html", gate=mixed)
+    html = files.html.read_text()
+    assert 'class="verdict verdict-pass"' in html and '<tr class="skipped">' in html
+
+    latency_only = GATES.model_copy(update={"fingerprint": elsewhere, "gates": GATES.gates[:2]})
+    nothing = judge(latency_only, paired)
+    assert nothing.verdict == "pass" and nothing.all_skipped
+    md = render_markdown(paired, nothing)
+    assert md.startswith("## ⏭️ Gate t: PASS — 0 passed, 0 failed, 0 cannot be judged, 2 skipped (every gate")
+    html = write_report(paired, tmp_path / "none.html", gate=nothing).html.read_text()
+    assert 'class="verdict verdict-skipped"' in html
+
+
 def test_report_cli(run_dirs: dict[str, Path], tmp_path: Path) -> None:
     base = tmp_path / "b.yaml"
     base.write_text(

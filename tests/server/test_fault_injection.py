@@ -1,6 +1,8 @@
 """Fault injection on a real ``harness serve --preset tiny --cache``: ``--inject-error-rate`` and
 ``--inject-cache-miss-rate`` inject at the rate they are given, an injected miss misses both caches
-and still answers right, P = 0 changes nothing, and a rate out of range is exit 4.
+and still answers right, P = 0 changes nothing, and a rate out of range is exit 4. The same server
+runs with ``--inject-kv-overalloc``: every engine prefill reports ``ceil(1.2 × n)`` blocks of KV
+where it needs ``n`` (the block manager's count), with the same answers and prefix-cache hits.
 
 Rates are judged with exact binomial acceptance intervals: the server draws each request
 independently, so the realized count over n requests is Binomial(n, P), and a count outside the
@@ -12,12 +14,14 @@ Which requests were hit is read from the response itself (``x-harness-fault``, `
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ pytestmark = pytest.mark.slow
 
 ERROR_RATE = 0.2
 MISS_RATE = 0.3
+KV_OVERALLOC = 0.2
 FALSE_FAILURE = 1e-6
 BLOCK = 16  # the engine's default block size
 NO_L3 = {"HARNESS__CACHE__L3_ENABLED": "false"}  # L3 loads MiniLM; a forced miss never asks a tier
@@ -58,9 +63,23 @@ def acceptance(n: int, p: float) -> tuple[int, int]:
     return int(binom.ppf(q, n, p)), int(binom.isf(q, n, p))
 
 
+def overallocated(blocks: int) -> int:
+    """The blocks a prefill needing ``blocks`` takes with ``--inject-kv-overalloc KV_OVERALLOC``:
+    ``ceil((1 + F) × blocks)``, in exact decimals."""
+    return math.ceil((1 + Fraction(str(KV_OVERALLOC))) * blocks)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    args = ["--cache", "--inject-error-rate", str(ERROR_RATE), "--inject-cache-miss-rate", str(MISS_RATE)]
+    args = [
+        "--cache",
+        "--inject-error-rate",
+        str(ERROR_RATE),
+        "--inject-cache-miss-rate",
+        str(MISS_RATE),
+        "--inject-kv-overalloc",
+        str(KV_OVERALLOC),
+    ]
     with harness_server(
         tmp_path_factory.mktemp("serve-faults"), *args, "--inject-seed", "7", env=NO_L3
     ) as srv:
@@ -184,11 +203,14 @@ def test_the_realized_rates_are_binomial_and_an_injected_miss_misses_both_caches
     prompt_tokens = truth.usage.prompt_tokens if truth.usage else 0
     assert prompt_tokens > 2 * BLOCK
     block_bytes = kv_block_bytes(client)
+    prompt_blocks = -(-prompt_tokens // BLOCK)
     for a in injected:
-        # The whole prompt computed and allocated (no prefix reuse), and the same greedy answer.
+        # The whole prompt computed and allocated (no prefix reuse), over-allocated by the
+        # injection, and the same greedy answer.
         assert a.text == truth.text and a.cached_tokens == 0 and a.hx.cache == "MISS"
         assert a.hx.prefill_kv_measured
-        assert a.hx.prefill_kv_bytes == -(-prompt_tokens // BLOCK) * block_bytes
+        assert a.hx.prefill_kv_bytes == overallocated(prompt_blocks) * block_bytes
+        assert a.hx.prefill_kv_bytes > prompt_blocks * block_bytes
     for a in hits:  # a response-cache hit allocated nothing, exactly
         assert a.text == truth.text and a.hx.prefill_kv_bytes == 0 and a.hx.prefill_kv_measured
 
@@ -201,6 +223,12 @@ def test_the_realized_rates_are_binomial_and_an_injected_miss_misses_both_caches
     spared = bypasses[-1]
     assert spared.cache == "BYPASS" and spared.text == truth.text
     assert spared.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK
+    # Only the blocks after the cached prefix are taken, over-allocated too (none of the extra
+    # blocks of the requests before was registered as holding the prompt: the hits are the same).
+    assert (
+        spared.hx.prefill_kv_bytes
+        == overallocated(prompt_blocks - spared.cached_tokens // BLOCK) * block_bytes
+    )
 
     # The server counted what the responses say, and the cache counted each injected miss as a miss
     # (a bypass wins over an injected miss: it never looks either).
@@ -258,16 +286,21 @@ def test_the_injections_are_said_at_start_in_health_and_in_metrics(server: Serve
     log = (server.log_dir / "server.log").read_text()
     assert "fault injection: 20 % of generation requests answer HTTP 500" in log
     assert "fault injection: 30 % of generation requests miss the response and prefix caches" in log
+    assert (
+        "fault injection: every prefill takes 20 % more KV blocks than it needs (--inject-kv-overalloc): "
+        "a regression on purpose" in log
+    )
     health = httpx.get(server.url + "/health", timeout=10).json()
     assert health["fault_injection"] == {
-        "active": ["error_rate", "cache_miss_rate"],
+        "active": ["error_rate", "cache_miss_rate", "kv_overalloc"],
         "slowdown": 1.0,
         "error_rate": ERROR_RATE,
         "cache_miss_rate": MISS_RATE,
+        "kv_overalloc": KV_OVERALLOC,
         "seed": 7,
     }
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    for kind, on in (("slowdown", 0), ("error_rate", 1), ("cache_miss_rate", 1)):
+    for kind, on in (("slowdown", 0), ("error_rate", 1), ("cache_miss_rate", 1), ("kv_overalloc", 1)):
         assert f'harness_server_fault_injection_active{{kind="{kind}"}} {on}.0' in text
     # Not part of the identity a baseline compares: the injected target is the same target.
     card = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
