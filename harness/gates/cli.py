@@ -72,7 +72,11 @@ def gate(
     if report.verdict == "fail":
         raise CheckFailed(report.headline(), file=baseline)
     if report.verdict == "unjudgeable":
-        reasons = [f"{g.id}@{g.label or '—'}: {g.reason}" for g in report.gates if g.verdict not in ("pass", "skipped")]
+        reasons = [
+            f"{g.id}@{g.label or '—'}: {g.reason}"
+            for g in report.gates
+            if g.verdict not in ("pass", "skipped")
+        ]
         raise CannotJudge(report.headline() + ". First: " + reasons[0], file=baseline)
 
 

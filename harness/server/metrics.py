@@ -149,8 +149,8 @@ class ServerMetrics:
         )
         self.fault_active = Gauge(
             "harness_server_fault_injection_active",
-            "1 for each fault injection this server runs with (slowdown, error_rate, cache_miss_rate, kv_overalloc), "
-            "0 for the others: its answers carry a regression on purpose.",
+            "1 for each fault injection this server runs with (slowdown, error_rate, cache_miss_rate, "
+            "kv_overalloc), 0 for the others: its answers carry a regression on purpose.",
             ["kind"],
             registry=registry,
         )
