@@ -503,7 +503,7 @@ def job_bench(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    harness = [sys.executable, "-m", "harness"]
+    harness = [sys.executable, "-m", "harness.cli"]
     if not (out / "corpus" / "corpus.jsonl").exists():
         trace = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
         cold = out / "coldpaths.jsonl"

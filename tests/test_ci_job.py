@@ -82,7 +82,7 @@ def test_the_documented_job_passes_an_unchanged_target(tmp_path: Path) -> None:
     # The base's capacity was measured in the job and both arms got its share; the limits file judged
     # the candidate's warm pass; the verdict states its family-wise rate and each metric's power.
     assert run.capacity is not None and run.rate_rps == pytest.approx(
-        0.7 * run.capacity.capacity_rps, rel=0.01
+        run.capacity.share * run.capacity.capacity_rps, rel=0.01
     )
     assert run.gate is not None and run.gate.verdict == "pass"
     gate = json.loads(Path(run.gate.file).read_text())

@@ -56,7 +56,7 @@ def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
     runs = {name: ABRun.model_validate_json((out / name / "ab.json").read_text()) for name in (
         "unchanged", "regression", "slower_1_3x", "errors_20pct", "warm_miss_30pct")}  # fmt: skip
     for run in runs.values():
-        assert run.rate_rps == pytest.approx(0.7 * rate, rel=1e-2)
+        assert run.rate_rps == pytest.approx(config.rate_share * rate, rel=1e-2)
         assert run.judgement is not None and run.judgement.family_alpha == pytest.approx(0.05)
 
     # the unchanged run: both targets flushed, cold misses in the blocks, warm hits in the warm pass

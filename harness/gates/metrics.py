@@ -211,11 +211,11 @@ def field_samples(column: str) -> Samples:
     return samples
 
 
-def kv_measured(samples: Samples) -> Callable[[RunFrame, MetricContext], Measurement]:
-    """A ``prefill_kv_bytes`` percentile that, where the baseline requires measured bytes, refuses a run
-    whose target did not count them in its block manager (``prefill_kv_measured``): an older target's
-    formula, or another server's."""
-    compute = percentile_metric(samples, 95)
+def kv_measured(samples: Samples, q: float = 95) -> Callable[[RunFrame, MetricContext], Measurement]:
+    """A ``prefill_kv_bytes`` ``q``-th percentile that, where the baseline requires measured bytes,
+    refuses a run whose target did not count them in its block manager (``prefill_kv_measured``): an
+    older target's formula, or another server's."""
+    compute = percentile_metric(samples, q)
 
     def judged(frame: RunFrame, ctx: MetricContext) -> Measurement:
         m = compute(frame, ctx)
@@ -483,36 +483,26 @@ _register(
         measured_option=True,
     )
 )
-_register(
-    Metric(
-        name="prefill_kv_bytes_p50",
-        unit="bytes",
-        direction="at_most",
-        description="median prefill_kv_bytes per request, every request counted (a response-cache hit "
-        "wrote none: 0); harness ab compares it request by request (the same prompt on both arms)",
-        compute=kv_measured(field_samples("prefill_kv_bytes")),
-        samples=field_samples("prefill_kv_bytes"),
-        kind="percentile",
-        q=50,
-        column="prefill_kv_bytes",
-        measured_option=True,
+for _q, _what in (
+    (50, "median prefill_kv_bytes per request, every request counted (a response-cache hit wrote none: 0); "
+     "harness ab compares it request by request (the same prompt on both arms)"),
+    (95, "P95 of prefill_kv_bytes per request, every request counted (a response-cache hit wrote none: 0): "
+     "the prefill memory a run's traffic costs"),
+):  # fmt: skip
+    _register(
+        Metric(
+            name=f"prefill_kv_bytes_p{_q}",
+            unit="bytes",
+            direction="at_most",
+            description=_what,
+            compute=kv_measured(field_samples("prefill_kv_bytes"), _q),
+            samples=field_samples("prefill_kv_bytes"),
+            kind="percentile",
+            q=_q,
+            column="prefill_kv_bytes",
+            measured_option=True,
+        )
     )
-)
-_register(
-    Metric(
-        name="prefill_kv_bytes_p95",
-        unit="bytes",
-        direction="at_most",
-        description="P95 of prefill_kv_bytes per request, every request counted (a response-cache hit "
-        "wrote none: 0): the prefill memory a run's traffic costs",
-        compute=kv_measured(field_samples("prefill_kv_bytes")),
-        samples=field_samples("prefill_kv_bytes"),
-        kind="percentile",
-        q=95,
-        column="prefill_kv_bytes",
-        measured_option=True,
-    )
-)
 _register(
     Metric(
         name="prefill_peak_bytes_max",

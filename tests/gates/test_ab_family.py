@@ -202,3 +202,12 @@ def test_a_pass_waits_for_the_warm_pass_requests_a_fail_never_waits(tmp_path: Pa
     assert [lk.look for lk in record.looks] == [1, 2] and record.stop_reason == "look 2 decided: pass"
     record, _ = _run_looks(tmp_path / "b", ["fail", "pass"], looks=3, warm=12)
     assert len(record.looks) == 1
+
+
+def test_each_prefill_kv_bytes_metric_takes_its_own_percentile() -> None:
+    from harness.gates.metrics import METRICS, MetricContext
+
+    frame = RunFrame.from_columns(5, floats={"prefill_kv_bytes": np.array([1.0, 2.0, 3.0, 4.0, 100.0])})
+    ctx = MetricContext(confidence=0.95, require_measured=False)
+    assert METRICS.get("prefill_kv_bytes_p50").compute(frame, ctx).value == 3.0
+    assert METRICS.get("prefill_kv_bytes_p95").compute(frame, ctx).value == 100.0
