@@ -23,8 +23,9 @@ LONGEST_FIRST = (
 )
 """The test files that take longest (a whole file is one unit of work under ``--dist loadfile``),
 longest first, measured on a quiet 2-core machine: the demo and the CI job about 700 and 300 s
-(2026-12-06, each alone), then 156, 67, 50, 48 and 41 s (2026-12-02). A worker that picks the demo last would run on alone for minutes after the
-other has finished, so under xdist these files are handed out first. A stale list costs wall time,
+(2026-12-06, each alone), then 156, 67, 50, 48 and 41 s (2026-12-02). A worker that picks the demo
+last would run on alone for minutes after the other has finished, so under xdist these files are
+handed out first. A stale list costs wall time,
 never correctness: every other file keeps its collection order."""
 
 
