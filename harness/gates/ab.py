@@ -30,18 +30,30 @@ the log scale by ``t(P−1) · τ · √Σ share²`` in quadrature (``P`` block 
 of the requests; the ``t`` quantile because ``τ`` is itself estimated from ``P`` pairs). Pairs that
 agree leave it as the bootstrap made it. ``ab.json`` keeps both intervals and the spread.
 
-**The rule**, for a metric with interval ``[lo, hi]`` at confidence ``c``:
+**The test.** ``(ln R − ln limit) / se`` against a ``t`` distribution, ``se²`` the bootstrap's
+variance of ``ln R`` plus the block pairs' excess spread ``(τ · √Σ share²)²``, its degrees of freedom
+Welch–Satterthwaite's (:class:`RatioInterval`): the p-value of "R ≤ limit", and one-sided bounds at
+any level.
 
-- **fail** when ``lo > limit``: the candidate is proven slower than ``limit`` × the base;
-- **pass** when not, and ``hi ≤ detect``: a slowdown of ``detect`` × is ruled out;
+**The family.** α = ``1 − confidence`` is the chance that a candidate no slower than ``limit`` and
+erring no more than ``max_error_rate`` fails anything, over every test and every look
+(:func:`levels`): with ``m`` tests in all (these metrics, the error rate, and ``other_tests`` judged
+elsewhere on the candidate, a gate file's) and ``K`` looks, the metrics and the error rate are
+rejected by Holm–Bonferroni (:func:`holm`) at ``α · own / m / K``. For a metric:
+
+- **fail** when Holm rejects "R ≤ limit": the candidate is proven slower than ``limit`` × the base;
+- **pass** when not, and the upper bound at ``α / m / K`` is at most ``detect``: a slowdown of
+  ``detect`` × is ruled out;
 - **cannot be judged** otherwise, with how many block pairs would likely decide it: the interval's
   half-width on the side that decides shrinks as ``1/√pairs``.
 
-The candidate's **error rate** is judged absolutely: fail when an exact one-sided binomial test proves
-it above ``max_error_rate`` at level ``(1 − c)/2`` (the one-sided level of the latency intervals), pass
-otherwise. Overall: fail > cannot be judged > pass, exit 1 / 6 / 0 (:data:`harness.gates.judge.EXIT_CODES`).
-A block run that cannot be judged itself (client-bound, interrupted, its counts disagreeing) makes every
-verdict *cannot be judged*: its numbers are not the target's.
+Each metric carries its **power**: the chance this design, at the standard error it measured, fails a
+candidate ``detect`` × slower. The candidate's **error rate** (its blocks and any further runs: a warm
+pass) is an exact one-sided binomial test against ``max_error_rate`` in the same Holm family, its power
+exact at ``detect_error_rate``; errors fail whatever else went wrong. Overall: fail > cannot be judged >
+pass, exit 1 / 6 / 0 (:data:`harness.gates.judge.EXIT_CODES`). A block run that cannot be judged itself
+(client-bound, interrupted, its counts disagreeing) makes every latency verdict *cannot be judged*: its
+numbers are not the target's.
 """
 
 from __future__ import annotations
