@@ -40,7 +40,7 @@ def test_the_ci_recipe_is_an_ab_job_whose_base_the_workflow_can_replace() -> Non
     from harness.experiments.ab_cli import AB_OPTIONS
 
     r = resolve(JOB, {}, AB_OPTIONS)
-    assert r.load.rate == Share(0.7) and r.load.capacity is None  # the base's, measured in the job
+    assert r.load.rate == Share(0.5) and r.load.capacity is None  # the base's, measured in the job
     assert r.ab.looks * r.ab.blocks * (r.ab.block_requests or 0) <= 240  # the documented corpus
     assert r.gate.baseline == Path("fixtures/baselines/ci-limits.yaml")
     # The workflow's --base-url replaces the recipe's own target (the base by default).
