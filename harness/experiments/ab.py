@@ -449,6 +449,9 @@ class ABRunner:
         self.metrics = parse_ab_metrics(spec.ab.metrics)
         self.left_out: list[str] = []
         self.pairs_run = 0
+        self.other_tests = 0
+        """The gate file's tests, each taking its share of α (every gate counted, a skipped one too:
+        conservative, and known before the run); set from the plan, which read the file once."""
 
     def save(self) -> None:
         write_json(self.out / AB_FILE, self.record.model_dump(mode="json"))
@@ -462,6 +465,7 @@ class ABRunner:
             clear_out_dir(self.out, OUTPUTS)
         self.out.mkdir(parents=True, exist_ok=True)
         files = self._write_blocks(plan)
+        self.other_tests = len(plan.baseline.gates) if plan.baseline is not None else 0
         rec = self.record
         rec.corpus, rec.distinct_requests = plan.corpus, plan.distinct
         rec.block_requests, rec.rate_rps = len(plan.blocks[0]), plan.rate_rps
@@ -742,12 +746,6 @@ class ABRunner:
         pass (its errors count in the candidate's error rate)."""
         return self.spec.ab.looks + (1 if self.spec.ab.warm_requests else 0)
 
-    def _other_tests(self) -> int:
-        """The gate file's tests, each taking its share of α (every gate counted, a skipped one too:
-        conservative, and known before the run)."""
-        plan_gate = self.spec.recipe.gate.baseline
-        return len(read_baseline(plan_gate).gates) if plan_gate is not None else 0
-
     def _judge(self, look: int, more: Sequence[tuple[ResultSet, ResultSet]] = ()) -> ABJudgement:
         from harness.gates.runs import load_result_set
 
@@ -764,7 +762,7 @@ class ABRunner:
                 pairs, metrics=self.metrics, limit=ab.limit, detect=ab.detect,
                 max_error_rate=ab.max_error_rate, detect_error_rate=ab.detect_error_rate,
                 confidence=spec.recipe.gate.confidence, resamples=spec.resamples, seed=spec.seed,
-                left_out=self.left_out, look=look, looks=self._family_looks, other_tests=self._other_tests(),
+                left_out=self.left_out, look=look, looks=self._family_looks, other_tests=self.other_tests,
                 more_errors=more,
             )  # fmt: skip
         self.record.judgement = j

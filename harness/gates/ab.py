@@ -775,13 +775,9 @@ def _judge_metric(
             "Holm–Bonferroni over the verdict's tests)"
         )
         return verdict("fail", why)
+    # Not rejected, so ``lo ≤ limit`` (Holm rejects every p below its first level, the bounds'):
+    # decide_ratio can only pass it or leave it undecided here.
     v, why, then = decide_ratio(r.ratio, lo, hi, limit=limit, detect=detect, pairs=len(frames))
-    if v == "fail":  # lo > limit at the Bonferroni level implies Holm rejects: kept for safety
-        v, why, then = (
-            "unjudgeable",
-            "the interval is above the limit but the family's test did not reject",
-            None,
-        )
     if r.spread > 0:
         why += f" (the block pairs' ratios scatter {math.expm1(r.spread):.0%} beyond their requests' noise)"
     return verdict(v, why, then)
