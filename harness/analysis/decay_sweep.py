@@ -61,7 +61,6 @@ from harness.analysis.decay import (
 from harness.common.auth import SECRET_OPTIONS
 from harness.common.errors import (
     ConfigError,
-    HarnessError,
     InputError,
     UnavailableError,
 )
@@ -84,9 +83,6 @@ RATE_RAISE = 4.0
 SATURATED_SENT_SHARE = 0.9
 """A stage is saturated when fewer than this share of its offered arrivals went out in the window."""
 CLIENT_CPU_LIMIT_PCT = 90.0
-OK_EXIT_CODES = (0, 1)
-"""A stage's Locust exit codes the sweep accepts: 0, and 1 (some requests failed: counted as errors)."""
-
 PRELOAD_FILE = "preload.jsonl"
 POINTS_FILE = "points.jsonl"
 FIT_FILE = "fit.json"
@@ -354,17 +350,6 @@ def post_preload(client: TargetClient, path: Path) -> dict[str, int]:
     return preload_counts(answer)
 
 
-def _stage_error(code: int, run_dir: Path) -> HarnessError:
-    log = run_dir / "locust.log"
-    tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:]) if log.exists() else ""
-    message = f"the load stage exited with {code}: {tail}"
-    if code == 3:
-        return InputError(message, file=log)
-    if code == 4:
-        return ConfigError(message, file=log)
-    return UnavailableError(message, file=log)
-
-
 def run_sweep(
     plan: SweepPlan,
     out: str | Path,
@@ -448,7 +433,8 @@ def _run_stage(
     """One stage's Locust run (its directory is replaced by a rerun) and its measurement."""
     import shutil
 
-    from harness.load.runner import LoadSpec, run_locust
+    from harness.experiments.phase import run_phase
+    from harness.load.runner import LoadSpec
 
     name = f"cmr-{fraction:g}"
     run_dir = out_dir / STAGES_DIR / name
@@ -461,9 +447,7 @@ def _run_stage(
         options=plan.load.evolve(results_dir=run_dir, rate=rate, stage=name, bypass_fraction=fraction),
         run_time=f"{cap_s}s",
     )
-    code = run_locust(spec, timeout_s=cap_s + 300.0)
-    if code not in OK_EXIT_CODES:
-        raise _stage_error(code, run_dir)
+    code = run_phase(spec, f"the load stage {name}", timeout_s=cap_s + 300.0).exit_code
     stage = measure_stage(
         run_dir,
         name=name,

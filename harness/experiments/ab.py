@@ -50,7 +50,6 @@ measured, not a response cache answering from memory.
 from __future__ import annotations
 
 import contextlib
-import shlex
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -71,8 +70,6 @@ from harness.common.errors import (
     ExitCode,
     HarnessError,
     InputError,
-    TargetDied,
-    UnavailableError,
 )
 from harness.common.io import atomic_write, write_json
 from harness.common.model import StrictModel
@@ -80,16 +77,15 @@ from harness.corpus.model import CorpusRecord
 from harness.experiments.capacity import CapacitySpec
 from harness.experiments.capacity_result import CapacityResult
 from harness.experiments.driver import (
-    ERRORS_BY_CODE,
     Ui,
     check_out_dir,
     check_serve_args,
     clear_out_dir,
-    log_tail,
     open_target,
     sigterm_interrupts,
 )
 from harness.experiments.paired_record import FlushRecord
+from harness.experiments.phase import PhaseResult, run_phase
 from harness.experiments.recipe import RECIPE_FILE, ABRecipe, Recipe, TargetRecipe, write_recipe
 from harness.experiments.target import Target, flush_all
 from harness.gates.ab import (
@@ -107,8 +103,8 @@ from harness.gates.metrics import Metric
 from harness.gates.runs import ResultSet
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions, Share
-from harness.load.results import RECORDS_FILE, SUMMARY_FILE, InputRef, read_summary
-from harness.load.runner import LoadSpec, run_locust
+from harness.load.results import InputRef
+from harness.load.runner import LoadSpec
 from harness.load.target import NotExposed
 
 Arm = Literal["base", "candidate"]
@@ -128,6 +124,9 @@ OUTPUTS = (
 """Everything ``harness ab`` writes under ``OUT`` (``--force`` removes exactly these)."""
 DEFAULT_BLOCK_REQUESTS = 50
 """Requests per block when ``--block-requests`` is not given (fewer when the corpus is short)."""
+BLOCK_START_DELAY_S = 0.5
+"""A block's start delay unless the recipe sets one: from the run's start to its first arrival."""
+
 WARM_SPEEDUP = 3.0
 """The warm pass sends at this many times the blocks' rate: it measures rates (hits, errors), which do
 not depend on the load, and its requests are cache hits that cost the target little; at the blocks'
@@ -646,12 +645,10 @@ class ABRunner:
     def _block(self, plan: ABPlan, target: Target, arm: Arm, pair: int, corpus: Path) -> None:
         results = self.out / arm / f"{pair:02d}"
         n = len(plan.blocks[pair - 1])
-        rec = self._replay(
-            plan, target, arm, corpus=corpus, results=results, n=n, label=f"pair {pair}: {arm}", pair=pair
-        )
-        self.record.blocks.append(rec)
-        self.save()
-        self._check_block(rec, f"the {arm}'s block {pair}", results)
+        self._replay(
+            plan, target, arm, corpus=corpus, results=results, n=n, label=f"pair {pair}: {arm}", pair=pair,
+            name=f"the {arm}'s block {pair}",
+        )  # fmt: skip
 
     def _warm(self, plan: ABPlan, targets: dict[Arm, Target]) -> None:
         """Each arm sends ``--warm-requests`` of the requests its blocks sent (a seeded sample), again:
@@ -670,73 +667,46 @@ class ABRunner:
                 target.client.cache_drain(60.0)
         for arm in ARMS:
             results = self.out / WARM_DIR / arm
-            rec = self._replay(
-                warm, targets[arm], arm, corpus=corpus, results=results, n=k, label=f"warm: {arm}", pair=0
-            )
-            self.record.warm.append(rec)
-            self.save()
-            self._check_block(rec, f"the {arm}'s warm pass", results)
+            self._replay(
+                warm, targets[arm], arm, corpus=corpus, results=results, n=k, label=f"warm: {arm}", pair=0,
+                name=f"the {arm}'s warm pass",
+            )  # fmt: skip
 
     def _replay(
         self, plan: ABPlan, target: Target, arm: Arm, *, corpus: Path, results: Path, n: int, label: str,
-        pair: int,
-    ) -> BlockRecord:  # fmt: skip
+        pair: int, name: str,
+    ) -> None:  # fmt: skip
+        """One block (``pair`` ≥ 1) or warm pass (``pair`` 0) of ``arm``, recorded in ``ab.json`` whatever
+        its end; the error its exit code means, raised."""
         spec = self.spec
         given = spec.recipe.load
         assert plan.rate_rps is not None
         opts = plan.load.evolve(
             corpus=corpus, max_requests=n, stage=arm, results_dir=results, rate=plan.rate_rps, capacity=None,
             max_duration=None, bypass_fraction=1.0 if spec.ab.bypass_cache else None,
-            # A block is short: Locust's own start-up already gives the users time to spawn.
-            start_delay=given.start_delay if given.is_set("start_delay") else 1.0,
+            # A block is short: its users spawn in milliseconds, Locust's own start-up already gave the
+            # run its inputs, and every second here is spent on each of a job's dozens of blocks.
+            start_delay=given.start_delay if given.is_set("start_delay") else BLOCK_START_DELAY_S,
         )  # fmt: skip
         load = LoadSpec(host=target.url, options=opts, processes=spec.recipe.launch.processes)
-        self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
-        started = time.monotonic()
-        try:
-            with self.ui.phase(label, results / RECORDS_FILE, n):
-                code = run_locust(load, timeout_s=spec.recipe.phase_timeout)
-        except KeyboardInterrupt:  # run_locust let the child finalize its results first
-            rec = self._note_block(pair, arm, results, int(ExitCode.INTERRUPTED), started)
+
+        def note(result: PhaseResult) -> None:
+            rec = BlockRecord(
+                pair=pair, arm=arm, dir=str(results), exit_code=result.exit_code, seconds=result.seconds
+            )
+            if (s := result.summary) is not None:
+                rec = rec.model_copy(
+                    update={"requests": s.requests, "errors": s.errors, "client_bound": s.client_bound,
+                            "interrupted": s.interrupted}
+                )  # fmt: skip
             (self.record.warm if pair == 0 else self.record.blocks).append(rec)
-            raise
-        return self._note_block(pair, arm, results, code, started)
+            self.save()
 
-    def _check_block(self, block: BlockRecord, name: str, results: Path) -> None:
-        """The error a block's exit code means (a dead target, a broken run), or its line."""
-        code = block.exit_code
-        summary_path, log = results / SUMMARY_FILE, results / "locust.log"
-        if code == int(ExitCode.TARGET_DIED) and summary_path.exists():
-            died = read_summary(results).target_died
-            if died is not None:
-                raise TargetDied(f"{name}: {died.describe()}", file=summary_path)
-        if code in ERRORS_BY_CODE:
-            raise ERRORS_BY_CODE[code](f"{name} exited with {code}: {log_tail(log)}", file=log)
-        if code == int(ExitCode.INTERRUPTED):
-            raise UnavailableError(
-                f"{name} did not end within {self.spec.recipe.phase_timeout:g} s and was stopped", file=log,
-                hint="a larger --phase-timeout, or smaller blocks",
-            )  # fmt: skip
-        if not summary_path.exists():
-            raise UnavailableError(f"{name} wrote no summary (exit {code}): {log_tail(log)}", file=log)
-        mark = "[green]✓[/]" if code == 0 else "[yellow]![/]"
-        self.ui.say(
-            f"{mark} {name}: {block.requests} requests, {block.errors} errors"
-            + (", client-bound" if block.client_bound else "")
-            + f" → {results}"
-        )
-
-    def _note_block(self, pair: int, arm: Arm, results: Path, code: int, started: float) -> BlockRecord:
-        rec = BlockRecord(
-            pair=pair, arm=arm, dir=str(results), exit_code=code, seconds=round(time.monotonic() - started, 3)
-        )
-        if (results / SUMMARY_FILE).exists():
-            s = read_summary(results)
-            rec = rec.model_copy(
-                update={"requests": s.requests, "errors": s.errors, "client_bound": s.client_bound,
-                        "interrupted": s.interrupted}
-            )  # fmt: skip
-        return rec
+        result = run_phase(
+            load, name, ui=self.ui, label=label, total=n, timeout_s=spec.recipe.phase_timeout, note=note,
+            hint="a larger --phase-timeout, or smaller blocks",
+        )  # fmt: skip
+        self.ui.say(result.line(name))
 
     # ---- judging ---------------------------------------------------------------------------------
 

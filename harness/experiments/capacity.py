@@ -22,7 +22,6 @@ Only a target that answered none of the calibration's requests (refused, no answ
 from __future__ import annotations
 
 import math
-import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,20 +34,19 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import ExitCode, UnavailableError
+from harness.common.errors import UnavailableError
 from harness.common.io import write_json
 from harness.experiments.capacity_result import CAPACITY_FILE, Calibration, CapacityResult
 from harness.experiments.capacity_search import search, unprobed
 from harness.experiments.driver import (
-    ERRORS_BY_CODE,
     Ui,
     check_out_dir,
     check_serve_args,
     clear_out_dir,
-    log_tail,
     open_target,
     sigterm_interrupts,
 )
+from harness.experiments.phase import run_phase
 from harness.experiments.recipe import RECIPE_FILE, CapacityRecipe, Recipe, write_recipe
 from harness.experiments.slo import (
     ProbeResult,
@@ -61,8 +59,7 @@ from harness.experiments.slo import (
 )
 from harness.experiments.target import Target, flush_all
 from harness.load.arrivals import RequestSpec
-from harness.load.results import RECORDS_FILE
-from harness.load.runner import LoadSpec, run_locust
+from harness.load.runner import LoadSpec
 
 PROBES_DIR = "probes"
 SERVER_DIR = "server"
@@ -334,18 +331,6 @@ class _LocustProber:
                 precision_min_samples=probe_min_requests(self.runner.terms, spec.confidence),
             )
         timeout = spec.probe_timeout_s or duration + load.options.drain_timeout + 120.0
-        ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
-        started = time.monotonic()
-        with ui.phase(f"probe {index}: {rate:.4g} req/s", results / RECORDS_FILE, n):
-            code = run_locust(load, timeout_s=timeout)
-        seconds = round(time.monotonic() - started, 3)
-        log = results / "locust.log"
-        if code in ERRORS_BY_CODE:
-            raise ERRORS_BY_CODE[code](f"probe {index} exited with {code}: {log_tail(log)}", file=log)
-        if code == int(ExitCode.INTERRUPTED):
-            raise UnavailableError(
-                f"probe {index} did not end within {timeout:g} s and was stopped", file=log
-            )
-        if not (results / "summary.json").exists():
-            raise UnavailableError(f"probe {index} wrote no summary (exit {code}): {log_tail(log)}", file=log)
-        return ProbeSamples.from_run(rate, results, seconds)
+        label = f"probe {index}: {rate:.4g} req/s"
+        result = run_phase(load, f"probe {index}", ui=ui, label=label, total=n, timeout_s=timeout)
+        return ProbeSamples.from_run(rate, results, result.seconds)

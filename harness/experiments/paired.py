@@ -53,8 +53,6 @@ step 1 are :mod:`harness.experiments.paired_spec`, ``run.json`` and the layout o
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -65,14 +63,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import CheckFailed, ExitCode, HarnessError, TargetDied, UnavailableError
+from harness.common.errors import CheckFailed, ExitCode, HarnessError
 from harness.common.io import write_json
 from harness.experiments.capacity_result import ErrorCount
 from harness.experiments.driver import (
-    ERRORS_BY_CODE,
     Ui,
     clear_out_dir,
-    log_tail,
     open_target,
     sigterm_interrupts,
 )
@@ -94,6 +90,7 @@ from harness.experiments.paired_record import (
     exit_code_of,
 )
 from harness.experiments.paired_spec import PairedSpec, Prepared, prepare
+from harness.experiments.phase import PhaseResult, run_phase
 from harness.experiments.recipe import write_recipe
 from harness.experiments.target import Target, flush_all
 from harness.experiments.warmcheck import check_warm
@@ -101,8 +98,7 @@ from harness.gates.compare import Comparison
 from harness.gates.judge import GateReport
 from harness.gates.metrics import format_value
 from harness.load.arrivals import RequestSpec
-from harness.load.results import RECORDS_FILE, read_summary
-from harness.load.runner import LoadSpec, run_locust
+from harness.load.runner import LoadSpec
 from harness.load.target import NotExposed
 
 # ------------------------------------------------------------------------------------------ errors
@@ -409,57 +405,26 @@ class PairedRunner:
 
     def _phase(self, name: str, load: LoadSpec, total: int | None) -> None:
         results = self.out / name
-        load = load.replace(results_dir=results)
-        started = time.monotonic()
-        self.ui.say(f"[dim]$ locust {escape(shlex.join(load.command()[3:]))}[/]")
-        try:
-            with self.ui.phase(f"{name} phase", results / RECORDS_FILE, total):
-                code = run_locust(load, timeout_s=self.spec.recipe.phase_timeout)
-        except KeyboardInterrupt:  # run_locust let the child finalize its results first
-            self._note_phase(name, results, int(ExitCode.INTERRUPTED), started)
-            raise
-        rec = self._note_phase(name, results, code, started)
-        summary_path = results / "summary.json"
-        log = results / "locust.log"
-        if code == int(ExitCode.TARGET_DIED) and summary_path.exists():
-            died = read_summary(results).target_died
-            if died is not None:  # the summary says what died and when; the log's tail may not
-                raise TargetDied(f"the {name} phase: {died.describe()}", file=summary_path)
-        if code in ERRORS_BY_CODE:
-            raise ERRORS_BY_CODE[code](f"the {name} phase exited with {code}: {log_tail(log)}", file=log)
-        if code == int(ExitCode.INTERRUPTED):
-            raise UnavailableError(
-                f"the {name} phase did not end within {self.spec.recipe.phase_timeout:g} s and was stopped",
-                file=log,
-                hint="a larger --phase-timeout, or a shorter schedule",
-            )
-        if not summary_path.exists():
-            raise UnavailableError(
-                f"the {name} phase wrote no summary (exit {code}): {log_tail(log)}", file=log
-            )
-        mark, extra = "[green]✓[/]", ""
-        if code:  # 1: requests failed, or the ladder stopped on a failed stage; the gate judges errors
-            mark, extra = "[yellow]![/]", f" (exit {code}: see {log})"
-        self.ui.say(
-            f"{mark} {name}: {rec.requests} requests, {rec.errors} errors{extra}"
-            + (", client-bound" if rec.client_bound else "")
-            + f" → {results}"
-        )
+        result = run_phase(
+            load.replace(results_dir=results), f"the {name} phase", ui=self.ui, label=f"{name} phase",
+            total=total, timeout_s=self.spec.recipe.phase_timeout, note=lambda r: self._note_phase(name, r),
+            hint="a larger --phase-timeout, or a shorter schedule",
+        )  # fmt: skip
+        self.ui.say(result.line(name))
+        rec = self.record.phases[name]
         if rec.stop_reason:
             self.ui.say(f"  [dim]{escape(rec.stop_reason)}[/]")
 
-    def _note_phase(self, name: str, results: Path, code: int, started: float) -> PhaseRecord:
+    def _note_phase(self, name: str, result: PhaseResult) -> None:
         """Record a finished (or interrupted) phase in ``run.json``, with its summary's counts."""
-        rec = PhaseRecord(dir=str(results), exit_code=code, seconds=round(time.monotonic() - started, 3))
-        if (results / "summary.json").exists():
-            s = read_summary(results)
+        rec = PhaseRecord(dir=str(result.results), exit_code=result.exit_code, seconds=result.seconds)
+        if (s := result.summary) is not None:
             rec = rec.model_copy(
                 update={"requests": s.requests, "errors": s.errors, "interrupted": s.interrupted,
                         "client_bound": s.client_bound, "stop_reason": s.stop_reason}
             )  # fmt: skip
         self.record.phases[name] = rec
         self.save()
-        return rec
 
     def _judge(self) -> None:
         from harness.gates import gate_runs

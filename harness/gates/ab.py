@@ -608,16 +608,20 @@ def levels(alpha: float, tests: int, looks: int = 1) -> float:
     return alpha / tests / looks
 
 
-def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Holm–Bonferroni: which of the hypotheses with these p-values are rejected at family-wise level
-    ``alpha`` (the smallest p against ``α/m``, the next against ``α/(m − 1)`` …, stopping at the
-    first that is not below its level)."""
+def holm(p_values: Sequence[float], alpha: float) -> list[float | None]:
+    """Holm–Bonferroni at family-wise level ``alpha``: for each hypothesis, the level it was rejected
+    at, or ``None`` (the smallest p against ``α/m``, the next against ``α/(m − 1)`` …, stopping at
+    the first that is not below its level).
+
+    A rejected test's bounds belong at the level it was rejected at: at the first level (``α/m``) a
+    later step's interval can still reach below the limit it was proven above."""
     m = len(p_values)
-    out = [False] * m
+    out: list[float | None] = [None] * m
     for step, i in enumerate(sorted(range(m), key=lambda k: p_values[k])):
-        if not p_values[i] < alpha / (m - step):
+        at = alpha / (m - step)
+        if not p_values[i] < at:
             break
-        out[i] = True
+        out[i] = at
     return out
 
 
@@ -669,14 +673,14 @@ def judge_ab(
     rejected = holm(p_values, alpha * own / tests / looks)
     results = [
         _judge_metric(
-            m, frames, sample, r, limit=limit, detect=detect, confidence=confidence, level=level,
-            rejected=rejected[k], problems=problems,
+            m, frames, sample, r, limit=limit, detect=detect, confidence=confidence,
+            level=rejected[k] or level, rejected=rejected[k] is not None, problems=problems,
         )
         for k, (m, sample, r) in enumerate(ratios)
     ]  # fmt: skip
     errors = _judge_errors(
-        e_counts, p=p_error, rejected=rejected[-1], max_rate=max_error_rate, detect=detect_error_rate,
-        confidence=confidence, level=level, problems=problems,
+        e_counts, p=p_error, rejected=rejected[-1] is not None, max_rate=max_error_rate,
+        detect=detect_error_rate, confidence=confidence, level=rejected[-1] or level, problems=problems,
     )  # fmt: skip
     verdicts: set[Overall] = {r.verdict for r in results} | {errors.verdict}
     overall: Overall = "fail" if "fail" in verdicts else "unjudgeable" if verdicts - {"pass"} else "pass"
@@ -792,6 +796,16 @@ def _error_counts(frames: Sequence[tuple[RunFrame, RunFrame]]) -> tuple[int, int
     return b_err, b_n, c_err, c_n
 
 
+def rate_upper(errors: int, requests: int, level: float) -> float:
+    """The exact (Clopper–Pearson) one-sided upper bound at ``level`` on an error rate seen as
+    ``errors`` of ``requests``."""
+    from scipy.stats import beta
+
+    if errors >= requests:
+        return 1.0
+    return float(beta.ppf(1.0 - level, errors + 1, requests - errors))
+
+
 def error_power(requests: int, max_rate: float, detect: float, level: float) -> float:
     """The chance an exact one-sided binomial test at ``level`` proves an error rate above
     ``max_rate`` from ``requests`` requests when the true rate is ``detect``."""
@@ -832,8 +846,24 @@ def _judge_errors(
         v, why = "fail", f"proven above {format_value(max_rate, 'ratio')} (exact binomial test, p = {p:.2g})"
     elif problems:
         v, why = "unjudgeable", f"the block runs cannot be judged: {problems[0]}"
+    elif detect is not None and (upper := rate_upper(c_err, c_n, level)) >= detect:
+        # As for latency, a pass rules out the regression it is sized for; "not proven above the
+        # limit" from a few requests is not that (3 errors in 32, a 20 % error rate, prove nothing).
+        zero = math.ceil(math.log(level) / math.log1p(-detect))
+        v, why = (
+            "unjudgeable",
+            (
+                f"not proven above {format_value(max_rate, 'ratio')} (p = {p:.2g}), nor "
+                f"{format_value(detect, 'ratio')} ruled out (the bound at {level:.2g} is "
+                f"{format_value(upper, 'ratio')}): that needs ≥ {zero} requests without an error"
+            ),
+        )
     else:
-        v, why = "pass", f"not proven above {format_value(max_rate, 'ratio')} (p = {p:.2g})"
+        v, why = (
+            "pass",
+            f"not proven above {format_value(max_rate, 'ratio')} (p = {p:.2g})"
+            + (f"; {format_value(detect, 'ratio')} ruled out" if detect is not None else ""),
+        )
     return ErrorVerdict(
         base_errors=b_err, base_requests=b_n, candidate_errors=c_err, candidate_requests=c_n,
         rate=_finite(rate), lo=_finite(lo), hi=_finite(hi), max_error_rate=max_rate, p_value=p,
@@ -849,13 +879,17 @@ def ab_table(j: ABJudgement) -> Table:
     """One row per metric (base, candidate, ratio, interval, p-value, power, pairs, verdict) and one for
     errors; the caption states the family-wise false-alarm rate and the levels."""
     alpha = j.family_alpha if j.family_alpha is not None else 1.0 - j.confidence
-    level = j.metrics[0].tested_at if j.metrics and j.metrics[0].tested_at else j.error_rate.tested_at
+    # The first (Bonferroni) level is every test's smallest; a failed test's bounds are at the larger
+    # Holm level it was rejected at.
+    tested = [m.tested_at for m in j.metrics] + [j.error_rate.tested_at]
+    level = min((t for t in tested if t), default=None)
     t = Table(
         title=escape(f"A/B: candidate ÷ base — {j.headline}"),
         title_justify="left",
         caption=f"family-wise false-alarm rate {alpha:.0%} over {j.tests or len(j.metrics) + 1} tests and "
-        f"{j.looks} look(s) (Holm–Bonferroni); bounds one-sided at {level or 0:.2g} each; fail when proven "
-        f"above {j.limit:g}×, pass when {j.detect:g}× is ruled out; power: the chance of failing a "
+        f"{j.looks} look(s) (Holm–Bonferroni); bounds one-sided at {level or 0:.2g} each (a failed "
+        f"test's at the level Holm rejected it at); fail when proven above {j.limit:g}×, pass when "
+        f"{j.detect:g}× is ruled out; power: the chance of failing a "
         f"candidate {j.detect:g}× slower (errors: at {j.error_rate.detect or 0:.0%}) at this run's size",
         caption_justify="left",
     )

@@ -22,9 +22,9 @@ from harness.gates.runs import ResultSet, RunFrame
 
 def test_holm_steps_down_and_stops_at_the_first_it_keeps() -> None:
     # m = 3: the smallest against α/3, the next against α/2, the last against α.
-    assert holm([0.001, 0.04, 0.03], 0.05) == [True, False, False]  # 0.03 > 0.025: stop
-    assert holm([0.001, 0.04, 0.02], 0.05) == [True, True, True]  # 0.02 < 0.025, then 0.04 < 0.05
-    assert holm([0.02, 0.02, 0.02], 0.05) == [False, False, False]  # 0.02 > 0.0167: nothing
+    assert holm([0.001, 0.04, 0.03], 0.05) == [0.05 / 3, None, None]  # 0.03 > 0.025: stop
+    assert holm([0.001, 0.04, 0.02], 0.05) == [0.05 / 3, 0.05, 0.025]  # 0.02 < 0.025, then 0.04 < 0.05
+    assert holm([0.02, 0.02, 0.02], 0.05) == [None, None, None]  # 0.02 > 0.0167: nothing
     assert holm([], 0.05) == []
 
 
@@ -114,6 +114,23 @@ def test_an_unchanged_candidate_fails_nothing_over_many_seeds_a_slower_one_fails
         for s in range(5)
     ]
     assert slower == ["fail"] * 5
+
+
+def test_a_failed_metric_s_bounds_are_at_the_level_holm_rejected_it_at() -> None:
+    """Near the limit, Holm's later steps reject what the first level would not: the failed metric's
+    interval is then the one at its own step, and lies above the limit it failed."""
+    later = 0
+    for s in range(30):
+        j = judge_ab(_frames(s, 1.25, n=30), metrics="ttft_p50,tpot_p50", resamples=300, seed=s, looks=2)
+        first = min(x.tested_at or 1.0 for x in [*j.metrics, j.error_rate])
+        for m in j.metrics:
+            assert m.tested_at is not None and m.lo is not None and m.p_value is not None
+            if m.verdict == "fail":
+                assert m.lo > 1.1 and m.p_value < m.tested_at, (s, m)
+                later += m.tested_at > first
+            else:
+                assert m.tested_at == pytest.approx(first)
+    assert later > 0  # the case the rule is for happened
 
 
 def test_the_judgement_states_its_family_and_errors_fail_whatever_else() -> None:

@@ -250,6 +250,10 @@ def test_bad_input_fails_before_any_load_with_the_documented_code(tmp_path: Path
            "--corpus", str(corpus), "--rate", "1", "--duration", "1"]  # fmt: skip
     no_host = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert no_host.returncode == 4 and "--host: no target" in no_host.stderr
+    # No --corpus at all: refused before Locust spawns a single user (it once spawned 64 first).
+    no_corpus = run("--rate", "1", "--duration", "1")
+    assert no_corpus.returncode == 4 and "no corpus given" in no_corpus.stderr
+    assert "spawned" not in no_corpus.stderr and "Ramping" not in no_corpus.stderr
     missing = run("--corpus", str(tmp_path / "nope.jsonl"), "--rate", "1", "--duration", "1")
     assert missing.returncode == 3 and "nope.jsonl: no such file" in missing.stderr
     no_when = run("--corpus", str(corpus))
