@@ -1,7 +1,11 @@
 # Two commands a new user needs: `make demo` and `make test`. Both set up .venv first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Installed before the project so that pip never swaps in an unpinned multi-GB CUDA build.
+# torch, installed before the project at this version (pyproject.toml asks only torch>=2.4, so the
+# project's install keeps it). The pin names a version, not a build: where pip finds a CPU wheel of
+# 2.13.0 (as on this project's machines, a local wheel file in pip's configuration; elsewhere
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), 2.13.0+cpu satisfies it; from PyPI alone on
+# Linux x86_64 it is the multi-GB CUDA build. TORCH_SPEC=torch==2.13.0+cpu asks for the CPU build by name.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # `make test` on this many pytest-xdist workers, each taking whole test files (module-scoped servers

@@ -56,7 +56,7 @@ from harness.analysis.references import RefTrace, load_refs  # noqa: E402
 from harness.analysis.sim import NEVER, SIMULATORS, history_preload, next_use, simulate  # noqa: E402
 from harness.analysis.warmup import covering_requests, plan_warmup, rank_keys  # noqa: E402
 from harness.common.stats import percentile  # noqa: E402
-from harness.engine.kv_cache import BlockManager  # noqa: E402
+from harness.target.engine.kv_cache import BlockManager  # noqa: E402
 
 REALDATA = Path(os.environ.get("HARNESS_REALDATA", ROOT.parent / "shared" / "realdata"))
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)

@@ -73,10 +73,10 @@ async def bench_stack(quick: bool) -> dict[str, Any]:
     import redis.asyncio as aredis
     from rbloom import Bloom
 
-    from harness.cache.api import CachedCompletion
-    from harness.cache.bloom import key_item
-    from harness.cache.factory import build_stack
-    from harness.cache.settings import CacheSettings
+    from harness.target.cache.api import CachedCompletion
+    from harness.target.cache.bloom import key_item
+    from harness.target.cache.factory import build_stack
+    from harness.target.cache.settings import CacheSettings
 
     n = 2000 if quick else 20000
     tmp = Path(tempfile.mkdtemp(prefix="bench-cache-"))

@@ -23,7 +23,7 @@ docs/benchmarks.md.
 ``--matmuls``: only the weight products of one decode step, MKL's ``F.linear`` over row-major
 weights beside oneDNN over packed ones (the engine's path), per row count and thread count, on the
 preset's own shapes with distinct weights per layer (as many as the model has, so none stays in
-cache): what decides which layout the engine keeps (:func:`~harness.engine.model.pack_weight`).
+cache): what decides which layout the engine keeps (:func:`~harness.target.engine.model.pack_weight`).
 
 Usage: ``python bench/engine.py [--preset tiny|smollm2] [--device cpu|cuda] [--threads N] [--out-tokens N]
 [--streams 1,4,16] [--no-append]``; ``python bench/engine.py --vs vllm [--vllm-url URL]``: our engine
@@ -46,11 +46,11 @@ from typing import Any
 import torch
 
 from harness.common.stats import percentile
-from harness.engine.api import SamplingParams
-from harness.engine.core import EngineCore
-from harness.engine.factory import create_core, load_model
-from harness.engine.model import Transformer, linear, rope_pair_order
-from harness.engine.settings import EngineSettings
+from harness.target.engine.api import SamplingParams
+from harness.target.engine.core import EngineCore
+from harness.target.engine.factory import create_core, load_model
+from harness.target.engine.model import Transformer, linear, rope_pair_order
+from harness.target.engine.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def make_prompts(core: EngineCore, n: int, length: int) -> list[list[int]]:
 class Ceiling:
     """The bare weight matmuls of one decode step of ``batch`` tokens: per layer fused qkv, o, fused
     gate/up, down, then the LM head — the engine's own weight tensors through the engine's own
-    matmul (:func:`~harness.engine.model.linear`, oneDNN-packed on CPU from 4 rows), nothing else."""
+    matmul (:func:`~harness.target.engine.model.linear`, oneDNN-packed on CPU from 4 rows), nothing else."""
 
     def __init__(self, model: Transformer, batch: int, device: torch.device) -> None:
         # (weight, its oneDNN-packed copy or None): the ceiling takes the engine's own matmul path.
@@ -260,7 +260,7 @@ def run_hf(
 
 def bench_matmuls(preset: str, repeats: int) -> str:
     """F.linear over row-major weights vs oneDNN over packed ones: one decode step's weight products."""
-    from harness.engine.model import pack_weight
+    from harness.target.engine.model import pack_weight
 
     cfg = load_model(
         EngineSettings(preset=preset, device="cpu"), torch.device("cpu"), torch.float32

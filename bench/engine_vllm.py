@@ -59,7 +59,7 @@ its TTFT no longer."""
 
 def default_model_dir() -> Path:
     """The SmolLM2 checkpoint ``make setup`` fetched (``HARNESS_VLLM_MODEL`` overrides, as for vllm.sh)."""
-    from harness.engine.weights import checkpoint_dir
+    from harness.target.engine.weights import checkpoint_dir
 
     return Path(os.environ.get("HARNESS_VLLM_MODEL") or checkpoint_dir("smollm2"))
 

@@ -427,8 +427,8 @@ def record(args: argparse.Namespace) -> None:
     import orjson
 
     from harness.common.io import write_json, write_jsonl
-    from harness.load.results import TargetInfo, summarize
-    from harness.server.launch import running_server
+    from harness.load.run_summary import TargetInfo, summarize
+    from harness.target.server.launch import running_server
 
     log = [
         orjson.loads(line)
@@ -499,7 +499,7 @@ def job_bench(args: argparse.Namespace) -> None:
     tabulate the verdicts with exact 95 % intervals and append the table to docs/benchmarks.md. A run
     an earlier attempt finished (``OUT/<condition>/NN/ab.json``) is counted, not run again."""
     from harness.demo import corpus_build_args
-    from harness.gates.metrics import rate_interval
+    from harness.gates.measurement import rate_interval
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

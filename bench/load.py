@@ -47,7 +47,8 @@ from _publish import add_publish_flag, publish  # noqa: E402  (bench/ is on sys.
 sys.path.insert(0, str(ROOT))
 
 from harness.common.stats import percentile  # noqa: E402
-from harness.load.results import read_records, read_summary  # noqa: E402
+from harness.load.results import read_records  # noqa: E402
+from harness.load.run_summary import read_summary  # noqa: E402
 from harness.load.runner import LoadSpec, free_port, run_locust  # noqa: E402
 
 CHUNK = (

@@ -25,9 +25,11 @@ sys.path.insert(0, str(ROOT))
 from harness.common import headers as H  # noqa: E402
 from harness.common.settings import load_settings  # noqa: E402
 from harness.common.stats import percentile  # noqa: E402
-from harness.corpus.sessions import SessionBuildInputs, ThinkTime, build_sessions  # noqa: E402
+from harness.corpus.sessions import SessionBuildInputs, build_sessions  # noqa: E402
 from harness.corpus.settings import CorpusSettings  # noqa: E402
-from harness.load.results import read_records, read_summary  # noqa: E402
+from harness.corpus.timing import ThinkTime  # noqa: E402
+from harness.load.results import read_records  # noqa: E402
+from harness.load.run_summary import read_summary  # noqa: E402
 from harness.load.runner import LoadSpec, run_locust  # noqa: E402
 from tests.load.sse_server import Behaviour, SSEServer  # noqa: E402
 

@@ -5,7 +5,7 @@ The load stage scrapes once a second inside the local / master Locust process
 side in one run, on the exposition text of a real ``harness serve --preset tiny`` (served a few
 requests, so its histograms have buckets):
 
-- ours: :func:`harness.load.telemetry.normalise` (only the wanted sample lines parsed);
+- ours: :func:`harness.load.server_metrics.normalise` (only the wanted sample lines parsed);
 - reference: ``prometheus_client``'s text parser over the whole text (what a straightforward
   scraper does), summing every sample by name.
 
@@ -32,8 +32,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._publish import add_publish_flag, publish
-from harness.load.telemetry import normalise
-from harness.server.launch import running_server
+from harness.load.server_metrics import normalise
+from harness.target.server.launch import running_server
 
 
 def _full_parse(text: str) -> dict[str, float]:

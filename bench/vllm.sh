@@ -49,7 +49,7 @@ model_dir() {
     fi
     # Where `make setup` (`harness engine fetch smollm2`) put the checkpoint: asked of the project, which
     # owns the cache layout (HARNESS_MODEL_CACHE), rather than spelt a second time here.
-    "$HERE/.venv/bin/python" -c "from harness.engine.weights import checkpoint_dir; print(checkpoint_dir('smollm2'))"
+    "$HERE/.venv/bin/python" -c "from harness.target.engine.weights import checkpoint_dir; print(checkpoint_dir('smollm2'))"
 }
 
 serve() {

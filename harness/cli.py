@@ -29,8 +29,8 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
     ("traces", "harness.traces.cli"),
     ("corpus", "harness.corpus.cli"),
     ("load", "harness.load.cli"),
-    ("engine", "harness.engine.cli"),
-    ("cache", "harness.cache.cli"),
+    ("engine", "harness.target.engine.cli"),
+    ("cache", "harness.target.cache.cli"),
     ("baseline", "harness.gates.cli"),
     ("analysis", "harness.analysis.cli"),
     ("deploy", "harness.analysis.deploy_cli"),
@@ -38,7 +38,7 @@ STAGE_GROUPS: tuple[tuple[str, str], ...] = (
 # Top-level commands: (command name, module, attribute). A module's COMMAND_SETTINGS maps an attribute
 # to typer's command keyword arguments (an epilog with an example).
 TOP_COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("serve", "harness.server.cli", "serve"),
+    ("serve", "harness.target.server.cli", "serve"),
     ("gate", "harness.gates.cli", "gate"),
     ("report", "harness.reports.cli", "report"),
     ("run", "harness.experiments.run_cli", "run"),

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.experiments.ab import ABRun
+from harness.experiments.ab_record import ABRun
 from tests.server.conftest import harness_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,11 +28,10 @@ from harness.demo import (
     harness,
     run_demo,
 )
-from harness.experiments.ab import ABRun
+from harness.experiments.ab_record import ABRun
 from harness.experiments.capacity_result import CapacityResult
 from harness.reports.plots import PLOTS
 from tests.reports.test_report import _parse
-
 
 TESTED_CASES = ("unchanged", "regression", "errors_20pct", "warm_miss_30pct")
 """Every kind of verdict the demo shows, each once: the 1.3× case runs the 2× case's path with another
@@ -46,7 +45,7 @@ def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "demo"
-    config = DemoConfig(out_dir=out, probe_requests=16, slo="ttft_p50<=3x", cases=TESTED_CASES)
+    config = DemoConfig(out_dir=out, probe_requests=16, slo="ttft_from_intended_p50<=3x", cases=TESTED_CASES)
     ctx = run_demo(config)
     printed = capsys.readouterr().out
 
@@ -148,10 +147,12 @@ def test_a_capacity_search_that_finds_nothing_leaves_the_demo_its_lowest_probed_
     the demo's paired runs load a share of that probe's rate and the demo says so; a found capacity is
     taken as it is."""
     from harness.experiments.capacity_search import search
-    from harness.experiments.slo import parse_slo
+    from harness.gates.slo import parse_slo
     from tests.experiments.test_capacity import probe, spread, straddling
 
-    unsure = search(lambda rate: probe(rate, straddling()), parse_slo("ttft_p95<=100"), start=1.5)
+    unsure = search(
+        lambda rate: probe(rate, straddling()), parse_slo("ttft_from_intended_p95<=100"), start=1.5
+    )
     assert unsure.exit_code == int(ExitCode.UNJUDGEABLE) and unsure.capacity_rps == 0
     rate, note = demo_capacity(unsure)
     assert rate == 1.5 and note is not None and "not found" in note and "1.5 req/s" in note
@@ -159,7 +160,7 @@ def test_a_capacity_search_that_finds_nothing_leaves_the_demo_its_lowest_probed_
     def knee(rate: float) -> np.ndarray:
         return spread(50.0 if rate < 5 else 500.0)
 
-    found = search(lambda rate: probe(rate, knee(rate)), parse_slo("ttft_p95<=100"), start=1.0)
+    found = search(lambda rate: probe(rate, knee(rate)), parse_slo("ttft_from_intended_p95<=100"), start=1.0)
     assert found.exit_code == int(ExitCode.OK)
     assert demo_capacity(found) == (found.capacity_rps, None) and 2.0 <= found.capacity_rps < 5.0
 

@@ -43,13 +43,13 @@ from harness.common.errors import InputError, UnavailableError
 from harness.common.io import check_input_file, iter_jsonl, jsonl_lines, parse_jsonl_line
 from harness.common.model import StrictModel
 from harness.common.prometheus import counter_increase, parse_exposition
-from harness.load.telemetry import (
+from harness.load.server_metrics import (
     METRICS_PATH,
     SERVER_METRICS_FILE,
-    Scraper,
     ServerSample,
     read_server_metrics,
 )
+from harness.load.telemetry import Scraper
 
 if TYPE_CHECKING:
     import httpx

@@ -12,7 +12,7 @@ from harness.analysis.cli_common import JSON_HELP, console, echo_json, say
 from harness.common.auth import ACCESS_PANEL, access_from, access_options
 from harness.common.errors import InputError
 from harness.common.io import write_json
-from harness.common.options import old_spelling, renamed, with_options
+from harness.common.options import old_spellings, with_options
 
 
 @with_options(access_options(), panel=ACCESS_PANEL, param="access")
@@ -53,6 +53,7 @@ def _span(text: str | None, t0: float, t1: float, name: str) -> Any:
 
 
 @with_options(access_options(), panel=ACCESS_PANEL, param="access")
+@old_spellings(baseline="--baseline", window="--window")
 def anomaly(
     *,
     access: dict[str, Any],
@@ -89,8 +90,6 @@ def anomaly(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the tree JSON here.")] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    old_baseline: Annotated[str | None, old_spelling("--baseline", new="--baseline-window")] = None,
-    old_window: Annotated[str | None, old_spelling("--window", new="--test-window")] = None,
 ) -> None:
     """Attribute HitRate/FillRate/ThermalDrift deviations to tier/tenant/scenario and leaf causes."""
     from harness.analysis.anomaly import (
@@ -101,8 +100,6 @@ def anomaly(
         series_from_prometheus,
     )
 
-    baseline = renamed(baseline, old_baseline, new="--baseline-window", old="--baseline")
-    window = renamed(window, old_window, new="--test-window", old="--window")
     if schema:
         echo_json(AnomalyReport.model_json_schema())
         return

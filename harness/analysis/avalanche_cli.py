@@ -12,13 +12,14 @@ from harness.analysis.cli_common import JSON_HELP, console, echo_json
 from harness.common.auth import ACCESS_PANEL, Credentials, access_from, access_options
 from harness.common.console import table
 from harness.common.io import write_json
-from harness.common.options import old_spelling, renamed, with_options
+from harness.common.options import old_spellings, with_options
 
 FETCH_TIMEOUT_S = 10.0
 """How long ``--url``'s ``/cache/stats`` and ``/metrics`` may take each."""
 
 
 @with_options(access_options(), panel=ACCESS_PANEL, param="access")
+@old_spellings(target_p="--target")
 def avalanche(
     *,
     access: dict[str, Any],
@@ -43,7 +44,6 @@ def avalanche(
     ] = None,
     by: Annotated[str, typer.Option("--by", help="With --cache-state: 'tier' or 'tenant-tier'.")] = "tier",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    old_target: Annotated[float | None, old_spelling("--target", new="--target-p")] = None,
 ) -> None:
     """Avalanche probability P = 1 − Π(1 − p_i) over key classes, with the jitter advice.
 
@@ -56,7 +56,6 @@ def avalanche(
         risks_from_state,
     )
 
-    target = renamed(target_p, old_target, new="--target-p", old="--target")
     if sum(x is not None for x in (classes, cache_state, url)) != 1:
         raise typer.BadParameter(
             "give exactly one of --classes, --cache-state, --url", param_hint="--classes"
@@ -76,7 +75,7 @@ def avalanche(
         described = classes_from_server(stats, metrics, write_span_s)
         spans = {c.name: c.write_span_s for c in described}
         risks = risks_from_classes(described, window_s)
-    report = assess(risks, window_s, target, spans)
+    report = assess(risks, window_s, target_p, spans)
     if as_json:
         echo_json(report.model_dump())
         return

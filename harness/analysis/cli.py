@@ -34,8 +34,16 @@ app = typer.Typer(
 URL = "http://127.0.0.1:8000"
 MOONCAKE = "fixtures/traces/mooncake_synthetic_head20.jsonl"
 COMMANDS: tuple[tuple[str, Callable[..., None], str], ...] = (
-    ("hitrate", warmup_cli.hitrate, f"--trace {MOONCAKE} --unit blocks --cache-size 50 --cache-size 500"),
-    ("plan", warmup_cli.plan, f"--trace {MOONCAKE} --unit blocks --cache-size 100 --window 0.5 -o runs/plan"),
+    (
+        "hitrate",
+        warmup_cli.hitrate,
+        f"--trace {MOONCAKE} --unit blocks --cache-capacity 50 --cache-capacity 500",
+    ),
+    (
+        "plan",
+        warmup_cli.plan,
+        f"--trace {MOONCAKE} --unit blocks --cache-capacity 100 --window-fraction 0.5 -o runs/plan",
+    ),
     (
         "effect",
         effect_cli.effect,

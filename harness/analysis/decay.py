@@ -205,7 +205,8 @@ def read_points(path: str | Path) -> list[DecayPoint]:
 
 def points_from_run(run_dir: str | Path) -> list[DecayPoint]:
     """One point per stage of a load run (or one for the run): CMR from records, QPS per duration."""
-    from harness.load.results import read_records, read_summary
+    from harness.load.results import read_records
+    from harness.load.run_summary import read_summary
 
     summary = read_summary(run_dir)
     records = list(read_records(run_dir))

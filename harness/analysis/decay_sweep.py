@@ -240,7 +240,8 @@ def measure_stage(
     exit_code: int = 0,
 ) -> SweepStage:
     """Measure one saturated stage from its load run (see the module docstring)."""
-    from harness.load.results import read_records, read_summary
+    from harness.load.results import read_records
+    from harness.load.run_summary import read_summary
 
     if not 0.0 <= settle_s < duration_s:
         raise ConfigError(

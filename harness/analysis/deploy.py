@@ -6,9 +6,9 @@ cache (hit rate, fill rate, thermal drift, entries, evictions, errors, lookup la
 write-backs), the server (requests, rejections, TTFT, E2E, in flight) and the engine (batch, queue,
 KV usage, prefix-cache hit ratio, preemptions). Every metric a panel queries is checked against the
 names our registries really expose (:func:`exposed_metric_names`, from the live metric classes of
-``harness/cache/metrics.py`` and ``harness/server/metrics.py``), so a renamed metric fails the build,
-not the dashboard. Latency panels show means (``rate(sum)/rate(count)``) and bucket heatmaps, not
-``histogram_quantile``: Prometheus interpolates inside buckets, which is not the harness's
+``harness/target/cache/metrics.py`` and ``harness/target/server/metrics.py``), so a renamed metric
+fails the build, not the dashboard. Latency panels show means (``rate(sum)/rate(count)``) and bucket
+heatmaps, not ``histogram_quantile``: Prometheus interpolates inside buckets, which is not the harness's
 percentile definition (:mod:`harness.common.stats`).
 
 **Istio.** :func:`render_istio` renders ``templates/istio/virtualservice.yaml.j2`` and
@@ -46,9 +46,9 @@ def exposed_metric_names() -> set[str]:
     """Every sample name ``/metrics`` of ``harness serve --cache`` can expose (from the real classes)."""
     from prometheus_client import CollectorRegistry
 
-    from harness.cache.metrics import CacheMetrics
-    from harness.engine.api import EngineStats
-    from harness.server.metrics import EngineCollector, ServerMetrics
+    from harness.target.cache.metrics import CacheMetrics
+    from harness.target.engine.api import EngineStats
+    from harness.target.server.metrics import EngineCollector, ServerMetrics
 
     reg = CollectorRegistry()
     cache = CacheMetrics(reg)

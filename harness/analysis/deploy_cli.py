@@ -14,7 +14,7 @@ import orjson
 import typer
 
 from harness.common.io import validation_error, write_json
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spellings
 
 app = typer.Typer(
     help="Ops artifacts: Grafana dashboard JSON, Istio VirtualService and DestinationRule YAML.",
@@ -60,6 +60,7 @@ def _weights(text: str) -> list[dict[str, Any]]:
 @app.command(
     epilog="Example: harness deploy istio --service-host llm.prod.svc.cluster.local --ab a=90,b=10 -o istio/"
 )
+@old_spellings(service_host="--host")
 def istio(
     *,
     service_host: Annotated[
@@ -79,7 +80,6 @@ def istio(
     templates: Annotated[
         Path | None, typer.Option("--templates", help="Template directory (default templates/istio).")
     ] = None,
-    old_host: Annotated[str | None, old_spelling("--host", new="--service-host")] = None,
 ) -> None:
     """Render the Istio VirtualService and DestinationRule (preheat isolation, A/B weights)."""
     from pydantic import ValidationError
@@ -87,9 +87,8 @@ def istio(
     from harness.analysis.deploy import IstioValues, check_istio, load_values, render_istio, write_outputs
     from harness.common.errors import ConfigError
 
-    host = renamed(service_host, old_host, new="--service-host", old="--host")
     given: dict[str, Any] = load_values(values) if values is not None else {}
-    for key, value in (("host", host), ("name", name), ("namespace", namespace), ("port", port)):
+    for key, value in (("host", service_host), ("name", name), ("namespace", namespace), ("port", port)):
         if value is not None:
             given[key] = value
     if ab is not None:

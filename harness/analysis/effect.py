@@ -206,7 +206,7 @@ def _preloads(
 def warm_start(preloads: Sequence[CorpusRecord], window: RefTrace) -> list[int]:
     """What ``preloads``, sent in order, leave in a prefix cache, as ``window`` key ids, least recently
     used first: the simulation's warm start is exactly what the target was sent. A finished sequence's
-    blocks are parked leaf first (:meth:`harness.engine.kv_cache.BlockManager.free`), so its root is
+    blocks are parked leaf first (:meth:`harness.target.engine.kv_cache.BlockManager.free`), so its root is
     its most recent; a block a later preload shares moves up with it."""
     order: dict[Hashable, None] = {}
     for rec in preloads:

@@ -49,7 +49,7 @@ from harness.analysis.references import IntArray, RefTrace
 from harness.common.errors import InputError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
-from harness.engine.kv_cache import FREQ_CAP, S3FifoEviction  # one S3-FIFO: the engine's constants
+from harness.target.engine.kv_cache import FREQ_CAP, S3FifoEviction  # one S3-FIFO: the engine's constants
 
 NEVER = np.iinfo(np.int64).max
 """Next-use position of a reference whose key is never used again."""

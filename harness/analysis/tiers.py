@@ -12,7 +12,7 @@ else it leads a new zone. Each zone's centroid is then the count-weighted mean o
 
 A zone is **hot** when density ≥ ``density_min`` (50) *and* entropy ≤ ``entropy_max`` (2.1), **warm**
 when exactly one holds and **cold** when neither does; an unknown entropy does not hold. Every
-query takes its zone's tier and the result is a :class:`harness.cache.policy.TierFile` (tier → TTL
+query takes its zone's tier and the result is a :class:`harness.target.cache.policy.TierFile` (tier → TTL
 and one entry per query, named by the prompt fingerprint the server stores with each completion),
 which ``harness serve --cache --tiers FILE`` loads.
 
@@ -34,13 +34,13 @@ import numpy as np
 import orjson
 from pydantic import Field, model_validator
 
-from harness.cache.api import Tier
-from harness.cache.policy import TierEntry, TierFile, TierTTLs
-from harness.cache.settings import CacheSettings
 from harness.common.embeddings import FloatMatrix
 from harness.common.errors import InputError
 from harness.common.io import iter_jsonl
 from harness.common.model import StrictModel
+from harness.target.cache.api import Tier
+from harness.target.cache.policy import TierEntry, TierFile, TierTTLs
+from harness.target.cache.settings import CacheSettings
 
 TIERS: tuple[Tier, ...] = ("hot", "warm", "cold")
 # Number of conditions met (dense, confident) → tier.
@@ -108,14 +108,14 @@ class Query:
 
 
 def _fp_chat(messages: list[dict[str, str]]) -> str:
-    from harness.server.prepare import prompt_fingerprint
+    from harness.target.server.prepare import prompt_fingerprint
 
     # What the server fingerprints for a chat request: role/content pairs, generation prompt on.
     return prompt_fingerprint(([{"role": m["role"], "content": m["content"]} for m in messages], True))
 
 
 def _fp_prompt(prompt: str) -> str:
-    from harness.server.prepare import prompt_fingerprint
+    from harness.target.server.prepare import prompt_fingerprint
 
     return prompt_fingerprint(prompt)
 

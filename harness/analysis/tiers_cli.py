@@ -53,7 +53,7 @@ def tiers(
         queries_from_corpus,
         queries_from_rows,
     )
-    from harness.cache.policy import TierTTLs
+    from harness.target.cache.policy import TierTTLs
 
     if corpus is not None and queries is None:
         qs = queries_from_corpus(corpus, run or [])

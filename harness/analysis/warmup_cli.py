@@ -12,7 +12,7 @@ from harness.analysis.cli_common import JSON_HELP, check_api, console, echo_json
 from harness.common.console import table
 from harness.common.errors import InputError
 from harness.common.io import write_json
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spellings
 from harness.load.options import LoadOptions, typer_options
 
 UNIT_HELP = "Cache unit: 'entries' (whole prompts) or 'blocks' (KV blocks from hash_ids)."
@@ -26,14 +26,17 @@ def _check_unit(unit: str) -> Any:
     return unit
 
 
-def _cache_size(given: list[int] | None, old: list[int] | int | None) -> list[int]:
-    """``--cache-size`` (``--capacity``, its old spelling, with a warning); required."""
-    sizes = renamed(given, [old] if isinstance(old, int) else old, new="--cache-size", old="--capacity")
-    if not sizes:
-        raise typer.BadParameter("Missing option '--cache-size'.", param_hint="--cache-size")
+CACHE_CAPACITY_OLD = ("--cache-size", "--capacity")
+"""The old spellings of ``--cache-capacity`` (``--capacity`` is the target's rate: docs/cli.md)."""
+
+
+def _cache_capacity(sizes: list[int]) -> list[int]:
+    """``--cache-capacity``'s values, each at least 1."""
     for size in sizes:
         if size < 1:
-            raise typer.BadParameter(f"a cache size is at least 1, not {size}", param_hint="--cache-size")
+            raise typer.BadParameter(
+                f"a cache capacity is at least 1, not {size}", param_hint="--cache-capacity"
+            )
     return sizes
 
 
@@ -48,17 +51,20 @@ def _warn_sampled(lines: list[dict[str, Any]]) -> None:
         )
 
 
+@old_spellings(cache_capacity=CACHE_CAPACITY_OLD, fmt="--format")
 def hitrate(
     *,
     trace: Annotated[
         Path, typer.Option("--trace", help="Request trace (Mooncake, …) or load run directory.")
     ],
-    cache_size: Annotated[
-        list[int] | None,
+    cache_capacity: Annotated[
+        list[int],
         typer.Option(
-            "--cache-size", help="Cache size in --unit (entries or blocks); repeatable.", show_default=False
+            "--cache-capacity",
+            help="How many entries or blocks (--unit) the cache holds; repeatable.",
+            show_default=False,
         ),
-    ] = None,
+    ],
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
     policy: Annotated[
         list[str] | None,
@@ -71,15 +77,16 @@ def hitrate(
     head: Annotated[
         float | None, typer.Option("--head", help="Only the first fraction of the requests (0–1].")
     ] = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="Trace format (default: detected).")] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--trace-format", help="Trace format (default: detected).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    old_capacity: Annotated[list[int] | None, old_spelling("--capacity", new="--cache-size")] = None,
 ) -> None:
     """Belady (MIN) hit-rate ceiling beside LRU and LFU at each cache size, from an empty cache."""
     from harness.analysis.references import load_refs
     from harness.analysis.sim import SIMULATORS, hitrate_report
 
-    capacity = _cache_size(cache_size, old_capacity)
+    capacity = _cache_capacity(cache_capacity)
     policies = policy or ["min", "lru", "lfu"]
     for p in policies:
         SIMULATORS.get(p)  # unknown names: a ConfigError listing the known ones
@@ -101,25 +108,30 @@ def hitrate(
 
 
 @typer_options("api", "model", "max_tokens_cap")  # as the replay will send them: the cache keys on them
+@old_spellings(
+    cache_capacity=CACHE_CAPACITY_OLD,
+    window_fraction="--window",
+    max_error_rate="--max-failure-rate",
+)
 def plan(
     *,
     trace: Annotated[Path, typer.Option("--trace", help="History: request trace or load run directory.")],
-    cache_size: Annotated[
-        int | None,
+    cache_capacity: Annotated[
+        int,
         typer.Option(
-            "--cache-size",
-            help="Size of the cache to warm, in --unit (entries or blocks).",
+            "--cache-capacity",
+            help="How many entries or blocks (--unit) the cache to warm holds.",
             show_default=False,
         ),
-    ] = None,
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("warmup-plan"),
     unit: Annotated[str, typer.Option("--unit", help=UNIT_HELP)] = "entries",
-    window: Annotated[
+    window_fraction: Annotated[
         float,
         typer.Option(
-            "--window",
-            help="Evaluation window: the history's last fraction; the plan judged on it is built from "
-            "the requests before it (with --eval: the eval trace's first fraction).",
+            "--window-fraction",
+            help="Evaluation window, a fraction: the history's last fraction; the plan judged on it is "
+            "built from the requests before it (with --eval: the eval trace's first fraction).",
         ),
     ] = 0.1,
     eval_trace: Annotated[
@@ -128,7 +140,9 @@ def plan(
     in_sample: Annotated[
         bool,
         typer.Option(
-            "--in-sample", help="Window = the history's first fraction, which the plan sees (upper bound)."
+            "--in-sample",
+            help="Evaluation window = the history's first --window-fraction, which the plan sees (upper "
+            "bound).",
         ),
     ] = False,
     predictor: Annotated[str, typer.Option("--predictor", help="recent, frequency or replay.")] = "recent",
@@ -143,14 +157,13 @@ def plan(
         Path | None, typer.Option("--corpus", help="Corpus replaying the history: enables preload.jsonl.")
     ] = None,
     stage_s: Annotated[float, typer.Option("--stage-s", help="Duration of each ladder stage.")] = 60.0,
-    max_failure_rate: Annotated[
-        float, typer.Option("--max-failure-rate", help="Tolerated failure rate per stage.")
+    max_error_rate: Annotated[
+        float, typer.Option("--max-error-rate", help="Tolerated error rate per ladder stage.")
     ] = 0.01,
     on_failure: Annotated[
         str, typer.Option("--on-failure", help="Ladder policy after a rollback: retry or stop.")
     ] = "retry",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    old_capacity: Annotated[int | None, old_spelling("--capacity", new="--cache-size")] = None,
     load: dict[str, Any],
 ) -> None:
     """Rank keys by predicted reuse, pick the preload set, write preload JSONL and the ladder plan.
@@ -162,7 +175,7 @@ def plan(
     from harness.analysis.warmup import PREDICTORS, ladder_plan, plan_warmup, preload_lines, write_preload
     from harness.load.plan import Policy, write_plan
 
-    (capacity,) = _cache_size([cache_size] if cache_size is not None else None, old_capacity)
+    (capacity,) = _cache_capacity([cache_capacity])
     PREDICTORS.get(predictor)
     if on_failure not in ("retry", "stop"):
         raise typer.BadParameter("expected 'retry' or 'stop'", param_hint="--on-failure")
@@ -175,14 +188,14 @@ def plan(
         raise typer.BadParameter(
             "--in-sample evaluates on the history itself, not --eval", param_hint="--eval"
         )
-    if not 0.0 < window < 1.0:
-        raise typer.BadParameter(f"{window} is not in (0, 1)", param_hint="--window")
-    win = load_refs(eval_trace, u).head(window) if eval_trace is not None else None
+    if not 0.0 < window_fraction < 1.0:
+        raise typer.BadParameter(f"{window_fraction} is not in (0, 1)", param_hint="--window-fraction")
+    win = load_refs(eval_trace, u).head(window_fraction) if eval_trace is not None else None
     report, _, requests = plan_warmup(
         history,
         capacity,
         window=win,
-        window_fraction=window,
+        window_fraction=window_fraction,
         in_sample=in_sample,
         predictor=predictor,
         tau_s=tau_s,
@@ -213,7 +226,7 @@ def plan(
     ladder = ladder_plan(
         history,
         stage_s=stage_s,
-        max_failure_rate=max_failure_rate,
+        max_failure_rate=max_error_rate,
         preload=preload_name,
         policy=Policy(on_failure="retry" if on_failure == "retry" else "stop", max_retries=1),
     )

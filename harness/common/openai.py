@@ -6,7 +6,7 @@ vLLM ``bench serve``, guidellm, genai-perf, LLMPerf), including vLLM's sampling 
 ``ignore_eos``, ``min_tokens`` …). Whether a *value* is supported (``n > 1``) is the server's
 decision, so a client gets "not supported" rather than "unknown field". ``tools`` / ``tool_choice``
 are always accepted (a load test of an agent's traffic must not be refused); what a model does with
-them is its chat template's (``harness.server.chat_output``).
+them is its chat template's (``harness.target.server.chat_output``).
 
 Response and chunk models are lenient (``extra="allow"``): the load stage parses responses of other
 servers too (vLLM, SGLang, OpenAI itself), which add fields of their own. ``usage.harness`` is our

@@ -16,6 +16,7 @@ default all the same.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,11 +29,11 @@ import typer
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+from typer.models import OptionInfo
 
 from harness.common import console
 
 _R = TypeVar("_R")
-_V = TypeVar("_V")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -44,7 +45,8 @@ class Flag:
     """The flag's spellings, the long one first (default: ``--field-name``). A boolean that defaults to
     true is given as ``"--flush/--no-flush"``."""
     deprecated: tuple[str, ...] = ()
-    """Old spellings that still work, with a warning naming the new one."""
+    """Old spellings that still work, hidden from the help, with one warning naming the new one
+    (:class:`Renamed`; a plain typer option's: :func:`old_spellings`)."""
     panel: str | None = None
     """The help panel (``--help`` groups options by panel)."""
     envvar: str | None = None
@@ -166,44 +168,161 @@ def _parameter(opt: Option, panel: str | None, required: bool, default: Any = No
     return inspect.Parameter(opt.name, kind, annotation=Annotated[typ, option], default=None)
 
 
-def _deprecated_parameter(opt: Option) -> inspect.Parameter | None:
-    """A hidden option taking the field's old spellings; the command warns when it is used."""
-    old = opt.flag.deprecated
-    if not old:
-        return None
-    option = typer.Option(*old, hidden=True, help=f"Deprecated: use {opt.long}.")
-    typ = _typer_type(opt)
-    return inspect.Parameter(
-        _deprecated_name(opt), inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[typ, option], default=None
-    )
-
-
-def _deprecated_name(opt: Option) -> str:
-    return f"deprecated__{opt.name}"
-
-
 def warn_deprecated(old: str, new: str) -> None:
-    """Say on stderr that ``old`` still works but is going away."""
+    """The one deprecation warning, on stderr: ``harness: warning: OLD is deprecated; use NEW``."""
     console.err().print(
-        f"[yellow]warning:[/] {old} is deprecated and will be removed: use {new}", highlight=False
+        f"harness: warning: {old} is deprecated; use {new}", markup=False, highlight=False, soft_wrap=True
     )
 
 
-def old_spelling(*names: str, new: str) -> Any:
-    """A hidden typer option taking the old spellings ``names`` of ``new`` (pair it with :func:`renamed`)."""
-    return typer.Option(*names, hidden=True, help=f"Deprecated: use {new}.", show_default=False)
+def _unset(value: Any) -> bool:
+    """``None`` or an empty list: an option not given."""
+    return value is None or value in ([], ())
 
 
-def renamed(value: _V, old_value: _V, *, new: str, old: str) -> _V:
-    """The value of an option renamed from ``old`` to ``new`` on a command written with plain typer
-    options (a hidden ``old`` option beside ``new``): ``old_value`` with a deprecation warning when
-    only the old spelling was given; both at once is an error. ``None`` or ``[]``: not given."""
-    if old_value is None or old_value == []:
-        return value
-    if value is not None and value != []:
-        raise typer.BadParameter(f"{old} is the old spelling of {new}: give one", param_hint=new)
-    warn_deprecated(old, new)
-    return old_value
+def _optional(typ: Any) -> Any:
+    """``typ | None`` (``typ`` itself where it takes ``None`` already)."""
+    if get_origin(typ) in (UnionType, Union) and type(None) in get_args(typ):
+        return typ
+    return typ | None
+
+
+def _typer_option(param: inspect.Parameter) -> tuple[Any, OptionInfo]:
+    """The type and the typer option of a parameter declared ``Annotated[TYPE, typer.Option(...)]``."""
+    ann = param.annotation
+    if get_origin(ann) is Annotated:
+        typ, *meta = get_args(ann)
+        for m in meta:
+            if isinstance(m, OptionInfo):
+                return typ, m
+    raise TypeError(
+        f"{param.name}: an option with old spellings is declared Annotated[TYPE, typer.Option(...)]"
+    )
+
+
+def _long_of(name: str, info: OptionInfo) -> str:
+    """The main flag of parameter ``name``'s typer option (``Option("--out", "-o")`` gives ``--out``).
+    In ``Annotated``, typer reads the option's first positional argument, its ``default``, as a flag."""
+    first = (info.default,) if isinstance(info.default, str) else ()
+    decls: list[str] = [*first, *(info.param_decls or ())]
+    longs = [d.split("/", 1)[0] for d in decls if d.startswith("--")]
+    return longs[0] if longs else (decls or [f"--{name.replace('_', '-')}"])[0]
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """An option renamed from its ``old`` spellings to ``new``: the one way the command line keeps an
+    old spelling working (:class:`Flag` ``deprecated=`` on a model field, :func:`old_spellings` on a
+    plain typer option). Each old spelling is a hidden option of its own beside the new one, with the
+    same type and checks; :meth:`take` turns what was given into the new option's value, with one
+    warning naming the spelling used (:func:`warn_deprecated`). Two spellings at once is an error."""
+
+    name: str
+    """The command function's parameter of the new option."""
+    new: str
+    old: tuple[str, ...]
+    default: Any = None
+    """The value when no spelling is given."""
+    required: bool = False
+    """One of the spellings must be given (typer cannot say so: either will do)."""
+
+    def hidden_name(self, old: str) -> str:
+        """The command function's parameter of the old spelling ``old``."""
+        return f"deprecated__{self.name}__{old.lstrip('-').replace('-', '_')}"
+
+    def hidden(self, param: inspect.Parameter) -> list[inspect.Parameter]:
+        """The hidden parameters of the old spellings of ``param`` (the new option's parameter)."""
+        typ, info = _typer_option(param)
+        out = []
+        for old in self.old:
+            option = copy.copy(info)
+            option.default = ...  # in Annotated, typer would take a default here for the first flag
+            option.param_decls = (old,)
+            option.hidden = True
+            option.help = f"Deprecated: use {self.new}."
+            option.show_default = False
+            option.envvar = None  # the variable fills the new option, not this one too
+            option.rich_help_panel = None
+            kind = inspect.Parameter.KEYWORD_ONLY
+            out.append(
+                inspect.Parameter(
+                    self.hidden_name(old), kind, annotation=Annotated[_optional(typ), option], default=None
+                )
+            )
+        return out
+
+    def take(self, values: dict[str, Any]) -> None:
+        """Resolve the spellings among a command's parsed ``values`` (by parameter): the old ones'
+        parameters are removed and the new one's holds the value given under any spelling."""
+        used = [(old, v) for old in self.old if not _unset(v := values.pop(self.hidden_name(old), None))]
+        value = values.get(self.name)
+        if used:
+            if not _unset(value) or len(used) > 1:
+                raise typer.BadParameter(
+                    f"{used[0][0]} is the old spelling of {self.new}: give one", param_hint=self.new
+                )
+            old, value = used[0]
+            warn_deprecated(old, self.new)
+        elif _unset(value):
+            if self.required:
+                raise typer.BadParameter(f"Missing option '{self.new}'.", param_hint=self.new)
+            value = self.default
+        values[self.name] = value
+
+
+def _replace_signature(
+    command: Callable[..., Any], sig: inspect.Signature, params: list[inspect.Parameter]
+) -> None:
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    del command.__wrapped__  # type: ignore[attr-defined]  # typer reads the signature, not the function's own
+
+
+def old_spellings(**renames: str | tuple[str, ...]) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+    """Keep the old spellings of a command's plain typer options working: ``@old_spellings(out="--output")``
+    (parameter → its old spelling, or a tuple of them), under ``@app.command``. Each old spelling is a
+    hidden option beside the new one (:class:`Renamed`): the command receives its value as the new
+    option's, after one warning; both at once is an error. (A field's option: ``Flag(deprecated=…)``.)
+    """
+
+    def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
+        sig = inspect.signature(func, eval_str=True)
+        params = dict(sig.parameters)
+        table: list[Renamed] = []
+        hidden: list[inspect.Parameter] = []
+        for name, old in renames.items():
+            assert name in params, f"{func.__name__} has no parameter {name}"
+            param = params[name]
+            typ, info = _typer_option(param)
+            assert typ is not bool, f"{func.__name__}: an old spelling of a switch is not supported"
+            required = param.default is inspect.Parameter.empty
+            default = None if required else param.default
+            renamed = Renamed(
+                name,
+                _long_of(name, info),
+                (old,) if isinstance(old, str) else old,
+                default,
+                required,
+            )
+            # The new option defaults to None ("not given", beside an old spelling); its help still
+            # shows the default the command applies.
+            option = copy.copy(info)
+            if default is not None and info.show_default is True:
+                option.show_default = str(default)
+            params[name] = param.replace(annotation=Annotated[_optional(typ), option], default=None)
+            hidden += renamed.hidden(param)
+            table.append(renamed)
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> _R:
+            for renamed in table:
+                renamed.take(kwargs)
+            return func(**kwargs)
+
+        _replace_signature(command, sig, [*params.values(), *hidden])
+        return command
+
+    return decorate
 
 
 def place(given: dict[str, Any], path: Sequence[str], value: Any) -> None:
@@ -224,8 +343,8 @@ def with_options(
 ) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Give a typer command the ``options`` (one flag each, typed and helped from its field) and hand
     it, as the keyword ``param``, a nested mapping of the options given on the command line or by
-    their environment variable (``{"load": {"rate": "4"}}``). Options given by a deprecated spelling
-    count as given, after a warning; both spellings at once is an error.
+    their environment variable (``{"load": {"rate": "4"}}``). An option given by an old spelling
+    (``Flag(deprecated=…)``) counts as given, after a warning; two spellings at once is an error.
 
     ``required``: options (by name) the command cannot run without (typer then says so);
     ``defaults``: the default the help shows where the command applies its own (by name).
@@ -236,10 +355,15 @@ def with_options(
     assert not dupes, f"two options share a name: {dupes}"
     must = set(required)
     own_default = dict(defaults or {})
-    # A required option with an old spelling is checked here, not by typer (either spelling will do).
-    late = {o.name for o in opts if o.name in must and o.flag.deprecated}
-    generated = [_parameter(o, panel, o.name in must - late, own_default.get(o.name)) for o in opts]
-    generated += [p for o in opts if (p := _deprecated_parameter(o)) is not None]
+    # A required option with an old spelling is checked by its Renamed, not by typer (either will do).
+    renames = _renames(opts, required=must)
+    generated = [_parameter(o, panel, o.name in must - renames.keys(), own_default.get(o.name)) for o in opts]
+    generated += [
+        h
+        for o, p in zip(opts, list(generated), strict=True)
+        if o.name in renames
+        for h in renames[o.name].hidden(p)
+    ]
 
     def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
         sig = inspect.signature(func, eval_str=True)
@@ -250,32 +374,45 @@ def with_options(
 
         @functools.wraps(func)
         def command(**kwargs: Any) -> _R:
-            given: dict[str, Any] = {}
-            for o in opts:
-                value = kwargs.pop(o.name)
-                old = kwargs.pop(_deprecated_name(o), None) if o.flag.deprecated else None
-                if old is not None and old != []:
-                    if value is not None and value != []:
-                        raise typer.BadParameter(
-                            f"{o.flag.deprecated[0]} is the old spelling of {o.long}: give one",
-                            param_hint=o.long,
-                        )
-                    warn_deprecated("/".join(o.flag.deprecated), o.long)
-                    value = old
-                if value is None or value == []:
-                    if o.name in late:
-                        raise typer.BadParameter(f"Missing option '{o.long}'.", param_hint=o.long)
-                    continue
-                place(given, o.path, value)
+            given = _take_given(kwargs, opts, renames)
             return func(**kwargs, **{param: given})
 
-        params = [*own, *generated]
-        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        del command.__wrapped__  # typer reads the signature above, not the function's own
+        _replace_signature(command, sig, [*own, *generated])
         return command
 
     return decorate
+
+
+def _renames(opts: Sequence[Option], *, required: Iterable[str] = ()) -> dict[str, Renamed]:
+    """The options among ``opts`` whose field has old spellings (``Flag(deprecated=…)``), by name."""
+    must = set(required)
+    return {
+        o.name: Renamed(o.name, o.long, o.flag.deprecated, required=o.name in must)
+        for o in opts
+        if o.flag.deprecated
+    }
+
+
+def _take_given(
+    values: dict[str, Any], opts: Sequence[Option], renames: Mapping[str, Renamed]
+) -> dict[str, Any]:
+    """Remove the ``opts``' parameters (an old spelling's too) from ``values`` and return the options
+    given as a nested mapping (old spellings resolved, with their warning)."""
+    given: dict[str, Any] = {}
+    for o in opts:
+        if o.name in renames:
+            renames[o.name].take(values)
+        value = values.pop(o.name, None)
+        if not _unset(value):
+            place(given, o.path, value)
+    return given
+
+
+def options_given(params: Mapping[str, Any], options: Sequence[Option]) -> dict[str, Any]:
+    """The options given among a parsed command line's ``params`` (a click context's, of a command
+    made by :func:`with_options`), as the nested mapping the command would receive."""
+    opts = list(options)
+    return _take_given(dict(params), opts, _renames(opts))
 
 
 def flag_for(options: Sequence[Option], path: Sequence[str]) -> str | None:

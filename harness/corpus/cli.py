@@ -10,6 +10,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CheckFailed, ConfigError, InputError
+from harness.common.options import old_spellings
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -28,6 +29,7 @@ DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
     epilog="Example: harness corpus build --scenarios runs/scenarios.json --n 60 --seed 0 "
     "--max-input-tokens 320 -o runs/corpus"
 )
+@old_spellings(dedup_threshold="--threshold")
 def build(  # noqa: PLR0917 - typer maps parameters to options
     out: Annotated[
         Path,
@@ -64,8 +66,12 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
     tokenizer: Annotated[
         Path | None, typer.Option("--tokenizer", help="Target tokenizer.json or checkpoint dir.")
     ] = None,
-    threshold: Annotated[
-        float | None, typer.Option("--threshold", help="Dedup cosine threshold (default 0.82).")
+    dedup_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--dedup-threshold",
+            help="Dedup: drop a request at least this cosine-similar to a kept one (default 0.82).",
+        ),
     ] = None,
     dedup_method: Annotated[
         str | None, typer.Option("--dedup-method", help="Embedding pair search: auto, exact or faiss.")
@@ -123,7 +129,7 @@ def build(  # noqa: PLR0917 - typer maps parameters to options
         CorpusSettings,
         seed=seed,
         tokenizer=tokenizer,
-        dedup_threshold=threshold,
+        dedup_threshold=dedup_threshold,
         dedup_method=dedup_method,
         max_input_tokens=max_input_tokens,
         block_tokens=block_tokens,
@@ -192,13 +198,9 @@ def _build_sessions(  # noqa: PLR0917 - the options of `build` that apply to ses
     settings: object,
     check: bool,
 ) -> None:
-    from harness.corpus.sessions import (
-        DEFAULT_SESSION_TEMPLATE,
-        SessionBuildInputs,
-        ThinkTime,
-        build_sessions,
-    )
+    from harness.corpus.sessions import DEFAULT_SESSION_TEMPLATE, SessionBuildInputs, build_sessions
     from harness.corpus.settings import CorpusSettings
+    from harness.corpus.timing import ThinkTime
 
     assert isinstance(settings, CorpusSettings)
     inputs = SessionBuildInputs(

@@ -78,7 +78,7 @@ T = TypeVar("T")
 
 CorpusReader = Reader[[Path, bytes], list[T]]
 """A log format of the corpus stage yielding ``T`` items (request logs: :class:`Utterance`; dialogue
-logs: :class:`harness.corpus.sessions.Dialogue`), the one reader type
+logs: :class:`harness.corpus.dialogues.Dialogue`), the one reader type
 (:class:`harness.common.formats.Reader`): ``sniff(name, head)`` sees the file's or its zip member's
 name and the first :data:`SNIFF_BYTES`, ``read(path, data)`` parses the whole payload."""
 LogReader = CorpusReader[Utterance]
@@ -368,7 +368,7 @@ class CrossWozMessage:
 
 def iter_crosswoz(path: Path, data: bytes) -> Iterator[tuple[str, list[CrossWozMessage]]]:
     """Each dialogue of a CrossWOZ file: its id and its messages, validated here once for both of
-    its readers (the utterances below, the sessions of :mod:`harness.corpus.sessions`)."""
+    its readers (the utterances below, the dialogues of :mod:`harness.corpus.dialogues`)."""
     doc = _json_doc(path, data, "CrossWOZ dialogues (id → dialogue)")
     if not isinstance(doc, dict):
         raise InputError("expected an object of dialogue id → dialogue", file=path)

@@ -6,7 +6,8 @@ latency: it measures a **base** (A) and a **candidate** (B) in the same job and 
 candidate ÷ base (:mod:`harness.gates.ab`).
 
 1. **check** every input before anything starts (the corpus, the load options, both targets' serve
-   arguments, the gate file, ``--out``): a mistake costs milliseconds (exit 3/4), not two model loads;
+   arguments, the gate file, ``--out``; :func:`harness.experiments.ab_spec.prepare`): a mistake costs
+   milliseconds (exit 3/4), not two model loads;
 2. **targets**: both are up for the whole run, each started from serve arguments (its log and cache
    state under ``OUT/server/<arm>/``) or reached at a URL;
 3. **capacity**: ``--rate 70%`` without ``--capacity`` measures the **base's** capacity first
@@ -39,9 +40,9 @@ candidate ÷ base (:mod:`harness.gates.ab`).
    ``--gate FILE``, the file's gates on the candidate's pooled cold blocks (``cold``) and warm pass
    (``warm``): its rates and bytes against their declared limits on any runner, its absolute
    latencies only where its fingerprint matches (skipped elsewhere, never failing the job). One
-   family-wise false-alarm rate covers every test and look (:func:`harness.gates.ab.levels`).
-   ``OUT/ab.json`` (:class:`ABRun`, rewritten after every step), ``OUT/gate.json`` and
-   ``OUT/gate.junit.xml``, and the exit code: 0 pass, 1 fail, 6 cannot be judged.
+   family-wise false-alarm rate covers every test and look (:func:`harness.gates.ab_stats.levels`).
+   ``OUT/ab.json`` (:class:`~harness.experiments.ab_record.ABRun`, rewritten after every step),
+   ``OUT/gate.json`` and ``OUT/gate.junit.xml``, and the exit code: 0 pass, 1 fail, 6 cannot be judged.
 
 By default every request carries ``Cache-Control: no-cache`` (``--bypass-cache``): the engine is
 measured, not a response cache answering from memory.
@@ -52,78 +53,55 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import orjson
-from pydantic import Field
 from rich.console import Console
 from rich.markup import escape
 
 from harness.common import console as cons
-from harness.common.errors import (
-    ConfigError,
-    ExitCode,
-    HarnessError,
-    InputError,
-)
+from harness.common.errors import ExitCode, HarnessError
 from harness.common.io import atomic_write, write_json
-from harness.common.model import StrictModel
 from harness.corpus.model import CorpusRecord
+from harness.experiments.ab_record import (
+    AB_FILE,
+    ARMS,
+    BLOCKS_DIR,
+    CANDIDATE_CAPACITY_DIR,
+    CAPACITY_DIR,
+    GATE_JSON,
+    GATE_JUNIT,
+    OUTPUTS,
+    SERVER_DIR,
+    WARM_DIR,
+    ABRun,
+    Arm,
+    BlockRecord,
+    CapacityNote,
+    GateNote,
+    LookRecord,
+    TargetRecord,
+)
+from harness.experiments.ab_spec import ABPlan, ABSpec, chosen_metrics, order, prepare
 from harness.experiments.capacity import CapacitySpec
 from harness.experiments.capacity_result import CapacityResult
-from harness.experiments.driver import (
-    Ui,
-    check_out_dir,
-    check_serve_args,
-    clear_out_dir,
-    open_target,
-    sigterm_interrupts,
-)
+from harness.experiments.driver import TargetSpec, Ui, clear_out_dir, open_targets, sigterm_interrupts
 from harness.experiments.paired_record import FlushRecord
 from harness.experiments.phase import PhaseResult, run_phase
-from harness.experiments.recipe import RECIPE_FILE, ABRecipe, Recipe, TargetRecipe, write_recipe
+from harness.experiments.recipe import write_recipe
 from harness.experiments.target import Target, flush_all
-from harness.gates.ab import (
-    DEFAULT_RESAMPLES,
-    DEFAULT_SEED,
-    ABJudgement,
-    judge_ab,
-    levels,
-    parse_ab_metrics,
-    reachable,
-)
-from harness.gates.baseline import Baseline, read_baseline
+from harness.gates.ab import ABJudgement, judge_ab, parse_ab_metrics
+from harness.gates.ab_stats import levels
+from harness.gates.baseline import Baseline
 from harness.gates.judge import EXIT_CODES, Overall
-from harness.gates.metrics import Metric
 from harness.gates.runs import ResultSet
-from harness.load.inputs import Inputs
-from harness.load.options import LoadOptions, Share
-from harness.load.results import InputRef
 from harness.load.runner import LoadSpec
 from harness.load.target import NotExposed
 
-Arm = Literal["base", "candidate"]
-ARMS: tuple[Arm, Arm] = ("base", "candidate")
-AB_FILE = "ab.json"
-BLOCKS_DIR = "blocks"
-SERVER_DIR = "server"
-WARM_DIR = "warm"
-CAPACITY_DIR = "capacity"
-CANDIDATE_CAPACITY_DIR = "capacity-candidate"
-GATE_JSON = "gate.json"
-GATE_JUNIT = "gate.junit.xml"
-OUTPUTS = (
-    *ARMS, BLOCKS_DIR, SERVER_DIR, WARM_DIR, CAPACITY_DIR, CANDIDATE_CAPACITY_DIR, AB_FILE, RECIPE_FILE,
-    GATE_JSON, GATE_JUNIT,
-)  # fmt: skip
-"""Everything ``harness ab`` writes under ``OUT`` (``--force`` removes exactly these)."""
-DEFAULT_BLOCK_REQUESTS = 50
-"""Requests per block when ``--block-requests`` is not given (fewer when the corpus is short)."""
 BLOCK_START_DELAY_S = 0.5
 """A block's start delay unless the recipe sets one: from the run's start to its first arrival."""
 
@@ -132,309 +110,13 @@ WARM_SPEEDUP = 3.0
 not depend on the load, and its requests are cache hits that cost the target little; at the blocks'
 own rate it took as long as all the blocks of a look."""
 
-UNUSED_LOAD: tuple[str, ...] = (
-    "schedule", "duration", "max_requests", "speedup", "plan", "preload", "until_precision",
-    "precision_on", "precision_confidence", "precision_min_samples", "history", "salt_per_pass",
-    "bypass_fraction",
-)  # fmt: skip
-"""Load options a recipe file may hold that an A/B run sets itself or has no use for (warned about,
-then unset): each block sends its own requests once, at the recipe's rate."""
-UNUSED_SECTIONS: tuple[str, ...] = ("warmup",)
-
-
-# ---- what a run is configured with, and the checks before it starts ---------------------------------
-
-
-@dataclass
-class ABSpec:
-    """An A/B run: the :class:`~harness.experiments.recipe.Recipe` it runs (its ``ab`` section, load,
-    launcher, ``capacity`` section when a share of capacity is asked for, and ``gate``), where its
-    results go, and the runner's own settings."""
-
-    recipe: Recipe
-    out: Path
-    force: bool = False
-    source: Path | None = None
-    """The recipe file it was read from (``None``: flags only)."""
-    server_timeout_s: float = 300.0
-    resamples: int = DEFAULT_RESAMPLES
-    seed: int = DEFAULT_SEED
-    """Seed of the verdict's bootstrap."""
-
-    @property
-    def ab(self) -> ABRecipe:
-        return self.recipe.ab
-
-    def targets(self) -> dict[Arm, TargetRecipe]:
-        """Both arms' targets: the ``ab`` section's, the base falling back to the recipe's ``target``."""
-        base = self.ab.side("base")
-        if base is None and (self.recipe.target.serve_args is not None or self.recipe.target.url is not None):
-            base = self.recipe.target
-        if base is None:
-            raise ConfigError(
-                "no base target", field="--base-serve-args", hint='--base-serve-args "--preset tiny --cache" '
-                "or --base-url http://host:port",
-            )  # fmt: skip
-        candidate = self.ab.side("candidate")
-        if candidate is None:
-            raise ConfigError(
-                "no candidate target", field="--candidate-serve-args",
-                hint="--candidate-serve-args ARGS or --candidate-url http://host:port",
-            )  # fmt: skip
-        if base.url is not None and base.url.rstrip("/") == (candidate.url or "").rstrip("/"):
-            raise ConfigError(
-                "the base and the candidate are the same server: the second arm would find the first one's "
-                "requests in its caches", field="--candidate-url",
-                hint="for an A/A check, start two with the same serve args",
-            )  # fmt: skip
-        return {"base": base, "candidate": candidate}
-
-    def measures_capacity(self) -> bool:
-        """``--rate N%`` without ``--capacity``: the base's capacity is measured first."""
-        load = self.recipe.load
-        return isinstance(load.rate, Share) and load.capacity is None
-
-    def unused(self) -> list[str]:
-        """The recipe's settings an A/B run does not use (``load.duration``, ``warmup.plan`` …)."""
-        r = self.recipe
-        out = [f"load.{name}" for name in UNUSED_LOAD if r.load.is_set(name)]
-        out += [f"{s}.{name}" for s in UNUSED_SECTIONS for name in sorted(getattr(r, s).model_fields_set)]
-        if not self.measures_capacity():
-            out += [f"capacity.{name}" for name in sorted(r.capacity.model_fields_set)]
-        return out
-
-
-@dataclass
-class ABPlan:
-    """What the checks read and decided, for the run."""
-
-    load: LoadOptions
-    """Every block's load options but its corpus, size, stage and results directory."""
-    blocks: list[list[CorpusRecord]]
-    """Block pair ``j``'s records (distinct prompts; no two pairs share one), for every look."""
-    distinct: int
-    """Distinct prompts in the corpus."""
-    rate_rps: float | None
-    """Each block's rate; ``None`` until the base's capacity is measured (:attr:`share`)."""
-    serve_args: dict[Arm, list[str] | None]
-    targets: dict[Arm, TargetRecipe]
-    corpus: InputRef
-    share: Share | None = None
-    """``--rate N%`` of the base's capacity, measured in the run."""
-    baseline: Baseline | None = None
-    """``--gate FILE``: judged on the candidate's pooled blocks and warm pass."""
-
-
-def order(blocks: int) -> list[tuple[int, Arm]]:
-    """``(pair, arm)`` in the order they run: A B, B A, A B, … (pairs numbered from 1)."""
-    out: list[tuple[int, Arm]] = []
-    for j in range(blocks):
-        first, second = ARMS if j % 2 == 0 else ARMS[::-1]
-        out += [(j + 1, first), (j + 1, second)]
-    return out
-
-
-def distinct_records(records: list[CorpusRecord], corpus: Path) -> list[CorpusRecord]:
-    """One record per prompt, in corpus order; ids must then be unique (they pair the arms' requests)."""
-    seen: set[str] = set()
-    out: list[CorpusRecord] = []
-    for r in records:
-        key = r.text()
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    ids: dict[str, int] = {}
-    for i, r in enumerate(out):
-        if r.id in ids:
-            raise InputError(
-                f"two distinct prompts share the id {r.id!r}: an A/B run pairs the arms' requests by id",
-                file=corpus, field="id",
-            )  # fmt: skip
-        ids[r.id] = i
-    return out
-
-
-def prepare(spec: ABSpec) -> ABPlan:
-    """Check every input and option before a server starts or a request is sent; the plan."""
-    check_out_dir(spec.out, OUTPUTS, force=spec.force, holds="an earlier A/B run")
-    targets = spec.targets()
-    load = spec.recipe.load.evolve(**dict.fromkeys(UNUSED_LOAD))
-    if load.corpus is None:
-        raise ConfigError("no corpus to replay", field="--corpus", hint="--corpus runs/corpus")
-    if load.rate is None:
-        raise ConfigError(
-            "an A/B run sends every block at a constant rate", field="--rate",
-            hint="--rate 4 (requests/s), or --rate 70% (of the base's capacity, measured first)",
-        )  # fmt: skip
-    share = load.rate if spec.measures_capacity() and isinstance(load.rate, Share) else None
-    if share is not None:
-        from harness.experiments.capacity import check_spec
-
-        check_spec(CapacitySpec(spec.recipe, out=spec.out / CAPACITY_DIR))  # the SLO, before anything starts
-    # The load stage's own checks (a tokenizer …) on the corpus, read once; a share of a capacity still
-    # to be measured is checked at a placeholder capacity.
-    probe = load.evolve(max_requests=1, capacity=1.0) if share is not None else load.evolve(max_requests=1)
-    inputs = Inputs.load(probe, ladder=False)
-    corpus_file = load.corpus / "corpus.jsonl" if load.corpus.is_dir() else load.corpus
-    if inputs.sessions is not None:
-        raise ConfigError(
-            "an A/B run replays single requests; a session corpus's turns depend on each other's answers",
-            file=corpus_file, field="--corpus",
-        )  # fmt: skip
-    distinct = distinct_records(inputs.records, corpus_file)
-    ab = spec.ab
-    pairs = ab.blocks * ab.looks
-    n = ab.block_requests
-    if n is None:
-        n = min(DEFAULT_BLOCK_REQUESTS, len(distinct) // pairs)
-    if n < 1 or n * pairs > len(distinct):
-        raise ConfigError(
-            f"{ab.looks} look(s) of {ab.blocks} block pairs of {n} distinct requests need {pairs * n}; the "
-            f"corpus has {len(distinct)} distinct prompts",
-            field="--block-requests" if ab.block_requests is not None else "--blocks",
-            hint="fewer --looks, --blocks or --block-requests, or a larger corpus (harness corpus build --n)",
-        )
-    if ab.warm_requests > n * pairs:
-        raise ConfigError(
-            f"a warm pass of {ab.warm_requests} requests a side needs as many block requests; the blocks "
-            f"hold {n * pairs}", field="--warm-requests",
-        )  # fmt: skip
-    # Seeded, so the blocks are a fair sample of a corpus ordered by scenario, and a rerun sends the same.
-    picked = np.random.default_rng(load.seed).permutation(len(distinct))[: n * pairs]
-    blocks = [[distinct[i] for i in sorted(picked[j * n : (j + 1) * n].tolist())] for j in range(pairs)]
-    rate = None if share is not None else inputs.rate
-    serve_args: dict[Arm, list[str] | None] = {}
-    for arm in ARMS:
-        argv = targets[arm].serve_argv()
-        serve_args[arm] = None if argv is None else _checked_serve_args(argv, arm)
-    baseline = read_baseline(spec.recipe.gate.baseline) if spec.recipe.gate.baseline is not None else None
-    return ABPlan(
-        load, blocks, len(distinct), rate, serve_args, targets, InputRef.of(corpus_file), share, baseline
-    )
-
-
-def _checked_serve_args(argv: list[str], arm: Arm) -> list[str]:
-    try:
-        return check_serve_args(argv)
-    except ConfigError as exc:
-        raise ConfigError(exc.message, field=f"--{arm}-serve-args", hint=exc.hint) from None
-
-
-# ---- what ab.json holds -----------------------------------------------------------------------------
-
-
-class TargetRecord(StrictModel):
-    url: str
-    model: str | None
-    started: bool
-    serve_args: list[str] | None = None
-    log: str | None = None
-
-
-class BlockRecord(StrictModel):
-    """One block: one arm's replay of one pair's requests (``pair`` 0: the arm's warm pass)."""
-
-    pair: int
-    arm: Arm
-    dir: str
-    exit_code: int
-    seconds: float
-    requests: int = 0
-    errors: int = 0
-    client_bound: bool = False
-    interrupted: bool = False
-
-
-class LookRecord(StrictModel):
-    """One look at the verdict: after how many block pairs, what it said, and how long the blocks took."""
-
-    look: int
-    block_pairs: int
-    verdict: str
-    headline: str
-    seconds: float
-
-
-class CapacityNote(StrictModel):
-    """The base's capacity, measured in the run, and the rate both arms got from it; the candidate's,
-    measured the same way (so both arms have served the same probe traffic before the first block)."""
-
-    capacity_rps: float
-    share: float
-    rate_rps: float
-    file: str
-    bounded: bool | None = None
-    candidate_capacity_rps: float | None = None
-    """Information, not judged: a capacity search's resolution (its bisection) is coarser than the
-    ratios the blocks measure."""
-    candidate_file: str | None = None
-    candidate_reason: str | None = None
-
-
-class GateNote(StrictModel):
-    """``--gate FILE`` judged on the candidate: its verdict and where it is written."""
-
-    baseline: str
-    verdict: str
-    exit_code: int
-    counts: dict[str, int]
-    confidence: float
-    """Each gate's two-sided confidence: ``1 − 2α / tests`` (its share of the family's α)."""
-    file: str
-
-
-class ABRun(StrictModel):
-    """``OUT/ab.json``: what the A/B run did, rewritten after every step, and its verdict."""
-
-    schema_version: Literal[1] = 1
-    started_at: str
-    finished_at: str | None = None
-    out: str
-    corpus: InputRef | None = None
-    distinct_requests: int | None = None
-    block_pairs: int
-    """Block pairs a look."""
-    looks_planned: int = 1
-    block_requests: int | None = None
-    rate_rps: float | None = None
-    capacity: CapacityNote | None = None
-    bypass_cache: bool
-    load: list[str] = Field(default_factory=list)
-    """Every block's load options as flags (its corpus, size and stage aside; secrets never)."""
-    unused: list[str] = Field(default_factory=list)
-    """The recipe's settings an A/B run does not use."""
-    order: list[str] = Field(default_factory=list)
-    """The blocks in the order they run (``base/01``, ``candidate/01``, ``candidate/02`` …)."""
-    targets: dict[str, TargetRecord] = Field(default_factory=dict)
-    flush: dict[str, list[FlushRecord]] = Field(default_factory=dict)
-    blocks: list[BlockRecord] = Field(default_factory=list)
-    looks: list[LookRecord] = Field(default_factory=list)
-    stop_reason: str | None = None
-    """Why the blocks stopped: a look decided, the budget, or the last look."""
-    warm: list[BlockRecord] = Field(default_factory=list)
-    judgement: ABJudgement | None = None
-    gate: GateNote | None = None
-    verdict: str | None = None
-    exit_code: int | None = None
-    message: str | None = None
-    interrupted: bool = False
-
-
-def chosen_metrics(ab: ABRecipe, pairs: int) -> tuple[list[Metric], list[str]]:
-    """The metrics an A/B run of ``pairs`` request pairs judges, and the notes of those it leaves out:
-    metrics named (``--metrics`` or the recipe) are all judged; of the defaults, only those the
-    design can reach (:func:`harness.gates.ab.reachable`)."""
-    metrics = parse_ab_metrics(ab.metrics)
-    if "metrics" in ab.model_fields_set:
-        return metrics, []
-    return reachable(metrics, pairs)
-
 
 # ---- running ----------------------------------------------------------------------------------------
 
 
 class ABRunner:
-    """Runs one :class:`ABSpec` (the module docstring's steps); :meth:`run` returns the record."""
+    """Runs one :class:`~harness.experiments.ab_spec.ABSpec` (the module docstring's steps); :meth:`run`
+    returns the record."""
 
     def __init__(self, spec: ABSpec, console: Console | None = None) -> None:
         self.spec = spec
@@ -522,28 +204,21 @@ class ABRunner:
 
     @contextmanager
     def _targets(self, plan: ABPlan) -> Iterator[dict[Arm, Target]]:
-        """Both arms' targets, up at once for the whole run (base first; each stopped on every exit
-        path, the candidate first)."""
+        """Both arms' targets, up at once for the whole run (both servers started together, the base
+        first; each stopped on every exit path, the candidate first)."""
         creds = plan.load.credentials()
-        with ExitStack() as stack:
-            out: dict[Arm, Target] = {}
-            for arm in ARMS:
-                log_dir = self.out / SERVER_DIR / arm
-                self.ui.say(f"[bold]{arm}[/]")
-                target = stack.enter_context(
-                    open_target(
-                        plan.targets[arm].url, plan.serve_args[arm], log_dir, self.ui,
-                        self.spec.server_timeout_s, credentials=creds,
-                    )
-                )  # fmt: skip
+        specs = [TargetSpec(plan.targets[a].url, plan.serve_args[a], self.out / SERVER_DIR / a) for a in ARMS]
+        with open_targets(specs, self.ui, self.spec.server_timeout_s, credentials=creds) as opened:
+            out = dict(zip(ARMS, opened, strict=True))
+            for arm, target in out.items():
                 started = target.server is not None
                 self.record.targets[arm] = TargetRecord(
                     url=target.url, model=target.model, started=started,
                     serve_args=plan.serve_args[arm] if started else None,
-                    log=str(log_dir / "server.log") if started else None,
+                    log=str(self.out / SERVER_DIR / arm / "server.log") if started else None,
                 )  # fmt: skip
-                self.save()
-                out[arm] = target
+                self.ui.say(f"[bold]{arm}[/]: {escape(target.url)}")
+            self.save()
             yield out
 
     def _capacity(self, plan: ABPlan, targets: dict[Arm, Target]) -> ABPlan:

@@ -73,7 +73,9 @@ def ab(
 
     Exit 0 pass, 1 fail, 6 cannot be judged.
     """
-    from harness.experiments.ab import AB_FILE, ABRunner, ABSpec
+    from harness.experiments.ab import ABRunner
+    from harness.experiments.ab_record import AB_FILE
+    from harness.experiments.ab_spec import ABSpec
     from harness.gates.ab import ab_table
 
     resolved = check_corpus(resolve(recipe, given, AB_OPTIONS), recipe)

@@ -95,7 +95,8 @@ def history_runs(folder: Path, *, most: int | None = None, say: Callable[[str], 
     from harness.experiments.paired_record import RUN_FILE, PairedRun
     from harness.gates.calibration import MIN_RUNS
     from harness.gates.fingerprints import summary_differences
-    from harness.load.results import RECORDS_FILE, SUMMARY_FILE, read_summary
+    from harness.load.results import RECORDS_FILE
+    from harness.load.run_summary import SUMMARY_FILE, read_summary
 
     if not folder.is_dir():
         raise ConfigError("no such directory", file=folder, field="--from-runs")

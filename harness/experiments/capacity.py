@@ -6,7 +6,7 @@ pacer (:func:`harness.load.runner.run_locust`), kept as an ordinary run director
 ``max(--probe-requests, r · --probe-seconds)`` requests. Before the first, a short sequential
 calibration (a few requests one at a time) picks the start rate unless ``--min-rate`` is given.
 
-The pieces: the SLO and a probe's verdict (:mod:`harness.experiments.slo`), the search and its fit
+The pieces: the SLO and a probe's verdict (:mod:`harness.gates.slo`), the search and its fit
 (:mod:`harness.experiments.capacity_search`), the answer (:mod:`harness.experiments.capacity_result`).
 Exit codes (:attr:`CapacityResult.exit_code`): 0 a rate meets the SLO (``bounded: false`` when none
 failed up to ``--max-rate``: "at least"); 1 not even the lowest rate does; 6 the lowest rate could
@@ -48,7 +48,8 @@ from harness.experiments.driver import (
 )
 from harness.experiments.phase import run_phase
 from harness.experiments.recipe import RECIPE_FILE, CapacityRecipe, Recipe, write_recipe
-from harness.experiments.slo import (
+from harness.experiments.target import Target, flush_all
+from harness.gates.slo import (
     ProbeResult,
     ProbeSamples,
     SloTerm,
@@ -57,7 +58,6 @@ from harness.experiments.slo import (
     precision_on,
     probe_min_requests,
 )
-from harness.experiments.target import Target, flush_all
 from harness.load.arrivals import RequestSpec
 from harness.load.runner import LoadSpec
 

@@ -17,7 +17,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
-from harness.common.options import with_options
+from harness.common.options import old_spellings, with_options
 from harness.experiments.recipe import (
     CAPACITY_LOAD_FLAGS,
     RecipeFile,
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 stderr = cons.err()
 COMMAND_SETTINGS = {
     "capacity": {
-        "epilog": 'Example: harness capacity --corpus runs/corpus --max-tokens-cap 16 --slo "ttft_p95<=3x" '
-        "-o runs/capacity",
+        "epilog": "Example: harness capacity --corpus runs/corpus --max-tokens-cap 16 "
+        '--slo "ttft_from_intended_p95<=3x" -o runs/capacity',
     }
 }
 """How ``harness/cli.py`` registers the command."""
@@ -47,6 +47,7 @@ CAPACITY_OPTIONS = recipe_options(load=CAPACITY_LOAD_FLAGS, sections=("capacity"
 
 
 @with_options(CAPACITY_OPTIONS, panel=LOAD_PANEL, defaults={"concurrency": "a probe's requests, ≤ 512"})
+@old_spellings(json_out="--json")  # --json took a path before it became a switch on every command
 def capacity(
     *,
     given: dict[str, Any],
@@ -58,7 +59,6 @@ def capacity(
         Path | None,
         typer.Option("--json-out", help="Also write the answer (capacity.json) here.", show_default=False),
     ] = None,
-    json_old: Annotated[Path | None, typer.Option("--json", hidden=True)] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an earlier search's results in OUT.")
     ] = False,
@@ -72,13 +72,9 @@ def capacity(
     Exit 0 found, 1 no rate meets the SLO, 6 cannot be judged.
     """
     from harness.common.io import write_json
-    from harness.common.options import warn_deprecated
     from harness.experiments.capacity import CapacityRunner, CapacitySpec
     from harness.experiments.capacity_result import answer_line
 
-    if json_old is not None:  # --json took a path before it became a switch on every command
-        warn_deprecated("--json PATH", "--json-out PATH")
-        json_out = json_out or json_old
     resolved = check_corpus(resolve(recipe, given, CAPACITY_OPTIONS), recipe)
     spec = CapacitySpec(resolved, out=out, force=force)
     result = CapacityRunner(spec, stderr).run()

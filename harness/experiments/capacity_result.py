@@ -13,14 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.common.model import StrictModel
-from harness.experiments.slo import ProbeResult, SloTerm, Verdict
+from harness.gates.slo import ProbeResult, SloTerm, Verdict
 
 CAPACITY_FILE = "capacity.json"
 
 
 class ErrorCount(StrictModel):
     """Failed requests among those sent, and their share with its exact (Clopper–Pearson) interval at
-    ``confidence``, as the gates' ``error_rate`` computes it (:func:`harness.gates.metrics.rate_interval`)."""
+    ``confidence``, as the gates' ``error_rate`` computes it
+    (:func:`harness.gates.measurement.rate_interval`)."""
 
     errors: int
     requests: int
@@ -32,7 +33,7 @@ class ErrorCount(StrictModel):
 
     @classmethod
     def of(cls, errors: int, requests: int, confidence: float) -> ErrorCount:
-        from harness.gates.metrics import rate_interval
+        from harness.gates.measurement import rate_interval
 
         if requests <= 0:
             return cls(errors=0, requests=0, rate=None, lo=None, hi=None, confidence=confidence)

@@ -26,7 +26,7 @@ import numpy as np
 
 from harness.common.errors import ConfigError, ExitCode
 from harness.experiments.capacity_result import Calibration, CapacityResult, ErrorCount
-from harness.experiments.slo import ProbeResult, ProbeSamples, SloTerm, judge_probe, resolve_limits
+from harness.gates.slo import ProbeResult, ProbeSamples, SloTerm, judge_probe, resolve_limits
 
 CLIFF_FACTOR = 3.0
 """A failing probe this many times beyond a limit, next to a passing one within half of it: a cliff."""

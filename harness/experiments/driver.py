@@ -41,6 +41,7 @@ from harness.common.errors import (
 )
 from harness.experiments.target import Target
 from harness.load.target import TargetClient
+from harness.target.server.launch import ServerProcess, StartingServer, spawn_server
 
 MODELS_TIMEOUT_S = 30.0
 """How long a ``--url`` target may take to list its models (the first call: it proves it is there)."""
@@ -59,7 +60,7 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
     a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
     server runs in its log directory."""
     from harness.common.options import parse_command_line
-    from harness.server.cli import serve
+    from harness.target.server.cli import serve
 
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -133,29 +134,67 @@ def open_target(
     A server started here is keyed with ``credentials`` (through its environment) and always gets an
     admin token: the one given, else a fresh random one that only this run knows, so that nothing
     else on the machine can flush or preload its caches meanwhile."""
-    from harness.server.launch import running_server
+    with open_targets(
+        [TargetSpec(url, serve_args, log_dir)], ui, server_timeout_s, credentials=credentials
+    ) as (target,):
+        yield target
 
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    """A target to open: at ``url``, or ``harness serve SERVE_ARGS`` logging into ``log_dir``."""
+
+    url: str | None
+    serve_args: Sequence[str] | None
+    log_dir: Path
+
+
+@contextmanager
+def open_targets(
+    specs: Sequence[TargetSpec],
+    ui: Ui,
+    server_timeout_s: float,
+    *,
+    credentials: Credentials | None = None,
+) -> Iterator[list[Target]]:
+    """:func:`open_target` for each of ``specs``, in order, with every server spawned before any is
+    waited for (two start-ups, ~8 s each on 2 cores, overlap); stopped in the reverse order."""
     creds = credentials if credentials is not None else Credentials()
-    if url is not None:
-        client = TargetClient(url, creds)
-        with ui.step(f"target {url}"):
-            model = client.first_model(timeout_s=MODELS_TIMEOUT_S)
-        yield Target(client, model=model)
-        return
-    assert serve_args is not None
-    # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of an
-    # earlier run must not leak into this one.
-    if creds.admin_token is None:
-        creds = dataclasses.replace(creds, admin_token=secrets.token_urlsafe(32))
-    env = {"HARNESS__RUN_DIR": str((log_dir / "state").resolve()), **creds.server_env()}
-    ui.say(f"[dim]$ harness serve {escape(shlex.join(serve_args))}[/]")
     with ExitStack() as stack:
-        with ui.step("starting harness serve"):
-            server = stack.enter_context(
-                running_server(serve_args, log_dir=log_dir, env=env, timeout_s=server_timeout_s)
-            )
-        ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
-        yield Target(TargetClient(server.url, creds), model=server.model, server=server)
+        starting: dict[int, tuple[StartingServer, Credentials]] = {}
+        for i, spec in enumerate(specs):
+            if spec.url is not None:
+                continue
+            assert spec.serve_args is not None
+            # Its own run directory: the cache's persisted state (L3, Bloom) and the embedded Redis of
+            # an earlier run must not leak into this one.
+            keyed = creds
+            if keyed.admin_token is None:
+                keyed = dataclasses.replace(creds, admin_token=secrets.token_urlsafe(32))
+            env = {"HARNESS__RUN_DIR": str((spec.log_dir / "state").resolve()), **keyed.server_env()}
+            ui.say(f"[dim]$ harness serve {escape(shlex.join(spec.serve_args))}[/]")
+            child = spawn_server(spec.serve_args, log_dir=spec.log_dir, env=env)
+            stack.callback(child.kill)  # until it serves, and after any error: a no-op once stopped
+            starting[i] = (child, keyed)
+        targets: list[Target] = []
+        for i, spec in enumerate(specs):
+            if spec.url is not None:
+                client = TargetClient(spec.url, creds)
+                with ui.step(f"target {spec.url}"):
+                    model = client.first_model(timeout_s=MODELS_TIMEOUT_S)
+                targets.append(Target(client, model=model))
+                continue
+            child, keyed = starting[i]
+            with ui.step("starting harness serve"):
+                server = child.wait(server_timeout_s)
+            stack.callback(_stop, server, ui)
+            ui.say(f"[green]✓[/] serving {escape(server.model)} at {server.url}")
+            targets.append(Target(TargetClient(server.url, keyed), model=server.model, server=server))
+        yield targets
+
+
+def _stop(server: ServerProcess, ui: Ui) -> None:
+    server.stop()
     ui.say("[green]✓[/] server stopped")
 
 

@@ -148,7 +148,7 @@ class PairedRunner:
     def __init__(self, spec: PairedSpec, console: Console | None = None) -> None:
         self.spec = spec
         # Absolute: the server runs in its log directory, so a relative ready-file path given to it
-        # would be resolved there (harness.server.launch passes the path through as it is).
+        # would be resolved there (harness.target.server.launch passes the path through as it is).
         self.out = spec.out.resolve()
         self.ui = Ui(console or cons.err())
         self.record = PairedRun(started_at=datetime.now(UTC).isoformat(), out=str(spec.out))

@@ -20,7 +20,7 @@ from harness.experiments.recipe import RECIPE_FILE
 from harness.experiments.target import FlushOutcome
 from harness.experiments.warmcheck import WarmCheck
 from harness.gates.judge import GateReport
-from harness.load.results import InputRef
+from harness.load.run_summary import InputRef
 
 PHASES = ("cold", "ladder", "warm")
 """Result directories under ``OUT``, in the order they are written."""

@@ -21,7 +21,7 @@ from harness.experiments.paired_record import OUTPUTS
 from harness.experiments.recipe import Recipe
 from harness.load.inputs import Inputs
 from harness.load.options import Share
-from harness.load.results import InputRef
+from harness.load.run_summary import InputRef
 from harness.load.runner import LoadSpec
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from rich.markup import escape
 
 from harness.common.errors import ExitCode, TargetDied, UnavailableError
 from harness.experiments.driver import ERRORS_BY_CODE, Ui, log_tail
-from harness.load.results import RECORDS_FILE, SUMMARY_FILE, RunSummary, read_summary
+from harness.load.results import RECORDS_FILE
+from harness.load.run_summary import SUMMARY_FILE, RunSummary, read_summary
 from harness.load.runner import LoadSpec, run_locust
 
 

@@ -44,9 +44,9 @@ from harness.common.errors import ConfigError
 from harness.common.io import atomic_write, read_yaml, yaml_line
 from harness.common.model import StrictModel
 from harness.common.options import Flag, Option, flag_for, merge, options_of
-from harness.experiments.slo import DEFAULT_SLO, parse_slo
 from harness.experiments.warmcheck import SEED_WARM_RATE
 from harness.gates.ab import DEFAULT_METRICS, parse_ab_metrics
+from harness.gates.slo import DEFAULT_SLO, parse_slo
 from harness.load.options import LaunchOptions, LoadOptions
 
 RECIPE_FILE = "recipe.yaml"
@@ -340,6 +340,15 @@ class Recipe(StrictModel):
 
 # ---- the commands' options ------------------------------------------------------------------------
 
+EITHER: tuple[tuple[str, str, str], ...] = (
+    ("target", "url", "serve_args"),
+    ("ab", "base_url", "base_serve_args"),
+    ("ab", "candidate_url", "candidate_serve_args"),
+)
+"""``(section, one, other)``: a target is a server to use or one to start, never both. A flag that
+gives one replaces the recipe file's other (flags override the file: ``--candidate-url`` on the CI
+recipe, which starts its candidate, uses that server instead)."""
+
 RUN_OWN = frozenset({"results_dir", "stage", "warmup_id"})
 """Load options a run sets itself, per phase or probe: not the recipe's."""
 LOAD_FLAGS: tuple[str, ...] = (
@@ -410,6 +419,10 @@ def resolve(file: Path | None, given: Mapping[str, Any], options: Sequence[Optio
     if file is not None:
         data = read_yaml(file, expected="a recipe (target, load, warmup, capacity, gate)", error=ConfigError)
         _check_no_secrets(file, data)
+    for section, *pair in EITHER:
+        for one, other in (pair, pair[::-1]):
+            if _at(given, (section, one)) and _at(data, (section, other)):
+                data = {**data, section: {k: v for k, v in data[section].items() if k != other}}
     merged = merge(data, given)
     for key in RUN_OWN:
         if key in merged.get("load", {}):

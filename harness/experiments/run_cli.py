@@ -93,7 +93,7 @@ def parse_run_args(args: list[str]) -> tuple[Path | None, dict[str, Any]]:
     options given, parsed by ``harness run``'s own command line (``--out``, ``--force`` and
     ``--gate`` are calibration's to set, and refused)."""
     from harness.common.errors import ConfigError
-    from harness.common.options import parse_command_line, place
+    from harness.common.options import options_given, parse_command_line
 
     ctx = parse_command_line(run, args, prog="harness run", field="--")
     for name in ("--out", "-o", "--force", "--gate"):
@@ -101,12 +101,6 @@ def parse_run_args(args: list[str]) -> tuple[Path | None, dict[str, Any]]:
             raise ConfigError(
                 f"{name} is set by calibrate itself (each run goes to WORKDIR/cal-K; no gate)", field=name
             )
-    given: dict[str, Any] = {}
-    for opt in RUN_OPTIONS:
-        value = ctx.params.get(opt.name)
-        if value is None or value == []:
-            value = ctx.params.get(f"deprecated__{opt.name}")
-        if value is not None and value != []:
-            place(given, opt.path, value)
+    given = options_given(ctx.params, RUN_OPTIONS)  # an old spelling among them: with its warning
     recipe = ctx.params.get("recipe")
     return recipe, given

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from harness.common.auth import Credentials
 from harness.common.registry import Registry
 from harness.load.target import NotExposed, TargetClient
-from harness.server.launch import ServerProcess
+from harness.target.server.launch import ServerProcess
 
 
 @dataclass

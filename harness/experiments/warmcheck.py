@@ -13,7 +13,7 @@ probes cannot call a target warm, they say so and how many would):
 ``kv``
     the engine's prefix cache: probe requests sent with ``Cache-Control: no-cache`` (past any
     response cache, and storing nothing there) report ``cached_tokens > 0``. A target that reports
-    no ``cached_tokens`` but whose ``/metrics`` has prefix-cache counters (:mod:`harness.load.telemetry`:
+    no ``cached_tokens`` but whose ``/metrics`` has prefix-cache counters (:mod:`harness.load.server_metrics`:
     vLLM without ``--enable-prompt-tokens-details``, SGLang) is probed one request at a time instead,
     its counters read before and after each: a request's hit tokens are the counter's growth during
     its probe (so no other traffic may reach the target meanwhile). The level's ``evidence`` says
@@ -56,12 +56,14 @@ from harness.common.errors import HarnessError
 from harness.common.model import StrictModel
 from harness.common.registry import Registry
 from harness.experiments.capacity_result import ErrorCount
-from harness.gates.metrics import METRICS, Measurement, MetricContext, format_value
+from harness.gates.measurement import Measurement, MetricContext
+from harness.gates.metrics import METRICS, format_value
 from harness.gates.power import CountTest, describe_need
 from harness.gates.runs import RunFrame
 from harness.load.arrivals import RequestSpec
+from harness.load.server_metrics import normalise
 from harness.load.target import NotExposed, ProbeResult, TargetClient
-from harness.load.telemetry import SCRAPE_TIMEOUT_S, normalise
+from harness.load.telemetry import SCRAPE_TIMEOUT_S
 
 SEED_WARM_RATE = 0.92
 """The seed's baseline: at least 92 % of requests served warm."""

@@ -9,12 +9,13 @@ Python API (what ``harness gate`` and ``harness run --gate FILE`` call)::
     report.exit_code   # 0 pass, 1 a gate failed, 6 a run cannot be judged
     report.headline()  # "PASS: 14 passed, 0 failed, 0 cannot be judged"
 
-Pieces: :mod:`~harness.gates.runs` (result sets as columns), :mod:`~harness.gates.metrics` (the metric
-registry and intervals), :mod:`~harness.gates.baseline` (the file, ``baseline update``),
-:mod:`~harness.gates.judge` (the decision rule, the JSON verdict), :mod:`~harness.gates.output`
-(table, JUnit), :mod:`~harness.gates.noise` (false-alarm estimate), :mod:`~harness.gates.compare`
-(cold vs warm), :mod:`~harness.gates.calibration` (the baseline N runs support) and
-:mod:`~harness.gates.ab` (the A/B ratio verdict of ``harness ab``). What runs a
+Pieces: :mod:`~harness.gates.runs` (result sets as columns), :mod:`~harness.gates.metrics` (the
+metric registry), :mod:`~harness.gates.measurement` (a number and its interval),
+:mod:`~harness.gates.baseline` (the file, ``baseline update``), :mod:`~harness.gates.judge` (the
+decision rule, the JSON verdict), :mod:`~harness.gates.output` (table, JUnit),
+:mod:`~harness.gates.noise` (false-alarm estimate), :mod:`~harness.gates.compare` (cold vs warm),
+:mod:`~harness.gates.calibration` (the baseline N runs support) and :mod:`~harness.gates.ab` (the
+A/B ratio verdict of ``harness ab``; its statistics in :mod:`~harness.gates.ab_stats`). What runs a
 target to produce the results judged here is :mod:`harness.experiments`.
 """
 

@@ -41,12 +41,8 @@ from harness.common.io import atomic_write, read_yaml
 from harness.common.model import StrictModel
 from harness.common.units import fraction
 from harness.gates.fingerprints import BaselineFingerprint
-from harness.gates.metrics import (
-    METRICS,
-    Direction,
-    Metric,
-    MetricContext,
-)
+from harness.gates.measurement import MetricContext
+from harness.gates.metrics import METRICS, Direction, Metric
 from harness.load.results import LATENCY_FIELDS
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed
-from harness.common.options import old_spelling, options_of, renamed, validated, with_options
+from harness.common.options import old_spellings, options_of, validated, with_options
 from harness.gates.policy import GatePolicy
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ COMMAND_SETTINGS = {
 RESULTS_HELP = "Run directories (records.jsonl + summary.json), as DIR or LABEL=DIR (cold=runs/cold)."
 
 
+@old_spellings(json_out="--json")
 def gate(
     results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],
@@ -50,7 +51,6 @@ def gate(
         Path | None,
         typer.Option("--json-out", help="JSON verdict to write (default: FIRST_RESULTS/gate.json)."),
     ] = None,
-    json_old: Annotated[Path | None, old_spelling("--json", new="--json-out")] = None,
 ) -> None:
     """Judge runs against a baseline: exit 0 pass, 1 a gate failed, 6 a run cannot be judged."""
     from harness.gates.baseline import read_baseline
@@ -58,7 +58,6 @@ def gate(
     from harness.gates.output import gate_table, write_junit
     from harness.gates.runs import load_result_sets
 
-    json_out = renamed(json_out, json_old, new="--json-out PATH", old="--json PATH")
     spec = read_baseline(baseline)
     sets = load_result_sets(results)
     report = judge(spec, sets, baseline_path=baseline)
@@ -170,12 +169,13 @@ def metrics() -> None:
 
 @app.command(
     epilog="Example: harness baseline noise --baseline fixtures/baselines/tiny-cpu.yaml "
-    "cold=fixtures/runs/tiny-cpu/cold warm=fixtures/runs/tiny-cpu/warm --reps 200"
+    "cold=fixtures/runs/tiny-cpu/cold warm=fixtures/runs/tiny-cpu/warm --repeats 200"
 )
+@old_spellings(repeats="--reps")
 def noise(
     results: Annotated[list[str], typer.Argument(help=RESULTS_HELP, show_default=False)],
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline YAML file.")],
-    reps: Annotated[int, typer.Option("--reps", min=10, help="Bootstrap replicates.")] = 200,
+    repeats: Annotated[int, typer.Option("--repeats", min=10, help="Bootstrap replicates.")] = 200,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the resampling.")] = 0,
 ) -> None:
     """Estimate how often an identical rerun would fail or be inconclusive (bootstrap of these runs)."""
@@ -187,16 +187,16 @@ def noise(
 
     spec = read_baseline(baseline)
     sets = load_result_sets(results)
-    est = NoiseEstimate(reps=reps)
+    est = NoiseEstimate(reps=repeats)
     # One replicate per call so the bar moves; each replicate draws from its own seeded stream.
-    for i in track(range(reps), description="resampling", console=stderr, transient=True):
+    for i in track(range(repeats), description="resampling", console=stderr, transient=True):
         part = rerun_verdicts(spec, sets, reps=1, seed=seed * 1_000_003 + i)
         est.overall.update(part.overall)
         for key, counts in part.per_gate.items():
             est.per_gate.setdefault(key, type(counts)()).update(counts)
     verdicts = ("pass", "fail", "inconclusive", "unjudgeable", "skipped")
     t = cons.table(
-        f"{reps} bootstrap reruns against {escape(spec.name)}: "
+        f"{repeats} bootstrap reruns against {escape(spec.name)}: "
         f"{est.rate('pass'):.1%} pass, {est.rate('fail'):.1%} fail, "
         f"{est.rate('unjudgeable'):.1%} cannot be judged",
         ("gate", "pass", "fail (false alarm)", "inconclusive", "unjudgeable", "skipped"),

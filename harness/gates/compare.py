@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 
 from harness.common.model import StrictModel
-from harness.gates.metrics import METRICS, Measurement, MetricContext
+from harness.gates.measurement import Measurement, MetricContext
+from harness.gates.metrics import METRICS
 from harness.gates.runs import ResultSet
 
 COMPARED: tuple[str, ...] = (

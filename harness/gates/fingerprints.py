@@ -3,8 +3,8 @@
 A baseline written by ``harness baseline update`` or ``calibrate`` keeps a :class:`BaselineFingerprint`
 taken from its runs' ``summary.json``: the :class:`~harness.common.fingerprint.Environment` that
 measured them, the target's identity (its ``GET /v1/models`` answer,
-:func:`~harness.load.results.target_identity`) and each result set's
-:class:`~harness.load.results.Recipe`. ``harness gate`` compares every result set with it
+:func:`~harness.load.run_summary.target_identity`) and each result set's
+:class:`~harness.load.run_summary.Recipe`. ``harness gate`` compares every result set with it
 (:func:`compare`): when the hardware, the target or the recipe differs, the gates on metrics that
 depend on the machine's speed (:attr:`~harness.gates.metrics.Metric.speed_dependent`: absolute
 latencies) are skipped on that set, with the reason (they neither fail nor refuse:
@@ -25,7 +25,7 @@ from harness.common.fingerprint import Environment
 from harness.common.host import HostLoad
 from harness.common.model import StrictModel
 from harness.gates.runs import ResultSet
-from harness.load.results import Recipe, RunSummary
+from harness.load.run_summary import Recipe, RunSummary
 
 RECALIBRATE = "recalibrate: harness baseline calibrate"
 IDENTITY_IGNORED = frozenset({"harness.version"})

@@ -14,7 +14,7 @@ most ``(1 − c) / 2`` = 2.5 % per gate at the default 95 %, whatever the distri
 does not flip on noise; the point estimate alone would fail such a run half the time.
 
 **Client jitter.** The interval of a latency the client timed is widened by the client's own
-lateness at the same quantile (:func:`harness.gates.metrics.client_jitter`), and the reason says so:
+lateness at the same quantile (:func:`harness.gates.measurement.client_jitter`), and the reason says so:
 jitter that is small against the margin changes nothing, jitter comparable to it makes the gate
 inconclusive, and a regression beyond the widened interval still fails. A target that saturated
 (requests waited for a free user) is judged like any other: the wait is its doing.
@@ -50,7 +50,8 @@ from harness.common.io import write_json
 from harness.common.model import StrictModel
 from harness.gates.baseline import Baseline, Gate, baseline_sha256
 from harness.gates.fingerprints import RECALIBRATE, EnvironmentMatch, compare
-from harness.gates.metrics import REFERENCE_LABEL, Direction, Measurement, format_interval, format_value
+from harness.gates.measurement import REFERENCE_LABEL, Measurement
+from harness.gates.metrics import Direction, format_interval, format_value
 from harness.gates.power import CountTest, describe_need, exceedance_test
 from harness.gates.runs import ResultSet, RunFrame
 

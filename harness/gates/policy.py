@@ -32,7 +32,8 @@ from harness.common.model import StrictModel
 from harness.common.options import Flag
 from harness.common.units import fraction
 from harness.gates.baseline import Gate, _round
-from harness.gates.metrics import Metric, format_value, rate_interval
+from harness.gates.measurement import rate_interval
+from harness.gates.metrics import Metric, format_value
 from harness.gates.power import samples_for_power
 from harness.gates.runs import FloatArray
 

@@ -34,17 +34,14 @@ from harness.load.results import (
     BYTES_FIELDS,
     RECORDS_FILE,
     STREAM_LATENCY_FIELDS,
-    SUMMARY_FILE,
     TOKEN_FIELDS,
     RequestRecord,
-    RunSummary,
-    ServerTelemetry,
     cache_hit,
     cache_told,
     prefix_hit,
     read_records,
-    read_summary,
 )
+from harness.load.run_summary import SUMMARY_FILE, RunSummary, ServerTelemetry, read_summary
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

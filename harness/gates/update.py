@@ -28,18 +28,16 @@ from harness.gates.baseline import (
     _round,
 )
 from harness.gates.fingerprints import fingerprint_from_results
-from harness.gates.metrics import (
-    METRICS,
+from harness.gates.measurement import (
     REFERENCE_LABEL,
     Measurement,
-    Metric,
     MetricContext,
     client_lateness,
-    format_value,
     min_samples_for_bound,
     rate_interval,
     relative_confidence,
 )
+from harness.gates.metrics import METRICS, Metric, format_value
 from harness.gates.policy import GatePolicy, Measured
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
@@ -202,7 +200,7 @@ def rerun_margin(
     - maxima: 0 (a maximum has no interval; the relative headroom covers it).
 
     A client-timed percentile's interval is also widened by the client's own lateness at the same
-    quantile (:func:`~harness.gates.metrics.client_jitter`). A rerun's jitter is bounded the same way
+    quantile (:func:`~harness.gates.measurement.client_jitter`). A rerun's jitter is bounded the same way
     (plug-in: the order statistic of this run's own lateness that a rerun's quantile exceeds with
     probability ``risk / 2``, at most its largest) and added to the margin, so a baseline made on a
     jittery client says how coarse it is.

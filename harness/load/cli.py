@@ -23,12 +23,13 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import InputError
+from harness.common.options import old_spellings
 from harness.load.options import LoadOptions, typer_options
-from harness.load.results import (
+from harness.load.results import read_records
+from harness.load.run_summary import (
     SUMMARY_FILE,
     RunSummary,
     TargetInfo,
-    read_records,
     read_summary,
     summarize,
     summary_table,
@@ -159,7 +160,8 @@ URL = Annotated[
     str | None,
     typer.Option("--url", help="Target base URL (any OpenAI-compatible server).", show_default=False),
 ]
-OLD_HOST = Annotated[str | None, typer.Option("--host", hidden=True, help="Deprecated: use --url.")]
+RENAMED = old_spellings(url="--host")
+"""``--host``, the old spelling of ``--url`` (Locust's own name for it, on ``locust -f`` only)."""
 LADDER_ONLY = frozenset({"plan"})
 """Options of the warmup ladder (``locustfiles/warmup.py``), not of a replay."""
 REPLAY_ONLY = frozenset(
@@ -196,9 +198,10 @@ def _launch(spec: LoadSpec) -> None:
     "--duration 30 -o runs/replay",
 )
 @typer_options(*REPLAY_OPTIONS, required={"corpus", "results_dir"})
-def replay_cmd(*, url: URL = None, host: OLD_HOST = None, load: dict[str, Any]) -> None:
+@RENAMED
+def replay_cmd(*, url: URL = None, load: dict[str, Any]) -> None:
     """Replay a corpus open-loop (headless Locust, locustfiles/replay.py)."""
-    _launch(LoadSpec(host=_target(url, host), **load))
+    _launch(LoadSpec(host=_target(url), **load))
 
 
 @app.command(
@@ -207,20 +210,14 @@ def replay_cmd(*, url: URL = None, host: OLD_HOST = None, load: dict[str, Any]) 
     "--plan fixtures/plans/tiny.yaml -o runs/ladder",
 )
 @typer_options(*LADDER_OPTIONS, required={"corpus", "plan", "results_dir"})
-def ladder_cmd(*, url: URL = None, host: OLD_HOST = None, load: dict[str, Any]) -> None:
+@RENAMED
+def ladder_cmd(*, url: URL = None, load: dict[str, Any]) -> None:
     """Run the staged warmup ladder with rollback (headless Locust, locustfiles/warmup.py)."""
-    _launch(LoadSpec(host=_target(url, host), locustfile="warmup", **load))
+    _launch(LoadSpec(host=_target(url), locustfile="warmup", **load))
 
 
-def _target(url: str | None, host: str | None) -> str:
-    """``--url`` (``--host``, its old spelling, with a warning); one of them is required."""
-    from harness.common.options import warn_deprecated
-
-    if host is not None:
-        if url is not None:
-            raise typer.BadParameter("--host is the old spelling of --url: give one", param_hint="--url")
-        warn_deprecated("--host", "--url")
-        return host
+def _target(url: str | None) -> str:
+    """``--url`` (or ``--host``, its old spelling); required."""
     if url is None:
         raise typer.BadParameter("Missing option '--url'.", param_hint="--url")
     return url

@@ -45,7 +45,8 @@ from harness.common.auth import Credentials
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import check_input_file
 from harness.common.openai import HarnessUsage
-from harness.load.results import RequestRecord, target_identity
+from harness.load.results import RequestRecord
+from harness.load.run_summary import target_identity
 from harness.load.stream import (
     DATA,
     DONE_LINE,
@@ -392,7 +393,7 @@ def fetch_models(host: str, creds: Credentials) -> Any:
 
 
 def fetch_identity(host: str, creds: Credentials) -> dict[str, Any] | None:
-    """The target's :func:`~harness.load.results.target_identity` from ``GET /v1/models``; ``None`` when
+    """The target's :func:`~harness.load.run_summary.target_identity` from ``GET /v1/models``; ``None`` when
     it does not answer (never raises: an identity is context, the run does not depend on it)."""
     return target_identity(fetch_models(host, creds))
 

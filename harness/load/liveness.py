@@ -19,7 +19,7 @@ process that sees every record (the local one, or the master) keeps a :class:`Ta
   start): one that was never reachable did not die, it was never there.
 
 When the target is found dead the run stops sending (what it would send can only fail), the records
-so far are finalized, ``summary.json`` carries :class:`~harness.load.results.TargetDeath`, and the
+so far are finalized, ``summary.json`` carries :class:`~harness.load.run_summary.TargetDeath`, and the
 process exits with :attr:`~harness.common.errors.ExitCode.TARGET_DIED` (7).
 
 Runs in a Locust process: the health checks use the gevent client (:mod:`harness.load.client`).
@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from harness.common.auth import Credentials
-from harness.load.results import RequestRecord, TargetDeath
+from harness.load.results import RequestRecord
+from harness.load.run_summary import TargetDeath
 from harness.load.stream import NOT_DONE
 
 log = logging.getLogger("harness.load")

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.load.arrivals import Segment
-from harness.load.results import RequestRecord, WorkerShare
+from harness.load.results import RequestRecord
+from harness.load.run_summary import WorkerShare
 
 if TYPE_CHECKING:  # locust only for annotations: importing it monkey-patches the process (gevent)
     from locust.runners import MasterRunner, Runner

@@ -24,7 +24,7 @@ not to zero: traffic drops to a level the service was seen to handle while it re
 ``rollback_hold_s`` (default: that stage's duration). Then the policy decides: ``retry`` climbs again
 to the failed stage (at most ``max_retries`` times per stage), ``stop`` ends the run after the hold.
 A failure with no safe stage below (the first stage) stops at once. Every stage run, rollback hold
-and retry becomes a :class:`~harness.load.results.StageOutcome` in ``summary.json``.
+and retry becomes a :class:`~harness.load.run_summary.StageOutcome` in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from harness.common.io import read_yaml
 from harness.common.model import StrictModel
 from harness.common.units import parse_percent
 from harness.load.arrivals import Segment
-from harness.load.results import StageOutcome
+from harness.load.run_summary import StageOutcome
 
 
 def parse_share(text: str) -> float | None:

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from harness.common.stats import interval_ranks, min_samples_for_interval, relative_half_width
-from harness.load.results import LATENCY_FIELDS, PrecisionState, RequestRecord
+from harness.load.results import LATENCY_FIELDS, RequestRecord
+from harness.load.run_summary import PrecisionState
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 The launcher never runs gevent in the caller's process: it starts ``python -m locust -f FILE
 --headless …`` as a child process (its own interpreter, so Locust's monkey-patching cannot touch the
 caller), waits for it and returns its exit code (``docs/exit-codes.md``). The results land in
-``results_dir`` (``records.jsonl``, ``summary.json``), which :func:`harness.load.results.read_summary`
-reads back::
+``results_dir`` (``records.jsonl``, ``summary.json``), which
+:func:`harness.load.run_summary.read_summary` reads back::
 
     from harness.load.runner import LoadSpec, run_locust
     spec = LoadSpec(host="http://127.0.0.1:8000", corpus="runs/corpus", rate=20, duration=60,

@@ -3,7 +3,7 @@
 Locust's ``LoadTestShape`` sets user counts, which in a closed loop *is* the load. Here users are
 only the concurrency pool (:mod:`harness.load.pacer`), so the shapes return a constant user count
 (``--concurrency`` per process) and end the test when the run says it is over. Each tick asks the
-run (:meth:`harness.load.plugin.LoadRun.advance`), which applies ``--run-time`` as a cap and steps the
+run (:meth:`harness.load.loadrun.LoadRun.advance`), which applies ``--run-time`` as a cap and steps the
 warmup ladder (:mod:`harness.load.control`); the shapes themselves change nothing of the run.
 :class:`LadderShape` differs only in telling the run, through ``ladder``, to load the ``--plan``.
 """

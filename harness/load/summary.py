@@ -3,8 +3,9 @@
 The lifecycle (:mod:`harness.load.plugin`) closes the records and gathers what only the running
 process knows (its CPU use, the workers' shares, the target's identity); this module turns that,
 the options and the run control's outcome (:mod:`harness.load.control`: ladder stages, precision,
-why sending stopped) into a :class:`~harness.load.results.RunSummary`. Computing the metrics is
-:func:`harness.load.results.summarize`; writing the file is :func:`harness.load.results.write_summary`.
+why sending stopped) into a :class:`~harness.load.run_summary.RunSummary`. Computing the metrics
+is :func:`harness.load.run_summary.summarize`; writing the file is
+:func:`harness.load.run_summary.write_summary`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from harness.load.control import Control
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions
 from harness.load.precision import PrecisionTracker, describe
-from harness.load.results import (
+from harness.load.results import RequestRecord
+from harness.load.run_summary import (
     InputRef,
     PrecisionState,
     Recipe,
-    RequestRecord,
     RunSummary,
     ServerTelemetry,
     TargetDeath,

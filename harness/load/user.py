@@ -50,6 +50,7 @@ from harness.load.client import (
     read_sse,
     stream_headers,
 )
+from harness.load.loadrun import LoadRun
 from harness.load.pacer import IDLE_AFTER_S, IDLE_LEAD_S, MAX_NAP_S
 from harness.load.results import RequestRecord
 from harness.load.sessions import LiveHistory, salted_body
@@ -123,7 +124,7 @@ class ReplayUser(User):
         finally:
             pacer.done()
 
-    def play_session(self, run: plugin.LoadRun, a: Arrival, queue_wait_s: float | None) -> None:
+    def play_session(self, run: LoadRun, a: Arrival, queue_wait_s: float | None) -> None:
         """One whole conversation (:mod:`harness.load.sessions`): turn ``k+1`` is sent ``think_time_s``
         after turn ``k``'s stream ended, with the history the target answered (``--history live``)."""
         inputs = run.inputs
@@ -160,7 +161,7 @@ class ReplayUser(User):
                 run.note_turn(intended_s)
 
     @staticmethod
-    def _nap_until(run: plugin.LoadRun, intended_s: float, think_s: float) -> None:
+    def _nap_until(run: LoadRun, intended_s: float, think_s: float) -> None:
         """Sleep through a think time up to the lead before ``intended_s``; :meth:`send` then yields
         until it is due (:meth:`Pacer.wait_until`). A long gevent sleep overshoots by ~3 % of its
         length, so the nap halves what is left each time rather than sleeping it in one go."""
@@ -174,7 +175,7 @@ class ReplayUser(User):
 
     def send(
         self,
-        run: plugin.LoadRun,
+        run: LoadRun,
         a: Arrival,
         *,
         queue_wait_s: float | None = None,
@@ -260,9 +261,7 @@ class ReplayUser(User):
         end = clock()
         return end, self._finish(run, rec, req, end)
 
-    def _finish(
-        self, run: plugin.LoadRun, rec: RequestRecord, req: _Request, end: float
-    ) -> StreamOutcome | None:
+    def _finish(self, run: LoadRun, rec: RequestRecord, req: _Request, end: float) -> StreamOutcome | None:
         """Parse the stream, fill the record's latencies and tokens, record and report it."""
         intended_abs = run.epoch + rec.intended_s
         sent = req.sent

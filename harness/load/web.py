@@ -30,7 +30,7 @@ from harness.load.live import LIVE_FIELDS, Live
 from harness.load.messages import Workers
 from harness.load.options import LoadOptions
 from harness.load.pacer import Pacer
-from harness.load.results import SUMMARY_FILE
+from harness.load.run_summary import SUMMARY_FILE
 
 TAB = "harness-load"
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -44,7 +44,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 class RunView(Protocol):
-    """What the tab reads of the current run (:class:`harness.load.plugin.LoadRun`)."""
+    """What the tab reads of the current run (:class:`harness.load.loadrun.LoadRun`)."""
 
     @property
     def opts(self) -> LoadOptions: ...

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from harness.common import console as cons
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spellings
 
 stderr = cons.err()
 COMMAND_SETTINGS = {
@@ -20,6 +20,7 @@ COMMAND_SETTINGS = {
 """How ``harness/cli.py`` registers the command."""
 
 
+@old_spellings(capacity="--capacity")
 def report(  # noqa: PLR0917 - typer maps parameters to options
     results: Annotated[
         list[str] | None,
@@ -55,7 +56,6 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
             help="Add the capacity search's plot (OUT/capacity.json of harness capacity).",
         ),
     ] = None,
-    old_capacity: Annotated[Path | None, old_spelling("--capacity", new="--capacity-json")] = None,
     effect: Annotated[
         Path | None,
         typer.Option(
@@ -76,7 +76,6 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     from harness.reports.plots import PLOTS
     from harness.reports.render import NamedVerdict, read_verdict, write_report
 
-    capacity = renamed(capacity, old_capacity, new="--capacity-json", old="--capacity")
     if baseline is not None and verdict:
         raise typer.BadParameter("give --baseline or --verdict, not both", param_hint="--verdict")
     cap = None

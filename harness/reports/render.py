@@ -26,16 +26,8 @@ from harness.experiments.capacity_result import CapacityResult, answer_line
 from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
-from harness.reports.plots import (
-    CAPACITY_PLOT,
-    EFFECT_PLOT,
-    PLOTS,
-    Plot,
-    capacity_plot,
-    effect_plot,
-    pair,
-    to_png_base64,
-)
+from harness.reports.experiment_plots import CAPACITY_PLOT, EFFECT_PLOT, capacity_plot, effect_plot
+from harness.reports.plots import PLOTS, Plot, pair, to_png_base64
 from harness.reports.tables import (
     Table,
     effect_preload,

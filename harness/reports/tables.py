@@ -15,7 +15,8 @@ import numpy as np
 
 from harness.analysis.effect import EffectReport
 from harness.common.stats import Distribution, percentile
-from harness.gates.metrics import METRICS, MetricContext, format_value
+from harness.gates.measurement import MetricContext
+from harness.gates.metrics import METRICS, format_value
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
 

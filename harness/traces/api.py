@@ -52,7 +52,7 @@ def detect_format(path: str | Path) -> str:
     bad_utf8 = utf8_error(p, head)
     if bad_utf8 is not None:
         raise bad_utf8
-    raise unrecognised(readers, p, what="format", hint="pass --format to name it", line=1)
+    raise unrecognised(readers, p, what="format", hint="pass --trace-format to name it", line=1)
 
 
 _WRONG_FAMILY: dict[Family, tuple[str, str]] = {

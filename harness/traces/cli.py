@@ -19,7 +19,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.errors import ConfigError, HarnessError
-from harness.common.options import old_spelling, renamed
+from harness.common.options import old_spellings
 from harness.common.settings import load_settings
 from harness.traces.settings import default
 
@@ -37,15 +37,11 @@ def _say(text: str) -> None:
     err_console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
-FORMAT_HELP = "Input format (default: detected). One of the names `harness traces formats` lists."
+FORMAT_HELP = "Trace format (default: detected). One of the names `harness traces formats` lists."
 SKIP_HELP = "Skip invalid rows/spans instead of stopping at the first; report how many and why."
-OLD_OUTPUT = Annotated[Path | None, old_spelling("--output", new="--out")]
-"""``--output``, the old spelling of ``--out`` (every output path is ``--out/-o``: docs/cli.md)."""
-
-
-def _output(out: Path | None, old: Path | None, default: str) -> Path:
-    """``--out``, or ``--output`` with a deprecation warning, or ``default``."""
-    return renamed(out, old, new="--out", old="--output") or Path(default)
+RENAMED = old_spellings(output="--output", format="--format")
+"""The old spellings of the commands reading traces: ``--output`` of ``--out`` (every output path is
+``--out/-o``), ``--format`` of ``--trace-format`` (docs/cli.md)."""
 
 
 @contextmanager
@@ -179,10 +175,11 @@ def inspect_file(path: str, fmt: str | None, skip_invalid: bool) -> dict[str, An
 @app.command(
     "inspect", epilog="Example: harness traces inspect fixtures/traces/mooncake_synthetic_head20.jsonl --json"
 )
+@old_spellings(format="--format")
 def inspect_cmd(
     *,
     files: Annotated[list[str], typer.Argument(help="Trace files (or a Jaeger query URL).")],
-    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    format: Annotated[str | None, typer.Option("--trace-format", "-f", help=FORMAT_HELP)] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object per file instead of text.")
@@ -292,6 +289,7 @@ def collect_coldpaths(
     epilog="Example: harness traces coldpaths fixtures/traces/genaiTestTrace.json --hops all --protocol any "
     "--cache-scope hop -o runs/coldpaths.jsonl",
 )
+@RENAMED
 def coldpaths_cmd(
     *,
     files: Annotated[list[str], typer.Argument(help="Jaeger / OTLP trace files (or a Jaeger query URL).")],
@@ -299,7 +297,7 @@ def coldpaths_cmd(
         Path | None,
         typer.Option("--out", "-o", help="Cold-path JSONL to write.", show_default="coldpaths.jsonl"),
     ] = None,
-    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    format: Annotated[str | None, typer.Option("--trace-format", "-f", help=FORMAT_HELP)] = None,
     threshold_ms: Annotated[
         float | None,
         typer.Option(
@@ -327,12 +325,11 @@ def coldpaths_cmd(
         ),
     ] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
-    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Extract cold paths (slow, uncached first hops of HTTP/gRPC call chains) to JSONL."""
     from harness.common.io import check_output_file, write_jsonl
 
-    output = _output(output, old_output, "coldpaths.jsonl")
+    output = output or Path("coldpaths.jsonl")
     config = _coldpath_config(threshold_ms, protocol, hops, cache_scope, cache_hit)
     check_output_file(output)
     paths, stats, skips = collect_coldpaths(files, format, skip_invalid, config)
@@ -349,6 +346,7 @@ def coldpaths_cmd(
 @app.command(
     "scenarios", epilog="Example: harness traces scenarios runs/coldpaths.jsonl --k 12 -o runs/scenarios.json"
 )
+@RENAMED
 def scenarios_cmd(
     *,
     files: Annotated[
@@ -361,7 +359,7 @@ def scenarios_cmd(
         Path | None,
         typer.Option("--out", "-o", help="ScenarioSet JSON to write.", show_default="scenarios.json"),
     ] = None,
-    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    format: Annotated[str | None, typer.Option("--trace-format", "-f", help=FORMAT_HELP)] = None,
     seed: Annotated[
         int | None, typer.Option("--seed", help=f"k-means seed (default {default('seed')}).")
     ] = None,
@@ -373,13 +371,12 @@ def scenarios_cmd(
     hops: Annotated[str | None, typer.Option("--hops", help="For trace inputs.")] = None,
     cache_scope: Annotated[str | None, typer.Option("--cache-scope", help="For trace inputs.")] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
-    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Cluster cold paths into k scenario classes (weights, latency/token distributions, examples)."""
     from harness.common.io import check_output_file, write_json
     from harness.traces.scenarios import build_scenarios
 
-    output = _output(output, old_output, "scenarios.json")
+    output = output or Path("scenarios.json")
     s = _settings()
     k = s.k if k is None else k
     if k < 1:
@@ -402,6 +399,7 @@ def scenarios_cmd(
     "schedule",
     epilog="Example: harness traces schedule --rate 2 --duration 60 --seed 0 -o runs/schedule.jsonl",
 )
+@old_spellings(output="--output", format="--format", process="--process")
 def schedule_cmd(
     *,
     source: Annotated[
@@ -411,7 +409,7 @@ def schedule_cmd(
         Path | None,
         typer.Option("--out", "-o", help="Schedule JSONL to write.", show_default="schedule.jsonl"),
     ] = None,
-    format: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
+    format: Annotated[str | None, typer.Option("--trace-format", "-f", help=FORMAT_HELP)] = None,
     speedup: Annotated[float, typer.Option("--speedup", help="Replay faster (2 = twice the rate).")] = 1.0,
     start_s: Annotated[float, typer.Option("--start", help="Window start, seconds of source time.")] = 0.0,
     end_s: Annotated[float | None, typer.Option("--end", help="Window end, seconds of source time.")] = None,
@@ -422,7 +420,9 @@ def schedule_cmd(
         bool, typer.Option("--include-failed", help="Keep requests the source marks failed.")
     ] = False,
     rate: Annotated[float | None, typer.Option("--rate", help="Synthetic: mean requests per second.")] = None,
-    process: Annotated[str, typer.Option("--process", help="Synthetic: poisson or gamma.")] = "poisson",
+    process: Annotated[
+        str, typer.Option("--arrival", help="Synthetic: the arrival process, poisson or gamma.")
+    ] = "poisson",
     cv: Annotated[
         float, typer.Option("--cv", help="Synthetic gamma: coefficient of variation of the gaps.")
     ] = 1.0,
@@ -435,7 +435,6 @@ def schedule_cmd(
         Path | None, typer.Option("--scenarios", help="Synthetic: label entries by class weight.")
     ] = None,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
-    old_output: OLD_OUTPUT = None,
 ) -> None:
     """Write an arrival schedule (JSONL of intended offsets) from a request trace or a synthetic process."""
     from harness.common.io import check_output_file, write_jsonl
@@ -443,7 +442,7 @@ def schedule_cmd(
     from harness.traces._base import SkipLog
     from harness.traces.api import load_scenarios, read_requests
 
-    output = _output(output, old_output, "schedule.jsonl")
+    output = output or Path("schedule.jsonl")
     skips = SkipLog()
     if (source is None) == (rate is None):
         raise ConfigError("give exactly one of --from FILE (replay) or --rate R (synthetic)")

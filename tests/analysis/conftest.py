@@ -8,7 +8,8 @@ from typing import Any
 
 from harness.common.io import write_json, write_jsonl
 from harness.corpus.model import CorpusRecord
-from harness.load.results import RequestRecord, StageOutcome, TargetInfo, summarize
+from harness.load.results import RequestRecord
+from harness.load.run_summary import StageOutcome, TargetInfo, summarize
 
 
 def record(i: int, **kw: Any) -> RequestRecord:

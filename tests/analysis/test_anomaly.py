@@ -29,13 +29,13 @@ from harness.analysis.anomaly import (
     series_from_prometheus,
     series_from_scrapes,
 )
-from harness.cache.metrics import CacheMetrics
 from harness.common.auth import Credentials
 from harness.common.errors import InputError, UnavailableError
 from harness.common.io import write_jsonl
-from harness.engine.api import EngineStats
-from harness.load.telemetry import SERVER_KINDS, SampleWriter, normalise
-from harness.server.metrics import EngineCollector, ServerMetrics
+from harness.load.server_metrics import SERVER_KINDS, SampleWriter, normalise
+from harness.target.cache.metrics import CacheMetrics
+from harness.target.engine.api import EngineStats
+from harness.target.server.metrics import EngineCollector, ServerMetrics
 
 T0 = 1_800_000_000.0
 
@@ -290,7 +290,7 @@ def test_scrape_sends_the_credentials_and_writes_server_metrics(
         warn=warned.append, sleep=lambda _s: None,
     )  # fmt: skip
     assert n == 6 and warned == [] and seen == ["Bearer s3cret"] * 6
-    from harness.load.telemetry import read_server_metrics
+    from harness.load.server_metrics import read_server_metrics
 
     lines = list(read_server_metrics(out))
     assert [s.kind for s in lines] == ["harness"] * 6

@@ -36,9 +36,9 @@ def test_hitrate_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--cache-size",
+        "--cache-capacity",
         "50",
-        "--cache-size",
+        "--cache-capacity",
         "5000",
         "--json",
     )
@@ -48,7 +48,7 @@ def test_hitrate_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     by = {(r["capacity"], r["policy"]): r["hit_rate"] for r in doc["results"]}
     assert by[(50, "min")] >= max(by[(50, "lru")], by[(50, "lfu")])
     assert by[(5000, "min")] == pytest.approx(doc["cold_ceiling"])
-    rc, out, _ = run(capsys, "analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "3")
+    rc, out, _ = run(capsys, "analysis", "hitrate", "--trace", str(SAMPLE), "--cache-capacity", "3")
     assert rc == 0 and "cold ceiling" in out
 
 
@@ -61,9 +61,9 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--cache-size",
+        "--cache-capacity",
         "100",
-        "--window",
+        "--window-fraction",
         "0.5",
         "-o",
         str(tmp_path),
@@ -82,12 +82,20 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["analysis", "hitrate", "--trace", "/nope.jsonl", "--cache-size", "1"], 3, "no such file"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "1", "--unit", "pages"], 2, "pages"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "0"], 2, "--cache-size"),
-        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-size", "1", "--policy", "arc"], 4, "arc"),
+        (["analysis", "hitrate", "--trace", "/nope.jsonl", "--cache-capacity", "1"], 3, "no such file"),
         (
-            ["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--predictor", "psychic"],
+            ["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-capacity", "1", "--unit", "pages"],
+            2,
+            "pages",
+        ),
+        (["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-capacity", "0"], 2, "--cache-capacity"),
+        (
+            ["analysis", "hitrate", "--trace", str(SAMPLE), "--cache-capacity", "1", "--policy", "arc"],
+            4,
+            "arc",
+        ),
+        (
+            ["analysis", "plan", "--trace", str(SAMPLE), "--cache-capacity", "5", "--predictor", "psychic"],
             4,
             "psychic",
         ),
@@ -99,14 +107,14 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         ),
         (["analysis", "decay"], 2, "--points"),
         (["analysis", "tiers"], 2, "--corpus"),
-        (["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--api", "grpc"], 2, "grpc"),
+        (["analysis", "plan", "--trace", str(SAMPLE), "--cache-capacity", "5", "--api", "grpc"], 2, "grpc"),
         (
             [
                 "analysis",
                 "plan",
                 "--trace",
                 str(SAMPLE),
-                "--cache-size",
+                "--cache-capacity",
                 "5",
                 "--in-sample",
                 "--eval",
@@ -115,7 +123,11 @@ def test_plan_writes_its_files(capsys: pytest.CaptureFixture[str], tmp_path: Pat
             2,
             "--eval",
         ),
-        (["analysis", "plan", "--trace", str(SAMPLE), "--cache-size", "5", "--window", "1"], 2, "--window"),
+        (
+            ["analysis", "plan", "--trace", str(SAMPLE), "--cache-capacity", "5", "--window-fraction", "1"],
+            2,
+            "--window-fraction",
+        ),
         (
             ["analysis", "decay-sweep", "--url", "http://127.0.0.1:9", "--corpus", "/nope.jsonl"],
             3,
@@ -288,7 +300,7 @@ def test_deploy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
 
 def test_tiers_and_plan_with_corpus(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from harness.cache.policy import load_tier_file
+    from harness.target.cache.policy import load_tier_file
 
     from .conftest import corpus_record, write_corpus
 
@@ -339,7 +351,7 @@ def test_tiers_and_plan_with_corpus(capsys: pytest.CaptureFixture[str], tmp_path
         str(SAMPLE),
         "--unit",
         "blocks",
-        "--cache-size",
+        "--cache-capacity",
         "100",
         "--corpus",
         str(corpus),

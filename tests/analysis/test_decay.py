@@ -19,7 +19,7 @@ from harness.analysis.decay import (
 from harness.analysis.decay_sweep import measure_stage, stage_warnings, sweep_points
 from harness.common.errors import InputError
 from harness.common.stats import percentile
-from harness.load.results import StageOutcome
+from harness.load.run_summary import StageOutcome
 
 from .conftest import record, write_run
 

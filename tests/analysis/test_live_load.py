@@ -20,9 +20,10 @@ from harness.analysis.decay_sweep import DecaySweep, SweepOptions, SweepPlan, ru
 from harness.analysis.tiers import queries_from_corpus
 from harness.experiments.recipe import Recipe
 from harness.load.plan import plan_preload, read_plan
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
-from harness.server.launch import ServerProcess, running_server
+from harness.target.server.launch import ServerProcess, running_server
 
 from .conftest import corpus_record, record, write_corpus, write_run
 from .test_cli import run
@@ -52,7 +53,7 @@ def test_plan_outputs_drive_the_warmup_ladder_and_the_cache_cli(
         tmp_path / "history", [record(i, id=rid, sent_s=i * 0.5) for i, rid in enumerate(ids)]
     )
     out = tmp_path / "plan"
-    rc, _, err = run(capsys, "analysis", "plan", "--trace", str(history), "--capacity", "3", "--corpus",
+    rc, _, err = run(capsys, "analysis", "plan", "--trace", str(history), "--cache-capacity", "3", "--corpus",
                      str(corpus), "--predictor", "frequency", "--stage-s", "2", "--max-tokens-cap", "8",
                      "-o", str(out))  # fmt: skip
     assert rc == 0, err

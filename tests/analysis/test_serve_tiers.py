@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from harness.analysis.tiers import build_tiers, embed_queries, queries_from_rows
-from harness.cache.policy import TierTTLs
 from harness.common.io import write_json, write_jsonl
 from harness.common.prometheus import parse_exposition
+from harness.target.cache.policy import TierTTLs
 from tests.server.conftest import ServerProc, harness_server
 
 HOT_Q = "How do I reset my password?"

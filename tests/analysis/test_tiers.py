@@ -18,10 +18,10 @@ from harness.analysis.tiers import (
     queries_from_corpus,
     queries_from_rows,
 )
-from harness.cache.policy import load_tier_file
 from harness.common.errors import InputError
 from harness.common.io import write_json, write_jsonl
-from harness.server.prepare import prompt_fingerprint
+from harness.target.cache.policy import load_tier_file
+from harness.target.server.prepare import prompt_fingerprint
 
 from .conftest import corpus_record, record, write_corpus, write_run
 

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 import redis
 
-from harness.cache.api import CachedCompletion
-from harness.cache.bloom import BloomGuard
-from harness.cache.factory import build_stack
-from harness.cache.l2 import RedisTier
-from harness.cache.redis_server import EmbeddedRedis
-from harness.cache.settings import CacheSettings
-from harness.cache.stack import CacheStack
 from harness.common.openai import Endpoint
+from harness.target.cache.api import CachedCompletion
+from harness.target.cache.bloom import BloomGuard
+from harness.target.cache.factory import build_stack
+from harness.target.cache.l2 import RedisTier
+from harness.target.cache.redis_server import EmbeddedRedis
+from harness.target.cache.settings import CacheSettings
+from harness.target.cache.stack import CacheStack
 
 StackFactory = Callable[..., Awaitable[CacheStack]]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cache.bloom import BloomGuard
 from harness.common.errors import InputError
+from harness.target.cache.bloom import BloomGuard
 
 
 def keys(prefix: str, n: int) -> list[str]:
@@ -49,7 +49,7 @@ def test_check_counts_intercepts_and_passes() -> None:
 CHILD = """
 import json, sys
 from pathlib import Path
-from harness.cache.bloom import BloomGuard
+from harness.target.cache.bloom import BloomGuard
 added = json.loads(Path(sys.argv[1]).read_text())
 probes = json.loads(Path(sys.argv[2]).read_text())
 out = sys.argv[3]

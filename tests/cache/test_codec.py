@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cache.codec import CorruptValue, StoredValue, decode, encode
+from harness.target.cache.codec import CorruptValue, StoredValue, decode, encode
 from tests.cache.conftest import completion
 
 

@@ -25,9 +25,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cache.bloom import BloomGuard, key_item
-from harness.cache.keys import normalize_text
 from harness.common.errors import InputError
+from harness.target.cache.bloom import BloomGuard, key_item
+from harness.target.cache.keys import normalize_text
 from tests.cache.conftest import (
     CountingEngine,
     StackFactory,
@@ -144,8 +144,8 @@ async def test_begin_nowait_keeps_single_flight(make_stack: StackFactory) -> Non
 
 
 def test_bloom_items_match_keys_and_files_are_checked(tmp_path: Path) -> None:
-    from harness.cache.keys import KeyBuilder
-    from harness.cache.settings import CacheSettings
+    from harness.target.cache.keys import KeyBuilder
+    from harness.target.cache.settings import CacheSettings
 
     req = KeyBuilder(CacheSettings()).normalize("completions", {"prompt": "x"}, "t")
     assert key_item(req.key) == req.bloom_item

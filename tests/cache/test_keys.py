@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cache.keys import KeyBuilder, normalize_text, tenant_slug
-from harness.cache.settings import CacheSettings
 from harness.common.errors import InputError
+from harness.target.cache.keys import KeyBuilder, normalize_text, tenant_slug
+from harness.target.cache.settings import CacheSettings
 
 KB = KeyBuilder(CacheSettings(redis_url=None))
 
@@ -238,7 +238,7 @@ def test_a_repeated_body_is_keyed_from_memory_and_only_its_own_tenant_and_revisi
 
 
 def test_the_memo_is_bounded_and_skips_long_and_bad_bodies() -> None:
-    from harness.cache.keys import MEMO_ENTRIES, MEMO_MAX_BODY_BYTES
+    from harness.target.cache.keys import MEMO_ENTRIES, MEMO_MAX_BODY_BYTES
 
     kb = KeyBuilder(CacheSettings(redis_url=None))
     for i in range(MEMO_ENTRIES + 10):

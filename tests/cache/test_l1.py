@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
-from harness.cache.l1 import L1Cache
+from harness.target.cache.l1 import L1Cache
 from tests.cache.conftest import ManualClock, completion
 
 

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from harness.cache.l3 import SemanticCache
-from harness.cache.stack import CacheStack
 from harness.common.embeddings import shared_embedder
+from harness.target.cache.l3 import SemanticCache
+from harness.target.cache.stack import CacheStack
 from tests.cache.conftest import StackFactory, chat, completion, make_settings
 
 pytestmark = pytest.mark.slow  # loads MiniLM (seconds) once per session

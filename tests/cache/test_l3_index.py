@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from harness.cache.l3 import L3Entry, TenantIndex
-from harness.cache.settings import CacheSettings
+from harness.target.cache.l3 import L3Entry, TenantIndex
+from harness.target.cache.settings import CacheSettings
 from tests.cache.conftest import completion
 
 DIM = 32

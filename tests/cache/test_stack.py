@@ -231,9 +231,9 @@ async def test_unreachable_external_redis_fails_open(make_stack: StackFactory, t
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.cache.settings import CacheSettings
     from harness.common.errors import ConfigError
     from harness.common.settings import load_settings
+    from harness.target.cache.settings import CacheSettings
 
     monkeypatch.setenv("REDIS_URL", "redis://example.invalid:6379/2")
     monkeypatch.setenv("HARNESS__CACHE__L3_THRESHOLD", "0.95")
@@ -250,8 +250,8 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_tiers_come_from_the_registry_in_lookup_order(make_stack: StackFactory) -> None:
-    from harness.cache.api import FLUSH_TIERS, TIER_NAMES
-    from harness.cache.tiers import CACHE_TIERS
+    from harness.target.cache.api import FLUSH_TIERS, TIER_NAMES
+    from harness.target.cache.tiers import CACHE_TIERS
 
     assert CACHE_TIERS.names() == list(TIER_NAMES) and (*TIER_NAMES, "bloom") == FLUSH_TIERS
     stack = await make_stack()

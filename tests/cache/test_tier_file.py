@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cache.api import CachedCompletion
-from harness.cache.policy import TablePolicy, TierFile, load_tier_file
-from harness.cache.settings import CacheSettings, with_tier_file
 from harness.common.errors import ConfigError, InputError
 from harness.common.io import write_json
+from harness.target.cache.api import CachedCompletion
+from harness.target.cache.policy import TablePolicy, TierFile, load_tier_file
+from harness.target.cache.settings import CacheSettings, with_tier_file
 from tests.cache.conftest import StackFactory, chat, l2_of, raw_redis
 
 FP_HOT = "a" * 32

@@ -34,7 +34,7 @@ def test_auto_and_cuda_follow_torch() -> None:
 
 def test_engine_and_embedder_use_it() -> None:
     from harness.common import embeddings
-    from harness.engine import factory
+    from harness.target.engine import factory
 
     assert embeddings.resolve_device is resolve_device
     assert str(factory.resolve_device("cpu")) == "cpu"

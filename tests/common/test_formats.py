@@ -41,8 +41,8 @@ def test_a_file_no_reader_accepts_names_the_formats_in_sniffing_order(tmp_path: 
 
 
 def test_both_stages_register_the_one_reader_type() -> None:
+    from harness.corpus.dialogues import SESSION_READERS
     from harness.corpus.logs import LOG_READERS
-    from harness.corpus.sessions import SESSION_READERS
     from harness.traces._base import REQUEST_READERS, TRACE_READERS
     from harness.traces.api import formats
 

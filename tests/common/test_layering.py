@@ -26,9 +26,9 @@ RANK = {
     "traces": 1,
     "corpus": 2,
     "load": 3,
-    "engine": 4,
-    "cache": 5,
-    "server": 6,
+    "target.engine": 4,
+    "target.cache": 5,
+    "target.server": 6,
     "gates": 7,
     "experiments": 8,
     "analysis": 9,
@@ -174,20 +174,51 @@ def _describe(cycle: frozenset[str], graph: dict[str, dict[str, list[Import]]]) 
     return "\n".join(lines)
 
 
+TARGET = "target"
+"""The system under test (engine, cache, server): one folder apart from the tool's stages, its parts
+ranked as stages of their own (``target.engine`` …)."""
+
+
 def _stage_of(module: str) -> str | None:
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == TARGET:
+        name = f"{TARGET}.{parts[2]}"
+        return name if name in RANK else None
     return parts[1] if len(parts) > 1 and parts[1] in RANK else None
 
 
+def _stage_dirs() -> dict[str, Path]:
+    """Stage name → its folder (the target's parts under ``harness/target/``)."""
+    out: dict[str, Path] = {}
+    for p in PKG.iterdir():
+        if not (p.is_dir() and (p / "__init__.py").exists()):
+            continue
+        if p.name == TARGET:
+            out |= {
+                f"{TARGET}.{q.name}": q for q in p.iterdir() if q.is_dir() and (q / "__init__.py").exists()
+            }
+        else:
+            out[p.name] = p
+    return out
+
+
 def test_every_stage_directory_is_ranked() -> None:
-    stages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    stages = set(_stage_dirs())
     assert stages == set(RANK), f"unranked or missing stages: {stages ^ set(RANK)}"
+
+
+def test_the_target_stands_apart_from_the_tool() -> None:
+    """The system under test lives under ``harness/target/``, one folder beside the tool's stages; its
+    parts keep their rank (stages after them may use what they define: the cache's tier file, the
+    engine's eviction rule in the simulator)."""
+    assert {"target.engine", "target.cache", "target.server"} <= set(_stage_dirs())
+    assert not any((PKG / name).exists() for name in ("engine", "cache", "server"))
 
 
 @pytest.mark.parametrize("stage", sorted(RANK, key=RANK.__getitem__))
 def test_stage_imports_only_upstream(stage: str) -> None:
     bad = []
-    for path in sorted((PKG / stage).rglob("*.py")):
+    for path in sorted(_stage_dirs()[stage].rglob("*.py")):
         for imp in harness_imports(path):
             target = _stage_of(imp.module)
             if target is None or target == stage:
@@ -202,14 +233,18 @@ def test_stage_imports_only_upstream(stage: str) -> None:
 def test_layering_check_catches_a_downstream_import(tmp_path: Path) -> None:
     """The scanner itself must see a violation when one is planted."""
     planted = tmp_path / "planted.py"
-    planted.write_text("from harness.server.app import create_app\nimport harness.gates\n")
+    planted.write_text("from harness.target.server.app import create_app\nimport harness.gates\n")
     modules = [imp.module for imp in harness_imports(planted)]
-    assert [_stage_of(m) for m in modules] == ["server", "gates"]
+    assert [_stage_of(m) for m in modules] == ["target.server", "gates"]
 
 
 def test_no_import_cycle_in_the_package() -> None:
     graph = import_graph(PKG)
-    assert {"harness.server.app", "harness.load.plugin", "harness.cache.settings"} <= graph.keys()
+    assert {
+        "harness.target.server.app",
+        "harness.load.plugin",
+        "harness.target.cache.settings",
+    } <= graph.keys()
     cycles = import_cycles(graph)
     new = [_describe(c, graph) for c in cycles if c not in KNOWN_CYCLES]
     assert not new, "import cycles (lazy and TYPE_CHECKING imports count):\n" + "\n".join(new)
@@ -241,6 +276,7 @@ def test_cycle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None
 LOCUST_FREE = (
     "harness.load.summary",
     "harness.load.results",
+    "harness.load.run_summary",
     "harness.load.options",
     "harness.load.inputs",
     "harness.load.control",

@@ -121,8 +121,8 @@ def test_bad_files_are_one_clear_error(tmp_path: Path) -> None:
 
 def test_request_and_dialogue_logs_share_one_reader_type(tmp_path: Path) -> None:
     from harness.common.registry import Registry
+    from harness.corpus.dialogues import SESSION_READERS, detect_session_format, read_dialogues
     from harness.corpus.logs import Reader, detect_format, read_with
-    from harness.corpus.sessions import SESSION_READERS, detect_session_format, read_dialogues
 
     assert all(isinstance(r, Reader) for _, r in LOG_READERS.items())
     assert all(isinstance(r, Reader) for _, r in SESSION_READERS.items())

@@ -11,14 +11,9 @@ import pytest
 from harness.common.errors import ConfigError, InputError
 from harness.common.settings import load_settings
 from harness.corpus.model import read_corpus
-from harness.corpus.sessions import (
-    SessionBuildInputs,
-    ThinkTime,
-    build_sessions,
-    read_timing_trace,
-    transcript,
-)
+from harness.corpus.sessions import SessionBuildInputs, build_sessions, transcript
 from harness.corpus.settings import CorpusSettings
+from harness.corpus.timing import ThinkTime, read_timing_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -219,7 +214,7 @@ def test_the_mooncake_fixture_head_has_no_request_extending_another(tmp_path: Pa
 
 @pytest.mark.realdata
 def test_real_mooncake_trace_sessions_are_growing_prefixes(realdata: Path) -> None:
-    from harness.corpus.sessions import TraceRequest, chain_by_prefix
+    from harness.corpus.timing import TraceRequest, chain_by_prefix
 
     path = realdata / "mooncake" / "synthetic_trace.jsonl"
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
@@ -253,7 +248,7 @@ AGENT_LOG = ROOT / "fixtures" / "corpus" / "agent_sessions.jsonl"
 
 
 def test_an_agents_log_turns_at_each_assistant_message_with_its_calls_and_results(tmp_path: Path) -> None:
-    from harness.corpus.sessions import detect_session_format
+    from harness.corpus.dialogues import detect_session_format
 
     assert detect_session_format(AGENT_LOG) == "openai"
     settings = load_settings(CorpusSettings, seed=5)
@@ -316,7 +311,7 @@ def test_an_agents_log_that_breaks_the_shape_is_refused_naming_line_and_field(tm
 def test_a_mooncake_agent_trace_becomes_tool_sessions_of_its_lengths_and_times(tmp_path: Path) -> None:
     """Session A: three requests, each prompt its predecessor's plus its answer plus a tool result
     (300 and 50 tokens); session B: one request sharing A's first 512-token block."""
-    from harness.corpus.sessions import detect_session_format
+    from harness.corpus.dialogues import detect_session_format
     from harness.corpus.tokens import load_tokenizer
 
     rows = [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.common import embeddings
-from harness.corpus import build as build_mod
+from harness.corpus import rounds as rounds_mod
 from harness.corpus.build import BuildInputs, build_corpus
 from harness.corpus.settings import CorpusSettings
 
@@ -50,8 +50,8 @@ def test_look_ahead_changes_no_candidate(
     ahead = build_corpus(BuildInputs(out=tmp_path / "ahead", **inputs), s)  # type: ignore[arg-type]
     with_ahead = [list(c) for c in encoded]
     encoded.clear()
-    monkeypatch.setattr(build_mod, "LOOKAHEAD", 0.0)
-    monkeypatch.setattr(build_mod._Draws, "peek", lambda self, count: [])
+    monkeypatch.setattr(rounds_mod, "LOOKAHEAD", 0.0)
+    monkeypatch.setattr(rounds_mod._Draws, "peek", lambda self, count: [])
     plain = build_corpus(BuildInputs(out=tmp_path / "plain", **inputs), s)  # type: ignore[arg-type]
     assert (tmp_path / "ahead" / "corpus.jsonl").read_bytes() == (
         tmp_path / "plain" / "corpus.jsonl"
@@ -70,7 +70,7 @@ def test_queries_that_run_out_end_the_build_as_before(
     # 143 log lines, 400 asked: the look-ahead meets the end of the queries before the rounds do.
     inputs = dict(template=TEMPLATES / "four_section.j2", n=400, fewshot=[FIXTURES / "fewshot_log.jsonl"])
     ahead = build_corpus(BuildInputs(out=tmp_path / "a", **inputs), _settings())  # type: ignore[arg-type]
-    monkeypatch.setattr(build_mod._Draws, "peek", lambda self, count: [])
+    monkeypatch.setattr(rounds_mod._Draws, "peek", lambda self, count: [])
     plain = build_corpus(BuildInputs(out=tmp_path / "p", **inputs), _settings())  # type: ignore[arg-type]
     assert _files(tmp_path / "a") == _files(tmp_path / "p")
     assert ahead.failures == plain.failures

@@ -1,6 +1,7 @@
 """The command-line conventions of docs/cli.md, held for every command: every output path is
 ``--out/-o``, ``--json`` is always a switch, every option has help, every command's help ends with an
-example that parses; and every renamed option still works under its old spelling, with a warning."""
+example that parses; and every renamed option still works under its old spelling, hidden from the help,
+with one warning naming the new one."""
 
 from __future__ import annotations
 
@@ -65,6 +66,17 @@ def test_every_option_has_help_and_follows_the_conventions(path: str) -> None:
             pytest.fail(f"{path}: --host is Locust's target option; a target is --url, an address --bind")
 
 
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_every_old_spelling_is_hidden_and_names_a_shown_option(path: str) -> None:
+    options = [p for p in COMMANDS[path].params if p.param_type_name == "option"]
+    shown = {name for p in options if not p.hidden for name in [*p.opts, *p.secondary_opts]}
+    for p in options:
+        if p.help and p.help.startswith("Deprecated: use "):
+            new = p.help.removeprefix("Deprecated: use ").removesuffix(".")
+            assert p.hidden, f"{path} {p.opts}: an old spelling is hidden from --help"
+            assert new in shown, f"{path} {p.opts}: the new spelling {new} is not an option of the command"
+
+
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exc:
         main(list(args))
@@ -73,8 +85,11 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def warned(err: str, old: str, new: str) -> bool:
-    text = " ".join(err.split())  # Rich may wrap the line
-    return f"{old} is deprecated and will be removed: use {new}" in text
+    """``err`` holds the one deprecation warning for ``old``, once, on a line of its own."""
+    lines = err.splitlines()
+    return lines.count(f"harness: warning: {old} is deprecated; use {new}") == 1 and not any(
+        f"{old} is deprecated" in line and not line.startswith("harness: warning: ") for line in lines
+    )
 
 
 # ---- each rename: the old spelling still works, with a warning; both at once is an error -----------
@@ -98,26 +113,38 @@ def test_traces_output_is_out(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert rc == 0 and (tmp_path / "s.json").is_file() and warned(err, "--output", "--out")
 
 
-def test_analysis_capacity_is_cache_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_analysis_cache_capacity(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--cache-capacity`` (``analysis effect``'s name, and its recipe key ``effect.cache_capacity``)
+    was ``--cache-size`` and, before that, ``--capacity`` on ``hitrate`` and ``plan``."""
     base = ["analysis", "hitrate", "--trace", str(MOONCAKE), "--unit", "blocks", "--json"]
 
     def hits(out: str) -> list[tuple[int, str, float]]:
         return [(r["capacity"], r["policy"], r["hit_rate"]) for r in json.loads(out)["results"]]
 
-    rc, out, err = run(capsys, *base, "--capacity", "50", "--capacity", "500")
-    assert rc == 0 and warned(err, "--capacity", "--cache-size")
-    old = hits(out)
-    rc, out, err = run(capsys, *base, "--cache-size", "50", "--cache-size", "500")
-    assert rc == 0 and hits(out) == old and len(old) == 6 and "deprecated" not in err
-    rc, _, err = run(capsys, *base, "--cache-size", "50", "--capacity", "500")
-    assert rc == 2 and "old spelling of --cache-size" in err
-    plan = ["analysis", "plan", "--trace", str(MOONCAKE), "--unit", "blocks", "--window", "0.5", "--json"]
-    rc, out, err = run(capsys, *plan, "--capacity", "100", "-o", str(tmp_path / "p1"))
-    assert rc == 0 and warned(err, "--capacity", "--cache-size")
-    rc, out2, _ = run(capsys, *plan, "--cache-size", "100", "-o", str(tmp_path / "p2"))
+    rc, out, err = run(capsys, *base, "--cache-capacity", "50", "--cache-capacity", "500")
+    assert rc == 0 and "deprecated" not in err
+    new = hits(out)
+    assert len(new) == 6
+    for old in ("--capacity", "--cache-size"):
+        rc, out, err = run(capsys, *base, old, "50", old, "500")  # repeated: still one warning
+        assert rc == 0 and hits(out) == new and warned(err, old, "--cache-capacity")
+    rc, _, err = run(capsys, *base, "--cache-capacity", "50", "--cache-size", "500")
+    assert rc == 2 and "old spelling of --cache-capacity" in err
+    rc, out, err = run(capsys, *base[:-1], "--format", "mooncake", "--cache-capacity", "50", "--json")
+    assert rc == 0 and warned(err, "--format", "--trace-format")
+    plan = ["analysis", "plan", "--trace", str(MOONCAKE), "--unit", "blocks", "--json"]
+    rc, out, _ = run(
+        capsys, *plan, "--cache-capacity", "100", "--window-fraction", "0.5", "-o", str(tmp_path / "p1")
+    )
+    assert rc == 0
+    rc, out2, err = run(capsys, *plan, "--cache-size", "100", "--window", "0.5", "--max-failure-rate", "0.05",
+                        "-o", str(tmp_path / "p2"))  # fmt: skip
     assert rc == 0 and json.loads(out) == json.loads(out2)
-    rc, _, err = run(capsys, *plan[:-1], "-o", str(tmp_path / "p3"))
-    assert rc == 2 and "--cache-size" in err  # still required, under either spelling
+    assert warned(err, "--cache-size", "--cache-capacity") and warned(err, "--window", "--window-fraction")
+    assert warned(err, "--max-failure-rate", "--max-error-rate")
+    assert "max_failure_rate: 0.05" in (tmp_path / "p2" / "ladder.yaml").read_text()
+    rc, _, err = run(capsys, *plan, "-o", str(tmp_path / "p3"))
+    assert rc == 2 and "--cache-capacity" in err  # still required, under any spelling
 
 
 def test_report_capacity_is_capacity_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -133,7 +160,7 @@ def test_gate_json_path_is_json_out(capsys: pytest.CaptureFixture[str], tmp_path
     base = ["gate", "--baseline", str(ROOT / "fixtures" / "baselines" / "tiny-cpu.yaml"),
             f"cold={runs / 'cold'}", f"warm={runs / 'warm'}", "--junit", str(tmp_path / "j.xml")]  # fmt: skip
     rc, _, err = run(capsys, *base, "--json", str(tmp_path / "old.json"))
-    assert rc in (0, 1, 6) and warned(err, "--json PATH", "--json-out PATH")
+    assert rc in (0, 1, 6) and warned(err, "--json", "--json-out")
     assert json.loads((tmp_path / "old.json").read_text())["verdict"]
     rc, _, err = run(capsys, *base, "--json-out", str(tmp_path / "new.json"))
     assert rc in (0, 1, 6) and (tmp_path / "new.json").is_file() and "deprecated" not in err
@@ -160,6 +187,52 @@ def test_deploy_istio_host_is_service_host(capsys: pytest.CaptureFixture[str]) -
     assert rc == 2 and "--service-host" in err
 
 
+def test_traces_format_and_process(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--trace-format`` (as ``corpus build`` and ``analysis hitrate`` name it) was ``--format``;
+    ``traces schedule``'s arrival process, ``--arrival`` (as the load options name it), was ``--process``."""
+    base = ["traces", "schedule", "--rate", "4", "--count", "20", "--seed", "1"]
+    rc, _, err = run(capsys, *base, "--arrival", "gamma", "--cv", "2", "-o", str(tmp_path / "new.jsonl"))
+    assert rc == 0 and "deprecated" not in err
+    rc, _, err = run(capsys, *base, "--process", "gamma", "--cv", "2", "-o", str(tmp_path / "old.jsonl"))
+    assert rc == 0 and warned(err, "--process", "--arrival")
+    assert (tmp_path / "old.jsonl").read_text() == (tmp_path / "new.jsonl").read_text()
+    rc, _, err = run(capsys, *base, "--arrival", "gamma", "--process", "gamma", "-o", str(tmp_path / "x"))
+    assert rc == 2 and "old spelling of --arrival" in err
+    rc, _, err = run(capsys, "traces", "inspect", "--format", "nope", str(MOONCAKE))
+    assert rc == 4 and "unknown trace format 'nope'" in err and warned(err, "--format", "--trace-format")
+    rc, _, err = run(capsys, "traces", "inspect", "-f", "nope", str(MOONCAKE))
+    assert rc == 4 and "deprecated" not in err
+
+
+def test_baseline_noise_reps_is_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = ROOT / "fixtures" / "runs" / "tiny-cpu"
+    base = ["baseline", "noise", "--baseline", str(ROOT / "fixtures" / "baselines" / "tiny-cpu.yaml"),
+            f"cold={runs / 'cold'}", f"warm={runs / 'warm'}"]  # fmt: skip
+    # The fixture's runs are client-bound, which noise refuses (exit 3) after the options are read.
+    rc, _, err = run(capsys, *base, "--reps", "10")
+    assert rc == 3 and "client-bound" in err and warned(err, "--reps", "--repeats")
+    rc, _, err = run(capsys, *base, "--reps", "9")
+    assert rc == 2 and "--reps" in err and "10" in err  # the new spelling's minimum holds for the old one
+    rc, _, err = run(capsys, *base, "--repeats", "10", "--reps", "10")
+    assert rc == 2 and "old spelling of --repeats" in err
+
+
+def test_corpus_threshold_is_dedup_threshold(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # An out-of-range value is refused (exit 4) by the corpus settings before anything is built: enough
+    # to see which setting the old spelling reached.
+    rc, _, err = run(capsys, "corpus", "build", "--threshold", "1.5", "-o", str(tmp_path / "c"))
+    assert rc == 4 and "DEDUP_THRESHOLD" in err and warned(err, "--threshold", "--dedup-threshold")
+    rc, _, err = run(capsys, "corpus", "build", "--dedup-threshold", "1.5", "-o", str(tmp_path / "c"))
+    assert rc == 4 and "DEDUP_THRESHOLD" in err and "deprecated" not in err
+
+
+def test_cache_timeout_is_request_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "cache", "stats", "--url", DEAD_URL, "--timeout", "1")
+    assert rc == 5 and warned(err, "--timeout", "--request-timeout")  # then the dead target: exit 5
+    rc, _, err = run(capsys, "cache", "stats", "--url", DEAD_URL, "--timeout", "0.01")
+    assert rc == 2 and "--timeout" in err and "0.1" in err  # the new spelling's minimum holds for the old one
+
+
 def test_avalanche_target_is_target_p(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     classes = tmp_path / "classes.jsonl"
     classes.write_text('{"name": "hot", "keys": 100, "ttl_s": 60, "jitter_s": 1}\n')
@@ -183,7 +256,7 @@ def test_anomaly_windows_are_named(capsys: pytest.CaptureFixture[str], tmp_path:
 @pytest.mark.parametrize(
     "command",
     [
-        ["cache", "stats", "--url", DEAD_URL, "--timeout", "1"],
+        ["cache", "stats", "--url", DEAD_URL, "--request-timeout", "1"],
         ["analysis", "scrape", "--url", DEAD_URL, "--count", "1", "-o"],
     ],
 )

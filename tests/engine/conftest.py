@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.engine.settings import EngineSettings
+from harness.target.engine.settings import EngineSettings
 
 # The test machine is small and shared: one intra-op thread avoids OpenMP spin-wait stalls when
 # the other core is busy (measured: 100x slower small ops with 2 threads under contention).

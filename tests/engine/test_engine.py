@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from harness.common.errors import CheckFailed
-from harness.engine.api import EngineFull, InvalidPrompt, PromptTooLong, SamplingParams, TokenEvent
-from harness.engine.async_engine import ThreadedAsyncEngine
-from harness.engine.core import EngineCore
-from harness.engine.factory import create_core, create_engine
+from harness.target.engine.api import EngineFull, InvalidPrompt, PromptTooLong, SamplingParams, TokenEvent
+from harness.target.engine.async_engine import ThreadedAsyncEngine
+from harness.target.engine.core import EngineCore
+from harness.target.engine.factory import create_core, create_engine
 
 from .conftest import tiny_settings
 
@@ -388,8 +388,8 @@ def test_injected_slowdown_waits_after_every_step_in_proportion_and_changes_no_t
     expected = tokens(run_all(core)["r"])
     waits: list[float] = []
     ticks = iter(range(10**6))
-    monkeypatch.setattr("harness.engine.core.time.sleep", waits.append)
-    monkeypatch.setattr("harness.engine.core.time.perf_counter", lambda: next(ticks) * 0.01)
+    monkeypatch.setattr("harness.target.engine.core.time.sleep", waits.append)
+    monkeypatch.setattr("harness.target.engine.core.time.perf_counter", lambda: next(ticks) * 0.01)
     slow.add_request("r", prompt, GREEDY)
     events: list[TokenEvent] = []
     steps = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.api import RequestMetrics, SamplingParams
-from harness.engine.factory import create_core
+from harness.target.engine.api import RequestMetrics, SamplingParams
+from harness.target.engine.factory import create_core
 
 from .conftest import tiny_settings
 
@@ -55,7 +55,7 @@ def test_cuda_auto_dtype_is_bfloat16_and_sampling_runs() -> None:
 
 
 def test_cuda_sampler_mixed_batch_matches_cpu_and_is_reproducible() -> None:
-    from harness.engine.sampling import Sampler, make_generator
+    from harness.target.engine.sampling import Sampler, make_generator
 
     from .test_sampling import EOS, Seq, V, assert_same_logits, make_sampler, mixed_batch, random_logits
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.engine.api import SamplingParams
-from harness.engine.factory import create_core
-from harness.engine.loader import load_checkpoint
-from harness.engine.model import linear, pack_weight
+from harness.target.engine.api import SamplingParams
+from harness.target.engine.factory import create_core
+from harness.target.engine.loader import load_checkpoint
+from harness.target.engine.model import linear, pack_weight
 
 from .conftest import make_checkpoint, tiny_settings
 

@@ -1,6 +1,6 @@
 """BlockManager on its own: chained prefix hashes, reference counts, eviction, validation.
 
-Every test runs under every eviction policy (:data:`~harness.engine.kv_cache.EVICTION_POLICIES`).
+Every test runs under every eviction policy (:data:`~harness.target.engine.kv_cache.EVICTION_POLICIES`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.common.errors import CheckFailed
-from harness.engine.kv_cache import EVICTION_POLICIES, BlockManager
+from harness.target.engine.kv_cache import EVICTION_POLICIES, BlockManager
 
 BS = 4
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.common.errors import ConfigError
-from harness.engine.kv_cache import EVICTION_POLICIES, BlockManager
+from harness.target.engine.kv_cache import EVICTION_POLICIES, BlockManager
 
 BS = 4
 HOT = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full (cached) blocks and one token
@@ -101,8 +101,8 @@ def test_no_policy_breaks_lookups(eviction: str, prompts: list[tuple[int, int, i
 
 def test_the_engine_setting_chooses_the_policy() -> None:
     """``prefix_eviction`` reaches the engine's block manager (and ``lru`` stays the default)."""
-    from harness.engine.factory import create_core
-    from harness.engine.kv_cache import LruEviction, S3FifoEviction
+    from harness.target.engine.factory import create_core
+    from harness.target.engine.kv_cache import LruEviction, S3FifoEviction
 
     from .conftest import tiny_settings
 

@@ -11,9 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from harness.common.errors import ConfigError
-from harness.engine.cli import app
-from harness.engine.loader import PRESETS, load_checkpoint
-from harness.engine.tokenizer import minilm_tokenizer_path, preset_tokenizer
+from harness.target.engine.cli import app
+from harness.target.engine.loader import PRESETS, load_checkpoint
+from harness.target.engine.tokenizer import minilm_tokenizer_path, preset_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -137,7 +137,7 @@ def test_vocab_larger_than_tokenizer_is_masked() -> None:
     """
     from dataclasses import replace
 
-    from harness.engine.model import Transformer, init_random
+    from harness.target.engine.model import Transformer, init_random
 
     cfg = replace(PRESETS.get("qwen2-0.5b"), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                   intermediate_size=64)  # fmt: skip

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from harness.common.errors import ConfigError
-from harness.engine.api import SamplingParams
-from harness.engine.factory import create_engine
-from harness.engine.placement import Placement, cpu_list, enter_front, parse_cpu_list, plan
+from harness.target.engine.api import SamplingParams
+from harness.target.engine.factory import create_engine
+from harness.target.engine.placement import Placement, cpu_list, enter_front, parse_cpu_list, plan
 from tests.engine.conftest import tiny_settings
 
 FOUR = frozenset({0, 1, 2, 3})

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.engine.api import RequestMetrics, SamplingParams, TokenEvent
-from harness.engine.core import EngineCore
-from harness.engine.factory import create_core
+from harness.target.engine.api import RequestMetrics, SamplingParams, TokenEvent
+from harness.target.engine.core import EngineCore
+from harness.target.engine.factory import create_core
 
 from .conftest import tiny_settings
 

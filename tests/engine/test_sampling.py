@@ -26,10 +26,10 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from harness.engine.api import SamplingParams, TokenEvent
-from harness.engine.core import EngineCore
-from harness.engine.factory import create_core
-from harness.engine.sampling import Sampler, make_generator
+from harness.target.engine.api import SamplingParams, TokenEvent
+from harness.target.engine.core import EngineCore
+from harness.target.engine.factory import create_core
+from harness.target.engine.sampling import Sampler, make_generator
 
 from .conftest import tiny_settings
 
@@ -442,7 +442,7 @@ def test_engine_top_logprobs_and_mean_entropy(core: EngineCore) -> None:
 
 
 def test_engine_refuses_out_of_range_parameters(core: EngineCore) -> None:
-    from harness.engine.api import EngineError
+    from harness.target.engine.api import EngineError
 
     vocab = core.model.vocab_limit
     for bad in (

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from harness.common.errors import ConfigError
-from harness.engine import weights
-from harness.engine.api import SamplingParams
-from harness.engine.settings import EngineSettings
-from harness.server.launch import running_server
+from harness.target.engine import weights
+from harness.target.engine.api import SamplingParams
+from harness.target.engine.settings import EngineSettings
+from harness.target.server.launch import running_server
 
 SRC = weights.SOURCES.get("smollm2")
 QUESTION = "What is the capital of France? Answer in one word."
@@ -116,8 +116,8 @@ def test_greedy_output_equals_transformers(smollm2_dir: Path) -> None:
     greedy tokens through the paged engine (block size 4: the 70-token sequence spans 18 blocks)."""
     import transformers
 
-    from harness.engine.factory import create_core
-    from harness.engine.tokenizer import load_tokenizer
+    from harness.target.engine.factory import create_core
+    from harness.target.engine.tokenizer import load_tokenizer
 
     messages = [{"role": "user", "content": "Write one sentence about the sea."}]
     ours_tok = load_tokenizer(smollm2_dir)
@@ -170,7 +170,7 @@ def test_server_answers_paris_and_stops_at_eos(smollm2_dir: Path, tmp_path: Path
     assert data["usage"]["completion_tokens"] < body["max_tokens"]
     # The corpus stage counts prompt tokens with the target's tokenizer: the same count as the
     # server's, chat template included (nothing of the BERT presets' [CLS]/[SEP] or 128 cap).
-    from harness.engine.tokenizer import load_tokenizer
+    from harness.target.engine.tokenizer import load_tokenizer
 
     rendered = load_tokenizer(smollm2_dir).apply_chat_template(body["messages"])  # type: ignore[arg-type]
     assert TargetTokenizer(smollm2_dir).count(rendered) == data["usage"]["prompt_tokens"]

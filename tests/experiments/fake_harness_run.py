@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.common.fingerprint import Environment, Hardware, Software
 from harness.experiments.calibrate import RunOnce
 from harness.experiments.recipe import Recipe
-from harness.load.results import Recipe as OfferedLoad
+from harness.load.run_summary import Recipe as OfferedLoad
 from tests.gates.factory import make_run
 
 ENV = Environment(

@@ -22,8 +22,9 @@ import pytest
 from harness.cli import main
 from harness.common.errors import ConfigError, InputError
 from harness.corpus.model import CorpusRecord
-from harness.experiments.ab import ABRun, ABSpec, chosen_metrics, distinct_records, order, prepare
 from harness.experiments.ab_cli import AB_OPTIONS
+from harness.experiments.ab_record import ABRun
+from harness.experiments.ab_spec import ABSpec, chosen_metrics, distinct_records, order, prepare
 from harness.experiments.recipe import RECIPE_FILE, recipe_dump, resolve, write_recipe
 from harness.load.results import read_records
 from tests.gates.factory import ROOT

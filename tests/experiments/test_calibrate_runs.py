@@ -122,7 +122,7 @@ def test_from_runs_finds_nested_runs_and_sets_aside_another_machines(tmp_path: P
     from another runner type among them is set aside and named, not mixed into the spread."""
     from harness.common.fingerprint import Environment, Hardware
     from harness.experiments.calibrate import history_runs
-    from harness.load.results import read_summary, write_summary
+    from harness.load.run_summary import read_summary, write_summary
     from tests.experiments.fake_harness_run import ENV
 
     history = tmp_path / "history"

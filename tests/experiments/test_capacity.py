@@ -19,7 +19,8 @@ from harness.experiments.capacity import CapacityRunner, CapacitySpec
 from harness.experiments.capacity_result import Calibration, CapacityResult, answer_line, read_capacity
 from harness.experiments.capacity_search import crossing, isotonic_increasing, search, unprobed
 from harness.experiments.recipe import Recipe
-from harness.experiments.slo import (
+from harness.experiments.target import Target
+from harness.gates.slo import (
     DEFAULT_SLO,
     ProbeSamples,
     check_probe_size,
@@ -29,7 +30,6 @@ from harness.experiments.slo import (
     probe_min_requests,
     resolve_limits,
 )
-from harness.experiments.target import Target
 from harness.load.arrivals import RequestSpec, prepare_requests
 from harness.load.target import TargetClient
 from tests.experiments.capacity_server import Capacity, CapacityServer
@@ -37,16 +37,39 @@ from tests.load.helpers import make_corpus
 
 # ------------------------------------------------------------------------------------------ SLO
 
+SLO95 = "ttft_from_intended_p95<=3x,error_rate<=0.05"
+SLO95_ONLY = "ttft_from_intended_p95<=3x"
+SLO50 = "ttft_from_intended_p50<=3x,error_rate<=0.1"
+
 
 def test_parse_slo_absolute_relative_and_rate() -> None:
-    terms = parse_slo("ttft_p95<=300, tpot_p95<=50ms,e2e_p99<=2.5x ,itl_p50<=40,error_rate<=0.01")
-    assert [t.metric for t in terms] == ["ttft_p95", "tpot_p95", "e2e_p99", "itl_p50", "error_rate"]
+    terms = parse_slo(
+        "ttft_from_intended_p95<=300, tpot_p95<=50ms,e2e_from_intended_p99<=2.5x ,itl_p50<=40,"
+        "error_rate<=0.01"
+    )
+    assert [t.metric for t in terms] == [
+        "ttft_from_intended_p95", "tpot_p95", "e2e_from_intended_p99", "itl_p50", "error_rate"
+    ]  # fmt: skip
     ttft, tpot, e2e, itl, err = terms
     assert (ttft.column, ttft.q, ttft.limit, ttft.factor) == ("ttft_from_intended_ms", 95, 300.0, None)
     assert (tpot.column, tpot.limit) == ("tpot_ms", 50.0)
     assert (e2e.column, e2e.q, e2e.limit, e2e.factor) == ("e2e_from_intended_ms", 99, None, 2.5)
     assert itl.column == "itl_ms"
     assert (err.kind, err.limit) == ("rate", 0.01)
+
+
+def test_an_slo_metric_means_what_the_gate_of_that_name_means() -> None:
+    """One vocabulary: ``ttft_p95`` is the gates' ``ttft_p95`` (from send) in an SLO too, and every
+    latency percentile a gate knows is an SLO term."""
+    from harness.gates.metrics import METRICS
+    from harness.gates.slo import slo_metrics
+
+    for name, (column, q) in slo_metrics().items():
+        assert (METRICS.get(name).column, METRICS.get(name).q) == (column, q)
+    (ttft,) = parse_slo("ttft_p95<=3x")
+    assert (ttft.column, ttft.q) == ("ttft_ms", 95)
+    assert {"ttft_p95", "ttft_from_intended_p95", "tpot_p50", "itl_p95", "e2e_p99"} <= set(slo_metrics())
+    assert "lateness_p99" not in slo_metrics()  # the client's health, not the service's
 
 
 @pytest.mark.parametrize(
@@ -78,7 +101,7 @@ def test_an_slo_no_probe_could_pass_is_refused_with_the_size_it_needs() -> None:
     with pytest.raises(ConfigError, match="--probe-requests 368"):
         check_probe_size(parse_slo("error_rate<=0.01"), 100, 0.95)
     with pytest.raises(ConfigError, match="--probe-requests 72"):
-        check_probe_size(parse_slo("ttft_p95<=300"), 50, 0.95)
+        check_probe_size(parse_slo("ttft_from_intended_p95<=300"), 50, 0.95)
 
 
 # ------------------------------------------------------------------------------------ judgement
@@ -110,7 +133,7 @@ def straddling(limit: float = 100.0) -> np.ndarray:
 
 
 def test_probe_verdicts_pass_fail_inconclusive_and_attainment() -> None:
-    terms = parse_slo("ttft_p95<=100,error_rate<=0.05")
+    terms = parse_slo("ttft_from_intended_p95<=100,error_rate<=0.05")
     limits = resolve_limits(terms, probe(1, spread(50)))
     ok = judge_probe(1, terms, limits, probe(1, spread(50)), 0.95)
     assert ok.verdict == "pass" and [t.verdict for t in ok.terms] == ["pass", "pass"]
@@ -121,7 +144,7 @@ def test_probe_verdicts_pass_fail_inconclusive_and_attainment() -> None:
     slow = judge_probe(2, terms, limits, probe(2, spread(300)), 0.95)
     assert slow.verdict == "fail" and slow.terms[0].verdict == "fail"
     assert slow.terms[0].attainment == 0.0
-    assert "ttft_p95" in (slow.note or "")
+    assert "ttft_from_intended_p95" in (slow.note or "")
 
     # Values straddling the limit: the interval holds it, the probe cannot be judged.
     edge = judge_probe(3, terms, limits, probe(3, straddling()), 0.95)
@@ -134,19 +157,19 @@ def test_probe_verdicts_pass_fail_inconclusive_and_attainment() -> None:
 
 
 def test_every_request_failing_fails_the_latency_term_too() -> None:
-    terms = parse_slo("ttft_p95<=100")
+    terms = parse_slo("ttft_from_intended_p95<=100")
     result = judge_probe(1, terms, [100.0], probe(1, np.empty(0), failed=50), 0.95)
     assert result.verdict == "fail" and result.terms[0].value is None and result.terms[0].attainment == 0.0
 
 
 def test_a_failure_with_the_client_cpu_saturated_is_inconclusive() -> None:
-    terms = parse_slo("ttft_p95<=100")
+    terms = parse_slo("ttft_from_intended_p95<=100")
     result = judge_probe(1, terms, [100.0], probe(1, spread(300), cpu=97.0), 0.95)
     assert result.verdict == "inconclusive" and "client-bound" in (result.note or "")
 
 
 def test_relative_limit_is_the_reference_probes_value_times_the_factor() -> None:
-    terms = parse_slo("ttft_p95<=3x,error_rate<=0.05")
+    terms = parse_slo(SLO95)
     ref = probe(1, spread(40))
     limits = resolve_limits(terms, ref)
     assert limits[0] == pytest.approx(3 * float(np.sort(spread(40))[94]))
@@ -192,7 +215,7 @@ def queue_model(capacity: float, *, base: float = 50.0, cliff_errors: bool = Fal
 
 def test_search_brackets_then_bisects_and_finds_the_known_capacity() -> None:
     measure, calls = queue_model(8.0)
-    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0, resolution=0.1)
+    result = search(measure, parse_slo(SLO95), start=1.0, resolution=0.1)
     assert calls[:5] == [1.0, 2.0, 4.0, 8.0, 16.0]  # ×2 until a probe fails
     assert result.exit_code == 0 and result.bounded
     assert result.low <= 8.0 < result.high  # type: ignore[operator]
@@ -208,14 +231,14 @@ def test_bracket_ends_are_the_probes_rounded_rates() -> None:
     the probe's own rate, so a cliff between it and the failing probe is found, not a crash."""
     # 2.487 and 4.974 pass, every bisection probe above 5 fails: the low end is a grown rate.
     measure, calls = queue_model(5.0, cliff_errors=True)
-    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=2.4871234, resolution=0.1)
+    result = search(measure, parse_slo(SLO95), start=2.4871234, resolution=0.1)
     assert calls[0] == 2.487 and result.low in [p.rate for p in result.probes]
     assert result.cliff and result.cliff_rates == [result.low, result.high]
 
 
 def test_every_probe_passing_up_to_max_rate_is_a_lower_bound() -> None:
     measure, calls = queue_model(100.0)
-    result = search(measure, parse_slo("ttft_p95<=3x"), start=2.0, max_rate=10.0)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=3x"), start=2.0, max_rate=10.0)
     assert calls == [2.0, 4.0, 8.0, 10.0]
     assert (result.capacity_rps, result.low, result.high, result.bounded) == (10.0, 10.0, None, False)
     assert result.exit_code == 0 and "at least" in result.reason
@@ -223,14 +246,14 @@ def test_every_probe_passing_up_to_max_rate_is_a_lower_bound() -> None:
 
 def test_max_probes_spent_while_growing_is_a_lower_bound_too() -> None:
     measure, calls = queue_model(100.0)
-    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0, max_probes=3)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=3x"), start=1.0, max_probes=3)
     assert calls == [1.0, 2.0, 4.0] and not result.bounded and result.low == 4.0
     assert "--max-probes 3" in result.reason
 
 
 def test_no_rate_meets_an_absolute_slo() -> None:
     measure, calls = queue_model(1.0)
-    result = search(measure, parse_slo("ttft_p95<=100"), start=4.0)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=100"), start=4.0)
     assert calls == [4.0]
     assert (result.capacity_rps, result.low, result.high, result.bounded) == (0.0, 0.0, 4.0, True)
     assert result.exit_code == int(ExitCode.CHECK_FAILED) and "no rate meets the SLO" in result.reason
@@ -240,7 +263,7 @@ def test_a_target_failing_everything_meets_no_slo_and_says_why() -> None:
     def measure(rate: float) -> ProbeSamples:
         return probe(rate, np.empty(0), failed=100)
 
-    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0)
+    result = search(measure, parse_slo(SLO95), start=1.0)
     assert result.capacity_rps == 0 and result.exit_code == 1
     assert "error_rate 100.00 %" in result.reason
 
@@ -249,13 +272,13 @@ def test_an_inconclusive_lowest_rate_cannot_be_judged() -> None:
     def measure(rate: float) -> ProbeSamples:
         return probe(rate, straddling())
 
-    result = search(measure, parse_slo("ttft_p95<=100"), start=1.0)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=100"), start=1.0)
     assert result.exit_code == int(ExitCode.UNJUDGEABLE) and result.high_verdict == "inconclusive"
 
 
 def test_errors_jumping_from_none_to_many_are_a_cliff() -> None:
     measure, _ = queue_model(8.0, cliff_errors=True)
-    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0)
+    result = search(measure, parse_slo(SLO95), start=1.0)
     assert result.cliff and result.cliff_term == "error_rate"
     assert result.cliff_rates == [result.low, result.high]
     assert result.low <= 8.0 < result.high  # type: ignore[operator]
@@ -266,7 +289,7 @@ def test_a_gradual_knee_is_not_a_cliff() -> None:
     def measure(rate: float) -> ProbeSamples:
         return probe(rate, spread(40 * rate))
 
-    result = search(measure, parse_slo("ttft_p95<=400"), start=1.0, resolution=0.05)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=400"), start=1.0, resolution=0.05)
     assert result.bounded and not result.cliff
     assert 8.0 <= result.capacity_rps <= 10.0
     # The fitted crossing lies inside the bracket and near where 40·r·1.1-ish reaches 400.
@@ -275,7 +298,9 @@ def test_a_gradual_knee_is_not_a_cliff() -> None:
 
 def test_bisection_stops_at_max_probes_and_says_so() -> None:
     measure, calls = queue_model(8.0)
-    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0, max_probes=6, resolution=0.01)
+    result = search(
+        measure, parse_slo("ttft_from_intended_p95<=3x"), start=1.0, max_probes=6, resolution=0.01
+    )
     assert len(calls) == 6 and result.bounded
     assert "--max-probes 6 spent" in result.reason
     assert math.isfinite(result.capacity_rps)
@@ -293,7 +318,7 @@ def test_bad_search_options_are_config_errors(kwargs: dict, field: str) -> None:
     measure, _ = queue_model(8.0)
     args = {"start": 1.0, **kwargs}
     with pytest.raises(ConfigError) as err:
-        search(measure, parse_slo("ttft_p95<=3x"), **args)
+        search(measure, parse_slo("ttft_from_intended_p95<=3x"), **args)
     assert err.value.field == field
 
 
@@ -301,7 +326,7 @@ def test_until_precision_watches_the_slo_percentiles_and_never_stops_below_what_
     """``harness capacity --until-precision``: a probe watches its SLO's percentile terms (TTFT and E2E
     from intended send, as judged) and may not stop before the fewest requests every term can pass
     with; an SLO without a percentile term watches nothing."""
-    terms = parse_slo("ttft_p50<=3x,tpot_p90<=40,error_rate<=0.1")
+    terms = parse_slo("ttft_from_intended_p50<=3x,tpot_p90<=40,error_rate<=0.1")
     assert precision_on(terms) == "ttft_from_intended_ms:50,tpot_ms:90"
     need = probe_min_requests(terms, 0.95)
     check_probe_size(terms, need, 0.95)  # that many can pass every term …
@@ -350,7 +375,7 @@ def test_errors_at_the_lowest_rate_are_the_answer_with_their_interval() -> None:
         return probe(rate, spread(50, 35), failed=5)
 
     cal = Calibration(requests=4, errors=1, first_error="HTTP 500", service_ms=10.0, start_rate=1.0)
-    result = search(measure, parse_slo("ttft_p50<=3x,error_rate<=0.1"), start=1.0, calibration=cal)
+    result = search(measure, parse_slo(SLO50), start=1.0, calibration=cal)
     assert result.exit_code == int(ExitCode.UNJUDGEABLE) and result.capacity_rps == 0
     assert result.limited_by_errors and result.high_verdict == "inconclusive"
     errors = result.errors
@@ -366,7 +391,7 @@ def test_a_latency_failure_is_not_laid_on_errors() -> None:
     def measure(rate: float) -> ProbeSamples:
         return probe(rate, spread(300, 35), failed=5)
 
-    result = search(measure, parse_slo("ttft_p50<=100,error_rate<=0.1"), start=1.0)
+    result = search(measure, parse_slo("ttft_from_intended_p50<=100,error_rate<=0.1"), start=1.0)
     assert result.exit_code == int(ExitCode.CHECK_FAILED) and not result.limited_by_errors
     assert "5 of 40 requests failed" in result.reason  # still named
 
@@ -377,7 +402,11 @@ def test_errors_count_where_the_target_was_not_overloaded() -> None:
     measure, _ = queue_model(8.0, cliff_errors=True)
     cal = Calibration(requests=4, errors=1, service_ms=10.0, start_rate=1.0)
     result = search(
-        measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=1.0, calibration=cal, resolution=0.5
+        measure,
+        parse_slo(SLO95),
+        start=1.0,
+        calibration=cal,
+        resolution=0.5,
     )
     assert result.exit_code == 0 and result.capacity_rps > 0 and not result.limited_by_errors
     sustained = [p for p in result.probes if p.rate <= result.low]
@@ -389,13 +418,16 @@ def test_errors_count_where_the_target_was_not_overloaded() -> None:
 
 def test_no_errors_no_error_clause() -> None:
     measure, _ = queue_model(8.0)
-    result = search(measure, parse_slo("ttft_p95<=3x"), start=1.0)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=3x"), start=1.0)
     assert result.errors is not None and result.errors.errors == 0 and "errors" not in result.reason
 
 
 @pytest.mark.parametrize(
     ("slo", "code"),
-    [("ttft_p50<=3x,error_rate<=0.1", ExitCode.CHECK_FAILED), ("ttft_p50<=3x", ExitCode.UNJUDGEABLE)],
+    [
+        ("ttft_from_intended_p50<=3x,error_rate<=0.1", ExitCode.CHECK_FAILED),
+        ("ttft_from_intended_p50<=3x", ExitCode.UNJUDGEABLE),
+    ],
 )
 def test_every_calibration_request_failing_is_judged_like_a_probe(slo: str, code: ExitCode) -> None:
     """4 of 4 answered 500: [39.8 %, 100 %] is beyond a 10 % error term (exit 1); with no error term
@@ -418,7 +450,9 @@ def test_every_calibration_request_failing_is_judged_like_a_probe(slo: str, code
 # ---- the runner's calibration against a target that answers errors (the probes faked)
 
 
-def _runner(tmp_path: Path, url: str, slo: str = "ttft_p50<=3x,error_rate<=0.1") -> CapacityRunner:
+def _runner(
+    tmp_path: Path, url: str, slo: str = "ttft_from_intended_p50<=3x,error_rate<=0.1"
+) -> CapacityRunner:
     recipe = Recipe.model_validate({
         "target": {"url": url},
         "capacity": {"slo": slo, "probe_requests": 40, "calibration_requests": 4, "flush": False},

@@ -25,7 +25,7 @@ from tests.experiments.capacity_server import Capacity, CapacityServer
 from tests.gates.factory import ROOT
 from tests.load.helpers import make_corpus
 
-SLO = "ttft_p50<=3x,error_rate<=0.1"
+SLO = "ttft_from_intended_p50<=3x,error_rate<=0.1"
 SMALL = ("--probe-requests", "40", "--probe-seconds", "2", "--slo", SLO)
 
 
@@ -55,7 +55,7 @@ def test_finds_a_known_capacity_within_its_interval(tmp_path: Path, corpus: Path
             "5",
             "--resolution",
             "0.25",
-            "--json",
+            "--json-out",
             str(tmp_path / "answer.json"),
             *SMALL,
         )
@@ -117,7 +117,7 @@ def test_no_rate_meets_a_tight_absolute_slo_exit_1(tmp_path: Path, corpus: Path)
             "--probe-requests",
             "40",
             "--slo",
-            "ttft_p90<=100,error_rate<=0.1",
+            "ttft_from_intended_p90<=100,error_rate<=0.1",
         )
     assert proc.returncode == int(ExitCode.CHECK_FAILED), proc.stderr
     result = read_capacity(out / "capacity.json")

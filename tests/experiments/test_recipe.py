@@ -31,13 +31,16 @@ def test_the_paired_recipe_is_the_documented_run() -> None:
     assert r.target.serve_argv() == ["--preset", "tiny", "--cache"]
     assert r.load.rate == Share(0.7) and r.load.capacity is None  # measured first by harness run
     assert (r.load.max_requests, r.load.max_tokens_cap) == (200, 8)
-    assert r.capacity.slo == "ttft_p50<=3x,tpot_p50<=3x,error_rate<=0.1" and not r.capacity.bypass_cache
+    assert (
+        r.capacity.slo == "ttft_from_intended_p50<=3x,tpot_p50<=3x,error_rate<=0.1"
+        and not r.capacity.bypass_cache
+    )
     assert r.gate.baseline is None
 
 
 def test_the_ci_recipe_is_an_ab_job_whose_base_the_workflow_can_replace() -> None:
-    from harness.experiments.ab import ABSpec
     from harness.experiments.ab_cli import AB_OPTIONS
+    from harness.experiments.ab_spec import ABSpec
 
     r = resolve(JOB, {}, AB_OPTIONS)
     assert r.load.rate == Share(0.5) and r.load.capacity is None  # the base's, measured in the job
@@ -47,6 +50,13 @@ def test_the_ci_recipe_is_an_ab_job_whose_base_the_workflow_can_replace() -> Non
     given = resolve(JOB, {"ab": {"base_url": "http://127.0.0.1:8100"}}, AB_OPTIONS)
     targets = ABSpec(given, out=Path("runs/ab")).targets()
     assert targets["base"].url == "http://127.0.0.1:8100" and targets["candidate"].serve_args
+    # Both sides as URLs (docs/ci.md, "other targets"): the flag replaces the file's server to start.
+    urls = {"base_url": "http://127.0.0.1:8100", "candidate_url": "http://127.0.0.1:8200"}
+    both = ABSpec(resolve(JOB, {"ab": urls}, AB_OPTIONS), out=Path("runs/ab")).targets()
+    assert both["candidate"].url == "http://127.0.0.1:8200" and both["candidate"].serve_args is None
+    # Both given as flags is still refused, naming the flag.
+    with pytest.raises(ConfigError, match="not both"):
+        resolve(JOB, {"ab": {"candidate_url": "http://x:8200", "candidate_serve_args": "--preset tiny"}})
 
 
 def test_flags_override_the_file_and_the_defaults_fill_the_rest(tmp_path: Path) -> None:
@@ -75,7 +85,9 @@ def test_a_bad_value_names_the_flag_or_the_files_line(tmp_path: Path) -> None:
     bad.write_text("load:\n  corpus: c\n  results_dir: elsewhere\n")
     with pytest.raises(ConfigError, match="set by the run itself"):
         resolve(bad, {}, RUN_OPTIONS)
-    both = {"target": {"url": "http://x"}}
+    # --url over a recipe that starts its target uses that server instead; both as flags is refused.
+    assert resolve(CI, {"target": {"url": "http://x"}}, RUN_OPTIONS).target.serve_args is None
+    both = {"target": {"url": "http://x", "serve_args": "--preset tiny"}}
     with pytest.raises(ConfigError, match="not both") as two:
         resolve(CI, both, RUN_OPTIONS)
     assert two.value.field == "target"

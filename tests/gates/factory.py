@@ -3,7 +3,7 @@
 Records are drawn from seeded distributions (lognormal latencies, a cache-tier mix, prompt lengths)
 and written exactly as the load stage writes a run: ``records.jsonl`` with one
 :class:`~harness.load.results.RequestRecord` per line and ``summary.json`` from
-:func:`~harness.load.results.summarize`.
+:func:`~harness.load.run_summary.summarize`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from harness.common.io import write_json, write_jsonl
-from harness.load.results import RequestRecord, StageOutcome, TargetInfo, summarize
+from harness.load.results import RequestRecord
+from harness.load.run_summary import StageOutcome, TargetInfo, summarize
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 4 * 64 * 2  # 2 layers × (K, V) × 4 heads × 64 dims × fp16
 

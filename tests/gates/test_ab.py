@@ -17,17 +17,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom, binomtest
 
-from harness.gates.ab import (
-    ab_metric_names,
-    block_spread,
-    decide_ratio,
-    error_rate_test,
-    judge_ab,
-    min_pairs,
-    parse_ab_metrics,
-    ratio_interval,
-    reachable,
-)
+from harness.gates.ab import ab_metric_names, decide_ratio, judge_ab, parse_ab_metrics, reachable
+from harness.gates.ab_stats import block_spread, error_rate_test, min_pairs, ratio_interval
 from harness.gates.runs import FloatArray, ResultSet, RunFrame
 
 SEEDS = 200

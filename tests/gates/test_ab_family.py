@@ -10,13 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.gates.ab import (
-    error_power,
-    holm,
-    judge_ab,
-    levels,
-    ratio_interval,
-)
+from harness.gates.ab import judge_ab
+from harness.gates.ab_stats import error_power, holm, levels, ratio_interval
 from harness.gates.runs import ResultSet, RunFrame
 
 
@@ -161,8 +156,9 @@ class _Scripted:
 
 
 def _run_looks(tmp_path: Path, verdicts: list[str], *, looks: int, warm: int = 0) -> tuple[Any, _Scripted]:
-    from harness.experiments import ab as abmod
+    from harness.experiments.ab import ABRunner
     from harness.experiments.ab_cli import AB_OPTIONS
+    from harness.experiments.ab_spec import ABSpec, prepare
     from harness.experiments.recipe import resolve
     from harness.gates.ab import ABJudgement, ErrorVerdict
     from tests.load.helpers import make_corpus
@@ -174,9 +170,9 @@ def _run_looks(tmp_path: Path, verdicts: list[str], *, looks: int, warm: int = 0
         "ab": {"base_url": "http://127.0.0.1:9", "candidate_url": "http://127.0.0.1:10", "blocks": 2,
                "block_requests": 4, "looks": looks, "warm_requests": warm, "bypass_cache": warm == 0},
     }  # fmt: skip
-    spec = abmod.ABSpec(resolve(None, given, AB_OPTIONS), out=tmp_path / "ab")
-    plan = abmod.prepare(spec)
-    runner = abmod.ABRunner(spec)
+    spec = ABSpec(resolve(None, given, AB_OPTIONS), out=tmp_path / "ab")
+    plan = prepare(spec)
+    runner = ABRunner(spec)
     runner.out.mkdir(parents=True)
     script = _Scripted(verdicts)
 
@@ -222,7 +218,8 @@ def test_a_pass_waits_for_the_warm_pass_requests_a_fail_never_waits(tmp_path: Pa
 
 
 def test_each_prefill_kv_bytes_metric_takes_its_own_percentile() -> None:
-    from harness.gates.metrics import METRICS, MetricContext
+    from harness.gates.measurement import MetricContext
+    from harness.gates.metrics import METRICS
 
     frame = RunFrame.from_columns(5, floats={"prefill_kv_bytes": np.array([1.0, 2.0, 3.0, 4.0, 100.0])})
     ctx = MetricContext(confidence=0.95, require_measured=False)

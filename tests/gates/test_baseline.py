@@ -10,7 +10,8 @@ import yaml
 from harness.common.errors import ConfigError, InputError
 from harness.gates.baseline import Baseline, Gate, read_baseline, write_baseline
 from harness.gates.judge import judge
-from harness.gates.metrics import METRICS, min_samples_for_bound
+from harness.gates.measurement import min_samples_for_bound
+from harness.gates.metrics import METRICS
 from harness.gates.runs import load_result_set, load_result_sets
 from harness.gates.update import baseline_from_results, parse_headroom
 from tests.gates.factory import make_run

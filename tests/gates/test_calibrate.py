@@ -14,7 +14,7 @@ from harness.gates.calibration import calibrate, range_factor
 from harness.gates.judge import judge
 from harness.gates.policy import GatePolicy
 from harness.gates.runs import ResultSet, load_result_sets
-from harness.load.results import Recipe
+from harness.load.run_summary import Recipe
 from tests.gates.factory import make_run
 
 ENV = Environment(

@@ -110,7 +110,7 @@ def test_baseline_check_metrics_and_noise(runs: dict[str, Path], base: Path) -> 
         str(base),
         f"cold={runs['cold']}",
         f"warm={runs['warm']}",
-        "--reps",
+        "--repeats",
         "20",
     )
     assert res.returncode == 0, res.stderr

@@ -15,10 +15,12 @@ import pytest
 from harness.common.errors import ExitCode
 from harness.gates.baseline import Baseline, Gate
 from harness.gates.judge import GateReport, decide, judge, read_report_json, write_report_json
-from harness.gates.metrics import METRICS, Measurement, MetricContext, rate_interval
+from harness.gates.measurement import Measurement, MetricContext, rate_interval
+from harness.gates.metrics import METRICS
 from harness.gates.output import junit_xml, write_junit
 from harness.gates.runs import RunFrame, load_result_set, load_result_sets
-from harness.load.results import WorkerShare, hit_rates, read_records, read_summary
+from harness.load.results import hit_rates, read_records
+from harness.load.run_summary import WorkerShare, read_summary
 from tests.gates.factory import make_records, make_run, write_run
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.common.stats import percentile
-from harness.gates.metrics import METRICS, MetricContext, format_value
+from harness.gates.measurement import MetricContext
+from harness.gates.metrics import METRICS, format_value
 from harness.gates.runs import RunFrame
 from harness.load.results import RequestRecord
 

@@ -19,10 +19,11 @@ from harness.common.stats import percentile, percentile_interval
 from harness.gates.baseline import Baseline, Gate, read_baseline, write_baseline
 from harness.gates.fingerprints import busier_than_calibrated, fingerprint_from_results
 from harness.gates.judge import GateReport, judge, judge_gate, read_report_json, write_report_json
-from harness.gates.metrics import METRICS, MetricContext, relative_confidence
+from harness.gates.measurement import MetricContext, relative_confidence
+from harness.gates.metrics import METRICS
 from harness.gates.runs import ResultSet, RunFrame, load_result_set, load_result_sets
 from harness.gates.update import baseline_from_results, rerun_margin, rerun_min_samples
-from harness.load.results import Recipe, TargetInfo, target_identity
+from harness.load.run_summary import Recipe, TargetInfo, target_identity
 from tests.gates.factory import harness_cli, make_run
 
 SOFTWARE = Software(python="3.11.7", torch="2.13.0+cpu", harness="0.1.0")

@@ -20,7 +20,8 @@ import pytest
 
 from harness.common import headers as H
 from harness.corpus.model import read_corpus
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.sessions import SYNTHETIC_TOOL_RESULT
 from tests.gates.factory import harness_cli

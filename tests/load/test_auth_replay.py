@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from harness.common.auth import SERVER_ADMIN_TOKEN_ENV, SERVER_API_KEY_ENV
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
-from harness.server.launch import running_server
+from harness.target.server.launch import running_server
 from tests.load.helpers import make_corpus
 
 pytestmark = pytest.mark.slow

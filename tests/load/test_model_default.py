@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.load.results import read_summary
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.sse_server import Behaviour, SSEServer
 

@@ -221,7 +221,8 @@ def test_summarize_keeps_and_prints_the_stop_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from harness.cli import main
-    from harness.load.results import RecordWriter, TargetInfo, read_summary, summarize, write_summary
+    from harness.load.results import RecordWriter
+    from harness.load.run_summary import TargetInfo, read_summary, summarize, write_summary
 
     rows = [_row(id=f"r{i}", intended_s=i * 0.1, sent_s=i * 0.1, lateness_ms=0.1, ttft_ms=float(i + 1))
             for i in range(100)]  # fmt: skip

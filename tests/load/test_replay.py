@@ -20,9 +20,10 @@ import pytest
 
 from harness.common.stats import percentile
 from harness.load.arrivals import bypass_offset, bypasses
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
-from harness.load.telemetry import read_server_metrics
+from harness.load.server_metrics import read_server_metrics
 from tests.load.sse_server import Behaviour, SSEServer
 
 pytestmark = pytest.mark.slow

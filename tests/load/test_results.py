@@ -9,14 +9,8 @@ import pytest
 
 from harness.common.errors import InputError
 from harness.common.io import write_json, write_jsonl
-from harness.load.results import (
-    METRIC_FIELDS,
-    RequestRecord,
-    TargetInfo,
-    read_records,
-    read_summary,
-    summarize,
-)
+from harness.load.results import RequestRecord, read_records
+from harness.load.run_summary import METRIC_FIELDS, TargetInfo, read_summary, summarize
 
 
 def record(i: int, **kw: object) -> RequestRecord:
@@ -151,7 +145,8 @@ def test_the_summary_hit_rate_and_the_gates_count_alike(tmp_path: Path) -> None:
     """One definition of a hit: summary.json's hit_rate and the gates' hit_rate_* / warm_rate count the
     same records the same way (a header-less response is in no denominator of the response cache; a
     target that reports no cached_tokens is in none of the prefix cache)."""
-    from harness.gates.metrics import METRICS, MetricContext
+    from harness.gates.measurement import MetricContext
+    from harness.gates.metrics import METRICS
     from harness.gates.runs import load_result_set
     from tests.analysis.conftest import write_run
 

@@ -13,7 +13,8 @@ from harness.corpus.sessions import transcript
 from harness.load.arrivals import prepare_requests
 from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions
-from harness.load.results import RequestRecord, turn_summaries
+from harness.load.results import RequestRecord
+from harness.load.run_summary import turn_summaries
 from harness.load.sessions import SYNTHETIC_TOOL_RESULT, LiveHistory, TurnBody, plan_sessions, salted_body
 
 

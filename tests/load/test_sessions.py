@@ -19,9 +19,11 @@ import pytest
 from harness.common import headers as H
 from harness.common.settings import load_settings
 from harness.corpus.model import read_corpus
-from harness.corpus.sessions import SessionBuildInputs, ThinkTime, build_sessions
+from harness.corpus.sessions import SessionBuildInputs, build_sessions
 from harness.corpus.settings import CorpusSettings
-from harness.load.results import read_records, read_summary
+from harness.corpus.timing import ThinkTime
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.sse_server import Behaviour, SSEServer
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.common.stats import percentile
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.sse_server import Behaviour, Served, SSEServer
 

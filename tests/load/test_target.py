@@ -32,10 +32,11 @@ from harness.common.errors import ExitCode, InputError, UnavailableError
 from harness.corpus.model import CorpusRecord
 from harness.load.arrivals import prepare_requests
 from harness.load.client import TENANT_MISMATCH_HINT
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.target import NotExposed, TargetClient
-from harness.server.launch import ServerProcess
+from harness.target.server.launch import ServerProcess
 from tests.load.sse_server import Behaviour, SSEServer
 from tests.server.conftest import harness_server
 

@@ -15,9 +15,10 @@ import pytest
 
 from harness.common.errors import ExitCode
 from harness.load.liveness import Health, TargetWatch, unanswered
-from harness.load.results import RECORDS_FILE, RequestRecord, TargetDeath, read_records, read_summary
+from harness.load.results import RECORDS_FILE, RequestRecord, read_records
+from harness.load.run_summary import TargetDeath, read_summary
 from harness.load.runner import LoadSpec, run_locust
-from harness.server.launch import running_server
+from harness.target.server.launch import running_server
 from tests.load.helpers import make_corpus
 
 

@@ -1,5 +1,5 @@
-"""The target's telemetry (harness.load.telemetry): exposition text of each server kind parsed and
-normalised, counter deltas per phase, NVML where there is a GPU.
+"""The target's telemetry (harness.load.telemetry, harness.load.server_metrics): exposition text of
+each server kind parsed and normalised, counter deltas per phase, NVML where there is a GPU.
 
 The exposition samples are written from each project's documentation, in the form its server prints
 (names, types, labels); the source is noted above each. The live scrape of our own server is checked
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.load.telemetry import (
+from harness.load.server_metrics import (
     SERVER_KINDS,
     SERVER_METRICS_FILE,
-    Nvml,
     SampleWriter,
     ServerSample,
     UnknownServer,
@@ -27,6 +26,7 @@ from harness.load.telemetry import (
     read_server_metrics,
     run_phases,
 )
+from harness.load.telemetry import Nvml
 
 # vLLM V1, https://docs.vllm.ai/en/v0.32.0/usage/metrics/ (and docs/design/metrics.md): counters in
 # tokens, kv_cache_usage_perc a share 0-1, one label set per model (two engines here: data parallel).

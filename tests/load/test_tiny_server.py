@@ -9,12 +9,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.gates.metrics import METRICS, MetricContext
+from harness.gates.measurement import MetricContext
+from harness.gates.metrics import METRICS
 from harness.gates.runs import load_result_set
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
-from harness.load.telemetry import SERVER_METRICS_FILE, read_server_metrics
-from harness.server.launch import running_server
+from harness.load.server_metrics import SERVER_METRICS_FILE, read_server_metrics
+from harness.target.server.launch import running_server
 from tests.load.helpers import make_corpus
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.helpers import make_corpus
 from tests.load.sse_server import Behaviour, SSEServer

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from harness.load.results import read_summary
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.load.sse_server import Behaviour, SSEServer
 

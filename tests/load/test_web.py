@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.load.results import read_summary
+from harness.load.run_summary import read_summary
 from harness.load.runner import free_port
 from tests.load.helpers import decided_precision
 from tests.load.sse_server import Behaviour, SSEServer

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.gates import ResultSet, load_result_sets
-from harness.load.results import StageOutcome
-from harness.load.telemetry import SERVER_METRICS_FILE, ServerSample
+from harness.load.run_summary import StageOutcome
+from harness.load.server_metrics import SERVER_METRICS_FILE, ServerSample
 from tests.gates.factory import make_records, make_run, write_run
 
 

@@ -226,7 +226,7 @@ def test_report_cli(run_dirs: dict[str, Path], tmp_path: Path) -> None:
         "--baseline",
         str(base),
         f"warm={run_dirs['warm']}",
-        "--json",
+        "--json-out",
         str(verdict),
         "--junit",
         str(tmp_path / "j.xml"),
@@ -266,8 +266,8 @@ def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_pat
     import numpy as np
 
     from harness.experiments.capacity_search import search
-    from harness.experiments.slo import ProbeSamples, parse_slo
-    from harness.reports.plots import capacity_plot
+    from harness.gates.slo import ProbeSamples, parse_slo
+    from harness.reports.experiment_plots import capacity_plot
 
     def measure(rate: float) -> ProbeSamples:
         ttft = np.linspace(40, 60, 100) * (1 if rate <= 8 else 20)
@@ -276,7 +276,7 @@ def test_capacity_plot_from_a_capacity_result(run_dirs: dict[str, Path], tmp_pat
                             "tpot_ms": np.full(n, 5.0)}, ok=np.ones(n, bool), itl=np.empty(0),
                             dir=str(run_dirs["warm"]))  # fmt: skip
 
-    result = search(measure, parse_slo("ttft_p95<=3x,error_rate<=0.05"), start=2.0)
+    result = search(measure, parse_slo("ttft_from_intended_p95<=3x,error_rate<=0.05"), start=2.0)
     fig = capacity_plot(result)
     assert isinstance(fig, Figure)
     axes = [ax for ax in fig.axes if ax.get_visible()]
@@ -335,7 +335,7 @@ def test_a_session_run_gets_a_per_turn_section(tmp_path: Path) -> None:
 def test_the_server_hit_rate_across_a_restart_counts_from_zero() -> None:
     """The plot's per-interval rate uses the summary's counter rule: after a restart the counters'
     values are what the server did since it came back (it used to drop that interval)."""
-    from harness.load.telemetry import ServerSample
+    from harness.load.server_metrics import ServerSample
     from harness.reports.plots import _interval_hit_rate
 
     rows = ((0, 0, 0), (1, 100, 50), (2, 40, 30), (3, 140, 30), (4, 140, 30))

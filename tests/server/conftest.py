@@ -1,6 +1,6 @@
 """A real ``harness serve`` subprocess on a free port, for the HTTP tests.
 
-Started with :func:`harness.server.launch.running_server`: the server binds port 0 itself (no race
+Started with :func:`harness.target.server.launch.running_server`: the server binds port 0 itself (no race
 with parallel test runs) and writes its ready file once it serves; its log is ``server.log`` in the
 test's log directory, and the run directory (embedded Redis, cache state) lives beside it. Tests wait
 for the server's background work through its API (the ready file, ``POST /cache/drain``), never by
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.server.launch import ServerProcess, running_server
+from harness.target.server.launch import ServerProcess, running_server
 
 ServerProc = ServerProcess  # the name the tests use
 

@@ -29,10 +29,10 @@ import pytest
 
 from harness.common.errors import ConfigError, ExitCode
 from harness.common.openai import CompletionResponse, ErrorResponse
-from harness.server import cli
-from harness.server.auth import AuthPolicy, bearer, check_protected_mode, is_loopback, load_api_keys
-from harness.server.errors import APIError
-from harness.server.settings import ServerSettings
+from harness.target.server import cli
+from harness.target.server.auth import AuthPolicy, bearer, check_protected_mode, is_loopback, load_api_keys
+from harness.target.server.errors import APIError
+from harness.target.server.settings import ServerSettings
 from tests.server.conftest import ServerProc, harness_server
 
 ALICE = "sk-alice-3b1f0c9e7d"
@@ -246,9 +246,9 @@ def test_keys_and_tokens_leak_nowhere(keyed):
 async def test_no_secret_in_the_request_log_or_errors(tmp_path: Path, caplog) -> None:
     """The per-request log line (on here), warnings and refusals, in-process so caplog sees every
     record at INFO: the tenant is logged, never a key or the token."""
-    from harness.engine.factory import create_engine
-    from harness.engine.settings import EngineSettings
-    from harness.server.app import create_app
+    from harness.target.engine.factory import create_engine
+    from harness.target.engine.settings import EngineSettings
+    from harness.target.server.app import create_app
 
     keys = tmp_path / "keys.json"
     keys.write_text(orjson.dumps({ALICE: "alice"}).decode())
@@ -454,7 +454,7 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """``prepare`` is all these tests run; a model load or a Redis start would be a failure."""
-    import harness.engine.factory as engine_factory
+    import harness.target.engine.factory as engine_factory
 
     monkeypatch.setattr(engine_factory, "create_engine", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setenv("HARNESS__RUN_DIR", "/nonexistent/never-created")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from harness.server.chat_output import ChatOutput, ChatSyntax, OutputDelta
+from harness.target.server.chat_output import ChatOutput, ChatSyntax, OutputDelta
 
 HERMES = "{% if tools %}wrap each call in <tool_call></tool_call>{% endif %}"
 THINKING = "{{ '<think>' }}"
@@ -103,11 +103,11 @@ def test_cut_off_inside_a_call_keeps_what_was_written() -> None:
 
 
 def test_tools_reach_the_template_the_cache_key_and_the_fingerprint() -> None:
-    from harness.cache.keys import KeyBuilder
-    from harness.cache.settings import CacheSettings
     from harness.common.openai import ChatCompletionRequest
-    from harness.engine.tokenizer import preset_tokenizer
-    from harness.server.prepare import prepare
+    from harness.target.cache.keys import KeyBuilder
+    from harness.target.cache.settings import CacheSettings
+    from harness.target.engine.tokenizer import preset_tokenizer
+    from harness.target.server.prepare import prepare
 
     tok = preset_tokenizer()
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from harness.common.errors import ConfigError, UnavailableError
-from harness.server import cli
+from harness.target.server import cli
 
 
 @pytest.fixture
 def nothing_slow(monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.engine.factory as engine_factory
-    from harness.cache import redis_server
+    import harness.target.engine.factory as engine_factory
+    from harness.target.cache import redis_server
 
     def model_loaded(*args: object, **kwargs: object) -> None:
         pytest.fail("a model was loaded before every setting and file was checked")

@@ -41,7 +41,7 @@ from harness.common.openai import (
     Usage,
 )
 from harness.common.settings import load_settings
-from harness.server.settings import ServerSettings
+from harness.target.server.settings import ServerSettings
 from tests.server.conftest import ServerProc, harness_server
 from tests.server.sse import sse_payloads, typed_chunk
 

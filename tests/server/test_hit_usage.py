@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from harness.common.openai import ChatCompletionResponse, CompletionResponse
-from harness.engine.tokenizer import preset_tokenizer
-from harness.server.prepare import prepare, prompt_fingerprint, tokenize_prepared
+from harness.target.engine.tokenizer import preset_tokenizer
+from harness.target.server.prepare import prepare, prompt_fingerprint, tokenize_prepared
 from tests.server.conftest import ServerProc, harness_server
 from tests.server.sse import sse_payloads, typed_chunk
 

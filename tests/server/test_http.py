@@ -29,8 +29,8 @@ from harness.common.openai import (
     ErrorResponse,
     ModelList,
 )
-from harness.engine.loader import PRESETS
-from harness.engine.tokenizer import preset_tokenizer
+from harness.target.engine.loader import PRESETS
+from harness.target.engine.tokenizer import preset_tokenizer
 from tests.server.conftest import ServerProc, harness_server
 from tests.server.sse import sse_payloads, typed_chunk
 
@@ -493,7 +493,7 @@ def test_a_launched_server_yields_the_cpu_once_ready(tmp_path):
 
     import psutil
 
-    from harness.server.launch import NICE
+    from harness.target.server.launch import NICE
 
     with harness_server(tmp_path / "nice", "--cache") as srv:
         root = psutil.Process(srv.proc.pid)

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from harness.common.errors import ConfigError
-from harness.server.asgi import GuardedStream
-from harness.server.cli import load_cache_settings
+from harness.target.server.asgi import GuardedStream
+from harness.target.server.cli import load_cache_settings
 
 
 async def test_guarded_stream_cleans_up_when_the_body_never_starts():
@@ -76,9 +76,9 @@ async def test_guarded_stream_cleans_up_once_after_a_full_stream():
 
 def test_cache_flag_without_the_cache_stack_is_a_config_error(monkeypatch):
     """A ``None`` entry in sys.modules is how Python itself marks a module as not importable."""
-    from harness.engine.settings import EngineSettings
+    from harness.target.engine.settings import EngineSettings
 
-    monkeypatch.setitem(sys.modules, "harness.cache.factory", None)
+    monkeypatch.setitem(sys.modules, "harness.target.cache.factory", None)
     with pytest.raises(ConfigError) as info:
         load_cache_settings(EngineSettings())
-    assert "harness.cache.factory" in str(info.value)
+    assert "harness.target.cache.factory" in str(info.value)

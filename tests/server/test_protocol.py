@@ -20,10 +20,10 @@ from harness.common.openai import (
     ErrorResponse,
     sse_event,
 )
-from harness.engine.api import RequestMetrics, TokenEvent, TopLogprob
-from harness.engine.tokenizer import preset_tokenizer
-from harness.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
-from harness.server.formats import (
+from harness.target.engine.api import RequestMetrics, TokenEvent, TopLogprob
+from harness.target.engine.tokenizer import preset_tokenizer
+from harness.target.server.errors import APIError, from_validation_error, loc_to_param, retry_after_header
+from harness.target.server.formats import (
     PIECE_ENDS,
     TokenLog,
     formatter,
@@ -33,7 +33,7 @@ from harness.server.formats import (
     split_tokens,
     usage_dict,
 )
-from harness.server.prepare import prepare
+from harness.target.server.prepare import prepare
 from tests.server.sse import sse_payloads, typed_chunk
 
 
@@ -464,8 +464,8 @@ def test_usage_harness_fields_are_the_wire_types_and_the_engine_measures_each() 
     from dataclasses import fields
 
     from harness.common.openai import HarnessUsage
-    from harness.engine.api import RequestMetrics
-    from harness.server.formats import ENGINE_USAGE_FIELDS, usage_dict
+    from harness.target.engine.api import RequestMetrics
+    from harness.target.server.formats import ENGINE_USAGE_FIELDS, usage_dict
 
     assert set(ENGINE_USAGE_FIELDS) <= {f.name for f in fields(RequestMetrics)}
     m = RequestMetrics(prefill_kv_bytes=4096, ttft_ms=12.0, device="cuda", mean_entropy=1.5)

@@ -21,9 +21,9 @@ from harness.common.openai import (
     CompletionChunk,
     CompletionResponse,
 )
-from harness.engine.factory import create_core
-from harness.engine.settings import EngineSettings
-from harness.engine.tokenizer import preset_tokenizer
+from harness.target.engine.factory import create_core
+from harness.target.engine.settings import EngineSettings
+from harness.target.engine.tokenizer import preset_tokenizer
 from tests.server.conftest import ServerProc, harness_server
 from tests.server.sse import sse_payloads, typed_chunk
 

@@ -12,7 +12,7 @@ from harness.common import headers as H
 from harness.corpus.model import CorpusRecord
 from harness.load.arrivals import prepare_requests
 from harness.load.target import TargetClient
-from harness.server.state import _priority
+from harness.target.server.state import _priority
 from tests.analysis.conftest import corpus_record
 from tests.server.conftest import harness_server
 

@@ -97,7 +97,7 @@ def test_skip_invalid_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_unknown_format_is_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "x.jsonl"
     p.write_text("{}\n")
-    code, _, err = run(capsys, "inspect", "--format", "nope", str(p))
+    code, _, err = run(capsys, "inspect", "--trace-format", "nope", str(p))
     assert code == 4 and "unknown trace format 'nope'" in err
 
 

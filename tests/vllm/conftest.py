@@ -37,7 +37,7 @@ def vllm_url() -> str:
 @pytest.fixture(scope="session")
 def vllm_tokenizer() -> Path:
     """The served checkpoint's ``tokenizer.json``."""
-    from harness.engine.weights import checkpoint_dir
+    from harness.target.engine.weights import checkpoint_dir
 
     path = Path(os.environ.get("HARNESS_VLLM_MODEL") or checkpoint_dir("smollm2")) / "tokenizer.json"
     if not path.is_file():

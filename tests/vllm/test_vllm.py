@@ -18,7 +18,8 @@ import pytest
 from harness.common.auth import Credentials
 from harness.corpus.model import CorpusRecord
 from harness.load.arrivals import RequestSpec
-from harness.load.results import read_records, read_summary
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.target import TargetClient
 from tests.gates.factory import harness_cli

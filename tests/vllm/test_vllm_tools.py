@@ -18,9 +18,11 @@ import httpx
 import pytest
 
 from harness.common.settings import load_settings
-from harness.corpus.sessions import SessionBuildInputs, ThinkTime, build_sessions
+from harness.corpus.sessions import SessionBuildInputs, build_sessions
 from harness.corpus.settings import CorpusSettings
-from harness.load.results import read_records, read_summary
+from harness.corpus.timing import ThinkTime
+from harness.load.results import read_records
+from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from tests.vllm.conftest import VLLM_MODEL_NAME
 

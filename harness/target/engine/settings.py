@@ -1,0 +1,91 @@
+"""Engine settings (env prefix ``HARNESS__ENGINE__``), shared by ``harness serve`` and the benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings
+
+from harness.common.settings import stage_config
+
+
+class EngineSettings(BaseSettings):
+    """What model to run, where, and how the scheduler and KV cache are sized."""
+
+    model_config = stage_config("engine")
+
+    preset: Literal["tiny", "small", "qwen2-0.5b", "smollm2"] | None = "tiny"
+    """A random-init architecture (``tiny``, ``small``, ``qwen2-0.5b``; fixed seed) or a real model
+    fetched by ``make setup`` (``smollm2``: SmolLM2-135M-Instruct, Apache-2.0, 4-bit Q4_1 weights
+    expanded to float32; see :mod:`harness.target.engine.weights`). Ignored when ``model_dir`` is set."""
+    model_dir: Path | None = None
+    """A local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)."""
+    model_name: str | None = None
+    """Name served in the API; defaults to the preset name or the directory name."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """``auto``: bfloat16 on CUDA, float32 on CPU."""
+    seed: int = 0
+    block_size: int = Field(default=16, ge=1, le=1024)
+    num_kv_blocks: int | None = Field(default=None, ge=2)
+    """KV blocks in the pool; default: sized from ``kv_cache_bytes``."""
+    kv_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    max_model_len: int | None = Field(default=None, ge=8)
+    """Context length; default: the model's own, capped by what the KV pool can hold."""
+    max_num_seqs: int = Field(default=32, ge=1)
+    max_num_batched_tokens: int = Field(default=2048, ge=16)
+    max_waiting: int = Field(default=256, ge=0)
+    """Waiting-queue capacity; a request beyond it is refused with :class:`EngineFull` (HTTP 429)."""
+    enable_prefix_caching: bool = True
+    prefix_eviction: str = "lru"
+    """Which cached prefix block a new allocation evicts: a name in
+    :data:`harness.target.engine.kv_cache.EVICTION_POLICIES`: ``lru`` (least recently used) or
+    ``s3fifo`` (scan-resistant: one-off prompts do not push a reused prefix out; a warmup's
+    blocks can be registered with a priority). An unknown name fails at engine start, listing
+    the known ones."""
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads of the engine (``torch.set_num_threads``); default: one per compute CPU
+    when ``bind_cores`` binds, else torch's own default (one per core)."""
+    bind_cores: str = "off"
+    """Where the engine computes (:mod:`harness.target.engine.placement`): ``off`` (not bound: the OS
+    places every thread), ``auto`` (vLLM's CPU default: compute on all CPUs but one, the server's
+    event loop on that one) or a CPU list like ``1-3`` (compute there, the front end on the rest).
+    Linux only."""
+    inject_slowdown: float = Field(default=1.0, ge=1.0, le=100.0)
+    """Fault injection for proving gates (``harness serve --inject-slowdown 1.5``): every engine step,
+    prefill and decode, takes this many times as long (the engine waits out the extra after the
+    forward pass), like a slower kernel: a code regression whose size is the same on any machine, so a
+    gate must catch it anywhere. 1.0: off. Never set in production."""
+    inject_kv_overalloc: float = Field(default=0.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    """Fault injection for proving gates (``harness serve --inject-kv-overalloc 0.2``): every prefill
+    takes ``ceil((1 + F) × n)`` KV blocks where it needs ``n``, the extra ones held unused until the
+    request ends (:mod:`harness.target.engine.kv_cache`), like an allocator bug: ``prefill_kv_bytes`` and
+    the gate ``prefill_kv_bytes_per_token_p95`` rise by about F, and the pool holds fewer requests.
+    0.0: off. Never set in production."""
+
+    @model_validator(mode="after")
+    def _placement(self) -> EngineSettings:
+        """A CPU list that cannot be bound fails now, naming the setting, not after the model loaded."""
+        from harness.target.engine.placement import plan
+
+        plan(self.bind_cores, self.cpu_threads)
+        return self
+
+    @model_validator(mode="after")
+    def _real_weights(self) -> EngineSettings:
+        """A real-weight preset is its converted checkpoint directory, served under the preset's name.
+
+        Resolved here, not when the model loads, so that ``harness serve`` reports weights that were
+        never fetched in milliseconds (before torch is imported or a port is bound), with how to
+        fetch them: a :class:`ConfigError`, which pydantic passes through unwrapped.
+        """
+        from harness.target.engine import weights
+
+        if self.model_dir is None and self.preset is not None and self.preset in weights.SOURCES:
+            self.model_dir = weights.require(self.preset)
+            if self.model_name is None:
+                self.model_name = self.preset
+        return self
