@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-import locust  # noqa: F401  (patches gevent before requests/urllib3, which the OTLP exporter uses)
+import locust  # patches gevent before requests/urllib3, which the OTLP exporter uses
+import locust.stats
 import psutil
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from harness.common.host import HostSampler
 from harness.load.arrivals import (
@@ -378,16 +379,30 @@ class LoadRun:
             self._watching = gevent.spawn(watch.check, self.now_s())
 
     def _end_when_done(self, pacer: Pacer) -> None:
-        """Local, headless: end the test as soon as the run is done, as the shape's tick would (a quit:
-        the results are finalized on the way out), not up to a second later."""
+        """Local, headless: end the test as soon as the run is done, the way the shape's tick would,
+        not up to a second later.
+
+        Only while nobody else is ending it (the runner still spawning or running): the check and the
+        quit's first step (the runner's state leaves RUNNING, and Locust then kills the shape's
+        greenlet) run without a switch between them, gevent being cooperative, so the shape cannot
+        quit the runner, and end the process, while this greenlet writes the summary. With
+        ``--csv``, Locust's writer snapshots its statistics once a second and not at the end: the run
+        waits for one more snapshot before it ends."""
         pacer.finished.wait()
+        settle_until: float | None = None
         while not self.finalized:
+            runner = self.env.runner
+            if runner is None or runner.state not in (STATE_SPAWNING, STATE_RUNNING):
+                return  # the shape, a stop or an error is ending it already (CLEANUP, STOPPED …)
             if self.finished():
-                self.completed = True
-                if self.env.runner is not None:
+                po = self.env.parsed_options
+                if getattr(po, "csv_prefix", None) and settle_until is None:
+                    settle_until = time.monotonic() + locust.stats.CSV_STATS_INTERVAL_SEC + 0.2
+                if settle_until is None or time.monotonic() >= settle_until:
+                    self.completed = True
                     log.info("harness load: every request answered, stopping")
-                    self.env.runner.quit()
-                return
+                    runner.quit()
+                    return
             gevent.sleep(END_POLL_S)
 
     def _target_died(self, death: TargetDeath) -> None:

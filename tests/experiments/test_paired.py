@@ -446,7 +446,7 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     the command validates the user's, each phase's variant is validated once when made, and launching
     a phase validates nothing. The phases' Locust processes read their own (not counted here)."""
     import harness.load.inputs as inputs_module
-    from harness.experiments import paired
+    from harness.experiments import paired, phase
     from harness.load.options import LoadOptions
 
     corpus = write_corpus(tmp_path / "corpus.jsonl", 4)
@@ -487,7 +487,7 @@ def test_harness_run_reads_its_corpus_once_and_validates_its_options_once(tmp_pa
     monkeypatch.setattr(paired, "open_target", fake_target)
     monkeypatch.setattr(paired, "flush_all", lambda target: [])
     monkeypatch.setattr(paired, "check_warm", lambda *_a, **_kw: _check(True))
-    monkeypatch.setattr(paired, "run_locust", fake_locust)
+    monkeypatch.setattr(phase, "run_locust", fake_locust)  # every phase is launched there
     out = tmp_path / "out"
     code = run_main(
         "--url", FakeTarget.url, "--corpus", str(corpus), "--rate", "50%", "--capacity", "8",
@@ -526,7 +526,8 @@ def erroring_run(tmp_path, monkeypatch, *, share, probe_errors=0, gate=None, rat
     launched and the requests the target answered 500."""
     import dataclasses
 
-    from harness.experiments import capacity, paired
+    from harness.experiments import paired, phase
+    from harness.experiments.capacity import PROBE_STAGE
     from harness.experiments.target import Target
     from tests.experiments.capacity_server import Capacity, CapacityServer
     from tests.gates.factory import make_records, write_run
@@ -556,8 +557,13 @@ def erroring_run(tmp_path, monkeypatch, *, share, probe_errors=0, gate=None, rat
 
         monkeypatch.setattr(paired, "open_target", the_target)
         monkeypatch.setattr(paired, "flush_all", lambda target: [])
-        monkeypatch.setattr(paired, "run_locust", phase_locust)
-        monkeypatch.setattr(capacity, "run_locust", probe_locust)  # a probe: an ordinary run directory
+
+        # One launcher for every phase (experiments/phase.py): a probe is an ordinary run directory.
+        def any_locust(load, timeout_s=None):
+            is_probe = load.options.stage == PROBE_STAGE
+            return (probe_locust if is_probe else phase_locust)(load, timeout_s)
+
+        monkeypatch.setattr(phase, "run_locust", any_locust)
         recipe = {
             "target": {"url": srv.url},
             "load": {"corpus": str(corpus), "rate": rate, "duration": 2},

@@ -70,6 +70,8 @@ PROBE = textwrap.dedent(
     import os, sys
     import harness.traces as t
 
+    fn = t.{func}  # harness.traces imports its readers on first use: before the baseline
+
     def rss():
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -90,7 +92,7 @@ PROBE = textwrap.dedent(
 
 def rss_growth(func: str, path: Path) -> tuple[int, int]:
     """(items read, peak RSS growth in bytes) for ``harness.traces.<func>(path)`` in a fresh process."""
-    code = PROBE.format(expr=f"t.{func}(sys.argv[1])", keep="False")
+    code = PROBE.format(func=func, expr="fn(sys.argv[1])", keep="False")
     out = subprocess.run(
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300, check=True
     )
@@ -128,7 +130,7 @@ def test_rss_probe_detects_loading(tmp_path: Path) -> None:
     write_file(
         path, b'{"data": [', (jaeger_trace(i) for i in range(10**6)), b",", b"]}", target=4 * 1024 * 1024
     )
-    code = PROBE.format(expr="t.read_traces(sys.argv[1])", keep="True")
+    code = PROBE.format(func="read_traces", expr="fn(sys.argv[1])", keep="True")
     out = subprocess.run(
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120, check=True
     )
