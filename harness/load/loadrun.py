@@ -39,11 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-import locust  # patches gevent before requests/urllib3, which the OTLP exporter uses
-import locust.stats
+import locust  # noqa: F401  (patches gevent before requests/urllib3, which the OTLP exporter uses)
 import psutil
 from locust.env import Environment
-from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
 from harness.common.host import HostSampler
 from harness.load.arrivals import (
@@ -87,11 +86,6 @@ log = logging.getLogger("harness.load")
 
 BATCH_INTERVAL_S = 1.0
 """How often records are flushed (local / master) or sent to the master (worker)."""
-
-END_POLL_S = 0.02
-"""Once every arrival is sent, how often a local headless run looks whether the last answer came back.
-Locust's shape ticks once a second: ending at its tick kept a short run (an A/B block of 8 requests,
-3 s of schedule) up to a second longer, ~15 % of a demo spent waiting."""
 
 
 def process_role(env: Environment) -> Role:
@@ -279,9 +273,6 @@ class LoadRun:
         self._cpu0 = self._cpu_s()
         self._wall0 = time.perf_counter()
         self._ticker = gevent.spawn(self._tick_loop)
-        po = self.env.parsed_options
-        if self.role == "local" and self.pacer is not None and po is not None and po.headless:
-            gevent.spawn(self._end_when_done, self.pacer)
         self.started = True
         log.info(
             "harness load: %s run %s, epoch in %.2f s, results %s",
@@ -377,33 +368,6 @@ class LoadRun:
         idle = watching is None or watching.ready()  # one health check at a time, beside the ticks
         if watch is not None and self.started and not self.finalized and idle and watch.due():
             self._watching = gevent.spawn(watch.check, self.now_s())
-
-    def _end_when_done(self, pacer: Pacer) -> None:
-        """Local, headless: end the test as soon as the run is done, the way the shape's tick would,
-        not up to a second later.
-
-        Only while nobody else is ending it (the runner still spawning or running): the check and the
-        quit's first step (the runner's state leaves RUNNING, and Locust then kills the shape's
-        greenlet) run without a switch between them, gevent being cooperative, so the shape cannot
-        quit the runner, and end the process, while this greenlet writes the summary. With
-        ``--csv``, Locust's writer snapshots its statistics once a second and not at the end: the run
-        waits for one more snapshot before it ends."""
-        pacer.finished.wait()
-        settle_until: float | None = None
-        while not self.finalized:
-            runner = self.env.runner
-            if runner is None or runner.state not in (STATE_SPAWNING, STATE_RUNNING):
-                return  # the shape, a stop or an error is ending it already (CLEANUP, STOPPED …)
-            if self.finished():
-                po = self.env.parsed_options
-                if getattr(po, "csv_prefix", None) and settle_until is None:
-                    settle_until = time.monotonic() + locust.stats.CSV_STATS_INTERVAL_SEC + 0.2
-                if settle_until is None or time.monotonic() >= settle_until:
-                    self.completed = True
-                    log.info("harness load: every request answered, stopping")
-                    runner.quit()
-                    return
-            gevent.sleep(END_POLL_S)
 
     def _target_died(self, death: TargetDeath) -> None:
         """The target is dead: send nothing more (it could only fail); the run then drains and ends."""
