@@ -82,7 +82,7 @@ def corpus_build_args(run_dir: Path, n: int) -> list[str]:
 @dataclass
 class DemoConfig:
     """The demo's knobs (the defaults take about 13 minutes on 2 CPU cores: 769 to 825 s measured
-    with other work beside it; tests/test_demo.py runs four of the five cases)."""
+    with other work beside it; tests/test_demo.py runs them)."""
 
     out_dir: Path
     corpus_n: int = 64

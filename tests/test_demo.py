@@ -33,19 +33,18 @@ from harness.experiments.capacity_result import CapacityResult
 from harness.reports.plots import PLOTS
 from tests.reports.test_report import _parse
 
-TESTED_CASES = ("unchanged", "regression", "errors_20pct", "warm_miss_30pct")
-"""Every kind of verdict the demo shows, each once: the 1.3× case runs the 2× case's path with another
-factor (its outcome is measured in docs/benchmarks.md, "The CI job, measured"), and ~2.5 minutes of
-this suite's time bought no other line."""
-
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~10 minutes alone on 2 cores; beside the suite's other worker up to twice
+# ~13 minutes alone on 2 cores; beside the suite's other worker up to twice. All five cases: the
+# documented CI job's test runs beside it on the other worker, and a shorter demo left that job
+# beside bursts of short tests instead (two CI runs: an unchanged target's TTFT block pairs
+# scattered 28-35 % and the job could not judge it).
+@pytest.mark.timeout(1800)
 def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "demo"
-    config = DemoConfig(out_dir=out, probe_requests=16, slo="ttft_from_intended_p50<=3x", cases=TESTED_CASES)
+    config = DemoConfig(out_dir=out, probe_requests=16, slo="ttft_from_intended_p50<=3x")
     ctx = run_demo(config)
     printed = capsys.readouterr().out
 
@@ -59,8 +58,8 @@ def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
     assert capacity["probes"]
     rate = demo_capacity(CapacityResult.model_validate(capacity))[0]
     assert rate > 0 and rate == ctx.capacity_rps
-    runs = {name: ABRun.model_validate_json((out / name / "ab.json").read_text()) for name in TESTED_CASES}
-    assert not (out / "slower_1_3x").exists()  # the cases asked for, no more
+    runs = {name: ABRun.model_validate_json((out / name / "ab.json").read_text()) for name in (
+        "unchanged", "regression", "slower_1_3x", "errors_20pct", "warm_miss_30pct")}  # fmt: skip
     for run in runs.values():
         assert run.rate_rps == pytest.approx(config.rate_share * rate, rel=1e-2)
         assert run.judgement is not None and run.judgement.family_alpha == pytest.approx(0.05)
@@ -95,6 +94,9 @@ def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
     assert verdicts["warm_miss_30pct"] == "fail" and missed.gate is not None, missed.message
     gate = json.loads(Path(missed.gate.file).read_text())
     assert any(g["metric"] == "warm_rate" and g["verdict"] == "fail" for g in gate["gates"]), missed.message
+    # 1.3x slower beside the unchanged one: never passed (a neighbour's noise between blocks can widen
+    # the ratios' intervals into cannot-be-judged; drift alone cannot pass it).
+    assert verdicts["slower_1_3x"] != "pass" and verdicts["modes"]["slower_1_3x"].startswith("A/B")
     assert "): FAIL" in printed
     for name in runs:
         for arm in ("base", "candidate"):
