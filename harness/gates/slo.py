@@ -22,9 +22,10 @@ The search that runs probes is :mod:`harness.experiments.capacity`; this module 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -122,9 +123,10 @@ def _parse_term(raw: str) -> SloTerm:
     return SloTerm(text=raw.strip(), metric=metric, kind="percentile", column=column, q=q, limit=limit)
 
 
-def slo_metrics() -> dict[str, tuple[str, int]]:
+@functools.cache
+def slo_metrics() -> Mapping[str, tuple[str, int]]:
     """The metrics an SLO term may name: the gates' latency percentiles of one record field (ms),
-    name → ``(field, quantile)``."""
+    name → ``(field, quantile)``; read once (the registry is filled at import)."""
     out: dict[str, tuple[str, int]] = {}
     for name in METRICS.names():
         m = METRICS.get(name)
