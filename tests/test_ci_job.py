@@ -7,7 +7,8 @@ The base is the same checkout's ``harness serve`` (an unchanged target: the pull
 nothing), reached at ``$BASE_URL`` as the workflow's "base revision" step gives it; the only change
 to the job is a smaller request count, through flags appended to the recipe's. It must exit 0: a
 change to the engine, the corpus, the recipe or the limits that left the documented job unable to
-pass an unchanged target fails here, not in a user's CI.
+pass an unchanged target fails here, not in a user's CI. It runs by itself (marked ``alone``), as the
+job does on its own runner.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_the_documented_workflow_has_the_steps_this_test_runs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # as a user's job runs: on its own runner (`make test` runs it after the rest)
 def test_the_documented_job_passes_an_unchanged_target(tmp_path: Path) -> None:
     steps = workflow_steps()
     work = tmp_path / "checkout"
