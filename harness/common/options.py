@@ -125,6 +125,16 @@ def options_of(
     return [Option(n, (*at, n), fields[n]) for n in names]
 
 
+def flagged(model: type[BaseModel], *, at: Sequence[str] = ()) -> list[Option]:
+    """The options of ``model``'s fields that carry a :class:`Flag` (in field order): a settings model
+    whose flags are marked on its fields, not listed beside it (``harness serve``)."""
+    return options_of(model, at=at, only=[n for n, f in model.model_fields.items() if _has_flag(f)])
+
+
+def _has_flag(info: FieldInfo) -> bool:
+    return any(isinstance(m, Flag) for m in info.metadata)
+
+
 def _typer_type(opt: Option) -> Any:
     """The type typer parses the option as (always optional: ``None`` is "not given")."""
     ann = opt.info.annotation

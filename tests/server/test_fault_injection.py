@@ -368,5 +368,13 @@ def test_the_cli_reports_a_rate_out_of_range_as_exit_4_before_loading(tmp_path: 
         check=False,
     )
     assert p.returncode == 4, p.stderr
-    assert "HARNESS__SERVER__INJECT_ERROR_RATE" in p.stderr and "--inject-error-rate" in p.stderr
+    # Given as a flag, named by the flag; given as the variable, named by the variable.
+    assert "field '--inject-error-rate'" in p.stderr and "0 <= P < 1" in p.stderr
     assert "Traceback" not in p.stderr and "serving" not in p.stdout
+    env = {**os.environ, "HARNESS__RUN_DIR": str(tmp_path / "run"), "HARNESS__SERVER__INJECT_ERROR_RATE": "1"}
+    p = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "serve", "--preset", "tiny", "--port", "0"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert p.returncode == 4, p.stderr
+    assert "field 'HARNESS__SERVER__INJECT_ERROR_RATE'" in p.stderr, p.stderr

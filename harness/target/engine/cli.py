@@ -14,6 +14,7 @@ import typer
 
 from harness.common import console as cons
 from harness.common.settings import load_settings
+from harness.target.engine.settings import EngineSettings
 
 app = typer.Typer(
     help="The local torch inference engine (presets or a Hugging Face checkpoint).", no_args_is_help=True
@@ -21,20 +22,15 @@ app = typer.Typer(
 out = cons.out()
 err = cons.err()
 
-PRESET_HELP = (
-    "Random-init preset (tiny, small, qwen2-0.5b) or real weights fetched by `make setup` "
-    "(smollm2: SmolLM2-135M-Instruct, Apache-2.0, Q4_1 weights as float32); ignored with --model."
-)
-
-DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
+# The serve command's help for the same settings, from their fields (declared once).
+PRESET_HELP = f"{EngineSettings.model_fields['preset'].description}."
+DEVICE_HELP = f"{EngineSettings.model_fields['device'].description}."
 DTYPE_HELP = "auto, float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)."
 
 
 def _settings(
     preset: str | None, model: Path | None, device: str | None, dtype: str | None, **kw: Any
 ) -> Any:
-    from harness.target.engine.settings import EngineSettings
-
     return load_settings(EngineSettings, preset=preset, model_dir=model, device=device, dtype=dtype, **kw)
 
 

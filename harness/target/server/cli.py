@@ -35,12 +35,12 @@ from harness.common import console as cons
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
-from harness.common.options import old_spellings
+from harness.common.options import flagged, with_options
 from harness.common.settings import load_settings
-from harness.target.engine.cli import PRESET_HELP
 from harness.target.engine.placement import enter_front
+from harness.target.engine.settings import EngineSettings
 from harness.target.server.auth import AuthPolicy, check_protected_mode
-from harness.target.server.settings import ServerSettings
+from harness.target.server.settings import PANEL, ServerSettings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from harness.target.cache.api import ResponseCache
     from harness.target.cache.settings import CacheSettings
     from harness.target.engine.api import AsyncEngine
-    from harness.target.engine.settings import EngineSettings
 
 log = logging.getLogger("harness.target.server")
 COMMAND_SETTINGS = {
@@ -197,8 +196,6 @@ def prepare(
     settings, a busy port) costs milliseconds and names what is wrong. Credentials too: a bad key
     file, and protected mode (a non-loopback ``--bind`` address without keys and an admin token) are
     :class:`ConfigError` (exit 4) before the port is bound."""
-    from harness.target.engine.settings import EngineSettings
-
     engine_settings = load_settings(EngineSettings, **engine_overrides)
     settings = load_settings(ServerSettings, **server_overrides)
     auth = AuthPolicy.from_settings(settings)
@@ -300,87 +297,16 @@ def run_server(
             asyncio.run(cache.close())
 
 
-@old_spellings(bind="--host")
+SERVE_OPTIONS = [*flagged(EngineSettings, at=("engine",)), *flagged(ServerSettings, at=("server",))]
+"""``harness serve``'s options: the settings fields that carry a :class:`~harness.common.options.Flag`
+(flag, help, panel and old spellings declared on the field once); each overrides its
+``HARNESS__ENGINE__*`` / ``HARNESS__SERVER__*`` variable."""
+
+
+@with_options(SERVE_OPTIONS)
 def serve(
     *,
-    preset: Annotated[str | None, typer.Option("--preset", help=PRESET_HELP)] = None,
-    model: Annotated[
-        Path | None, typer.Option("--model", help="Hugging Face checkpoint directory (overrides --preset).")
-    ] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
-    bind: Annotated[
-        str | None,
-        typer.Option("--bind", help="Address to listen on (default 127.0.0.1: this machine only)."),
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option("--port", help="TCP port (default 8000; 0 picks a free one).")
-    ] = None,
-    max_num_seqs: Annotated[
-        int | None, typer.Option("--max-num-seqs", help="Requests decoded together.")
-    ] = None,
-    max_waiting: Annotated[
-        int | None, typer.Option("--max-waiting", help="Waiting-queue size before HTTP 429.")
-    ] = None,
-    block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")] = None,
-    cpu_threads: Annotated[
-        int | None,
-        typer.Option("--cpu-threads", min=1, help="Engine compute threads (default: one per compute CPU)."),
-    ] = None,
-    bind_cores: Annotated[
-        str | None,
-        typer.Option(
-            "--bind-cores",
-            help="off (default), auto (compute on all CPUs but one, the event loop on that one, as vLLM's "
-            "CPU build) or a CPU list like 1-3 for the engine's compute threads.",
-        ),
-    ] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="Context length cap.")] = None,
-    cache: Annotated[
-        bool | None, typer.Option("--cache/--no-cache", help="Put the response cache in front of the engine.")
-    ] = None,
-    inject_slowdown: Annotated[
-        float | None,
-        typer.Option(
-            "--inject-slowdown",
-            min=1.0,
-            max=100.0,
-            help="Fault injection: every engine step (prefill and decode) takes FACTOR times as long "
-            "(1.5 = a 1.5x slower engine), to prove a gate catches a regression. Off (1.0) by default; "
-            "never in production.",
-        ),
-    ] = None,
-    inject_kv_overalloc: Annotated[
-        float | None,
-        typer.Option(
-            "--inject-kv-overalloc",
-            min=0.0,
-            max=10.0,
-            help="Fault injection: every prefill takes ceil((1+F) x the KV blocks it needs), the extra "
-            "ones held unused until the request ends (0.2 = 20% more KV bytes per prompt token), to prove "
-            "a gate catches a memory regression. Off (0) by default; never in production.",
-        ),
-    ] = None,
-    inject_error_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--inject-error-rate",
-            help="Fault injection: this fraction P (0 <= P < 1) of generation requests answers HTTP 500, "
-            "each drawn independently (--inject-seed). Off (0) by default; never in production.",
-        ),
-    ] = None,
-    inject_cache_miss_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--inject-cache-miss-rate",
-            help="Fault injection: this fraction P (0 <= P <= 1) of generation requests misses the "
-            "response cache and the engine's prefix cache (computed in full, nothing stored). Off (0) "
-            "by default; never in production.",
-        ),
-    ] = None,
-    inject_seed: Annotated[
-        int | None,
-        typer.Option("--inject-seed", help="Seed of the per-request fault injections' draws (default 0)."),
-    ] = None,
+    given: dict[str, Any],
     ready_file: Annotated[
         Path | None,
         typer.Option("--ready-file", help="Write url/model/pid as JSON here once requests are served."),
@@ -390,77 +316,14 @@ def serve(
         typer.Option(
             "--tiers",
             help="Tier policy file (harness analysis tiers): value tiers and TTLs for the cache.",
-        ),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            help="/v1/* needs 'Authorization: Bearer KEY' (tenant 'default'); vLLM's option. Prefer "
-            "HARNESS__SERVER__API_KEY: a command line is visible to every user of the machine.",
-            show_default=False,
-        ),
-    ] = None,
-    api_keys: Annotated[
-        Path | None,
-        typer.Option(
-            "--api-keys",
-            help='JSON file {"KEY": "TENANT", ...}: /v1/* needs one of the keys, and the tenant comes '
-            "from the key (X-Tenant-ID naming another is 403). Combines with --api-key.",
-        ),
-    ] = None,
-    admin_token: Annotated[
-        str | None,
-        typer.Option(
-            "--admin-token",
-            help="/cache/* and /reset_prefix_cache need 'Authorization: Bearer TOKEN'. Prefer "
-            "HARNESS__SERVER__ADMIN_TOKEN or --admin-token-file.",
-            show_default=False,
-        ),
-    ] = None,
-    admin_token_file: Annotated[
-        Path | None, typer.Option("--admin-token-file", help="Read the admin token from this file.")
-    ] = None,
-    protect_metrics: Annotated[
-        bool | None,
-        typer.Option("--protect-metrics", help="/metrics needs an API key or the admin token."),
-    ] = None,
-    insecure_no_auth: Annotated[
-        bool | None,
-        typer.Option(
-            "--insecure-no-auth",
-            help="Serve a non-loopback --bind address without API keys and admin token, on purpose (warns).",
+            rich_help_panel=PANEL,
         ),
     ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics …)."""
-    engine_overrides: dict[str, Any] = {
-        "preset": preset,
-        "model_dir": model,
-        "device": device,
-        "max_num_seqs": max_num_seqs,
-        "max_waiting": max_waiting,
-        "block_size": block_size,
-        "cpu_threads": cpu_threads,
-        "bind_cores": bind_cores,
-        "max_model_len": max_model_len,
-        "inject_slowdown": inject_slowdown,
-        "inject_kv_overalloc": inject_kv_overalloc,
-    }
-    server_overrides: dict[str, Any] = {
-        "host": bind,
-        "port": port,
-        "cache": cache,
-        "api_key": api_key,
-        "api_keys_file": api_keys,
-        "admin_token": admin_token,
-        "admin_token_file": admin_token_file,
-        "protect_metrics": protect_metrics,
-        "insecure_no_auth": insecure_no_auth,
-        "inject_error_rate": inject_error_rate,
-        "inject_cache_miss_rate": inject_cache_miss_rate,
-        "inject_seed": inject_seed,
-    }
+    engine_overrides: dict[str, Any] = given.get("engine", {})
+    server_overrides: dict[str, Any] = given.get("server", {})
+    cache = server_overrides.get("cache")
     cache_overrides: dict[str, Any] = {}
     if tiers is not None:
         if cache is False:
@@ -471,4 +334,17 @@ def serve(
         cache_overrides["tier_file"] = tiers.resolve()
     if ready_file is not None:
         ready_file.unlink(missing_ok=True)  # a stale file from an earlier run must not look ready
-    run_server(engine_overrides, server_overrides, ready_file, cache_overrides)
+    try:
+        run_server(engine_overrides, server_overrides, ready_file, cache_overrides)
+    except ConfigError as exc:
+        raise _named_by_flag(exc, given) from None
+
+
+def _named_by_flag(exc: ConfigError, given: dict[str, Any]) -> ConfigError:
+    """A setting given as a flag is named by the flag, not by the variable it overrode."""
+    for opt in SERVE_OPTIONS:
+        section, name = opt.path
+        variable = f"HARNESS__{section.upper()}__{name.upper()}"
+        if exc.field == variable and name in given.get(section, {}):
+            exc.field = opt.long
+    return exc

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings
 
+from harness.common.options import Flag
 from harness.common.settings import stage_config
+from harness.target.engine.settings import FAULTS_PANEL
+
+PANEL = "Server"
+ACCESS_PANEL = "Access"
 
 
 class ServerSettings(BaseSettings):
@@ -15,10 +21,14 @@ class ServerSettings(BaseSettings):
 
     model_config = stage_config("server")
 
-    host: str = "127.0.0.1"
+    host: Annotated[str, Flag(names=("--bind",), deprecated=("--host",), panel=PANEL)] = Field(
+        "127.0.0.1", description="Address to listen on (127.0.0.1: this machine only)"
+    )
     """Loopback by default; binding elsewhere is an explicit choice (and needs credentials: protected
     mode, see :mod:`harness.target.server.auth`)."""
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: Annotated[int, Flag(panel=PANEL)] = Field(
+        default=8000, ge=0, le=65535, description="TCP port (0 picks a free one)"
+    )
     """``0`` lets the OS pick a free port (announced on stdout)."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest request body for the OpenAI endpoints; larger is HTTP 413."""
@@ -31,7 +41,9 @@ class ServerSettings(BaseSettings):
     """Name in the API; default: the engine's model name."""
     strict_model_name: bool = True
     """Refuse (404) a request whose ``model`` is not the served one; off: any name is accepted."""
-    cache: bool = False
+    cache: Annotated[bool, Flag(names=("--cache/--no-cache",), panel=PANEL)] = Field(
+        False, description="Put the response cache in front of the engine"
+    )
     """Put the response cache stack in front of the engine (``--cache``)."""
     max_stage_labels: int = Field(default=64, ge=1)
     """Distinct ``X-Traffic-Stage`` values kept as metric labels; later ones count as ``other``."""
@@ -43,28 +55,58 @@ class ServerSettings(BaseSettings):
     """Run one 2-token generation at startup so the first client request does not pay one-off costs."""
     graceful_shutdown_s: float = Field(default=5.0, ge=0.0)
     """Time in-flight requests get to finish after SIGINT/SIGTERM."""
-    api_key: SecretStr | None = None
+    api_key: Annotated[SecretStr | None, Flag(panel=ACCESS_PANEL)] = Field(
+        None,
+        description="/v1/* needs 'Authorization: Bearer KEY' (tenant 'default'); vLLM's option. Prefer "
+        "HARNESS__SERVER__API_KEY: a command line is visible to every user of the machine",
+    )
     """``--api-key``: ``/v1/*`` needs ``Authorization: Bearer`` it (tenant ``default``); vLLM's option."""
-    api_keys_file: Path | None = None
+    api_keys_file: Annotated[Path | None, Flag(names=("--api-keys",), panel=ACCESS_PANEL)] = Field(
+        None,
+        description='JSON file {"KEY": "TENANT", ...}: /v1/* needs one of the keys, and the tenant comes '
+        "from the key (X-Tenant-ID naming another is 403). Combines with --api-key",
+    )
     """``--api-keys``: a JSON object ``{"KEY": "TENANT", ...}``; the tenant comes from the key."""
-    admin_token: SecretStr | None = None
+    admin_token: Annotated[SecretStr | None, Flag(panel=ACCESS_PANEL)] = Field(
+        None,
+        description="/cache/* and /reset_prefix_cache need 'Authorization: Bearer TOKEN'. Prefer "
+        "HARNESS__SERVER__ADMIN_TOKEN or --admin-token-file",
+    )
     """``--admin-token``: ``/cache/*`` and ``/reset_prefix_cache`` need it as a Bearer token."""
-    admin_token_file: Path | None = None
+    admin_token_file: Annotated[Path | None, Flag(panel=ACCESS_PANEL)] = Field(
+        None, description="Read the admin token from this file"
+    )
     """``--admin-token-file``: the admin token read from a file (keeps it out of argv and env)."""
-    protect_metrics: bool = False
+    protect_metrics: Annotated[bool, Flag(panel=ACCESS_PANEL)] = Field(
+        False, description="/metrics needs an API key or the admin token"
+    )
     """``/metrics`` needs an API key or the admin token."""
-    insecure_no_auth: bool = False
+    insecure_no_auth: Annotated[bool, Flag(panel=ACCESS_PANEL)] = Field(
+        False,
+        description="Serve a non-loopback --bind address without API keys and admin token, on purpose "
+        "(warns)",
+    )
     """Serve a non-loopback address without credentials on purpose (protected mode off, loudly)."""
-    inject_error_rate: float = 0.0
+    inject_error_rate: Annotated[float, Flag(panel=FAULTS_PANEL)] = Field(
+        0.0,
+        description="This fraction P (0 <= P < 1) of generation requests answers HTTP "
+        "500, each drawn independently (--inject-seed). Off: 0",
+    )
     """Fault injection (``--inject-error-rate``): this fraction of generation requests answers HTTP 500
     before any cache lookup or generation, each request drawn independently from the
     ``inject_seed`` stream. 0: off. Below 1: a server that fails everything proves nothing a gate
     needs proving (and is not a regression, it is an outage). Never set in production."""
-    inject_cache_miss_rate: float = 0.0
+    inject_cache_miss_rate: Annotated[float, Flag(panel=FAULTS_PANEL)] = Field(
+        0.0,
+        description="This fraction P (0 <= P <= 1) of generation requests misses the "
+        "response cache and the engine's prefix cache (computed in full, nothing stored). Off: 0",
+    )
     """Fault injection (``--inject-cache-miss-rate``): this fraction of generation requests misses both
     the response cache and the engine's prefix cache (served as if nothing were cached, and leaving
     nothing cached), drawn like ``inject_error_rate``. 0: off; 1: every request cold."""
-    inject_seed: int = 0
+    inject_seed: Annotated[int, Flag(panel=FAULTS_PANEL)] = Field(
+        0, description="Seed of the per-request fault injections' draws"
+    )
     """Seed of the one random stream the per-request injections draw from, in arrival order."""
 
     @field_validator("inject_error_rate", "inject_cache_miss_rate")
