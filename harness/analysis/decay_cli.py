@@ -14,7 +14,7 @@ from harness.common.console import table
 from harness.common.io import write_json
 from harness.common.options import options_of, validated, with_options
 from harness.experiments.recipe import GateRecipe, RecipeFile, TargetRecipe
-from harness.load.options import LoadOptions
+from harness.load.options import LoadOptions, load_flags
 
 
 def decay(
@@ -71,25 +71,7 @@ def _print_mixture(m: Any) -> None:
 
 SWEEP_OPTIONS = [
     *options_of(TargetRecipe, at=("target",), only=["url"]),
-    *options_of(
-        LoadOptions,
-        at=("load",),
-        only=[
-            "corpus",
-            "rate",
-            "duration",
-            "concurrency",
-            "max_tokens_cap",
-            "api",
-            "model",
-            "seed",
-            "api_key",
-            "admin_token",
-            "header",
-            "ca_bundle",
-            "insecure",
-        ],
-    ),
+    *options_of(LoadOptions, at=("load",), only=load_flags("send", "rate", "start", "length")),
     *options_of(GateRecipe, at=("gate",), only=["confidence"]),
     *options_of(SweepOptions, at=("sweep",)),
 ]

@@ -18,13 +18,7 @@ from harness.common.options import with_options
 from harness.experiments.recipe import RecipeFile, check_corpus, recipe_options, resolve
 from harness.load.options import LOAD_PANEL
 
-EFFECT_LOAD_FLAGS: tuple[str, ...] = (
-    "corpus", "speedup", "max_tokens_cap", "concurrency", "api", "model", "token_counting", "seed_policy",
-    "tokenizer", "start_delay", "seed", "api_key", "admin_token", "header", "ca_bundle", "insecure",
-)  # fmt: skip
-"""What each pass sends and how: the window's own arrival offsets give the times (``--speedup`` scales
-them); the requests are the window's records."""
-EFFECT_OPTIONS = recipe_options(load=EFFECT_LOAD_FLAGS, sections=("effect", "gate", "phase_timeout"))
+EFFECT_OPTIONS = recipe_options(uses=("send", "start", "speed"), sections=("effect", "gate", "phase_timeout"))
 
 
 @with_options(EFFECT_OPTIONS, panel=LOAD_PANEL)

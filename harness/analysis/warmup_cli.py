@@ -13,7 +13,7 @@ from harness.common.console import table
 from harness.common.errors import InputError
 from harness.common.io import write_json
 from harness.common.options import old_spellings
-from harness.load.options import LoadOptions, typer_options
+from harness.load.options import LoadOptions, load_flags, typer_options
 
 UNIT_HELP = "Cache unit: 'entries' (whole prompts) or 'blocks' (KV blocks from hash_ids)."
 
@@ -107,7 +107,7 @@ def hitrate(
     console.print(f"cold ceiling (infinite cache): {pct(report.cold_ceiling)}", highlight=False)
 
 
-@typer_options("api", "model", "max_tokens_cap")  # as the replay will send them: the cache keys on them
+@typer_options(*load_flags("key"))  # as the replay will send them: the cache keys on them
 @old_spellings(
     cache_capacity=CACHE_CAPACITY_OLD,
     window_fraction="--window",

@@ -222,32 +222,38 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]
 ACCESS_PANEL = "Target access"
 
 
+SEND = ("send",)
+"""The credentials go with every command that sends load (:data:`harness.load.options.USES`)."""
+
+
 class AccessOptions(StrictModel):
     """The credentials options of every command that talks to a target, each declared once (the load
     options extend this model; other commands take its options through
     :func:`harness.common.options.options_of`)."""
 
-    api_key: Annotated[SecretStr | None, Flag(envvar=API_KEY_ENV, panel=ACCESS_PANEL)] = Field(
+    api_key: Annotated[SecretStr | None, Flag(envvar=API_KEY_ENV, panel=ACCESS_PANEL, uses=SEND)] = Field(
         None,
         description="Bearer key for the OpenAI routes (default: $OPENAI_API_KEY; prefer the environment: "
         "a command line is visible in ps; never written to results)",
     )
-    admin_token: Annotated[SecretStr | None, Flag(envvar=ADMIN_TOKEN_ENV, panel=ACCESS_PANEL)] = Field(
-        None,
-        description="Bearer token for the cache admin routes of `harness serve` (preload, flush, stats); "
-        "default: the API key",
-    )
-    header: Annotated[list[SecretStr], Flag(deprecated=("-H",), panel=ACCESS_PANEL, metavar="NAME:VALUE")] = (
+    admin_token: Annotated[SecretStr | None, Flag(envvar=ADMIN_TOKEN_ENV, panel=ACCESS_PANEL, uses=SEND)] = (
         Field(
-            default_factory=list,
-            description="Extra request header NAME:VALUE, repeatable (values may be secrets: never written "
-            "to results)",
+            None,
+            description="Bearer token for the cache admin routes of `harness serve` (preload, flush, stats); "
+            "default: the API key",
         )
     )
-    ca_bundle: Annotated[Path | None, Flag(panel=ACCESS_PANEL)] = Field(
+    header: Annotated[
+        list[SecretStr], Flag(deprecated=("-H",), panel=ACCESS_PANEL, metavar="NAME:VALUE", uses=SEND)
+    ] = Field(
+        default_factory=list,
+        description="Extra request header NAME:VALUE, repeatable (values may be secrets: never written "
+        "to results)",
+    )
+    ca_bundle: Annotated[Path | None, Flag(panel=ACCESS_PANEL, uses=SEND)] = Field(
         None, description="PEM CA bundle to verify an https:// target against (default: the system's CAs)"
     )
-    insecure: Annotated[bool, Flag(panel=ACCESS_PANEL)] = Field(
+    insecure: Annotated[bool, Flag(panel=ACCESS_PANEL, uses=SEND)] = Field(
         False, description="Do not verify the target's TLS certificate"
     )
 

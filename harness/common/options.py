@@ -55,6 +55,9 @@ class Flag:
     """Taken as text whatever the field's type: the model parses it (``10%`` for a fraction)."""
     metavar: str | None = None
     hidden: bool = False
+    uses: tuple[str, ...] = ()
+    """Which commands show the option, as the kinds of use its model names (the load options':
+    :data:`harness.load.options.USES`); a command takes the fields of the uses it has."""
 
 
 def flag_of(info: FieldInfo) -> Flag:

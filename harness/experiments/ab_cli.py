@@ -20,7 +20,6 @@ from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
 from harness.common.options import options_of, with_options
 from harness.experiments.recipe import (
-    AB_LOAD_FLAGS,
     CapacityRecipe,
     RecipeFile,
     check_corpus,
@@ -40,7 +39,11 @@ COMMAND_SETTINGS = {
 
 
 AB_OPTIONS = [
-    *recipe_options(load=AB_LOAD_FLAGS, sections=("ab", "gate", "phase_timeout"), target=False),
+    *recipe_options(
+        uses=("send", "rate", "share", "start", "budget"),
+        sections=("ab", "gate", "phase_timeout"),
+        target=False,
+    ),
     # The base's capacity search (--rate N%): its probes take the blocks' path (--bypass-cache/--use-cache).
     *options_of(CapacityRecipe, at=("capacity",), exclude=("bypass_cache",)),
 ]

@@ -17,7 +17,6 @@ from harness.common import console as cons
 from harness.common.errors import CannotJudge
 from harness.common.options import options_of, validated, with_options
 from harness.experiments.recipe import (
-    LOAD_FLAGS,
     CapacityRecipe,
     RecipeFile,
     check_corpus,
@@ -26,13 +25,13 @@ from harness.experiments.recipe import (
     resolve,
 )
 from harness.gates.policy import GatePolicy
-from harness.load.options import LOAD_PANEL
+from harness.load.options import LOAD_PANEL, RUN_USES
 
 stderr = cons.err()
 
 
 CALIBRATE_OPTIONS = [
-    *recipe_options(load=LOAD_FLAGS, sections=("warmup", "confidence", "phase_timeout")),
+    *recipe_options(uses=RUN_USES, sections=("warmup", "confidence", "phase_timeout")),
     *options_of(CapacityRecipe, at=("capacity",), only=["slo"]),
 ]
 """The recipe's options, as ``harness run`` takes them (no ``--gate``: calibration writes the baseline)."""

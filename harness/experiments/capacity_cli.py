@@ -19,7 +19,6 @@ from harness.common import console as cons
 from harness.common.errors import CannotJudge, CheckFailed, ExitCode
 from harness.common.options import old_spellings, with_options
 from harness.experiments.recipe import (
-    CAPACITY_LOAD_FLAGS,
     RecipeFile,
     check_corpus,
     recipe_options,
@@ -42,7 +41,7 @@ COMMAND_SETTINGS = {
 """How ``harness/cli.py`` registers the command."""
 
 
-CAPACITY_OPTIONS = recipe_options(load=CAPACITY_LOAD_FLAGS, sections=("capacity", "confidence"))
+CAPACITY_OPTIONS = recipe_options(uses=("send", "precision"), sections=("capacity", "confidence"))
 """``harness capacity``'s recipe options (every one is a field of :class:`Recipe`)."""
 
 

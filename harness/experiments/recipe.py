@@ -47,7 +47,7 @@ from harness.common.options import Flag, Option, flag_for, merge, options_of
 from harness.experiments.warmcheck import SEED_WARM_RATE
 from harness.gates.ab import DEFAULT_METRICS, parse_ab_metrics
 from harness.gates.slo import DEFAULT_SLO, parse_slo
-from harness.load.options import LaunchOptions, LoadOptions
+from harness.load.options import LaunchOptions, LoadOptions, load_flags
 
 RECIPE_FILE = "recipe.yaml"
 DEFAULT_SERVE_ARGS = ("--preset", "tiny", "--cache")
@@ -351,36 +351,17 @@ recipe, which starts its candidate, uses that server instead)."""
 
 RUN_OWN = frozenset({"results_dir", "stage", "warmup_id"})
 """Load options a run sets itself, per phase or probe: not the recipe's."""
-LOAD_FLAGS: tuple[str, ...] = (
-    "corpus", "schedule", "rate", "duration", "max_requests", "arrival", "speedup", "max_tokens_cap",
-    "concurrency", "api", "model", "token_counting", "seed_policy", "tokenizer", "start_delay", "seed",
-    "until_precision", "max_duration", "precision_on", "history", "salt_per_pass", "plan", "preload",
-    "capacity", "api_key", "admin_token", "header", "ca_bundle", "insecure",
-)  # fmt: skip
-"""The load options ``harness run`` and ``harness baseline calibrate`` take as flags (every load option
-may be set in a recipe file)."""
-CAPACITY_LOAD_FLAGS: tuple[str, ...] = (
-    "corpus", "max_tokens_cap", "concurrency", "api", "model", "token_counting", "seed_policy", "tokenizer",
-    "until_precision", "api_key", "admin_token", "header", "ca_bundle", "insecure",
-)  # fmt: skip
-"""The load options of every capacity probe (each sets its own rate and size)."""
-AB_LOAD_FLAGS: tuple[str, ...] = (
-    "corpus", "rate", "arrival", "max_tokens_cap", "concurrency", "api", "model", "token_counting",
-    "seed_policy", "tokenizer", "start_delay", "seed", "capacity", "max_duration", "api_key", "admin_token",
-    "header", "ca_bundle", "insecure",
-)  # fmt: skip
-"""The load options ``harness ab`` takes as flags: what a block sends and how (its blocks set the size
-of each replay, and the requests come from the corpus, not a schedule)."""
 
 
-def recipe_options(*, load: Sequence[str], sections: Sequence[str], target: bool = True) -> list[Option]:
+def recipe_options(*, uses: Sequence[str], sections: Sequence[str], target: bool = True) -> list[Option]:
     """The options of a command that runs a recipe: the target (unless ``target`` is false: ``harness
-    ab`` has two, its ``ab`` section's), the ``load`` options named, the launcher's, and the recipe
+    ab`` has two, its ``ab`` section's), the load options of its ``uses`` (:func:`load_flags`), the
+    launcher's, and the recipe
     ``sections`` named (``warmup``, ``capacity``, ``gate``, ``ab``, ``phase_timeout``; ``gate.confidence``
     alone as ``confidence``)."""
     opts = [
         *(options_of(TargetRecipe, at=("target",)) if target else []),
-        *options_of(LoadOptions, at=("load",), only=load),
+        *options_of(LoadOptions, at=("load",), only=load_flags(*uses)),
         *options_of(LaunchOptions, at=("launch",)),
     ]
     for section in sections:

@@ -17,14 +17,13 @@ import typer
 from harness.common import console as cons
 from harness.common.options import options_of, with_options
 from harness.experiments.recipe import (
-    LOAD_FLAGS,
     CapacityRecipe,
     RecipeFile,
     check_corpus,
     recipe_options,
     resolve,
 )
-from harness.load.options import LOAD_PANEL
+from harness.load.options import LOAD_PANEL, RUN_USES
 
 stderr = cons.err()
 COMMAND_SETTINGS = {
@@ -35,7 +34,7 @@ COMMAND_SETTINGS = {
 """How ``harness/cli.py`` registers the command."""
 
 RUN_OPTIONS = [
-    *recipe_options(load=LOAD_FLAGS, sections=("warmup", "gate", "phase_timeout")),
+    *recipe_options(uses=RUN_USES, sections=("warmup", "gate", "phase_timeout")),
     *options_of(CapacityRecipe, at=("capacity",), only=["slo"]),
 ]
 """``harness run``'s recipe options (every one is a field of :class:`Recipe`)."""

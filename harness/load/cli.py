@@ -24,7 +24,7 @@ import typer
 from harness.common import console as cons
 from harness.common.errors import InputError
 from harness.common.options import old_spellings
-from harness.load.options import LoadOptions, typer_options
+from harness.load.options import load_flags, typer_options
 from harness.load.results import read_records
 from harness.load.run_summary import (
     SUMMARY_FILE,
@@ -162,17 +162,10 @@ URL = Annotated[
 ]
 RENAMED = old_spellings(url="--host")
 """``--host``, the old spelling of ``--url`` (Locust's own name for it, on ``locust -f`` only)."""
-LADDER_ONLY = frozenset({"plan"})
-"""Options of the warmup ladder (``locustfiles/warmup.py``), not of a replay."""
-REPLAY_ONLY = frozenset(
-    {"schedule", "rate", "arrival", "duration", "max_requests", "speedup", "stage"}
-    | {"until_precision", "max_duration", "precision_on", "precision_confidence", "precision_min_samples"}
-    | {"history"}
-)
-"""Options that mean nothing to a ladder, or that it refuses: its plan sets the stages (and names
-them), their rates and lengths."""
-REPLAY_OPTIONS = ("processes", *(n for n in LoadOptions.model_fields if n not in LADDER_ONLY))
-LADDER_OPTIONS = ("processes", *(n for n in LoadOptions.model_fields if n not in REPLAY_ONLY))
+REPLAY_OPTIONS = ("processes", *load_flags(but="ladder"))
+LADDER_OPTIONS = ("processes", *load_flags(but="arrivals"))
+"""A ladder's plan sets its stages (and names them), their rates and lengths: it refuses the options
+of a replay's own arrivals."""
 
 
 def _launch(spec: LoadSpec) -> None:

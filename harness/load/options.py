@@ -113,46 +113,56 @@ class LoadOptions(AccessOptions):
     """Everything a replay or ladder run is configured with (besides Locust's own ``--host`` etc.);
     the credentials options come from :class:`~harness.common.auth.AccessOptions`."""
 
-    corpus: Path | None = Field(None, description="corpus.jsonl (or its directory) to replay")
-    schedule: Path | None = Field(
+    corpus: Annotated[Path | None, Flag(uses=("send",))] = Field(
+        None, description="corpus.jsonl (or its directory) to replay"
+    )
+    schedule: Annotated[Path | None, Flag(uses=("run", "arrivals"))] = Field(
         None,
         description="Arrival schedule JSONL (harness traces schedule); default: the corpus's arrival "
         "offsets, or --rate",
     )
-    rate: Annotated[Rate | None, Flag(text=True, metavar="RATE")] = Field(
+    rate: Annotated[Rate | None, Flag(text=True, metavar="RATE", uses=("rate", "arrivals"))] = Field(
         None,
         description="Constant arrival rate instead of a schedule: requests/s for all processes together "
         "(4), or a share of the target's capacity (50%: needs --capacity, which harness run measures "
         "when not given)",
     )
-    arrival: ArrivalProcess = Field("constant", description="Arrival process of --rate: constant or poisson")
-    duration: float | None = Field(
+    arrival: Annotated[ArrivalProcess, Flag(uses=("rate", "arrivals"))] = Field(
+        "constant", description="Arrival process of --rate: constant or poisson"
+    )
+    duration: Annotated[float | None, Flag(uses=("length", "arrivals"))] = Field(
         None, gt=0, description="Seconds of schedule to send (default: all of it; with --rate, --duration "
         "or --max-requests bounds the run)",
     )  # fmt: skip
-    max_requests: int | None = Field(
+    max_requests: Annotated[int | None, Flag(uses=("run", "arrivals"))] = Field(
         None, ge=1, description="Send at most this many arrivals (a session corpus: sessions, each with "
         "all its turns)",
     )  # fmt: skip
-    speedup: float = Field(1.0, gt=0, description="Divide schedule times by this (2 = twice as fast)")
+    speedup: Annotated[float, Flag(uses=("speed", "arrivals"))] = Field(
+        1.0, gt=0, description="Divide schedule times by this (2 = twice as fast)"
+    )
     results_dir: Annotated[Path, Flag(names=("--out", "-o"), deprecated=("--results-dir",))] = Field(
         Path("runs/load"), description="Directory for records.jsonl and summary.json"
     )
-    model: str | None = Field(
+    model: Annotated[str | None, Flag(uses=("send", "key"))] = Field(
         None, description="Model name to send (default: the target's first GET /v1/models id; none if it "
         "lists none)",
     )  # fmt: skip
-    max_tokens_cap: int | None = Field(None, ge=1, description="Cap every request's max_tokens at this")
-    api: ApiChoice = Field("auto", description="Request shape: auto (the record's), chat or completions")
-    stage: str = Field(
+    max_tokens_cap: Annotated[int | None, Flag(uses=("send", "key"))] = Field(
+        None, ge=1, description="Cap every request's max_tokens at this"
+    )
+    api: Annotated[ApiChoice, Flag(uses=("send", "key"))] = Field(
+        "auto", description="Request shape: auto (the record's), chat or completions"
+    )
+    stage: Annotated[str, Flag(uses=("arrivals",))] = Field(
         DEFAULT_STAGE, description="Traffic stage label: X-Traffic-Stage and the records' stage (ladder runs "
         "use their stage names)",
     )  # fmt: skip
-    concurrency: int = Field(
+    concurrency: Annotated[int, Flag(uses=("send",))] = Field(
         64, ge=1, description="Users per process: the most requests in flight (arrivals beyond wait and "
         "count as late; harness capacity: default a probe's requests, at most 512)",
     )  # fmt: skip
-    start_delay: float = Field(
+    start_delay: Annotated[float, Flag(uses=("start",))] = Field(
         2.0, ge=0, description="Seconds from test start to the first arrival (users spawn meanwhile; "
         "workers use the master's epoch)",
     )  # fmt: skip
@@ -160,18 +170,21 @@ class LoadOptions(AccessOptions):
         60.0, ge=0, description="Seconds in-flight requests get after the last arrival (sessions: after "
         "the last turn's due time)",
     )  # fmt: skip
-    token_counting: TokenCounting = Field(
+    token_counting: Annotated[TokenCounting, Flag(uses=("send",))] = Field(
         "auto", description=f"Where tokens per chunk come from: {', '.join(TOKEN_COUNTINGS)}"
     )
-    seed_policy: SeedPolicy = Field(
+    seed_policy: Annotated[SeedPolicy, Flag(uses=("send",))] = Field(
         "keep", description="keep: send each record's sampling seed; drop: leave it out (for targets "
         "that cannot take one: vLLM's CPU build dies on a seeded request during chunked prefill)",
     )  # fmt: skip
-    tokenizer: Path | None = Field(None, description="tokenizer.json for --token-counting tokenizer "
-                                   "(and auto's fallback)")  # fmt: skip
-    plan: Path | None = Field(None, description="Warmup ladder plan (YAML): locustfiles/warmup.py's "
-                              "stages; harness run's warm-up after --preload")  # fmt: skip
-    preload: Path | None = Field(
+    tokenizer: Annotated[Path | None, Flag(uses=("send",))] = Field(
+        None, description="tokenizer.json for --token-counting tokenizer (and auto's fallback)"
+    )
+    plan: Annotated[Path | None, Flag(uses=("run", "ladder"))] = Field(
+        None, description="Warmup ladder plan (YAML): locustfiles/warmup.py's stages; harness run's warm-up "
+        "after --preload",
+    )  # fmt: skip
+    preload: Annotated[Path | None, Flag(uses=("run",))] = Field(
         None, description="JSONL posted to POST /cache/preload before the first request (the ladder: "
         "default the plan's preload)",
     )  # fmt: skip
@@ -190,40 +203,42 @@ class LoadOptions(AccessOptions):
         "yields until it is due",
     )  # fmt: skip
     request_timeout: float = Field(600.0, gt=0, description="Seconds a request may take (network timeout)")
-    seed: int = Field(0, description="Seed of the poisson arrival process and of the bypassed arrivals")
-    until_precision: Annotated[RelativeWidth | None, Flag(text=True)] = Field(
+    seed: Annotated[int, Flag(uses=("start",))] = Field(
+        0, description="Seed of the poisson arrival process and of the bypassed arrivals"
+    )
+    until_precision: Annotated[RelativeWidth | None, Flag(text=True, uses=("precision", "arrivals"))] = Field(
         None,
         description="Stop sending once every --precision-on percentile is known to within this relative "
         "half-width (10% or 0.1); harness run: each phase, watching its gates' percentiles with --gate; "
         "harness capacity: each probe, watching the SLO's",
     )
-    max_duration: float | None = Field(
+    max_duration: Annotated[float | None, Flag(uses=("budget", "arrivals"))] = Field(
         None, gt=0, description="Seconds of sending at most (bounds --rate without --duration, and "
         "--until-precision; harness run: each phase; harness ab: its blocks, no look starts that would "
         "end past it)",
     )  # fmt: skip
-    precision_on: str = Field(
+    precision_on: Annotated[str, Flag(uses=("run", "arrivals"))] = Field(
         DEFAULT_PRECISION_ON,
         description="The percentiles --until-precision watches, FIELD:Q items, comma-separated "
         "(harness run --gate: default the baseline's)",
     )
-    precision_confidence: float = Field(
+    precision_confidence: Annotated[float, Flag(uses=("arrivals",))] = Field(
         0.95, gt=0.5, lt=1.0, description="Confidence of the watched intervals (a gate's baseline "
         "confidence)",
     )  # fmt: skip
-    precision_min_samples: int | None = Field(
+    precision_min_samples: Annotated[int | None, Flag(uses=("arrivals",))] = Field(
         None, ge=1, description="--until-precision also waits for this many samples of each watched "
         "field (a gate's min_samples)",
     )  # fmt: skip
-    history: Literal["live", "log"] = Field(
+    history: Annotated[Literal["live", "log"], Flag(uses=("run", "arrivals"))] = Field(
         "live", description="Session corpora: turn k+1's history holds what the target answered (live) "
         "or the log's answers (log)",
     )  # fmt: skip
-    salt_per_pass: bool = Field(
+    salt_per_pass: Annotated[bool, Flag(uses=("run",))] = Field(
         False, description="Give each repeated pass over the corpus a distinct salt at the very start, "
         "so no pass reuses another's prefixes",
     )  # fmt: skip
-    capacity: float | None = Field(
+    capacity: Annotated[float | None, Flag(uses=("share",))] = Field(
         None, gt=0, description="The target's capacity, requests/s (harness capacity): resolves --rate "
         "50% and plan stages like qps: 50% (harness run: default measured first)",
     )  # fmt: skip
@@ -398,6 +413,45 @@ def _old_spelling(new: str) -> type[argparse.Action]:
 
 
 # ---- the same options on the harness's own commands (typer) ---------------------------------------
+
+
+USES: dict[str, str] = {
+    "send": "what each request is and how it is sent, counted and authorised: every command that sends",
+    "key": "what the response cache keys a request on: a command that prepares requests as a replay "
+    "will send them (the warmup plan)",
+    "rate": "an open-loop rate and its arrival process",
+    "share": "a rate given as a share of a measured capacity",
+    "start": "when the first arrival is due, and the seed of random arrivals",
+    "speed": "recorded arrival times sent faster or slower",
+    "length": "how many seconds a phase sends",
+    "budget": "the most seconds a command sends, over all its phases",
+    "precision": "stop once the watched percentiles are known well enough",
+    "run": "a whole run's own: its schedule, request count, watched percentiles, session history, pass "
+    "salts, warm-up plan and preload",
+    "arrivals": "a replay's own arrivals and stop rules, which a ladder's plan sets (a ladder refuses them)",
+    "ladder": "a ladder's plan (a replay has none)",
+}
+"""The kinds of use a load option declares (``Flag(uses=…)`` on its field), and what each means. A
+command shows the fields of the uses it has (:func:`load_flags`): ``harness run`` every command use,
+``harness capacity`` ``send`` and ``precision``, ``harness ab`` ``send``, ``rate``, ``share``,
+``start`` and ``budget`` … ; ``harness load replay`` every field but the ``ladder``'s, ``harness load
+ladder`` every field but the ``arrivals``. A field with no use is set in a recipe file, a Locust
+config or by the command itself, not as a flag of the harness's experiments."""
+RUN_USES = ("send", "key", "rate", "share", "start", "speed", "length", "budget", "precision", "run")
+"""What ``harness run`` and ``harness baseline calibrate`` send: every use of a command."""
+
+
+def load_flags(*uses: str, but: str | None = None) -> tuple[str, ...]:
+    """The :class:`LoadOptions` fields, in declaration order, that declare any of ``uses`` (none given:
+    every field), less those that declare ``but``."""
+    unknown = {*uses, *([but] if but else [])} - USES.keys()
+    assert not unknown, f"not a use of the load options: {unknown}"
+    chosen = []
+    for name, info in LoadOptions.model_fields.items():
+        has = set(flag_of(info).uses)
+        if (not uses or has & set(uses)) and (but is None or but not in has):
+            chosen.append(name)
+    return tuple(chosen)
 
 
 class LaunchOptions(StrictModel):
