@@ -396,6 +396,79 @@ def scenarios_cmd(
 
 
 @app.command(
+    "graph",
+    epilog="Example: harness traces graph fixtures/traces/genaiTestTrace.json -o runs/graph.jsonl",
+)
+def graph_cmd(
+    *,
+    files: Annotated[
+        list[str], typer.Argument(help="Jaeger / OTLP trace files of agent runs (GenAI spans).")
+    ],
+    output: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Replay graph JSONL to write (one session a line).")
+    ] = None,
+    format: Annotated[str | None, typer.Option("--trace-format", "-f", help=FORMAT_HELP)] = None,
+    max_gap_s: Annotated[
+        float | None,
+        typer.Option("--max-gap", min=0.0, help="Cap the recorded gap before a call at this many seconds."),
+    ] = None,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
+) -> None:
+    """Agent traces' replay graph: each trace's LLM calls, which waits for which, the gaps, the requests."""
+    from harness.common.io import check_output_file, write_jsonl
+    from harness.traces._base import SkipLog
+    from harness.traces.api import read_traces
+    from harness.traces.graph import replay_graph
+
+    if output is not None:
+        check_output_file(output)
+    skips = SkipLog()
+    graphs = []
+    traces = 0
+    for fmt, path in zip(check_inputs(files, format), files, strict=True):
+        for trace in read_traces(path, format=fmt, skip_invalid=skip_invalid, on_skip=skips):
+            traces += 1
+            g = replay_graph(trace, max_gap_ms=max_gap_s * 1000.0 if max_gap_s is not None else None)
+            if g.calls:
+                graphs.append(g)
+    for g in graphs:
+        _print_graph(g)
+    if output is not None:
+        write_jsonl(output, (g.model_dump(mode="json", exclude_none=True) for g in graphs))
+    calls = sum(len(g.calls) for g in graphs)
+    _say(f"{calls} LLM call(s) in {len(graphs)} of {traces} trace(s)" + (f" → {output}" if output else ""))
+    _report_skips(skips)
+
+
+def _print_graph(g: Any) -> None:
+    from harness.common.console import table
+
+    index = {c.id: str(i) for i, c in enumerate(g.calls, start=1)}
+    rows = [
+        [
+            index[c.id],
+            c.name,
+            c.agent or "",
+            ",".join(index[p] for p in c.depends_on) or "start",
+            ",".join(index[p] for p in c.uses_output),
+            f"{c.gap_ms:,.0f}",
+            f"{c.offset_ms:,.0f}",
+            f"{c.duration_ms:,.0f}",
+            f"{c.input_tokens or '?'}→{c.output_tokens or '?'}",
+            "yes" if c.content else "no",
+        ]
+        for c in g.calls
+    ]
+    # "after": the calls it waits for; "uses": those whose output its input holds; "text": content recorded
+    columns = ["#", "call", "agent", "after", "uses", "gap ms", "at ms", "ms", "in→out", "text"]
+    title = (
+        f"session {g.session}: {len(g.calls)} calls, fan-out {g.fan_out()}, fan-in {g.fan_in()}; "
+        f"critical path {g.critical_path_ms:,.0f} ms of {g.makespan_ms:,.0f} ms recorded"
+    )
+    cons.out().print(table(title, columns, rows, left={"call", "agent", "after", "uses"}))
+
+
+@app.command(
     "schedule",
     epilog="Example: harness traces schedule --rate 2 --duration 60 --seed 0 -o runs/schedule.jsonl",
 )
