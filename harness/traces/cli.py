@@ -412,32 +412,68 @@ def graph_cmd(
         float | None,
         typer.Option("--max-gap", min=0.0, help="Cap the recorded gap before a call at this many seconds."),
     ] = None,
+    coldpaths: Annotated[
+        Path | None,
+        typer.Option(
+            "--coldpaths",
+            help="Cold-path JSONL of the same traces (harness traces coldpaths): marks each "
+            "session cold or warm.",
+        ),
+    ] = None,
+    sessions: Annotated[
+        str,
+        typer.Option(
+            "--sessions", help="Keep all sessions, or only the cold or the warm ones (--coldpaths)."
+        ),
+    ] = "all",
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help=SKIP_HELP)] = False,
 ) -> None:
     """Agent traces' replay graph: each trace's LLM calls, which waits for which, the gaps, the requests."""
-    from harness.common.io import check_output_file, write_jsonl
+    from harness.common.io import check_input_file, check_output_file, write_jsonl
     from harness.traces._base import SkipLog
     from harness.traces.api import read_traces
-    from harness.traces.graph import replay_graph
+    from harness.traces.graph import replay_graphs
+    from harness.traces.readers.coldpaths import read_records
 
+    if sessions not in ("all", "cold", "warm"):
+        raise ConfigError(f"--sessions is all, cold or warm, not {sessions!r}", field="--sessions")
+    if sessions != "all" and coldpaths is None:
+        raise ConfigError(f"--sessions {sessions} needs --coldpaths FILE", field="--sessions")
     if output is not None:
         check_output_file(output)
     skips = SkipLog()
-    graphs = []
-    traces = 0
-    for fmt, path in zip(check_inputs(files, format), files, strict=True):
-        for trace in read_traces(path, format=fmt, skip_invalid=skip_invalid, on_skip=skips):
-            traces += 1
-            g = replay_graph(trace, max_gap_ms=max_gap_s * 1000.0 if max_gap_s is not None else None)
-            if g.calls:
-                graphs.append(g)
+    cold = None
+    if coldpaths is not None:
+        cold = {rec.trace_id for _, rec in read_records(check_input_file(coldpaths), skip_invalid, skips)}
+    counted = _Counted()
+    traces = (
+        counted(t)
+        for fmt, path in zip(check_inputs(files, format), files, strict=True)
+        for t in read_traces(path, format=fmt, skip_invalid=skip_invalid, on_skip=skips)
+    )
+    gap_ms = max_gap_s * 1000.0 if max_gap_s is not None else None
+    graphs = list(replay_graphs(traces, max_gap_ms=gap_ms, cold=cold, sessions=sessions))  # type: ignore[arg-type]
     for g in graphs:
         _print_graph(g)
     if output is not None:
         write_jsonl(output, (g.model_dump(mode="json", exclude_none=True) for g in graphs))
     calls = sum(len(g.calls) for g in graphs)
-    _say(f"{calls} LLM call(s) in {len(graphs)} of {traces} trace(s)" + (f" → {output}" if output else ""))
+    kept = "" if sessions == "all" else f" {sessions}"
+    _say(
+        f"{calls} LLM call(s) in {len(graphs)}{kept} session(s) of {counted.n} trace(s)"
+        + (f" → {output}" if output else "")
+    )
     _report_skips(skips)
+
+
+class _Counted:
+    """Passes traces through, counting them."""
+
+    n = 0
+
+    def __call__(self, trace: Any) -> Any:
+        self.n += 1
+        return trace
 
 
 def _print_graph(g: Any) -> None:
@@ -461,8 +497,9 @@ def _print_graph(g: Any) -> None:
     ]
     # "after": the calls it waits for; "uses": those whose output its input holds; "text": content recorded
     columns = ["#", "call", "agent", "after", "uses", "gap ms", "at ms", "ms", "in→out", "text"]
+    state = "" if g.cold is None else (" (cold)" if g.cold else " (warm)")
     title = (
-        f"session {g.session}: {len(g.calls)} calls, fan-out {g.fan_out()}, fan-in {g.fan_in()}; "
+        f"session {g.session}{state}: {len(g.calls)} calls, fan-out {g.fan_out()}, fan-in {g.fan_in()}; "
         f"critical path {g.critical_path_ms:,.0f} ms of {g.makespan_ms:,.0f} ms recorded"
     )
     cons.out().print(table(title, columns, rows, left={"call", "agent", "after", "uses"}))

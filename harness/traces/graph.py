@@ -38,7 +38,7 @@ conventions' older event form) are not read by the trace readers, so their conte
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -122,6 +122,8 @@ class SessionGraph(StrictModel):
     when the graph explains the recorded timing (less when gaps were capped)."""
     edges_by: dict[Literal["time", "content"], int] = Field(default_factory=dict)
     """How many dependencies each rule found (an edge both found counts under ``content``)."""
+    cold: bool | None = None
+    """The trace has a cold path (``harness traces coldpaths``); ``None``: not known."""
 
     def fan_out(self) -> int:
         """The most calls that depend directly on one call, or that start the session together."""
@@ -185,10 +187,24 @@ def replay_graph(trace: Trace, *, max_gap_ms: float | None = None) -> SessionGra
     )  # fmt: skip
 
 
-def replay_graphs(traces: Iterable[Trace], *, max_gap_ms: float | None = None) -> list[SessionGraph]:
-    """One :class:`SessionGraph` per trace that has LLM calls."""
-    graphs = (replay_graph(t, max_gap_ms=max_gap_ms) for t in traces)
-    return [g for g in graphs if g.calls]
+def replay_graphs(
+    traces: Iterable[Trace],
+    *,
+    max_gap_ms: float | None = None,
+    cold: Collection[str] | None = None,
+    sessions: Literal["all", "cold", "warm"] = "all",
+) -> Iterator[SessionGraph]:
+    """One :class:`SessionGraph` per trace that has LLM calls. ``cold``: the ids of the traces with a
+    cold path (each graph's :attr:`~SessionGraph.cold` says whether it is one); ``sessions`` keeps
+    the cold ones, the warm ones or all (``cold`` or ``warm`` need ``cold``)."""
+    if sessions != "all" and cold is None:
+        raise ValueError("choosing cold or warm sessions needs the cold traces' ids")
+    for trace in traces:
+        g = replay_graph(trace, max_gap_ms=max_gap_ms)
+        if cold is not None:
+            g.cold = trace.trace_id in cold
+        if g.calls and (sessions == "all" or g.cold == (sessions == "cold")):
+            yield g
 
 
 # ---- the graph --------------------------------------------------------------------------------------

@@ -183,7 +183,50 @@ def test_the_cli_prints_the_graph_and_writes_it(tmp_path: Path, capsys: pytest.C
         main(["traces", "graph", str(GENAI_TRACE), "-o", str(out)])
     assert exc.value.code == 0
     printed = capsys.readouterr()
-    assert "5 calls" in printed.out and "5 LLM call(s) in 1 of 1 trace(s)" in printed.err
+    assert "5 calls" in printed.out and "5 LLM call(s) in 1 session(s) of 1 trace(s)" in printed.err
     (line,) = out.read_text().splitlines()
     g = SessionGraph.model_validate_json(line)
     assert len(g.calls) == 5 and g.source.endswith("genaiTestTrace.json")
+
+
+def test_cold_paths_mark_sessions_and_select_the_cold_or_the_warm(tmp_path: Path) -> None:
+    traces = list(read_traces(GENAI_TRACE))
+    (tid,) = {t.trace_id for t in traces}
+    (cold,) = replay_graphs(traces, cold={tid}, sessions="cold")
+    assert cold.cold is True
+    assert list(replay_graphs(traces, cold={tid}, sessions="warm")) == []
+    (warm,) = replay_graphs(traces, cold=set(), sessions="warm")
+    assert warm.cold is False
+    (unknown,) = replay_graphs(traces)
+    assert unknown.cold is None
+    with pytest.raises(ValueError, match="cold traces"):
+        list(replay_graphs(traces, sessions="cold"))
+
+
+def test_the_cli_takes_the_cold_sessions_of_a_coldpaths_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cp, out = tmp_path / "cp.jsonl", tmp_path / "graph.jsonl"
+    for argv in (
+        [
+            "coldpaths",
+            str(GENAI_TRACE),
+            "--hops",
+            "all",
+            "--protocol",
+            "any",
+            "--cache-scope",
+            "hop",
+            "-o",
+            str(cp),
+        ],
+        ["graph", str(GENAI_TRACE), "--coldpaths", str(cp), "--sessions", "cold", "-o", str(out)],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["traces", *argv])
+        assert exc.value.code == 0
+    assert "in 1 cold session(s) of 1 trace(s)" in capsys.readouterr().err
+    assert SessionGraph.model_validate_json(out.read_text()).cold is True
+    with pytest.raises(SystemExit) as exc:
+        main(["traces", "graph", str(GENAI_TRACE), "--sessions", "warm"])
+    assert exc.value.code == 4 and "needs --coldpaths" in capsys.readouterr().err
