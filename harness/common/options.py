@@ -159,15 +159,19 @@ def _typer_type(opt: Option) -> Any:
     return str | None  # a value type the model parses from text (a share "50%", a rate)
 
 
-def _parameter(opt: Option, panel: str | None, required: bool, default: Any = None) -> inspect.Parameter:
+def _parameter(
+    opt: Option, panel: str | None, required: bool, default: Any = None, *, needed: bool = False
+) -> inspect.Parameter:
+    """``required``: typer checks it; ``needed``: the command does (an option with old spellings,
+    any of which will do). Either way its help shows no default: there is none."""
     flag = opt.flag
     text = description(opt.info)
     shown = str(default) if default is not None else default_text(opt.info)
     option = typer.Option(
         *flag_names(opt.name, opt.info),
-        help=text + ("" if text.endswith(".") else "."),
+        help=text + ("" if text.endswith(".") else ".") + (" Required." if needed and not required else ""),
         rich_help_panel=flag.panel or panel,
-        show_default=shown if shown is not None and not required else False,
+        show_default=shown if shown is not None and not (required or needed) else False,
         envvar=flag.envvar,
         show_envvar=flag.envvar is not None,
         metavar=flag.metavar,
@@ -370,7 +374,10 @@ def with_options(
     own_default = dict(defaults or {})
     # A required option with an old spelling is checked by its Renamed, not by typer (either will do).
     renames = _renames(opts, required=must)
-    generated = [_parameter(o, panel, o.name in must - renames.keys(), own_default.get(o.name)) for o in opts]
+    generated = [
+        _parameter(o, panel, o.name in must - renames.keys(), own_default.get(o.name), needed=o.name in must)
+        for o in opts
+    ]
     generated += [
         h
         for o, p in zip(opts, list(generated), strict=True)
