@@ -7,8 +7,10 @@ them took, and whose output went into whose prompt. :func:`replay_graph` keeps t
 
 **The calls** are the spans whose ``gen_ai.operation.name`` is ``chat``, ``text_completion`` or
 ``generate_content`` (an SDK that writes no operation name: a span with ``gen_ai.request.model`` and
-recorded usage or content). A call span below another call span (an SDK's wrapper around its HTTP
-span, both instrumented) is the same call: the outermost is kept.
+recorded usage or content). Call spans nested in one another (a framework's ``call_llm`` around the
+SDK's ``openai.chat``, both instrumented) are one call: the innermost, the one nearest the wire, is
+kept, with what it lacks (model, usage) from the nearest span around it. (The outer span may hold
+more than the call: the agent kits time the tools the answer asked for inside it.)
 
 **Who waits for whom.** Call B depends on call A when
 
@@ -27,8 +29,9 @@ with none; clipped at 0 (a content edge across skewed clocks) and at ``max_gap_m
 
 **The request** of a call: its system instructions and input messages as OpenAI chat messages
 (``gen_ai.system_instructions``, ``gen_ai.input.messages``; the older flattened
-``gen_ai.prompt.N.role`` / ``.content`` attributes, or a single ``gen_ai.prompt`` string), its tool
-definitions (``gen_ai.tool.definitions``), ``temperature``, and as ``max_tokens`` the recorded output
+``gen_ai.prompt.N.role`` / ``.content`` / ``.tool_calls.M.*`` / ``.tool_call_id`` attributes, or a
+single ``gen_ai.prompt`` string), its tool definitions (``gen_ai.tool.definitions``, or the flattened
+``llm.request.functions.N.*``), ``temperature``, and as ``max_tokens`` the recorded output
 tokens (``gen_ai.usage.output_tokens``, else the requested ``gen_ai.request.max_tokens``), so a replay
 generates as much as the agent's model did. A call without recorded content keeps its token counts
 (``content: false``): its text comes from the corpus at replay. Span events (the semantic
@@ -143,13 +146,13 @@ def replay_graph(trace: Trace, *, max_gap_ms: float | None = None) -> SessionGra
     spans = [s for s in trace.spans.values() if _is_call(s)]
     parent = _parents(trace)
     ids = {s.span_id for s in spans}
-    # The outermost call span of a nest is the call (a wrapper and its instrumented HTTP span).
-    calls = sorted(
-        (s for s in spans if not any(a in ids for a in _ancestors(s.span_id, parent))),
-        key=lambda s: (s.start_us, s.span_id),
-    )
+    # The innermost call span of a nest is the call; the spans around it are wrappers.
+    wrappers = {a for s in spans for a in _ancestors(s.span_id, parent) if a in ids}
+    calls = sorted((s for s in spans if s.span_id not in wrappers), key=lambda s: (s.start_us, s.span_id))
     start = trace.start_us
-    nodes = [_call(s, trace, parent, start) for s in calls]
+    nodes = [
+        _call(s, trace, parent, start, [a for a in _ancestors(s.span_id, parent) if a in ids]) for s in calls
+    ]
     inputs = [_input_text(n) for n in nodes]
     preds: list[set[int]] = []
     content: list[set[int]] = []
@@ -245,8 +248,14 @@ def _is_call(span: Span) -> bool:
     return "gen_ai.request.model" in tags and recorded
 
 
-def _call(span: Span, trace: Trace, parent: Mapping[str, str], start: int) -> GraphCall:
-    tags = span.tags
+def _call(
+    span: Span, trace: Trace, parent: Mapping[str, str], start: int, around: Sequence[str]
+) -> GraphCall:
+    # The call's own attributes first, then what the wrappers around it add (nearest first).
+    tags: dict[str, TagValue] = {}
+    for sid in reversed(around):
+        tags.update(trace.spans[sid].tags)
+    tags.update(span.tags)
     messages = _messages(tags)
     output = _output_text(tags)
     out_tokens = _int(tags.get("gen_ai.usage.output_tokens", tags.get("gen_ai.usage.completion_tokens")))
@@ -289,7 +298,7 @@ def _messages(tags: Mapping[str, TagValue]) -> list[ChatMessage]:
         return out
     flat = _flattened(tags, "gen_ai.prompt")
     if flat:
-        return out + [ChatMessage(role=r or "user", content=c) for r, c in flat]
+        return out + flat
     prompt = tags.get("gen_ai.prompt")
     if isinstance(prompt, str) and prompt:
         out.append(ChatMessage(role="user", content=prompt))
@@ -330,7 +339,7 @@ def _output_text(tags: Mapping[str, TagValue]) -> str | None:
         return "\n".join(t for t in texts if t) or None
     flat = _flattened(tags, "gen_ai.completion")
     if flat:
-        return "\n".join(c for _, c in flat) or None
+        return "\n".join(m.content for m in flat if m.content) or None
     completion = tags.get("gen_ai.completion")
     return completion if isinstance(completion, str) and completion else None
 
@@ -344,14 +353,32 @@ def _input_text(call: GraphCall) -> str:
     return "\n".join(texts)
 
 
-def _flattened(tags: Mapping[str, TagValue], prefix: str) -> list[tuple[str | None, str]]:
-    """``PREFIX.N.role`` / ``PREFIX.N.content`` attributes (OpenLLMetry's form), in N's order."""
+def _flattened(tags: Mapping[str, TagValue], prefix: str) -> list[ChatMessage]:
+    """``PREFIX.N.role`` / ``.content`` / ``.tool_calls.M.{id,name,arguments}`` / ``.tool_call_id``
+    attributes (OpenLLMetry's form) as messages, in N's order."""
     out = []
     n = 0
     while f"{prefix}.{n}.content" in tags or f"{prefix}.{n}.role" in tags:
-        role = tags.get(f"{prefix}.{n}.role")
-        content = tags.get(f"{prefix}.{n}.content")
-        out.append((str(role) if role is not None else None, str(content) if content is not None else ""))
+        at = f"{prefix}.{n}"
+        content = tags.get(f"{at}.content")
+        calls = []
+        m = 0
+        while f"{at}.tool_calls.{m}.name" in tags:
+            call = f"{at}.tool_calls.{m}"
+            name, arguments = str(tags[f"{call}.name"]), str(tags.get(f"{call}.arguments", ""))
+            calls.append(
+                {"id": str(tags.get(f"{call}.id", "")), "type": "function",
+                 "function": {"name": name, "arguments": arguments}}
+            )  # fmt: skip
+            m += 1
+        out.append(
+            ChatMessage(
+                role=str(tags.get(f"{at}.role", "user")),
+                content=str(content) if content is not None else None,
+                tool_calls=calls or None,
+                tool_call_id=_str(tags.get(f"{at}.tool_call_id")),
+            )
+        )
         n += 1
     return out
 
@@ -359,7 +386,14 @@ def _flattened(tags: Mapping[str, TagValue], prefix: str) -> list[tuple[str | No
 def _tools(tags: Mapping[str, TagValue]) -> list[dict[str, Any]] | None:
     defs = _json(tags.get("gen_ai.tool.definitions"))
     if not isinstance(defs, list):
-        return None
+        defs = []
+        n = 0
+        while f"llm.request.functions.{n}.name" in tags:
+            at = f"llm.request.functions.{n}"
+            declared = {"name": tags[f"{at}.name"], "description": tags.get(f"{at}.description"),
+                        "parameters": _json(tags.get(f"{at}.parameters"))}  # fmt: skip
+            defs.append({k: v for k, v in declared.items() if v is not None})
+            n += 1
     tools = []
     for d in defs:
         if not isinstance(d, dict):

@@ -16,6 +16,8 @@ from harness.traces.tree import build_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GENAI_TRACE = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
+KAGENT_OTLP = ROOT / "fixtures" / "traces" / "genai" / "kagent_adk_go_1turn_otlp.json"
+KAGENT_JAEGER = ROOT / "fixtures" / "traces" / "genai" / "kagent_helm_agent_jaeger.json"
 
 
 def span(
@@ -97,10 +99,13 @@ def test_a_short_output_found_in_a_later_prompt_is_chance_not_a_dependency() -> 
     assert by_id(g)["c2"].depends_on == []
 
 
-def test_a_wrapper_and_its_instrumented_inner_span_are_one_call() -> None:
-    outer = chat("w", 0, 300)
-    inner = span("h", 10, 290, parent="w", op="chat m", **{"gen_ai.operation.name": "chat"})
-    assert [c.id for c in graph(outer, inner).calls] == ["w"]
+def test_nested_call_spans_are_one_call_timed_by_the_innermost() -> None:
+    # A framework's span around the SDK's, which also times the tool the answer asked for.
+    outer = chat("w", 0, 400, **{"gen_ai.usage.input_tokens": 50})
+    inner = span("h", 10, 290, parent="w", op="openai.chat", **{"gen_ai.operation.name": "chat"})
+    (call,) = graph(outer, inner, span("tool", 300, 390, parent="w", op="execute_tool x")).calls
+    assert call.id == "h" and call.duration_ms == 280
+    assert call.model == "m" and call.input_tokens == 50  # what the inner span lacks, from the wrapper
 
 
 def test_the_requests_in_every_recorded_form() -> None:
@@ -175,6 +180,40 @@ def test_the_bundled_genai_trace() -> None:
         for p in c.depends_on:
             assert spans[p].offset_ms + spans[p].duration_ms <= c.offset_ms
     assert g.critical_path_ms == g.makespan_ms
+
+
+def test_a_real_agent_run_over_otlp_two_calls_around_parallel_tools() -> None:
+    """Go ADK against claude-haiku-4-5: the first answer asks for two tools, which run side by side;
+    the second call holds both results and the first call's text."""
+    (g,) = replay_graphs(read_traces(KAGENT_OTLP))
+    first, second = g.calls
+    assert second.depends_on == [first.id] and second.uses_output == [first.id]
+    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.output_tokens) == (
+        14745,
+        139,
+        16066,
+        81,
+    )
+    assert [m.role for m in second.request.messages].count("tool") == 2
+    assert second.gap_ms > 0 and g.critical_path_ms == g.makespan_ms
+
+
+def test_a_real_agent_run_in_jaeger_json_with_flattened_attributes() -> None:
+    """kagent's Python agent against gpt-4.1-mini: ADK's call_llm spans wrap the instrumented
+    openai.chat spans (and time the tool inside them); the calls carry OpenLLMetry's flattened form."""
+    (g,) = replay_graphs(read_traces(KAGENT_JAEGER))
+    first, second = g.calls
+    assert first.name == second.name == "openai.chat" and second.depends_on == [first.id]
+    assert second.gap_ms >= 57  # the helm_list_releases tool ran 57 ms between them
+    roles = [m.role for m in second.request.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    call = second.request.messages[2].tool_calls
+    assert call is not None and call[0]["function"]["name"] == "helm_list_releases"
+    assert second.request.messages[3].tool_call_id == call[0]["id"]
+    assert first.request.tools and {t["function"]["name"] for t in first.request.tools} >= {
+        "helm_list_releases"
+    }
+    assert (first.output_tokens, second.output_tokens) == (13, 117) and g.critical_path_ms == g.makespan_ms
 
 
 def test_the_cli_prints_the_graph_and_writes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
