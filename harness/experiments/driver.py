@@ -59,8 +59,8 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
     """Parse ``args`` with ``harness serve``'s own command line (an unknown option or a bad value is
     a :class:`ConfigError` now, not a server that exits later); paths made absolute, because the
     server runs in its log directory."""
-    from harness.common.options import parse_command_line
-    from harness.target.server.cli import serve
+    from harness.common.options import options_given, parse_command_line
+    from harness.target.server.cli import SERVE_OPTIONS, check_settings, serve
 
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -72,6 +72,12 @@ def check_serve_args(args: Sequence[str]) -> list[str]:
                 field="--serve-args",
             )
     ctx = parse_command_line(serve, args, prog="harness serve", field="--serve-args")
+    # The values too, as the server will check them before it loads a model (a range, a preset whose
+    # weights were never fetched): a mistake costs milliseconds here, not a server start.
+    try:
+        check_settings(options_given(ctx.params, SERVE_OPTIONS))
+    except ConfigError as exc:
+        raise ConfigError(f"harness serve {' '.join(args)}: {exc}", field="--serve-args") from None
     command = ctx.command
     path_opts = {
         opt

@@ -81,9 +81,9 @@ class TargetRecipe(StrictModel):
             )
         return self
 
-    @field_validator("serve_args")
+    @field_validator("serve_args", mode="before")
     @classmethod
-    def _splits(cls, v: str | None) -> str | None:
+    def _splits(cls, v: str | Mapping[str, Any] | None) -> str | None:
         return _check_split(v)
 
     def serve_argv(self) -> list[str] | None:
@@ -169,8 +169,14 @@ class GateRecipe(StrictModel):
     )  # fmt: skip
 
 
-def _check_split(v: str | None) -> str | None:
-    """``v`` when shell-style splitting takes it (serve arguments), else ``ValueError``."""
+def _check_split(v: str | Mapping[str, Any] | None) -> str | None:
+    """Serve arguments as one shell string: ``v`` when shell-style splitting takes it, or a mapping of
+    ``harness serve``'s options by name (``{preset: tiny, cache: true}``) joined into one; else
+    ``ValueError``."""
+    if isinstance(v, Mapping):
+        from harness.target.server.cli import serve_argv
+
+        return shlex.join(serve_argv(dict(v)))
     if v is not None:
         try:
             shlex.split(v)
@@ -196,9 +202,9 @@ class ABTargets(StrictModel):
         None, description="Use this running OpenAI-compatible server as the candidate (B)"
     )
 
-    @field_validator("base_serve_args", "candidate_serve_args")
+    @field_validator("base_serve_args", "candidate_serve_args", mode="before")
     @classmethod
-    def _splits(cls, v: str | None) -> str | None:
+    def _splits(cls, v: str | Mapping[str, Any] | None) -> str | None:
         return _check_split(v)
 
     @model_validator(mode="after")

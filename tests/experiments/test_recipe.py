@@ -93,6 +93,44 @@ def test_a_bad_value_names_the_flag_or_the_files_line(tmp_path: Path) -> None:
     assert two.value.field == "target"
 
 
+def test_serve_arguments_may_be_written_by_name(tmp_path: Path) -> None:
+    """A recipe's serve arguments as a shell string, or as harness serve's options by name: one
+    declaration (the settings fields) gives both their flags."""
+    typed = tmp_path / "typed.yaml"
+    typed.write_text(
+        "target:\n  serve_args: {preset: tiny, cache: true, max_num_seqs: 8, bind: 127.0.0.1}\n"
+        "ab:\n  candidate_serve_args: {preset: tiny, cache: false, inject_slowdown: 1.5}\n"
+    )
+    recipe = resolve(typed, {}, RUN_OPTIONS)
+    assert recipe.target.serve_argv() == [
+        "--preset",
+        "tiny",
+        "--cache",
+        "--max-num-seqs",
+        "8",
+        "--bind",
+        "127.0.0.1",
+    ]
+    assert recipe.ab.candidate_serve_args == "--preset tiny --no-cache --inject-slowdown 1.5"
+    typed.write_text("target:\n  serve_args: {preset: tiny, cahce: true}\n")
+    with pytest.raises(ConfigError, match="not an option of harness serve: cahce") as bad:
+        resolve(typed, {}, RUN_OPTIONS)
+    assert bad.value.field == "target.serve_args" and bad.value.line == 2
+
+
+def test_serve_arguments_are_checked_as_the_server_checks_them_before_any_starts() -> None:
+    from harness.experiments.driver import check_serve_args
+
+    assert check_serve_args(["--preset", "tiny", "--cpu-threads", "1"])[-1] == "1"
+    with pytest.raises(ConfigError, match="--cpu-threads") as low:
+        check_serve_args(
+            ["--preset", "tiny", "--cpu-threads", "0"]
+        )  # typer parses it; the settings refuse it
+    assert low.value.field == "--serve-args"
+    with pytest.raises(ConfigError, match="--preset"):
+        check_serve_args(["--preset", "huge"])
+
+
 def test_secrets_stay_out_of_recipe_files(tmp_path: Path) -> None:
     f = tmp_path / "r.yaml"
     f.write_text("load:\n  corpus: c\n  api_key: sk-real\n")

@@ -35,7 +35,7 @@ from harness.common import console as cons
 from harness.common.errors import ConfigError, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
-from harness.common.options import flagged, with_options
+from harness.common.options import flag_names, flagged, with_options
 from harness.common.settings import load_settings
 from harness.target.engine.placement import enter_front
 from harness.target.engine.settings import EngineSettings
@@ -337,10 +337,21 @@ def serve(
     try:
         run_server(engine_overrides, server_overrides, ready_file, cache_overrides)
     except ConfigError as exc:
-        raise _named_by_flag(exc, given) from None
+        raise named_by_flag(exc, given) from None
 
 
-def _named_by_flag(exc: ConfigError, given: dict[str, Any]) -> ConfigError:
+def check_settings(given: dict[str, Any]) -> None:
+    """The engine's and the server's settings with the options ``given`` (``{"engine": {...},
+    "server": {...}}``, as :func:`serve` receives them) validate: what the server checks before it
+    loads a model, for a caller that will start one (its serve arguments)."""
+    try:
+        load_settings(EngineSettings, **given.get("engine", {}))
+        load_settings(ServerSettings, **given.get("server", {}))
+    except ConfigError as exc:
+        raise named_by_flag(exc, given) from None
+
+
+def named_by_flag(exc: ConfigError, given: dict[str, Any]) -> ConfigError:
     """A setting given as a flag is named by the flag, not by the variable it overrode."""
     for opt in SERVE_OPTIONS:
         section, name = opt.path
@@ -348,3 +359,25 @@ def _named_by_flag(exc: ConfigError, given: dict[str, Any]) -> ConfigError:
         if exc.field == variable and name in given.get(section, {}):
             exc.field = opt.long
     return exc
+
+
+def serve_argv(options: dict[str, Any]) -> list[str]:
+    """``harness serve`` arguments from options by name, each its flag with underscores
+    (``{"preset": "tiny", "cache": True, "max_num_seqs": 8}`` → ``["--preset", "tiny", "--cache",
+    "--max-num-seqs", "8"]``): a recipe's serve arguments written as a mapping. An unknown name is a
+    ``ValueError`` listing the known ones."""
+    by_key = {o.long.removeprefix("--").replace("-", "_"): o for o in SERVE_OPTIONS}
+    unknown = sorted(set(options) - by_key.keys())
+    if unknown:
+        known = ", ".join(by_key)
+        raise ValueError(f"not an option of harness serve: {', '.join(unknown)} (known: {known})")
+    argv: list[str] = []
+    for key, value in options.items():
+        opt = by_key[key]
+        on, _, off = flag_names(opt.name, opt.info)[0].partition("/")
+        if isinstance(value, bool):
+            if value or off:
+                argv.append(on if value else off)
+        elif value is not None:
+            argv += [on, str(value)]
+    return argv
