@@ -35,11 +35,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m harness.demo
 
-# Tests marked `alone` run after the rest, by themselves: they judge latencies measured over minutes,
-# as a user's CI job does on a runner of its own, and beside the other worker's bursts of short tests
-# (servers and Locust processes starting on the same 2 cores) an unchanged target's block pairs
-# scattered up to 64 % in CI, and the job honestly answered "cannot be judged". Exit 5 is pytest's
-# "no tests collected": `make test PYTEST_ARGS=tests/cache` has none of the second kind.
+# Tests marked `alone` (the demo, the documented CI job) run after the rest, one at a time: they
+# judge latencies measured over minutes, as a user's CI job does on a runner of its own. Beside the
+# other worker's bursts of short tests (servers and Locust processes starting on the same 2 cores)
+# an unchanged target's block pairs scattered up to 64 % in CI and the job honestly answered "cannot
+# be judged"; the demo's cases could not judge even a 2x slower engine. Exit 5 is pytest's "no tests
+# collected": `make test PYTEST_ARGS=tests/cache` has none of the second kind.
 test: setup
 	$(PY) -m pytest $(XDIST) -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -p no:xdist -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]

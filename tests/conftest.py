@@ -13,7 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 LONGEST_FIRST = (
-    "tests/test_demo.py",
     "tests/experiments/test_capacity_live.py",
     "tests/experiments/test_paired.py",
     "tests/load/test_replay.py",
@@ -21,9 +20,9 @@ LONGEST_FIRST = (
     "tests/load/test_distributed.py",
 )
 """The test files that take longest (a whole file is one unit of work under ``--dist loadfile``),
-longest first, measured on a quiet 2-core machine: the demo about 700 s (2026-12-06, alone), then
-156, 67, 50, 48 and 41 s (2026-12-02). The documented CI job's test (~450 s) is marked ``alone`` and
-runs after the rest, by itself (the Makefile). A worker that picks the demo
+longest first, measured on a quiet 2-core machine: 156, 67, 50, 48 and 41 s (2026-12-02). The
+demo's test (~700 s) and the documented CI job's (~450 s) are marked ``alone`` and run after the
+rest, one at a time (the Makefile). A worker that picks the demo
 last would run on alone for minutes after the other has finished, so under xdist these files are
 handed out first. A stale list costs wall time,
 never correctness: every other file keeps its collection order."""
