@@ -154,6 +154,8 @@ def replay_graph(trace: Trace, *, max_gap_ms: float | None = None) -> SessionGra
         _call(s, trace, parent, start, [a for a in _ancestors(s.span_id, parent) if a in ids]) for s in calls
     ]
     inputs = [_input_text(n) for n in nodes]
+    # Every pair of calls is compared (times, and an output searched for in a later input): quadratic
+    # in the calls of one trace, which an agent's session holds tens or hundreds of, not thousands.
     preds: list[set[int]] = []
     content: list[set[int]] = []
     for j, b in enumerate(calls):
