@@ -362,9 +362,8 @@ RUN_OWN = frozenset({"results_dir", "stage", "warmup_id"})
 def recipe_options(*, uses: Sequence[str], sections: Sequence[str], target: bool = True) -> list[Option]:
     """The options of a command that runs a recipe: the target (unless ``target`` is false: ``harness
     ab`` has two, its ``ab`` section's), the load options of its ``uses`` (:func:`load_flags`), the
-    launcher's, and the recipe
-    ``sections`` named (``warmup``, ``capacity``, ``gate``, ``ab``, ``phase_timeout``; ``gate.confidence``
-    alone as ``confidence``)."""
+    launcher's, and the recipe ``sections`` named (``warmup``, ``capacity``, ``gate``, ``ab``,
+    ``phase_timeout``; ``gate.confidence`` alone as ``confidence``)."""
     opts = [
         *(options_of(TargetRecipe, at=("target",)) if target else []),
         *options_of(LoadOptions, at=("load",), only=load_flags(*uses)),
