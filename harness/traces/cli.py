@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 import typer
@@ -432,10 +432,10 @@ def graph_cmd(
     from harness.common.io import check_input_file, check_output_file, write_jsonl
     from harness.traces._base import SkipLog
     from harness.traces.api import read_traces
-    from harness.traces.graph import replay_graphs
+    from harness.traces.graph import SessionGraph, replay_graphs
     from harness.traces.readers.coldpaths import read_records
 
-    if sessions not in ("all", "cold", "warm"):
+    if sessions not in {"all", "cold", "warm"}:
         raise ConfigError(f"--sessions is all, cold or warm, not {sessions!r}", field="--sessions")
     if sessions != "all" and coldpaths is None:
         raise ConfigError(f"--sessions {sessions} needs --coldpaths FILE", field="--sessions")
@@ -445,14 +445,16 @@ def graph_cmd(
     cold = None
     if coldpaths is not None:
         cold = {rec.trace_id for _, rec in read_records(check_input_file(coldpaths), skip_invalid, skips)}
-    counted = _Counted()
-    traces = (
-        counted(t)
-        for fmt, path in zip(check_inputs(files, format), files, strict=True)
-        for t in read_traces(path, format=fmt, skip_invalid=skip_invalid, on_skip=skips)
-    )
     gap_ms = max_gap_s * 1000.0 if max_gap_s is not None else None
-    graphs = list(replay_graphs(traces, max_gap_ms=gap_ms, cold=cold, sessions=sessions))  # type: ignore[arg-type]
+    keep: Literal["all", "cold", "warm"] = (
+        "cold" if sessions == "cold" else "warm" if sessions == "warm" else "all"
+    )
+    graphs: list[SessionGraph] = []
+    traces = 0
+    for fmt, path in zip(check_inputs(files, format), files, strict=True):
+        for trace in read_traces(path, format=fmt, skip_invalid=skip_invalid, on_skip=skips):
+            traces += 1
+            graphs += replay_graphs([trace], max_gap_ms=gap_ms, cold=cold, sessions=keep)
     for g in graphs:
         _print_graph(g)
     if output is not None:
@@ -460,20 +462,10 @@ def graph_cmd(
     calls = sum(len(g.calls) for g in graphs)
     kept = "" if sessions == "all" else f" {sessions}"
     _say(
-        f"{calls} LLM call(s) in {len(graphs)}{kept} session(s) of {counted.n} trace(s)"
+        f"{calls} LLM call(s) in {len(graphs)}{kept} session(s) of {traces} trace(s)"
         + (f" → {output}" if output else "")
     )
     _report_skips(skips)
-
-
-class _Counted:
-    """Passes traces through, counting them."""
-
-    n = 0
-
-    def __call__(self, trace: Any) -> Any:
-        self.n += 1
-        return trace
 
 
 def _print_graph(g: Any) -> None:
