@@ -1,7 +1,9 @@
-"""``harness corpus``: build a synthetic request corpus, and show the stats of one on disk."""
+"""``harness corpus``: build a synthetic request corpus (or one of agent sessions from traces' call
+graphs), and show the stats of one on disk."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +25,8 @@ app = typer.Typer(
 console = cons.err()
 
 DEFAULT_TEMPLATE = Path("templates/prompts/four_section.j2")
+SPREAD_OUT_S = 3600.0
+"""Sessions whose recorded starts span more than this are suggested a rate, not their own times."""
 
 
 @app.command(
@@ -261,6 +265,79 @@ def stats(
         out.print(_metrics_table("sessions", session_metrics))
         cells = [[str(v) for v in row.values()] for row in rows]
         out.print(cons.table(f"per session ({len(rows)})", rows[0], cells))
+
+
+@app.command(
+    "graph",
+    epilog="Example: harness corpus graph runs/agent/graph.jsonl -o runs/agent",
+)
+def graph_cmd(
+    graphs: Annotated[
+        list[Path],
+        typer.Argument(help="Replay graph JSONL files (harness traces graph), one session a line."),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Output directory (corpus.jsonl is written in it), or a .jsonl file to write."
+        ),
+    ],
+    fill: Annotated[
+        Path | None,
+        typer.Option(
+            "--fill",
+            help="A corpus (directory or corpus.jsonl) whose records stand in for calls the trace "
+            "recorded no content of: the one nearest the call's input tokens.",
+        ),
+    ] = None,
+) -> None:
+    """Agent sessions from traces' call graphs: one record per LLM call, replayed as the agent ran them."""
+    from harness.common.io import check_output_file, iter_jsonl, write_jsonl
+    from harness.corpus.graph import graph_records
+    from harness.corpus.model import CORPUS_FILE, read_corpus
+    from harness.traces.graph import SessionGraph
+
+    target = out if out.suffix == ".jsonl" else out / CORPUS_FILE
+    # Fail on a bad output path before reading anything.
+    check_output_file(target)
+    sessions: list[SessionGraph] = []
+    files: dict[str, Path] = {}
+    for path in graphs:
+        for _, g in iter_jsonl(path, SessionGraph, expected="a session graph (harness traces graph)"):
+            sessions.append(g)
+            files.setdefault(g.session, path)
+    fill_records = None
+    if fill is not None:
+        fill_records = list(read_corpus(fill))
+        if not fill_records:
+            raise InputError("the fill corpus has no records", file=fill)
+    records = graph_records(sessions, fill=fill_records, file=files)
+    write_jsonl(target, (r.model_dump(mode="json", exclude_none=True) for r in records))
+    kept = [g for g in sessions if g.calls]
+    fan_out = sum(1 for g in kept if g.fan_out() > 1)
+    fan_in = sum(1 for g in kept if g.fan_in() > 1)
+    # Sessions arrive at their traces' own starts: traces from different days span days (--speedup).
+    span = max(r.arrival_offset_s or 0.0 for r in records)
+    console.print(
+        f"{len(records)} call{'s' * (len(records) != 1)} in {len(kept)} session{'s' * (len(kept) != 1)} "
+        f"({fan_out} with fan-out, {fan_in} with fan-in; "
+        f"arrivals over {span:,.1f} s) → {target}",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    # Traces from days apart would make a replay at their own times wait days: then the hint starts
+    # the sessions at a rate instead, each once (--max-requests counts sessions).
+    when = (
+        f"--rate 1 --max-requests {len(kept)}"
+        if span > SPREAD_OUT_S
+        else f"--speedup {math.ceil(span / 60)}"
+        if span > 600
+        else ""
+    )
+    console.print(
+        "next: locust -f locustfiles/replay.py --headless --host http://127.0.0.1:8000 "
+        f"--corpus {target} {when + ' ' if when else ''}--out {target.parent / 'replay'}",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
 
 
 def _metrics_table(title: str, metrics: dict[str, Any]) -> Table:

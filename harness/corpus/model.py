@@ -214,6 +214,55 @@ class SessionTurn(StrictModel):
         return list(self.inputs) if self.inputs else [Message(role="user", content=self.user)]
 
 
+class SessionCall(StrictModel):
+    """A record's place in an agent session replayed as its trace's call graph (``harness corpus
+    graph``, from ``harness traces graph``).
+
+    The session is one arrival; within it this call is sent ``gap_s`` after the last of the calls it
+    waits for (``after``) has ended, or ``gap_s`` after the session's start when it waits for none.
+    Calls whose waits are over at the same time go out at once, each on a connection of its own.
+    Where this call's recorded input holds the recorded answer of an earlier call (``uses``), a replay
+    puts the target's live answer in its place (:mod:`harness.load.sessions`), so the prompt grows as
+    the real one did. A call whose predecessor failed is not sent: it fails, naming that call.
+    """
+
+    session_id: str
+    """The trace this session comes from (its trace id)."""
+    call: int = Field(ge=1)
+    """1-based position in the session, in the order the calls started in the trace."""
+    calls: int = Field(ge=1)
+    """Calls of the session in this corpus."""
+    after: list[int] = Field(default_factory=list)
+    """The calls (1-based, each before this one) whose answers must have ended before this call is
+    sent; empty: it waits only for the session's start."""
+    uses: list[int] = Field(default_factory=list)
+    """The earlier calls whose recorded answer (:attr:`log_output`) this call's body holds."""
+    gap_s: float = Field(ge=0.0)
+    """Seconds after the last of ``after`` ended (tool and retrieval time, think time), or after the
+    session's start for a call that waits for none."""
+    depth: int = Field(default=0, ge=0)
+    """Calls on the longest chain of waits before this one (0: a root)."""
+    log_output: str | None = None
+    """This call's recorded answer text: what the bodies of the calls that use it hold."""
+    name: str = ""
+    """The span's name in the trace (``chat gpt-4o``)."""
+    agent: str | None = None
+    """``gen_ai.agent.name`` of the call or the agent span around it."""
+    recorded_ms: float | None = Field(default=None, ge=0.0)
+    """The call's duration in the trace."""
+    cold: bool | None = None
+    """Whether the session's trace had a cold path (``harness traces coldpaths``); ``None``: not said."""
+
+    @model_validator(mode="after")
+    def _earlier(self) -> SessionCall:
+        if self.call > self.calls:
+            raise ValueError(f"call {self.call} of a session of {self.calls} calls")
+        for name, refs in (("after", self.after), ("uses", self.uses)):
+            if any(not 1 <= r < self.call for r in refs):
+                raise ValueError(f"{name!r} must name earlier calls (1 … {self.call - 1}); got {refs}")
+        return self
+
+
 class CorpusRecord(StrictModel):
     """One synthetic request; exactly one of ``prompt`` / ``messages`` is set."""
 
@@ -242,6 +291,9 @@ class CorpusRecord(StrictModel):
     provenance: Provenance
     session: SessionTurn | None = None
     """Set on session corpora (``--sessions``): the turn of a conversation this record is."""
+    call: SessionCall | None = None
+    """Set on agent-session corpora (``harness corpus graph``): the call of a trace's call graph
+    this record is."""
     tools: list[dict[str, Any]] | None = None
     """Tools the request offers (OpenAI ``tools``: ``{"type": "function", "function": {name,
     description, parameters}}``); sent with chat requests only."""
@@ -253,6 +305,10 @@ class CorpusRecord(StrictModel):
     def _one_body(self) -> CorpusRecord:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of 'prompt' and 'messages' must be set")
+        if self.session is not None and self.call is not None:
+            raise ValueError(
+                "a record is a conversation's turn ('session') or a graph's call ('call'), not both"
+            )
         return self
 
     def text(self) -> str:

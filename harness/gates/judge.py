@@ -255,7 +255,7 @@ def decide_count(test: CountTest, gate: Gate) -> tuple[Verdict, str]:
     asked for against ``detect``; otherwise cannot be judged, naming the run size that would decide."""
     spec = gate.spec
     if spec.kind == "rate":
-        wrong = "errors" if test.upper else "hits"
+        wrong = spec.counted or ("errors" if test.upper else "hits")
         shown = f"{test.k} {wrong} of {test.n}"
         target = format_value(gate.detect, spec.unit)
     else:

@@ -20,6 +20,10 @@ jitter are :mod:`harness.gates.measurement`'s):
   result set labelled ``reference``;
 - **maxima** (``prefill_peak_bytes_max``): the largest value seen; a run's own peak has no sampling
   interval, so its interval is the point;
+- **agent sessions** (``session_makespan_p95``, ``session_success_rate``): a percentile and a rate as
+  above, over sessions instead of requests: each session is one sample, its outcome
+  (:func:`harness.load.session_summary.session_outcomes`) held on one row of the frame
+  (:data:`~harness.gates.runs.SESSION_COLUMNS`);
 - **server counters** (``server_prefix_hit_rate``): the target's own counters over the phase, from
   ``summary.json``'s ``server_metrics`` (:mod:`harness.load.server_metrics`). The server counted every
   token, so there is no sampling interval either: the interval is the point, ``n`` the tokens
@@ -88,6 +92,11 @@ class Metric:
     """Percentile metrics: the samples ranked (``harness baseline update`` sizes its margins on them)."""
     counts: Counts | None = None
     """Rate metrics: ``(k, n)``."""
+    errors_complement: bool = False
+    """An ``at_least`` rate that is one minus an error rate (``session_success_rate``): a written
+    baseline declares its limit as ``error_rate``'s, mirrored (:class:`~harness.gates.policy.GatePolicy`)."""
+    counted: str | None = None
+    """Rate metrics: what ``k`` counts, in verdicts (default: ``errors`` at most, ``hits`` at least)."""
     speed_dependent: bool = False
     """Whether the value depends on how fast the machine is (absolute latencies: a baseline from
     other hardware cannot judge it); rates, bytes and the ``*_rel`` ratios travel between machines."""
@@ -187,6 +196,13 @@ def _server_prefix_hit_rate(frame: RunFrame, ctx: MetricContext) -> Measurement:
 
 def _errors(frame: RunFrame) -> tuple[int, int]:
     return int((~frame.ok).sum()), frame.n
+
+
+def _sessions_ok(frame: RunFrame) -> tuple[int, int]:
+    """Agent sessions whose every call succeeded, of the sessions (one row each: ``session_ok``)."""
+    ok = frame.col("session_ok")
+    told = ~np.isnan(ok)
+    return int((ok[told] == 1.0).sum()), int(told.sum())
 
 
 def _cache_share(tier: str | None) -> Counts:
@@ -459,6 +475,38 @@ _register(
         q=50,
         column="reasoning_tokens",
         abs_tolerance_floor=1.0,
+    )
+)
+
+_register(
+    Metric(
+        name="session_makespan_p95",
+        unit="ms",
+        direction="at_most",
+        description="P95 agent-session makespan: from a session's start to the end of its last call, one "
+        "sample per session replayed as its call graph (summary.json: agent_sessions)",
+        compute=percentile_metric(field_samples("session_makespan_ms"), 95),
+        samples=field_samples("session_makespan_ms"),
+        kind="percentile",
+        q=95,
+        speed_dependent=True,
+        # Not widened by the client's jitter: a makespan (seconds) holds the client's lateness of every
+        # call on its longest chain, which one request's lateness quantile does not bound.
+    )
+)
+_register(
+    Metric(
+        name="session_success_rate",
+        unit="ratio",
+        direction="at_least",
+        description="share of agent sessions whose every call succeeded (a blocked call fails its session), "
+        "exact binomial over sessions",
+        compute=_rate(_sessions_ok),
+        counts=_sessions_ok,
+        counted="successful sessions",
+        errors_complement=True,
+        kind="rate",
+        abs_tolerance_floor=0.01,  # as error_rate's: one point
     )
 )
 

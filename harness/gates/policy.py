@@ -5,6 +5,8 @@ then make it a gate by this policy (:class:`GatePolicy`, each option declared on
 
 - **error rate**: the limit is declared (``--max-error-rate``, default 1 %, raised to the worst run's
   rate if that is higher), and the gate must catch an error rate of ``--detect-errors`` (5 %);
+- **session success rate** (``session_success_rate``): the error rate's, over sessions and mirrored:
+  its failed sessions must stay within ``--max-error-rate`` and the gate must catch ``--detect-errors``;
 - **hit rates** (``hit_rate_*``, ``warm_rate``): the limit is the worst run's rate less
   ``--max-hit-drop`` (5 points), and the gate must catch a cache that lost ``--detect-hit-loss`` of
   its hits (30 %: a rate of 0.7 × the worst run's);
@@ -33,7 +35,7 @@ from harness.common.options import Flag
 from harness.common.units import fraction
 from harness.gates.baseline import Gate, _round
 from harness.gates.measurement import rate_interval
-from harness.gates.metrics import Metric, format_value
+from harness.gates.metrics import METRICS, Metric, format_value
 from harness.gates.power import samples_for_power
 from harness.gates.runs import FloatArray
 
@@ -117,21 +119,26 @@ class GatePolicy(StrictModel):
         values = [m.value for m in measured]
         k_all = round(sum(m.value * m.n for m in measured))
         n_all = sum(m.n for m in measured)
-        if spec.kind == "rate" and gate.effective_direction == "at_most":
+        if spec.kind == "rate" and (gate.effective_direction == "at_most" or spec.errors_complement):
+            # A success rate is one minus an error rate: its failures get the error rate's limits.
+            flip = spec.errors_complement
+            errs = [1.0 - v for v in values] if flip else values
+            k_err = n_all - k_all if flip else k_all
             # Where the runs erred, the rate they could have come from: never below what they showed.
-            upper = rate_interval(k_all, n_all, 1.0 - 2 * RATE_RISK)[1] if k_all else 0.0
-            limit = max(self.max_error_rate, *values, upper)
+            upper = rate_interval(k_err, n_all, 1.0 - 2 * RATE_RISK)[1] if k_err else 0.0
+            limit = max(self.max_error_rate, *errs, upper)
             detect = self.detect_errors
             if detect <= limit:  # the runs' own rate is above the rate to catch: keep the same distance
                 detect = min(0.99, limit + max(self.detect_errors - self.max_error_rate, 0.01))
+            p0, p1 = (_round(1.0 - limit), _round(1.0 - detect)) if flip else (limit, detect)
             gate = gate.model_copy(
-                update={"threshold": _round(limit), "rel_tolerance": 0.0, "abs_tolerance": 0.0,
-                        "detect": _round(detect)}
+                update={"threshold": _round(p0), "rel_tolerance": 0.0, "abs_tolerance": 0.0,
+                        "detect": _round(p1)}
             )  # fmt: skip
-            notes = [f"limit {format_value(limit, 'ratio')}, to catch {format_value(detect, 'ratio')}"]
+            notes = [f"limit {format_value(p0, 'ratio')}, to catch {format_value(p1, 'ratio')}"]
             if limit > LOOSE_ERROR_RATE:
                 notes.append(f"LOOSE: an error-rate limit of {format_value(limit, 'ratio')} lets much fail")
-            return self._powered(gate, limit, detect, alpha, n_min, upper=True, notes=notes)
+            return self._powered(gate, p0, p1, alpha, n_min, upper=not flip, notes=notes)
         if spec.kind == "rate":
             # "No more than a drop below calibration", calibration being what the runs could have come
             # from: the worst run's rate, or the pooled rate's lower bound if the runs were lucky.
@@ -304,6 +311,11 @@ def loose_limit(metric: str, unit: str, direction: str, baseline: float, limit: 
         return (
             f"an error-rate limit of {format_value(limit, 'ratio')} lets one request in {1 / limit:.0f} fail"
         )
+    if metric in METRICS and METRICS.get(metric).errors_complement:
+        fail = 1.0 - limit if direction == "at_least" else limit
+        if fail > LOOSE_ERROR_RATE:
+            return f"{metric} ≥ {format_value(limit, 'ratio')} lets one in {1 / fail:.0f} fail"
+        return None
     if direction == "at_least" and baseline - limit > LOOSE_HIT_DROP:
         return f"{metric} may fall {format_value(baseline - limit, 'ratio')} below its baseline"
     return None

@@ -42,12 +42,13 @@ from harness.load.results import (
     read_records,
 )
 from harness.load.run_summary import SUMMARY_FILE, RunSummary, ServerTelemetry, read_summary
+from harness.load.session_summary import session_outcomes
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 ObjArray = npt.NDArray[np.object_]
 
-FLOAT_COLUMNS: tuple[str, ...] = (
+RECORD_FLOAT_COLUMNS: tuple[str, ...] = (
     "intended_s",
     "sent_s",
     "lateness_ms",
@@ -58,6 +59,13 @@ FLOAT_COLUMNS: tuple[str, ...] = (
 )
 """Numeric record fields kept as float64 columns (NaN: the record has no value; byte counts stay
 exact below 2⁵³)."""
+SESSION_COLUMNS: tuple[str, ...] = ("session_makespan_ms", "session_ok")
+"""Per agent session (:func:`harness.load.session_summary.session_outcomes`, the summary's own), on
+the row of its first record and NaN on every other: its makespan, and 1 / 0 whether every call
+succeeded. A session is one sample of the session metrics, so it is one row: a selection, a bootstrap
+or a pool then takes or repeats whole sessions, as it does requests."""
+FLOAT_COLUMNS: tuple[str, ...] = (*RECORD_FLOAT_COLUMNS, *SESSION_COLUMNS)
+"""Every float64 column of a :class:`RunFrame`."""
 TEXT_COLUMNS: tuple[str, ...] = ("id", "scenario", "stage", "cache")
 """Text record fields kept as object columns (``id``: the corpus record id, which pairs the same
 request across two runs: ``harness ab``)."""
@@ -219,10 +227,16 @@ class RunFrame:
         itl: list[list[float]] = []
         kv: list[int] = []
         nonfinite_rows: dict[str, list[int]] = {}
+        graph: list[RequestRecord] = []
+        first_row: dict[str, int] = {}
         for i, r in enumerate(records):
             itl.append(r.itl_ms)
             kv.append(-1 if r.prefill_kv_measured is None else int(r.prefill_kv_measured))
-            for k in FLOAT_COLUMNS:
+            if r.call is not None and r.session_id is not None:
+                # Kept without its token gaps (copied to ``itl`` already): a session needs its times.
+                graph.append(replace(r, itl_ms=[], itl_reasoning=[]))
+                first_row.setdefault(r.session_id, i)
+            for k in RECORD_FLOAT_COLUMNS:
                 v = getattr(r, k)
                 if v is None:
                     floats[k].append(math.nan)
@@ -238,6 +252,14 @@ class RunFrame:
             peak.append(-1 if r.peak_measured is None else int(r.peak_measured))
             worker.append(r.worker)
         n = len(status)
+        for k in SESSION_COLUMNS:
+            floats[k] = [math.nan] * n
+        for o in session_outcomes(graph):
+            row = first_row[o.session_id]
+            floats["session_makespan_ms"][row] = o.makespan_ms
+            floats["session_ok"][row] = float(o.ok)
+            if not math.isfinite(o.makespan_ms):  # a broken time in one of its calls: refused, not dropped
+                nonfinite_rows.setdefault("session_makespan_ms", []).append(row)
         nonfinite: dict[str, BoolArray] = {}
         for k, rows in nonfinite_rows.items():
             mask = np.zeros(n, dtype=bool)

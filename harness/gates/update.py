@@ -59,8 +59,11 @@ UPDATE_METRICS: tuple[str, ...] = (
     "hit_rate_l2",
     "hit_rate_l3",
     "hit_rate_prefix",
+    "session_makespan_p95",
+    "session_success_rate",
 )
-"""What ``harness baseline update`` writes for every result set (those with data), plus
+"""What ``harness baseline update`` writes for every result set (those with data: the session
+metrics only for runs of agent sessions), plus
 ``cold_start_p99`` for a set labelled ``cold`` and ``warm_rate`` for one labelled ``warm``. The
 medians are there because they are gateable from a small run (20 samples at 95 %, where a P95 needs
 230): a short CI job still gets a decode-latency gate that catches a slower typical request."""

@@ -155,7 +155,7 @@ class Inputs:
             raise ConfigError(
                 "the warmup ladder replays single requests, not a session corpus", field="--corpus"
             )
-        if sessions is not None and opts.history == "live" and opts.api != "auto":
+        if sessions is not None and not sessions[0].graph and opts.history == "live" and opts.api != "auto":
             _check_live_shape(records, opts.api, opts.corpus)
         starts = [records[s.turns[0]] for s in sessions] if sessions is not None else records
         if ladder and (opts.until_precision is not None or opts.max_duration is not None):

@@ -52,7 +52,7 @@ STREAM_FAILURES = ("in-stream error: ", NOT_DONE)
 def unanswered(rec: RequestRecord) -> bool:
     """A failure on the target's side, not the request's: no HTTP answer at all, a 5xx, or a stream
     that carried the server's error or broke off after a 200 (a 4xx is an answer: never)."""
-    if rec.ok:
+    if rec.ok or rec.blocked_by is not None:  # a call never sent (its predecessor failed) proves nothing
         return False
     if rec.status == 0 or rec.status >= 500:
         return True

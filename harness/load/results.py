@@ -183,6 +183,17 @@ class RequestRecord:
     """1-based turn of ``session_id``."""
     history_source: Literal["live", "log"] | None = None
     """Whose answers the sent history held: the target's (``live``) or the corpus log's (``log``)."""
+    call: int | None = None
+    """1-based call of ``session_id`` in an agent session replayed as its call graph; ``None`` otherwise."""
+    depth: int | None = None
+    """The call's depth in its graph (0: it waited for no other call)."""
+    ready_s: float | None = None
+    """When (s from the epoch) the last answer this call waited for ended; for a call that waited
+    for none, its session's start. ``intended_s`` is this plus the call's gap; the session's start is
+    the least ``ready_s`` of its calls, and a call's wait for its predecessors is the difference."""
+    blocked_by: int | None = None
+    """Not sent: the call (of the same session) that failed, and this call waited for, directly or
+    through others. Such a record counts as failed (``error`` names the call)."""
 
     @property
     def ok(self) -> bool:

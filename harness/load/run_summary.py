@@ -5,8 +5,9 @@ and how it is written, read and printed.
 knew besides (its target, inputs, stages, workers, client CPU, the target's telemetry …), into a
 :class:`RunSummary`: one :class:`~harness.common.stats.Distribution` per field of
 :data:`METRIC_FIELDS`, the hit rates (:func:`harness.load.results.hit_rates`), per-turn summaries,
-tool-call counts and warnings (client jitter, a saturated target, approximate token counting, unread
-stream fields); it marks the run ``client_bound`` when the client's CPU was saturated.
+tool-call counts, the agent sessions (:mod:`harness.load.session_summary`) and warnings (client
+jitter, a saturated target, approximate token counting, unread stream fields); it marks the run
+``client_bound`` when the client's CPU was saturated.
 :func:`write_summary` writes ``summary.json`` atomically, :func:`read_summary` reads it back
 validated, :func:`summary_table` formats its latencies for printing. Gathering a finished run's state
 into :func:`summarize`'s arguments is :mod:`harness.load.summary`; the records, their file and the
@@ -40,6 +41,7 @@ from harness.load.results import (
     hit_rates,
     metric_values,
 )
+from harness.load.session_summary import AgentSessions, agent_sessions
 
 SCHEMA_VERSION: Literal[1] = 1
 SUMMARY_FILE = "summary.json"
@@ -424,6 +426,8 @@ class RunSummary(StrictModel):
     """Requests with thinking tokens, by where their count came from: ``usage`` (the target reported
     ``completion_tokens_details.reasoning_tokens``) or ``counted`` (the client, as ``token_counting``
     says). Empty: no request had thinking tokens."""
+    agent_sessions: AgentSessions | None = None
+    """Agent sessions replayed as call graphs (:mod:`harness.load.session_summary`); ``None``: none."""
 
 
 APPROXIMATE_COUNTING = ("final-usage", "chunks")
@@ -541,6 +545,7 @@ def summarize(
                 ).items()
             )
         ),
+        agent_sessions=agent_sessions(records),
     )
 
 

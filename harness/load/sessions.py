@@ -16,6 +16,13 @@ completions). An agent's conversation goes on whatever the target called: the to
 sends answer the target's own calls (:class:`LiveHistory`). ``--history log`` sends the bodies as
 built (the log's answers).
 
+Agent sessions (a corpus from ``harness corpus graph``: records with ``call``) are played as their
+trace's call graph (:meth:`harness.load.user.ReplayUser.play_graph`): a call goes out its gap after
+the last call it waits for has ended, calls ready at once go out at once, and where a call's body
+holds an earlier call's recorded answer the target's live answer takes its place (:func:`live_outputs`;
+``--history log`` sends the recorded bodies). A failed call's dependants are not sent; their records
+fail, naming it.
+
 ``--salt-per-pass``: pass ``p ≥ 1`` over the corpus (arrival ``seq // units``) puts ``[pass p] ``
 at the very start of the first message or the prompt, so no pass reuses another's prefixes. Only a
 run with it pays for rebuilding bodies; the default path sends the prepared bytes.
@@ -38,50 +45,75 @@ from harness.corpus.sessions import transcript
 
 @dataclass(frozen=True, slots=True)
 class SessionPlan:
-    """One conversation of the corpus: its id and its turns' record indices, in turn order."""
+    """One session of the corpus: its id and its turns' (or calls') record indices, in order."""
 
     id: str
     turns: tuple[int, ...]
+    graph: bool = False
+    """An agent session replayed as its call graph (records with ``call``), not a conversation."""
 
 
 def plan_sessions(
     records: Sequence[CorpusRecord], *, file: str | Path | None = None
 ) -> list[SessionPlan] | None:
-    """The corpus's sessions in order of first appearance; ``None`` when no record is a session turn.
+    """The corpus's sessions in order of first appearance; ``None`` when no record is a session turn
+    or a graph's call.
 
-    A corpus mixing session turns and single requests, or a session whose turns are not 1 … n, is
-    an :class:`InputError` naming the record."""
-    if not any(r.session is not None for r in records):
+    Conversations (``session``) have turns ``1 … n``, agent sessions (``call``) calls ``1 … n``. A
+    corpus mixing them with each other or with single requests, or a session whose turns or calls
+    are not ``1 … n``, is an :class:`InputError` naming the record."""
+    graph = any(r.call is not None for r in records)
+    if not graph and not any(r.session is not None for r in records):
         return None
-    turns: dict[str, dict[int, int]] = {}
+    kind, key = ("call", "call") if graph else ("session turn", "session.turn")
+    steps: dict[str, dict[int, int]] = {}
     for i, r in enumerate(records):
-        if r.session is None:
+        at: tuple[str, int] | None = None
+        if graph and r.call is not None:
+            at = (r.call.session_id, r.call.call)
+        elif not graph and r.session is not None:
+            at = (r.session.session_id, r.session.turn)
+        if at is None:
             raise InputError(
-                f"record {r.id!r} is not a session turn, in a corpus of sessions",
+                f"record {r.id!r} is not a {kind}, in a corpus of {kind}s",
                 file=file,
                 line=i + 1,
-                field="session",
+                field="call" if graph else "session",
             )
-        seen = turns.setdefault(r.session.session_id, {})
-        if r.session.turn in seen:
-            raise InputError(
-                f"session {r.session.session_id!r} has turn {r.session.turn} twice",
-                file=file,
-                line=i + 1,
-                field="session.turn",
-            )
-        seen[r.session.turn] = i
+        seen = steps.setdefault(at[0], {})
+        if at[1] in seen:
+            raise InputError(f"session {at[0]!r} has {kind} {at[1]} twice", file=file, line=i + 1, field=key)
+        seen[at[1]] = i
     out: list[SessionPlan] = []
-    for sid, by_turn in turns.items():
-        order = sorted(by_turn)
+    for sid, by_step in steps.items():
+        order = sorted(by_step)
         if order != list(range(1, len(order) + 1)):
             raise InputError(
-                f"session {sid!r} has turns {order}; expected 1 … {len(order)}",
-                file=file,
-                field="session.turn",
+                f"session {sid!r} has {kind}s {order}; expected 1 … {len(order)}", file=file, field=key
             )
-        out.append(SessionPlan(sid, tuple(by_turn[t] for t in order)))
+        out.append(SessionPlan(sid, tuple(by_step[t] for t in order), graph=graph))
     return out
+
+
+def live_outputs(body: bytes, swaps: Sequence[tuple[str, str]]) -> tuple[bytes, int]:
+    """``body`` with each recorded answer of ``swaps`` (recorded, live) replaced by the live one in its
+    message contents (or prompt): an agent session's call as the target's answers made it; and how
+    many replacements were made (a recorded answer the body does not hold is left alone)."""
+    obj = orjson.loads(body)
+    made = 0
+    for recorded, live in swaps:
+        if not recorded or recorded == live:
+            continue
+        if "messages" in obj:
+            for m in obj["messages"]:
+                content = m.get("content")
+                if isinstance(content, str) and recorded in content:
+                    made += content.count(recorded)
+                    m["content"] = content.replace(recorded, live)
+        elif recorded in obj.get("prompt", ""):
+            made += obj["prompt"].count(recorded)
+            obj["prompt"] = obj["prompt"].replace(recorded, live)
+    return (orjson.dumps(obj) if made else body), made
 
 
 def salt(pass_index: int) -> str:

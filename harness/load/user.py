@@ -35,9 +35,11 @@ from typing import Any
 import gevent
 import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O)
 from gevent import GreenletExit
+from gevent.event import Event
 from locust import User, constant, task
 
 from harness.common import headers as H
+from harness.corpus.model import SessionCall
 from harness.load import plugin
 from harness.load.arrivals import Arrival, bypasses
 from harness.load.client import (
@@ -53,7 +55,7 @@ from harness.load.client import (
 from harness.load.loadrun import LoadRun
 from harness.load.pacer import IDLE_AFTER_S, IDLE_LEAD_S, MAX_NAP_S
 from harness.load.results import RequestRecord
-from harness.load.sessions import LiveHistory, salted_body
+from harness.load.sessions import LiveHistory, live_outputs, salted_body
 from harness.load.wire import Connection
 
 
@@ -83,6 +85,9 @@ class ReplayUser(User):
         # Its own keep-alive connection (:mod:`harness.load.wire`), with the run's timeouts and TLS
         # policy (verified unless --insecure: Locust's FastHttpUser would not verify by default).
         self._conn: Connection | None = None
+        self._own_free = True
+        self._spare: list[Connection] = []
+        """Connections this user opened for an agent session's parallel calls, free for the next."""
         if run is not None:
             self._conn = Connection(
                 self.host or "", run.credentials,
@@ -97,8 +102,9 @@ class ReplayUser(User):
             self._conn.warm()
 
     def on_stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        for conn in [self._conn, *self._spare]:
+            if conn is not None:
+                conn.close()
 
     @task
     def replay(self) -> None:
@@ -113,7 +119,10 @@ class ReplayUser(User):
             return
         a = taken.arrival
         try:
-            if run.inputs.sessions is not None:
+            sessions = run.inputs.sessions
+            if sessions is not None and sessions[a.request].graph:
+                self.play_graph(run, a, taken.queue_wait_s)
+            elif sessions is not None:
                 self.play_session(run, a, taken.queue_wait_s)
             elif run.opts.salt_per_pass:
                 reqs = run.inputs.requests
@@ -145,7 +154,7 @@ class ReplayUser(User):
             )
             if k:
                 self._nap_until(run, intended_s, st.think_time_s)
-            end, out = self.send(
+            end, out, _ = self.send(
                 run, Arrival(a.seq, intended_s, ri, stage=a.stage),
                 queue_wait_s=queue_wait_s if k == 0 else 0.0, body=turn.body,
                 session=(plan.id, st.turn, run.opts.history), tool_results=turn.tool_results,
@@ -159,6 +168,118 @@ class ReplayUser(User):
                 assert nxt is not None
                 intended_s = (end - run.epoch) + nxt.think_time_s
                 run.note_turn(intended_s)
+
+    def play_graph(self, run: LoadRun, a: Arrival, queue_wait_s: float | None) -> None:
+        """One agent session as its trace's call graph (:mod:`harness.load.sessions`).
+
+        Every call gets a greenlet at the session's start: it waits for the calls it names in
+        ``after``, naps through its gap and sends, on a connection of its own while another of the
+        session's calls is in flight (so parallel branches leave together and none waits for a
+        connection inside its timer). Its live answer replaces its recorded one in the bodies of the
+        calls that ``use`` it (``--history live``). A call whose predecessor failed is not sent: its
+        record fails, naming the call that failed (and so, in turn, do its own dependants)."""
+        inputs = run.inputs
+        assert inputs.sessions is not None
+        plan = inputs.sessions[a.request]
+        live = run.opts.history == "live"
+        passes = a.seq // len(inputs.sessions)
+        pass_index = passes if run.opts.salt_per_pass else 0
+        # Each play is a session of its own in the records and on the wire: a corpus replayed again
+        # (a rate longer than one pass) names its later plays ``<trace id>~<pass>``.
+        sid = plan.id if passes == 0 else f"{plan.id}~{passes}"
+        n = len(plan.turns)
+        done = [Event() for _ in range(n)]
+        ends: list[float] = [0.0] * n
+        answers: list[str] = [""] * n
+        failed: list[int | None] = [None] * n  # None: the call succeeded; else the failed call it carries
+        calls: list[SessionCall] = []
+        for ri in plan.turns:
+            call = inputs.records[ri].call
+            assert call is not None
+            calls.append(call)
+
+        def play(k: int) -> None:
+            ri, c = plan.turns[k], calls[k]
+            try:
+                for p in c.after:
+                    done[p - 1].wait()
+                ready_s = max((ends[p - 1] for p in c.after), default=run.epoch + a.intended_s) - run.epoch
+                blocked = next((failed[p - 1] for p in c.after if failed[p - 1] is not None), None)
+                if blocked is not None:
+                    failed[k] = blocked
+                    self._blocked(run, Arrival(a.seq, ready_s, ri, stage=a.stage), sid, c, blocked)
+                    return
+                intended_s = ready_s + c.gap_s
+                run.note_turn(intended_s)
+                body = salted_body(inputs.requests[ri].body, pass_index)
+                if live and c.uses:
+                    body, _ = live_outputs(
+                        body, [(calls[u - 1].log_output or "", answers[u - 1]) for u in c.uses]
+                    )
+                self._nap_until(run, intended_s, c.gap_s)
+                conn = self._take_connection()
+                try:
+                    end, out, sent = self.send(
+                        run, Arrival(a.seq, intended_s, ri, stage=a.stage),
+                        queue_wait_s=queue_wait_s if not c.after else 0.0, body=body,
+                        session=(sid, None, run.opts.history), conn=conn, graph=(c.call, c.depth, ready_s),
+                    )  # fmt: skip
+                finally:
+                    self._give_back(conn)
+                ends[k] = end
+                answers[k] = out.text() if out is not None else ""
+                if not sent.ok:
+                    failed[k] = c.call
+            finally:
+                done[k].set()
+
+        # joinall with raise_error: a stop (GreenletExit in this task) or a bug reaches Locust, the
+        # session's greenlets killed with it.
+        greenlets = [gevent.spawn(play, k) for k in range(n)]
+        try:
+            gevent.joinall(greenlets, raise_error=True)
+        finally:
+            gevent.killall([g for g in greenlets if not g.dead])
+
+    def _take_connection(self) -> Connection:
+        """A keep-alive connection no other call of this user is using (a new one when all are)."""
+        run = plugin.current()
+        assert run is not None and self._conn is not None
+        if self._own_free:
+            self._own_free = False
+            return self._conn
+        if self._spare:
+            return self._spare.pop()
+        return Connection(
+            self.host or "", run.credentials,
+            connection_timeout=self.connection_timeout, network_timeout=run.opts.request_timeout,
+        )  # fmt: skip
+
+    def _give_back(self, conn: Connection) -> None:
+        if conn is self._conn:
+            self._own_free = True
+        else:
+            self._spare.append(conn)
+
+    def _blocked(self, run: LoadRun, a: Arrival, session_id: str, c: SessionCall, by: int) -> None:
+        """The record of a call not sent because call ``by``, which it waited for, failed (``a``: at
+        the time that became known, when the call would have become ready)."""
+        ready_s = a.intended_s
+        spec = run.inputs.requests[a.request]
+        stage = a.stage or run.opts.stage
+        error = f"not sent: call {by} of session {session_id} failed, and this call waited for it"
+        rec = RequestRecord(
+            id=spec.id, stage=stage, intended_s=ready_s, sent_s=ready_s, lateness_ms=0.0, status=0,
+            scenario=a.scenario or spec.scenario, tenant=spec.tenant, trace_id=spec.trace_id, error=error,
+            session_id=session_id, history_source=run.opts.history, call=c.call, depth=c.depth,
+            ready_s=ready_s, blocked_by=by,
+        )  # fmt: skip
+        run.record(rec)
+        self.environment.events.request.fire(
+            request_type="POST", name=spec.path, response_time=0.0, response_length=0,
+            exception=RuntimeError(error), context={}, response=None, start_time=time.time(),
+            url=(self.host or "") + spec.path,
+        )  # fmt: skip
 
     @staticmethod
     def _nap_until(run: LoadRun, intended_s: float, think_s: float) -> None:
@@ -180,16 +301,20 @@ class ReplayUser(User):
         *,
         queue_wait_s: float | None = None,
         body: bytes | None = None,
-        session: tuple[str, int, str] | None = None,
+        session: tuple[str, int | None, str] | None = None,
         tool_results: dict[str, int] | None = None,
-    ) -> tuple[float, StreamOutcome | None]:
+        conn: Connection | None = None,
+        graph: tuple[int, int, float] | None = None,
+    ) -> tuple[float, StreamOutcome | None, RequestRecord]:
         """Send one arrival's request, read its stream line by line as it arrives, record it; the
-        ``perf_counter`` time its stream ended and the parsed response (``None``: no body).
+        ``perf_counter`` time its stream ended, the parsed response (``None``: no body) and the record.
 
         ``queue_wait_s``: how long the arrival waited for a free user (:meth:`Pacer.take_handover`);
         ``None`` when there is no pacer to say. ``body``: other bytes than the prepared ones (a
         session turn, a salted pass); ``session``: (session id, turn, history source);
-        ``tool_results``: what the turn's tool results were (:class:`~harness.load.sessions.LiveHistory`)."""
+        ``tool_results``: what the turn's tool results were (:class:`~harness.load.sessions.LiveHistory`);
+        ``conn``: another connection than the user's own (a parallel call of an agent session);
+        ``graph``: (call, depth, ready_s) of an agent session's call."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         trace_id = a.trace_id or spec.trace_id
@@ -201,7 +326,8 @@ class ReplayUser(User):
         if session is not None:
             hdrs[H.SESSION_ID] = session[0]
         tracing = run.tracing
-        assert tracing is not None and self._conn is not None
+        conn = conn if conn is not None else self._conn
+        assert tracing is not None and conn is not None
         if tracing.recording:
             span = tracing.start(
                 f"POST {spec.path}",
@@ -229,6 +355,8 @@ class ReplayUser(User):
         if session is not None:
             rec.session_id, rec.turn, rec.history_source = session  # type: ignore[assignment]
             rec.tool_results = tool_results
+        if graph is not None:
+            rec.call, rec.depth, rec.ready_s = graph
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)
@@ -239,7 +367,7 @@ class ReplayUser(User):
             rec.queue_wait_ms = min(rec.lateness_ms, queue_wait_s * 1000.0)
         resp: Any = None
         try:
-            resp = self._conn.post(spec.path, hdrs, spec.body if body is None else body)
+            resp = conn.post(spec.path, hdrs, spec.body if body is None else body)
             status = resp.status_code
             rec.status = status
             cache = resp.get(H.CACHE_STATUS)
@@ -259,7 +387,7 @@ class ReplayUser(User):
             if resp is not None:
                 resp.release()  # back to the pool (closed if the body was not read to its end)
         end = clock()
-        return end, self._finish(run, rec, req, end)
+        return end, self._finish(run, rec, req, end), rec
 
     def _finish(self, run: LoadRun, rec: RequestRecord, req: _Request, end: float) -> StreamOutcome | None:
         """Parse the stream, fill the record's latencies and tokens, record and report it."""

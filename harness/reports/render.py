@@ -27,9 +27,17 @@ from harness.gates.judge import VERDICT_WORDS, GateReport
 from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
 from harness.reports.experiment_plots import CAPACITY_PLOT, EFFECT_PLOT, capacity_plot, effect_plot
-from harness.reports.plots import PLOTS, Plot, pair, to_png_base64
+from harness.reports.plots import PLOTS, Drawn, Plot, pair, to_png_base64
+from harness.reports.session_plots import (
+    MAKESPAN_PLOT,
+    WATERFALL_PLOT,
+    makespan_cdf,
+    session_runs,
+    session_waterfall,
+)
 from harness.reports.tables import (
     Table,
+    agent_sessions_table,
     effect_preload,
     effect_rows,
     overview,
@@ -51,6 +59,13 @@ class RenderedPlot:
     reason: str | None
 
 
+def rendered(plot: Plot, drawn: Drawn) -> RenderedPlot:
+    """A drawn figure as the HTML embeds it (or the sentence saying why it does not apply)."""
+    if isinstance(drawn, str):
+        return RenderedPlot(plot, None, drawn)
+    return RenderedPlot(plot, to_png_base64(drawn), None)
+
+
 def render_plots(sets: Sequence[ResultSet], tick: Tick | None = None) -> list[RenderedPlot]:
     """Draw every registered plot; ``tick(plot_id)`` after each (for a progress bar)."""
     out = []
@@ -65,7 +80,14 @@ def render_plots(sets: Sequence[ResultSet], tick: Tick | None = None) -> list[Re
     return out
 
 
-_TEMPLATE = """<!doctype html>
+_TEMPLATE = """{%- macro figure(r) -%}
+<figure id="{{ r.plot.id }}" class="plot{% if not r.png_base64 %} empty{% endif %}">
+<figcaption><h3>{{ r.plot.title }}</h3></figcaption>
+{% if r.png_base64 %}<img alt="{{ r.plot.alt }}" src="data:image/png;base64,{{ r.png_base64 }}">
+{% else %}<p>{{ r.reason }}</p>{% endif %}
+</figure>
+{%- endmacro -%}
+<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -105,6 +127,7 @@ _TEMPLATE = """<!doctype html>
 <nav><a href="#runs">Runs</a><a href="#plots">Plots</a><a href="#scenarios">Per scenario</a>
 {% if turns %}<a href="#turns">Per turn</a>{% endif %}
 {% if thinking %}<a href="#thinking">Reasoning and tool calls</a>{% endif %}
+{% if sessions %}<a href="#sessions">Agent sessions</a>{% endif %}
 {% if effect %}<a href="#effect">Warmup effect</a>{% endif %}<a href="#gate">Gate</a></nav>
 </header>
 
@@ -135,11 +158,7 @@ preload (docs/analysis.md, <i>Warmup effect</i>).</p>
 <section id="plots">
 <h2>Plots</h2>
 {% for r in plots %}
-<figure id="{{ r.plot.id }}" class="plot{% if not r.png_base64 %} empty{% endif %}">
-<figcaption><h3>{{ r.plot.title }}</h3></figcaption>
-{% if r.png_base64 %}<img alt="{{ r.plot.alt }}" src="data:image/png;base64,{{ r.png_base64 }}">
-{% else %}<p>{{ r.reason }}</p>{% endif %}
-</figure>
+{{ figure(r) }}
 {% endfor %}
 </section>
 
@@ -162,6 +181,19 @@ thinking included; TTFA the first answer, refusal or tool-call token. Thinking t
 <code>usage.completion_tokens_details.reasoning_tokens</code> where it reports them, else the client's
 count (docs/load.md, <i>Reasoning and tool calls</i>).</p>
 {{ thinking }}
+</section>{% endif %}
+
+{% if sessions %}<section id="sessions">
+<h2>Agent sessions</h2>
+<p class="meta">Runs that replayed agent sessions: each session's LLM calls sent as its call graph allows,
+a call once the calls it waits for have ended, plus its recorded gap (tool or think time). A session
+succeeds when every call does; a call whose predecessor failed is not sent (blocked). Makespan runs from
+the session's start to its last call's end; the session prefix hit rate is Σ cached ÷ Σ prompt tokens
+over the sessions' calls (docs/gates.md, <i>Reports</i>).</p>
+{{ sessions }}
+{% for r in session_plots %}
+{{ figure(r) }}
+{% endfor %}
 </section>{% endif %}
 
 <section id="gate">
@@ -336,6 +368,15 @@ def render_html(
     plots = render_plots(sets, tick)
     turn_table = per_turn(sets)
     thinking = thinking_and_tools(sets)
+    session_table = agent_sessions_table(sets)
+    session_plots: list[RenderedPlot] = []
+    if session_table.rows:
+        # Read the session runs' records once for both figures (the summary keeps only aggregates).
+        runs = session_runs(sets)
+        session_plots = [
+            rendered(MAKESPAN_PLOT, makespan_cdf(runs)),
+            rendered(WATERFALL_PLOT, session_waterfall(runs)),
+        ]
     if capacity is not None:
         drawn = capacity_plot(capacity)
         cap = (
@@ -366,6 +407,8 @@ def render_html(
         scenarios=_markup(per_scenario(sets), left=2),
         turns=_markup(turn_table, left=2) if turn_table.rows else "",
         thinking=_markup(thinking) if thinking.rows else "",
+        sessions=_markup(session_table, left=1) if session_table.rows else "",
+        session_plots=session_plots,
         plots=plots,
         speedups=_speedups(sets),
         run_notes=_run_notes(sets),
@@ -445,6 +488,9 @@ def render_markdown(
     thinking = thinking_and_tools(sets)
     if thinking.rows:
         lines += ["", "### Reasoning and tool calls", "", *_md_table(thinking)]
+    sessions = agent_sessions_table(sets)
+    if sessions.rows:
+        lines += ["", "### Agent sessions", "", *_md_table(sessions)]
     if effect is not None:
         lines += ["", "### Warmup effect", "", effect_preload(effect), "", *_md_table(effect_rows(effect))]
     if gate is not None:

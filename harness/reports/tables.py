@@ -204,6 +204,47 @@ def thinking_and_tools(sets: Sequence[ResultSet]) -> Table:
     return Table(THINKING_COLUMNS, rows)
 
 
+AGENT_SESSION_COLUMNS = (
+    "run", "sessions", "calls", "success rate", "blocked calls", "makespan P50", "makespan P95",
+    "makespan max", "session prefix hit rate", "failed sessions",
+)  # fmt: skip
+MAX_FAILED_NAMED = 5
+"""Failed sessions named in the table (the rest counted): enough to look one up in the records."""
+
+
+def agent_sessions_table(sets: Sequence[ResultSet]) -> Table:
+    """One row per run that replayed agent sessions (``summary.json``'s ``agent_sessions``): how many
+    sessions ran all their calls, how many calls never went because a predecessor failed, how long a
+    session took end to end, and the first failed sessions by name. Empty when no run has sessions."""
+    rows: list[tuple[str, ...]] = []
+    for rs in sets:
+        a = rs.summary.agent_sessions if rs.summary is not None else None
+        if a is None:
+            continue
+        rate = "—" if a.success_rate is None else f"{a.succeeded}/{a.sessions} ({100 * a.success_rate:.1f} %)"
+        # Count the rest from the totals, not the list: the summary may keep only the first names.
+        failed = a.sessions - a.succeeded
+        named = ", ".join(a.failed_sessions[:MAX_FAILED_NAMED])
+        more = failed - min(len(a.failed_sessions), MAX_FAILED_NAMED)
+        if named and more > 0:
+            named += f" (+{more} more)"
+        rows.append(
+            (
+                rs.label,
+                str(a.sessions),
+                str(a.calls),
+                rate,
+                str(a.blocked_calls),
+                format_value(a.makespan_ms.p50, "ms"),
+                format_value(a.makespan_ms.p95, "ms"),
+                format_value(a.makespan_ms.max, "ms"),
+                "—" if a.prefix_hit_rate is None else f"{100 * a.prefix_hit_rate:.1f} %",
+                named or (f"{failed} (unnamed)" if failed else "—"),
+            )
+        )
+    return Table(AGENT_SESSION_COLUMNS, rows)
+
+
 def speedup(cold: ResultSet, warm: ResultSet, column: str, q: float = 95) -> float:
     """``cold Pq / warm Pq`` of a latency column (NaN when either has no samples)."""
     a = cold.frame.col(column)

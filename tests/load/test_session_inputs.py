@@ -15,7 +15,14 @@ from harness.load.inputs import Inputs
 from harness.load.options import LoadOptions
 from harness.load.results import RequestRecord
 from harness.load.run_summary import turn_summaries
-from harness.load.sessions import SYNTHETIC_TOOL_RESULT, LiveHistory, TurnBody, plan_sessions, salted_body
+from harness.load.sessions import (
+    SYNTHETIC_TOOL_RESULT,
+    LiveHistory,
+    TurnBody,
+    live_outputs,
+    plan_sessions,
+    salted_body,
+)
 
 
 def _turn(sid: str, k: int, *, chat: bool = True, offset: float | None = None) -> CorpusRecord:
@@ -199,3 +206,47 @@ def test_an_answer_without_the_call_gets_the_logs_call_so_the_results_answer_som
     assert results == {"log_call": 1}
     assert msgs[2] == {"role": "assistant", "content": "I think it may rain.", "tool_calls": [CALL]}
     assert msgs[3] == RESULT
+
+
+def _call(sid: str, k: int, n: int, *, after: list[int], uses: list[int] | None = None) -> CorpusRecord:
+    return CorpusRecord.model_validate({
+        "id": f"{sid}-{k}", "max_tokens": 8, "expected_output_tokens": 4, "lang": "en", "domain": "agent",
+        "intent": "chat", "messages": [{"role": "user", "content": f"{sid} call {k} after answer {after}"}],
+        "provenance": {"seed": 0, "candidate": k, "template": "t", "template_sha256": "0" * 64},
+        "call": {"session_id": sid, "call": k, "calls": n, "after": after, "uses": uses or [], "gap_s": 0.1,
+                 "log_output": f"recorded answer {k}"},
+    })  # fmt: skip
+
+
+def test_agent_session_plans_and_their_checks() -> None:
+    recs = [_call("a", 1, 3, after=[]), _call("a", 2, 3, after=[]), _call("a", 3, 3, after=[1, 2]),
+            _call("b", 1, 1, after=[])]  # fmt: skip
+    plans = plan_sessions(recs)
+    assert plans is not None and [(p.id, p.turns, p.graph) for p in plans] == [
+        ("a", (0, 1, 2), True), ("b", (3,), True)
+    ]  # fmt: skip
+    with pytest.raises(InputError, match="call 2 twice"):
+        plan_sessions([*recs, _call("a", 2, 3, after=[1])])
+    with pytest.raises(InputError, match=r"calls \[1, 3\]; expected"):
+        plan_sessions([recs[0], recs[2]])
+    with pytest.raises(InputError, match="is not a call"):  # a conversation's turn among graph calls
+        plan_sessions([recs[0], _turn("s", 1)])
+    with pytest.raises(ValueError, match="must name earlier calls"):  # a wait for a later call
+        _call("a", 2, 3, after=[3])
+
+
+def test_live_outputs_replace_the_recorded_answers_where_the_body_holds_them() -> None:
+    body = orjson.dumps({"messages": [
+        {"role": "user", "content": "plan it"}, {"role": "assistant", "content": "recorded one"},
+        {"role": "tool", "tool_call_id": "c1", "content": "weather: sun; recorded two"},
+    ]})  # fmt: skip
+    out, made = live_outputs(body, [("recorded one", "LIVE 1"), ("recorded two", "LIVE 2"), ("absent", "x")])
+    assert made == 2
+    assert [m["content"] for m in orjson.loads(out)["messages"]] == [
+        "plan it",
+        "LIVE 1",
+        "weather: sun; LIVE 2",
+    ]
+    assert live_outputs(body, [("nowhere", "x")]) == (body, 0)  # nothing held: the prepared bytes
+    prompt = orjson.dumps({"prompt": "A said: recorded one. B?"})
+    assert orjson.loads(live_outputs(prompt, [("recorded one", "live")])[0])["prompt"] == "A said: live. B?"

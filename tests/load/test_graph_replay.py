@@ -1,0 +1,204 @@
+"""Agent sessions replayed as their traces' call graphs: real headless Locust runs against a server
+that tags its replies (:mod:`tests.load.sse_server`).
+
+The corpus comes from three real agent traces (``fixtures/traces/genaiTestTrace.json`` and the two
+kagent traces in ``fixtures/traces/genai/``) through ``harness traces graph`` → ``harness corpus
+graph``'s functions. The claims, checked from the client's records and the server's own log:
+
+* every call is intended exactly at its last predecessor's end plus its recorded gap (a root: the
+  session's start plus its gap) and is never sent earlier; the server receives it only after every
+  predecessor's stream was written to its end;
+* calls that become ready together (the Jaeger UI trace with its gaps capped at 0: five parallel
+  calls) go out together, each on its own connection;
+* a call's body holds its predecessor's *live* answer (the server's tagged reply) where the trace's
+  body held the recorded one;
+* a session's makespan is its critical path: the server's known latency plus the gaps;
+* a failed call's dependants are not sent, fail naming it, and its sibling branches complete.
+
+How *late* a call goes is the machine's (a descheduled process wakes late); the records hold it and
+the summary reports it. These tests assert the schedule, not a lateness bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.common import headers as H
+from harness.common.io import write_jsonl
+from harness.corpus.graph import graph_records
+from harness.corpus.model import CorpusRecord
+from harness.load.results import RequestRecord, read_records
+from harness.load.run_summary import read_summary
+from harness.load.runner import LoadSpec, run_locust
+from harness.traces.api import read_traces
+from harness.traces.graph import SessionGraph, replay_graphs
+from tests.load.sse_server import Behaviour, Served, SSEServer
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "fixtures" / "traces"
+TIMEOUT_S = 180
+FIRST_TOKEN_S, ITL_S, TOKENS = 0.03, 0.005, 6
+LATENCY_S = FIRST_TOKEN_S + (TOKENS - 1) * ITL_S
+"""What the server takes for every call, from the request's arrival to its last token."""
+
+
+def _graphs() -> list[SessionGraph]:
+    """The Jaeger UI trace with its gaps capped at 0 (five calls ready at the session's start), and
+    the two kagent traces as recorded (a call, tools, a call that holds the first one's answer)."""
+    genai = list(replay_graphs(read_traces(TRACES / "genaiTestTrace.json"), max_gap_ms=0.0))
+    kagent = [g for f in sorted((TRACES / "genai").glob("*.json")) for g in replay_graphs(read_traces(f))]
+    return genai + kagent
+
+
+def _corpus(path: Path, records: list[CorpusRecord]) -> Path:
+    write_jsonl(path, (r.model_dump(mode="json", exclude_none=True) for r in records))
+    return path
+
+
+def _end(r: RequestRecord) -> float:
+    assert r.e2e_ms is not None
+    return r.sent_s + r.e2e_ms / 1000.0
+
+
+def _sessions(recs: list[RequestRecord], calls_of: dict[str, int]) -> list[dict[int, RequestRecord]]:
+    """The records grouped into the sessions played (``<trace id>`` or ``<trace id>~<pass>``)."""
+    plays: dict[str, dict[int, RequestRecord]] = {}
+    for r in recs:
+        assert r.session_id is not None and r.call is not None
+        plays.setdefault(r.session_id, {})[r.call] = r
+    assert all(len(p) == calls_of[_trace(sid)] for sid, p in plays.items())
+    return list(plays.values())
+
+
+def _trace(session_id: str | None) -> str:
+    return (session_id or "").split("~")[0]
+
+
+def _check_schedule(plays: list[dict[int, RequestRecord]], graphs: dict[str, SessionGraph]) -> None:
+    """Each call intended at its predecessors' end plus its gap, never sent before it."""
+    for play in plays:
+        first = next(iter(play.values()))
+        g = graphs[_trace(first.session_id)]
+        start = min(r.ready_s or 0.0 for r in play.values())
+        for k, call in enumerate(g.calls, 1):
+            r = play[k]
+            after = [i + 1 for i, c in enumerate(g.calls) if c.id in call.depends_on]
+            ready = max((_end(play[p]) for p in after), default=start)
+            assert r.ready_s == pytest.approx(ready, abs=1e-6), (g.session, k)
+            assert r.intended_s == pytest.approx(ready + call.gap_ms / 1000.0, abs=1e-6), (g.session, k)
+            assert r.sent_s >= r.intended_s and r.depth == call.depth and r.error is None
+
+
+def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
+    graphs = _graphs()
+    records = graph_records(graphs)
+    corpus = _corpus(tmp_path / "corpus.jsonl", records)
+    by_id = {g.session: g for g in graphs}
+    with SSEServer(
+        Behaviour(first_token_s=FIRST_TOKEN_S, gap_s=ITL_S, tokens=TOKENS, tag_replies=True)
+    ) as srv:
+        # 20 sessions a second for 2 s, the three traces in turn: ~16 sessions in flight at once.
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=2, results_dir=tmp_path / "r",
+                        start_delay=1.0, concurrency=32)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        served = srv.requests
+    recs = list(read_records(tmp_path / "r"))
+    calls_of = {g.session: len(g.calls) for g in graphs}
+    plays = _sessions(recs, calls_of)
+    assert len(plays) == 40 and len(served) == len(recs) == sum(len(p) for p in plays)
+    _check_schedule(plays, by_id)
+
+    # Parallel branches: the Jaeger UI trace's five calls leave together, on five connections; and a
+    # session's makespan is its critical path (the server's latency plus the recorded gaps). The
+    # bounds here catch a call that waited for another it should not (a whole call's latency, 55 ms,
+    # or more) on a busy CI machine; how close the replay comes on a quiet one is measured by
+    # bench/sessions.py --graph (docs/benchmarks.md).
+    slack = LATENCY_S / 2
+    for play in plays:
+        g = by_id[_trace(next(iter(play.values())).session_id)]
+        if g is graphs[0]:
+            sent = [r.sent_s for r in play.values()]
+            assert len(sent) == 5 and max(sent) - min(sent) < slack, sent
+        start = min(r.ready_s or 0.0 for r in play.values())
+        makespan = max(_end(r) for r in play.values()) - start
+        finish: list[float] = []
+        for call in g.calls:
+            after = [i for i, c in enumerate(g.calls) if c.id in call.depends_on]
+            finish.append(max((finish[i] for i in after), default=0.0) + call.gap_ms / 1000.0 + LATENCY_S)
+        expected = max(finish)
+        assert expected <= makespan <= expected * 1.02 + slack, (g.session, makespan, expected)
+
+    # Live outputs: a call that uses another's answer carries the server's reply to it.
+    _check_live_outputs(served, graphs)
+    s = read_summary(tmp_path / "r")
+    assert s.errors == 0 and not s.interrupted and s.sessions == 40
+
+
+def _check_live_outputs(served: list[Served], graphs: list[SessionGraph]) -> None:
+    uses = {g.session: sum(1 for c in g.calls if c.uses_output) for g in graphs}
+    assert sum(uses.values()) >= 1  # the kagent OTLP trace's second call holds the first's answer
+    by_session: dict[str, list[Served]] = {}
+    for x in served:
+        by_session.setdefault(x.headers[H.SESSION_ID], []).append(x)
+    seen = 0
+    for sid, xs in by_session.items():
+        if not uses[_trace(sid)]:
+            continue
+        xs.sort(key=lambda x: x.received)
+        for x in xs:
+            text = "\n".join(m.get("content") or "" for m in x.body["messages"])
+            held = [y for y in xs if y is not x and y.reply and y.reply in text]
+            if held:
+                seen += 1
+                assert all(y.done is not None and y.done < x.received for y in held)
+    # Every play of a session with a content edge carried one live answer per using call.
+    assert seen >= 1
+
+
+def test_a_failed_call_fails_its_dependants_and_not_its_siblings(tmp_path: Path) -> None:
+    graphs = _graphs()
+    records = graph_records(graphs)
+    # The kagent OTLP trace: call 2 waits for call 1. Its call 1 fails at the server.
+    chain = next(g for g in graphs if len(g.calls) == 2 and g.calls[1].uses_output)
+    first = next(
+        r for r in records if r.call is not None and r.call.session_id == chain.session and r.call.call == 1
+    )
+    assert first.messages is not None
+    marker = first.messages[-1].content[-40:]
+    assert all(marker not in (r.text()) for r in records if r is not first and (r.call and r.call.call) != 2)
+    # The Jaeger UI trace's five parallel calls, the last one made to wait for the first: a branch
+    # of its own beside three siblings.
+    genai = graphs[0]
+    fork = [
+        r.model_copy(update={"call": r.call.model_copy(update={"after": [1], "depth": 1})})
+        if r.call is not None and r.call.session_id == genai.session and r.call.call == 5
+        else r
+        for r in records
+    ]
+    corpus = _corpus(tmp_path / "corpus.jsonl", fork)
+    # A server that is alive when asked (/health 404, /v1/models 200): the failed call is its only
+    # failure, not a death.
+    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=4, tag_replies=True, fail_marker=marker,
+                          metrics=True, models=("m",))  # fmt: skip
+    with SSEServer(behaviour) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, max_requests=3, duration=1,
+                        results_dir=tmp_path / "r", start_delay=1.0, concurrency=8)  # fmt: skip
+        code = run_locust(spec, timeout_s=TIMEOUT_S)
+        served = srv.requests
+    assert code == 1  # Locust's exit when requests failed (docs/exit-codes.md)
+    recs = list(read_records(tmp_path / "r"))
+    of_chain = {r.call: r for r in recs if r.session_id == chain.session}
+    assert of_chain[1].status == 500 and not of_chain[1].ok
+    blocked = of_chain[2]
+    assert blocked.blocked_by == 1 and blocked.status == 0 and blocked.error is not None
+    assert "call 1" in blocked.error
+    # The blocked call never reached the server: one request fewer than records.
+    assert len(served) == len(recs) - 1
+    of_genai = {r.call: r for r in recs if r.session_id == genai.session}
+    assert all(of_genai[k].ok for k in range(1, 6)), of_genai  # its branches, the forked one too
+    assert of_genai[5].ready_s is not None and of_genai[5].ready_s >= _end(of_genai[1]) - 1e-6
+    s = read_summary(tmp_path / "r")
+    assert s.errors == 2 and s.requests == len(recs)
