@@ -51,6 +51,9 @@ class SessionPlan:
     turns: tuple[int, ...]
     graph: bool = False
     """An agent session replayed as its call graph (records with ``call``), not a conversation."""
+    width: int = 1
+    """The most calls of the session that become ready together (the same ``after``): the connections
+    a user playing it keeps open at once."""
 
 
 def plan_sessions(
@@ -91,7 +94,12 @@ def plan_sessions(
             raise InputError(
                 f"session {sid!r} has {kind}s {order}; expected 1 … {len(order)}", file=file, field=key
             )
-        out.append(SessionPlan(sid, tuple(by_step[t] for t in order), graph=graph))
+        indices = tuple(by_step[t] for t in order)
+        width = 1
+        if graph:
+            together = Counter(tuple(c.after) for i in indices if (c := records[i].call) is not None)
+            width = max(together.values())
+        out.append(SessionPlan(sid, indices, graph=graph, width=width))
     return out
 
 

@@ -72,6 +72,11 @@ class _Request:
     body: StreamBody = field(default_factory=StreamBody)
 
 
+MAX_WARM_SPARES = 7
+"""The most extra connections a user opens ahead for an agent session's parallel calls (a wider
+fan-out opens the rest when it happens)."""
+
+
 class ReplayUser(User):
     """One slot of the open loop's concurrency pool (``--concurrency`` of them per process)."""
 
@@ -89,10 +94,7 @@ class ReplayUser(User):
         self._spare: list[Connection] = []
         """Connections this user opened for an agent session's parallel calls, free for the next."""
         if run is not None:
-            self._conn = Connection(
-                self.host or "", run.credentials,
-                connection_timeout=self.connection_timeout, network_timeout=run.opts.request_timeout,
-            )  # fmt: skip
+            self._conn = self._new_connection()
 
     def on_start(self) -> None:
         # Connect before the epoch (users spawn during --start-delay), so that the first arrival of
@@ -100,6 +102,15 @@ class ReplayUser(User):
         # keep their connections.
         if self._conn is not None:
             self._conn.warm()
+        # The same for the parallel calls of agent sessions: as many connections as the widest
+        # fan-out needs (bounded), so a branch does not pay for a handshake its siblings do not.
+        run = plugin.current()
+        sessions = run.inputs.sessions if run is not None and self._conn is not None else None
+        if sessions:
+            for _ in range(min(MAX_WARM_SPARES, max(p.width for p in sessions) - 1)):
+                spare = self._new_connection()
+                spare.warm()
+                self._spare.append(spare)
 
     def on_stop(self) -> None:
         for conn in [self._conn, *self._spare]:
@@ -243,13 +254,17 @@ class ReplayUser(User):
 
     def _take_connection(self) -> Connection:
         """A keep-alive connection no other call of this user is using (a new one when all are)."""
-        run = plugin.current()
-        assert run is not None and self._conn is not None
+        assert self._conn is not None
         if self._own_free:
             self._own_free = False
             return self._conn
         if self._spare:
             return self._spare.pop()
+        return self._new_connection()
+
+    def _new_connection(self) -> Connection:
+        run = plugin.current()
+        assert run is not None
         return Connection(
             self.host or "", run.credentials,
             connection_timeout=self.connection_timeout, network_timeout=run.opts.request_timeout,
