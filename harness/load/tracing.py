@@ -4,7 +4,9 @@ Every request carries W3C ``traceparent`` and Jaeger ``uber-trace-id`` headers, 
 OpenTelemetry propagators (a composite of ``TraceContextTextMapPropagator`` and
 ``JaegerPropagator``), so a target instrumented with either joins its server spans to the request.
 The client span is a new root per request; its link (and the ``harness.source_trace_id``
-attribute) points at the production trace the request replays, which stays untouched.
+attribute) points at the production trace the request replays, which stays untouched. An agent
+session's calls are children of one session span instead (one trace per session played), each
+linked to the spans of the calls it waited for, with the ``gen_ai.*`` attributes of the live call.
 
 Without ``--otlp-endpoint`` the span is a non-recording one (random ids, nothing exported: a few µs).
 With it, spans go through the SDK's ``BatchSpanProcessor`` to an OTLP/HTTP exporter: ending a span
@@ -17,7 +19,7 @@ and ``urllib3``, which the exporter uses, only if they are imported after it).
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -106,27 +108,50 @@ class Tracing:
         attributes: Mapping[str, AttrValue],
         source_trace_id: str | None,
         start_ns: int,
+        parent: trace.Span | None = None,
+        after: Sequence[trace.Span] = (),
     ) -> trace.Span:
-        """Begin the request's client span and write its context into ``headers``."""
+        """Begin the request's client span and write its context into ``headers``. ``parent``: the
+        span it is a child of (an agent session's), else a new root; ``after``: the spans of the calls
+        it waited for, linked (a call of a graph follows from them)."""
         span: trace.Span
         if self._tracer is not None:
+            links = _source_link(source_trace_id) + [
+                Link(s.get_span_context(), {"harness.link": "after"}) for s in after
+            ]
             span = self._tracer.start_span(
                 name,
+                context=trace.set_span_in_context(parent) if parent is not None else None,
                 kind=SpanKind.CLIENT,
                 attributes=dict(attributes),
-                links=_source_link(source_trace_id),
+                links=links,
                 start_time=start_ns,
             )
         else:
-            ctx = SpanContext(
-                trace_id=random.getrandbits(128) or 1,
-                span_id=random.getrandbits(64) or 1,
-                is_remote=False,
-                trace_flags=TraceFlags(TraceFlags.SAMPLED),
-            )
-            span = NonRecordingSpan(ctx)
+            span = self._unrecorded(parent)
         self.propagator.inject(headers, context=trace.set_span_in_context(span))
         return span
+
+    def session(self, name: str, *, attributes: Mapping[str, AttrValue], start_ns: int) -> trace.Span:
+        """The span of an agent session, parent of its calls' spans: one trace per session played,
+        so the target's server spans of its calls join one trace too (exported with an endpoint)."""
+        if self._tracer is None:
+            return self._unrecorded(None)
+        return self._tracer.start_span(
+            name, context=None, kind=SpanKind.INTERNAL, attributes=dict(attributes), start_time=start_ns
+        )
+
+    @staticmethod
+    def _unrecorded(parent: trace.Span | None) -> trace.Span:
+        """A span that is only a context: the parent's trace (or a new one) and a new span id."""
+        tid = parent.get_span_context().trace_id if parent is not None else random.getrandbits(128) or 1
+        ctx = SpanContext(
+            trace_id=tid,
+            span_id=random.getrandbits(64) or 1,
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        return NonRecordingSpan(ctx)
 
     @staticmethod
     def end(span: trace.Span, *, attributes: Mapping[str, AttrValue], error: str | None, end_ns: int) -> None:

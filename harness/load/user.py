@@ -77,6 +77,20 @@ MAX_WARM_SPARES = 7
 fan-out opens the rest when it happens)."""
 
 
+@dataclass(slots=True)
+class _CallPlace:
+    """An agent session's call as :meth:`ReplayUser.send` records and traces it."""
+
+    call: SessionCall
+    ready_s: float
+    parent: Any
+    """The session's span: the call's span is its child (one trace per session played)."""
+    after: list[Any]
+    """The spans of the calls it waited for (linked)."""
+    span: Any = None
+    """Its own span, once sent (its dependants link it)."""
+
+
 class ReplayUser(User):
     """One slot of the open loop's concurrency pool (``--concurrency`` of them per process)."""
 
@@ -209,6 +223,15 @@ class ReplayUser(User):
             assert call is not None
             calls.append(call)
 
+        tracing = run.tracing
+        assert tracing is not None
+        session_span = tracing.session(
+            f"session {sid}",
+            attributes={"harness.session_id": sid, "harness.calls": n, "harness.source_trace_id": plan.id},
+            start_ns=time.time_ns() + max(0, int((run.epoch + a.intended_s - time.perf_counter()) * 1e9)),
+        )
+        places: list[_CallPlace | None] = [None] * n
+
         def play(k: int) -> None:
             ri, c = plan.turns[k], calls[k]
             try:
@@ -229,11 +252,15 @@ class ReplayUser(User):
                     )
                 self._nap_until(run, intended_s, c.gap_s)
                 conn = self._take_connection()
+                after = [
+                    sp for p in c.after if (pl := places[p - 1]) is not None and (sp := pl.span) is not None
+                ]
+                place = places[k] = _CallPlace(c, ready_s, session_span, after)
                 try:
                     end, out, sent = self.send(
                         run, Arrival(a.seq, intended_s, ri, stage=a.stage),
                         queue_wait_s=queue_wait_s if not c.after else 0.0, body=body,
-                        session=(sid, None, run.opts.history), conn=conn, graph=(c.call, c.depth, ready_s),
+                        session=(sid, None, run.opts.history), conn=conn, graph=place,
                     )  # fmt: skip
                 finally:
                     self._give_back(conn)
@@ -251,6 +278,11 @@ class ReplayUser(User):
             gevent.joinall(greenlets, raise_error=True)
         finally:
             gevent.killall([g for g in greenlets if not g.dead])
+            failures = sum(1 for f in failed if f is not None)
+            tracing.end(
+                session_span, attributes={"harness.failed_calls": failures},
+                error=f"{failures} of {n} calls failed" if failures else None, end_ns=time.time_ns(),
+            )  # fmt: skip
 
     def _take_connection(self) -> Connection:
         """A keep-alive connection no other call of this user is using (a new one when all are)."""
@@ -319,7 +351,7 @@ class ReplayUser(User):
         session: tuple[str, int | None, str] | None = None,
         tool_results: dict[str, int] | None = None,
         conn: Connection | None = None,
-        graph: tuple[int, int, float] | None = None,
+        graph: _CallPlace | None = None,
     ) -> tuple[float, StreamOutcome | None, RequestRecord]:
         """Send one arrival's request, read its stream line by line as it arrives, record it; the
         ``perf_counter`` time its stream ended, the parsed response (``None``: no body) and the record.
@@ -329,7 +361,7 @@ class ReplayUser(User):
         session turn, a salted pass); ``session``: (session id, turn, history source);
         ``tool_results``: what the turn's tool results were (:class:`~harness.load.sessions.LiveHistory`);
         ``conn``: another connection than the user's own (a parallel call of an agent session);
-        ``graph``: (call, depth, ready_s) of an agent session's call."""
+        ``graph``: an agent session's call (its span is then a child of the session's)."""
         spec = run.inputs.requests[a.request]
         stage = a.stage or run.opts.stage
         trace_id = a.trace_id or spec.trace_id
@@ -343,22 +375,40 @@ class ReplayUser(User):
         tracing = run.tracing
         conn = conn if conn is not None else self._conn
         assert tracing is not None and conn is not None
-        if tracing.recording:
+        if tracing.recording or graph is not None:
+            attributes: dict[str, str | int] = {
+                "harness.stage": stage,
+                "harness.scenario": a.scenario or spec.scenario or "",
+                "harness.record_id": spec.id,
+                "harness.warmup_id": run.warmup_id,
+                "http.request.method": "POST",
+                "url.path": spec.path,
+                "gen_ai.operation.name": "chat"
+                if spec.path.endswith("/chat/completions")
+                else "text_completion",
+            }
+            if run.inputs.model:
+                attributes["gen_ai.request.model"] = run.inputs.model
+            if graph is not None:
+                c = graph.call
+                attributes |= {
+                    "harness.session_id": session[0] if session else "",
+                    "harness.call": c.call,
+                    "harness.after": ",".join(map(str, c.after)),
+                    "gen_ai.agent.name": c.agent or "",
+                }
             span = tracing.start(
                 f"POST {spec.path}",
                 hdrs,
-                attributes={
-                    "harness.stage": stage,
-                    "harness.scenario": a.scenario or spec.scenario or "",
-                    "harness.record_id": spec.id,
-                    "harness.warmup_id": run.warmup_id,
-                    "http.request.method": "POST",
-                    "url.path": spec.path,
-                },
+                attributes=attributes,
                 source_trace_id=trace_id,
                 # The request leaves at its intended time (below), up to the pacer's lead after now.
                 start_ns=time.time_ns() + max(0, int((run.epoch + a.intended_s - time.perf_counter()) * 1e9)),
+                parent=graph.parent if graph is not None else None,
+                after=graph.after if graph is not None else (),
             )
+            if graph is not None:
+                graph.span = span
         else:  # only the trace context on the wire: no span object to build and end
             span = None
             tracing.inject_new_context(hdrs)
@@ -371,7 +421,7 @@ class ReplayUser(User):
             rec.session_id, rec.turn, rec.history_source = session  # type: ignore[assignment]
             rec.tool_results = tool_results
         if graph is not None:
-            rec.call, rec.depth, rec.ready_s = graph
+            rec.call, rec.depth, rec.ready_s = graph.call.call, graph.call.depth, graph.ready_s
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)
@@ -425,6 +475,8 @@ class ReplayUser(User):
                     "harness.cache": rec.cache or "",
                     "harness.completion_tokens": rec.completion_tokens or 0,
                     "harness.lateness_ms": rec.lateness_ms,
+                    "gen_ai.usage.input_tokens": rec.prompt_tokens or 0,
+                    "gen_ai.usage.output_tokens": rec.completion_tokens or 0,
                 },
                 error=rec.error,
                 end_ns=time.time_ns(),

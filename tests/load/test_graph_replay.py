@@ -21,6 +21,7 @@ the summary reports it. These tests assert the schedule, not a lateness bound.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from harness.load.runner import LoadSpec, run_locust
 from harness.traces.api import read_traces
 from harness.traces.graph import SessionGraph, replay_graphs
 from tests.load.sse_server import Behaviour, Served, SSEServer
+from tests.load.test_tracing import _Receiver, attrs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +135,12 @@ def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
 
     # Live outputs: a call that uses another's answer carries the server's reply to it.
     _check_live_outputs(served, graphs)
+    # One trace per session played: its calls' trace contexts share the session's trace id.
+    traces: dict[str, set[str]] = {}
+    for x in served:
+        traces.setdefault(x.headers[H.SESSION_ID], set()).add(x.headers["traceparent"].split("-")[1])
+    assert len(traces) == 40 and all(len(t) == 1 for t in traces.values())
+    assert len({t for ts in traces.values() for t in ts}) == 40
     s = read_summary(tmp_path / "r")
     assert s.errors == 0 and not s.interrupted and s.sessions == 40
 
@@ -202,3 +210,40 @@ def test_a_failed_call_fails_its_dependants_and_not_its_siblings(tmp_path: Path)
     assert of_genai[5].ready_s is not None and of_genai[5].ready_s >= _end(of_genai[1]) - 1e-6
     s = read_summary(tmp_path / "r")
     assert s.errors == 2 and s.requests == len(recs)
+
+
+def test_a_played_session_is_exported_as_one_trace_of_its_calls(tmp_path: Path) -> None:
+    """``--otlp-endpoint``: a session span per play, each call's client span its child (the context the
+    target saw), linked to the spans of the calls it waited for, with the live call's gen_ai.* values."""
+    graphs = _graphs()
+    corpus = _corpus(tmp_path / "corpus.jsonl", graph_records(graphs))
+    receiver = _Receiver()
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    try:
+        with SSEServer(Behaviour(first_token_s=0.005, gap_s=0.002, tokens=4, tag_replies=True)) as srv:
+            spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, max_requests=3, duration=1,
+                            results_dir=tmp_path / "r", start_delay=0.5, otlp_endpoint=endpoint)  # fmt: skip
+            assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+            served = srv.requests
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    spans = receiver.spans
+    sessions = {s.span_id: s for s in spans if s.name.startswith("session ")}
+    calls = [s for s in spans if not s.name.startswith("session ")]
+    assert len(sessions) == 3 and len(calls) == len(served) == 9
+    by_span = {c.span_id.hex(): c for c in calls}
+    for x in served:
+        _, trace_id, span_id, _ = x.headers["traceparent"].split("-")
+        c = by_span[span_id]
+        parent = sessions[c.parent_span_id]
+        assert c.trace_id.hex() == trace_id == parent.trace_id.hex()
+        a = attrs(c)
+        assert a["harness.session_id"] == attrs(parent)["harness.session_id"] == x.headers[H.SESSION_ID]
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.usage.output_tokens"] == 4
+        after = [int(k) for k in str(a.get("harness.after") or "").split(",") if k]
+        linked = [link.span_id.hex() for link in c.links if link.span_id.hex() in by_span]
+        assert sorted(attrs(by_span[s])["harness.call"] for s in linked) == after
+    assert any(attrs(c).get("harness.after") for c in calls)  # the kagent traces' second calls
