@@ -191,6 +191,8 @@ class RequestRecord:
     """When (s from the epoch) the last answer this call waited for ended; for a call that waited
     for none, its session's start. ``intended_s`` is this plus the call's gap; the session's start is
     the least ``ready_s`` of its calls, and a call's wait for its predecessors is the difference."""
+    recorded_ms: float | None = None
+    """An agent session's call: its duration in the source trace (what production took for it)."""
     blocked_by: int | None = None
     """Not sent: the call (of the same session) that failed, and this call waited for, directly or
     through others. Such a record counts as failed (``error`` names the call)."""

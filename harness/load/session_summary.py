@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from pydantic import Field
+
 from harness.common.model import StrictModel
 from harness.common.stats import Distribution
 from harness.load.results import RequestRecord
@@ -44,6 +46,14 @@ class SessionOutcome(StrictModel):
     prompt_tokens: int | None = None
     """Sum over the calls that reported them (``None``: none did)."""
     cached_tokens: int | None = None
+    critical_path: list[int] = Field(default_factory=list)
+    """The calls of the chain that ended last, in order: each became ready when the one before it
+    ended (``ready_s``), so together with their gaps they make up the makespan."""
+    critical_llm_ms: float | None = None
+    """The target's time on that chain: the sum of its calls' E2E (``None``: a call of it has none)."""
+    recorded_llm_ms: float | None = None
+    """The same calls' durations in the source trace (``None``: not recorded for every one of them):
+    ``critical_llm_ms / recorded_llm_ms`` is how the target compares with production, session-wide."""
 
     @property
     def ok(self) -> bool:
@@ -71,6 +81,9 @@ class AgentSessions(StrictModel):
     """The session with the largest makespan (the report draws its waterfall)."""
     failed_sessions: list[str]
     """Ids of sessions with a failed call, in order of start, the first :data:`FAILED_SESSIONS_SHOWN`."""
+    critical_vs_recorded: Distribution | None = None
+    """Over the sessions: the target's time on the critical chain over the trace's time for the same
+    calls (1.3: the target took 30 % longer than production did); ``None``: no trace durations."""
 
 
 def _outcome(session_id: str, calls: list[RequestRecord]) -> SessionOutcome:
@@ -83,6 +96,9 @@ def _outcome(session_id: str, calls: list[RequestRecord]) -> SessionOutcome:
     start = min((t for t in starts if not math.isnan(t)), default=math.nan)
     prompt = [r.prompt_tokens for r in calls if r.prompt_tokens is not None]
     cached = [r.cached_tokens for r in calls if r.cached_tokens is not None]
+    chain = [] if broken else _critical_chain(calls, ends)
+    e2e = [r.e2e_ms for r in chain]
+    recorded = [r.recorded_ms for r in chain]
     return SessionOutcome(
         session_id=session_id,
         calls=len(calls),
@@ -92,7 +108,24 @@ def _outcome(session_id: str, calls: list[RequestRecord]) -> SessionOutcome:
         makespan_ms=math.nan if broken else (max(ends) - start) * 1000.0,
         prompt_tokens=sum(prompt) if prompt else None,
         cached_tokens=sum(cached) if cached else None,
+        critical_path=[r.call for r in chain if r.call is not None],
+        critical_llm_ms=sum(e for e in e2e if e is not None) if chain and None not in e2e else None,
+        recorded_llm_ms=sum(t for t in recorded if t is not None) if chain and None not in recorded else None,
     )
+
+
+def _critical_chain(calls: list[RequestRecord], ends: list[float]) -> list[RequestRecord]:
+    """From the call that ended last back to a root: each step the call whose end is the ``ready_s``
+    of the one after it (the replay sets ``ready_s`` to exactly that end)."""
+    last = max(range(len(calls)), key=lambda i: ends[i])
+    chain = [calls[last]]
+    while (r := chain[-1]).depth and r.ready_s is not None:
+        ready = r.ready_s
+        before = next((c for c, e in zip(calls, ends, strict=True) if abs(e - ready) < 1e-6), None)
+        if before is None or before in chain:
+            break  # a hand-written or converted file: no exact end to follow
+        chain.append(before)
+    return chain[::-1]
 
 
 def _graph_calls(records: Iterable[RequestRecord]) -> dict[str, list[RequestRecord]]:
@@ -132,6 +165,11 @@ def agent_sessions(records: Iterable[RequestRecord]) -> AgentSessions | None:
     prompt = sum(p for p, _ in both)
     timed = [o for o in outcomes if not math.isnan(o.makespan_ms)]
     succeeded = sum(o.ok for o in outcomes)
+    ratios = [
+        o.critical_llm_ms / o.recorded_llm_ms
+        for o in outcomes
+        if o.ok and o.critical_llm_ms is not None and o.recorded_llm_ms
+    ]
     return AgentSessions(
         sessions=len(outcomes),
         calls=sum(o.calls for o in outcomes),
@@ -143,4 +181,5 @@ def agent_sessions(records: Iterable[RequestRecord]) -> AgentSessions | None:
         # max keeps the first of equals: the earliest-starting of the slowest.
         slowest=max(timed, key=lambda o: o.makespan_ms) if timed else None,
         failed_sessions=[o.session_id for o in outcomes if not o.ok][:FAILED_SESSIONS_SHOWN],
+        critical_vs_recorded=Distribution.of(ratios) if ratios else None,
     )

@@ -319,7 +319,7 @@ class ReplayUser(User):
             id=spec.id, stage=stage, intended_s=ready_s, sent_s=ready_s, lateness_ms=0.0, status=0,
             scenario=a.scenario or spec.scenario, tenant=spec.tenant, trace_id=spec.trace_id, error=error,
             session_id=session_id, history_source=run.opts.history, call=c.call, depth=c.depth,
-            ready_s=ready_s, blocked_by=by,
+            ready_s=ready_s, recorded_ms=c.recorded_ms, blocked_by=by,
         )  # fmt: skip
         run.record(rec)
         self.environment.events.request.fire(
@@ -421,7 +421,8 @@ class ReplayUser(User):
             rec.session_id, rec.turn, rec.history_source = session  # type: ignore[assignment]
             rec.tool_results = tool_results
         if graph is not None:
-            rec.call, rec.depth, rec.ready_s = graph.call.call, graph.call.depth, graph.ready_s
+            c = graph.call
+            rec.call, rec.depth, rec.ready_s, rec.recorded_ms = c.call, c.depth, graph.ready_s, c.recorded_ms
         clock = time.perf_counter
         if run.pacer is not None:  # prepared ahead (the pacer's lead): now wait for the intended time
             run.pacer.wait_until(a.intended_s)

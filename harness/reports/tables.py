@@ -206,7 +206,7 @@ def thinking_and_tools(sets: Sequence[ResultSet]) -> Table:
 
 AGENT_SESSION_COLUMNS = (
     "run", "sessions", "calls", "success rate", "blocked calls", "makespan P50", "makespan P95",
-    "makespan max", "session prefix hit rate", "failed sessions",
+    "makespan max", "session prefix hit rate", "critical chain vs trace P50", "failed sessions",
 )  # fmt: skip
 MAX_FAILED_NAMED = 5
 """Failed sessions named in the table (the rest counted): enough to look one up in the records."""
@@ -215,7 +215,8 @@ MAX_FAILED_NAMED = 5
 def agent_sessions_table(sets: Sequence[ResultSet]) -> Table:
     """One row per run that replayed agent sessions (``summary.json``'s ``agent_sessions``): how many
     sessions ran all their calls, how many calls never went because a predecessor failed, how long a
-    session took end to end, and the first failed sessions by name. Empty when no run has sessions."""
+    session took end to end, how the target's time on a session's critical chain compares with the
+    trace's, and the first failed sessions by name. Empty when no run has sessions."""
     rows: list[tuple[str, ...]] = []
     for rs in sets:
         a = rs.summary.agent_sessions if rs.summary is not None else None
@@ -239,6 +240,8 @@ def agent_sessions_table(sets: Sequence[ResultSet]) -> Table:
                 format_value(a.makespan_ms.p95, "ms"),
                 format_value(a.makespan_ms.max, "ms"),
                 "—" if a.prefix_hit_rate is None else f"{100 * a.prefix_hit_rate:.1f} %",
+                # The target's time on each session's critical chain over production's (the trace's).
+                "—" if (r := a.critical_vs_recorded) is None or r.p50 is None else f"{r.p50:.2f}×",
                 named or (f"{failed} (unnamed)" if failed else "—"),
             )
         )

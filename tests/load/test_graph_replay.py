@@ -33,6 +33,7 @@ from harness.corpus.model import CorpusRecord
 from harness.load.results import RequestRecord, read_records
 from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
+from harness.load.session_summary import session_outcomes
 from harness.traces.api import read_traces
 from harness.traces.graph import SessionGraph, replay_graphs
 from tests.load.sse_server import Behaviour, Served, SSEServer
@@ -113,25 +114,33 @@ def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
     assert len(plays) == 40 and len(served) == len(recs) == sum(len(p) for p in plays)
     _check_schedule(plays, by_id)
 
-    # Parallel branches: the Jaeger UI trace's five calls leave together, on five connections; and a
-    # session's makespan is its critical path (the server's latency plus the recorded gaps). The
-    # bounds here catch a call that waited for another it should not (a whole call's latency, 55 ms,
-    # or more) on a busy CI machine; how close the replay comes on a quiet one is measured by
-    # bench/sessions.py --graph (docs/benchmarks.md).
-    slack = LATENCY_S / 2
+    # Parallel branches: the Jaeger UI trace's five calls (gaps capped at 0) are due together. A
+    # session's makespan is its critical path: never shorter than the recorded gaps plus the server's
+    # latency, and exactly the chain's gaps, lateness and E2E added up, so no wait is hidden from the
+    # records. How late calls go is the machine's (a busy CI runner descheduling the client or the
+    # server): bench/graph_replay.py measures it on a quiet one (docs/benchmarks.md: p99 1.5 ms late,
+    # branches within 0.44 ms of each other); this test asserts no upper bound that a busy loop
+    # beside it could break.
+    outcomes = {o.session_id: o for o in session_outcomes(recs)}
     for play in plays:
-        g = by_id[_trace(next(iter(play.values())).session_id)]
+        sid = next(iter(play.values())).session_id or ""
+        g = by_id[_trace(sid)]
         if g is graphs[0]:
-            sent = [r.sent_s for r in play.values()]
-            assert len(sent) == 5 and max(sent) - min(sent) < slack, sent
+            assert len({r.intended_s for r in play.values()}) == 1
         start = min(r.ready_s or 0.0 for r in play.values())
         makespan = max(_end(r) for r in play.values()) - start
         finish: list[float] = []
         for call in g.calls:
             after = [i for i, c in enumerate(g.calls) if c.id in call.depends_on]
             finish.append(max((finish[i] for i in after), default=0.0) + call.gap_ms / 1000.0 + LATENCY_S)
-        expected = max(finish)
-        assert expected <= makespan <= expected * 1.02 + slack, (g.session, makespan, expected)
+        assert makespan >= max(finish), (sid, makespan, max(finish))
+        chain = [play[k] for k in outcomes[sid].critical_path]
+        assert chain[0].ready_s == pytest.approx(start, abs=1e-9)
+        parts = sum(
+            (r.intended_s - (r.ready_s or 0.0)) + r.lateness_ms / 1000 + (r.e2e_ms or 0.0) / 1000
+            for r in chain
+        )
+        assert parts == pytest.approx(makespan, abs=1e-6), (sid, parts, makespan)
 
     # Live outputs: a call that uses another's answer carries the server's reply to it.
     _check_live_outputs(served, graphs)
@@ -143,6 +152,20 @@ def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
     assert len({t for ts in traces.values() for t in ts}) == 40
     s = read_summary(tmp_path / "r")
     assert s.errors == 0 and not s.interrupted and s.sessions == 40
+    # Per session the chain that made its makespan: the kagent traces' two calls, one after the other;
+    # the target's time on it against the trace's (these calls took 1.4–2.3 s in production).
+    for o in outcomes.values():
+        g = by_id[_trace(o.session_id)]
+        if len(g.calls) == 2:
+            assert o.critical_path == [1, 2]
+            assert o.recorded_llm_ms == pytest.approx(sum(c.duration_ms for c in g.calls))
+        assert o.critical_llm_ms is not None and o.critical_llm_ms >= LATENCY_S * 1000 * len(o.critical_path)
+    assert s.agent_sessions is not None and s.agent_sessions.sessions == 40
+    assert s.agent_sessions.critical_vs_recorded is not None
+    assert (
+        s.agent_sessions.critical_vs_recorded.max is not None
+        and s.agent_sessions.critical_vs_recorded.max < 0.2
+    )
 
 
 def _check_live_outputs(served: list[Served], graphs: list[SessionGraph]) -> None:

@@ -98,3 +98,24 @@ def test_summary_json_round_trip_and_older_files(tmp_path: Path) -> None:
     del raw["agent_sessions"]
     path.write_text(json.dumps(raw))
     assert read_summary(tmp_path).agent_sessions is None
+
+
+def test_the_critical_chain_and_its_time_against_the_trace() -> None:
+    """Session ``a``: call 1 ends at 10.501 s, when calls 2 and 3 become ready; call 3 ends last, so
+    the chain is 1 → 3 and the target took 500 + 1000 ms on it where the trace took 400 + 600 ms."""
+    recs = [
+        call("a", 1, 10.0, 10.001, 500.0, recorded_ms=400.0),
+        call("a", 3, 10.501, 10.502, 1000.0, recorded_ms=600.0),
+        call("a", 2, 10.501, 10.602, 300.0, recorded_ms=50.0),
+        call("c", 1, 1.0, 1.0, 100.0),  # no trace durations: no ratio
+    ]
+    a, c = sorted(session_outcomes(recs), key=lambda o: o.session_id)
+    assert a.critical_path == [1, 3]
+    assert a.critical_llm_ms == pytest.approx(1500.0) and a.recorded_llm_ms == pytest.approx(1000.0)
+    assert c.critical_path == [1] and c.critical_llm_ms == pytest.approx(100.0) and c.recorded_llm_ms is None
+    s = agent_sessions(recs)
+    assert s is not None and s.critical_vs_recorded is not None
+    assert s.critical_vs_recorded.n == 1 and s.critical_vs_recorded.p50 == pytest.approx(1.5)
+    # A record whose ready_s matches no end (a converted file) keeps the chain it can follow.
+    odd = [call("d", 1, 0.0, 0.0, 100.0), call("d", 2, 0.5, 0.5, 100.0)]
+    assert session_outcomes(odd)[0].critical_path == [2]

@@ -35,6 +35,7 @@ def _call(
     blocked_by: int | None = None,
     prompt: int | None = None,
     cached: int | None = None,
+    recorded_ms: float | None = None,
 ) -> RequestRecord:
     """One agent-session call's record as the replay user writes it (times in s from the epoch)."""
     intended = ready + gap
@@ -42,7 +43,7 @@ def _call(
         id=f"{session}-c{call}", stage="replay", intended_s=intended, sent_s=intended + late_ms / 1000,
         lateness_ms=late_ms, status=status, error=error, ttft_ms=ttft_ms, e2e_ms=e2e_ms,
         prompt_tokens=prompt, cached_tokens=cached, session_id=session, call=call, depth=depth,
-        ready_s=ready, blocked_by=blocked_by,
+        ready_s=ready, blocked_by=blocked_by, recorded_ms=recorded_ms,
     )  # fmt: skip
 
 
@@ -50,11 +51,14 @@ def session_records() -> list[RequestRecord]:
     """Two sessions. ``a`` (start 10 s) succeeds: call 1, then calls 2 and 3 both after it; its last
     call ends at 11.002 s, a 1,002 ms makespan. ``b`` (start 12 s) fails: call 2 (after call 1) gets an
     HTTP 500 that ends at 13.5 s, so call 3, which waits for it, is blocked: a 1,500 ms makespan, the
-    slowest. Prompt tokens 100 + 200 + 200 + 100, cached 0 + 100 + 100 + 0: a 33.3 % prefix hit rate."""
+    slowest. Prompt tokens 100 + 200 + 200 + 100, cached 0 + 100 + 100 + 0: a 33.3 % prefix hit rate.
+    ``a``'s critical chain is calls 1 and 2: 500 + 300 ms against 400 + 200 ms in the trace, 1.33×."""
     return [
-        _call("a", 1, 0, 10.0, late_ms=1.0, ttft_ms=100.0, e2e_ms=500.0, prompt=100, cached=0),
-        _call("a", 3, 1, 10.501, 0.1, ttft_ms=50.0, e2e_ms=250.0, prompt=200, cached=100),
-        _call("a", 2, 1, 10.501, 0.2, late_ms=1.0, ttft_ms=80.0, e2e_ms=300.0, prompt=200, cached=100),
+        _call("a", 1, 0, 10.0, late_ms=1.0, ttft_ms=100.0, e2e_ms=500.0, prompt=100, cached=0,
+              recorded_ms=400.0),
+        _call("a", 3, 1, 10.501, 0.1, ttft_ms=50.0, e2e_ms=250.0, prompt=200, cached=100, recorded_ms=900.0),
+        _call("a", 2, 1, 10.501, 0.2, late_ms=1.0, ttft_ms=80.0, e2e_ms=300.0, prompt=200, cached=100,
+              recorded_ms=200.0),
         _call("b", 1, 0, 12.0, ttft_ms=120.0, e2e_ms=400.0, prompt=100, cached=0),
         _call("b", 2, 1, 12.4, 0.5, e2e_ms=600.0, status=500, error="HTTP 500: upstream overloaded"),
         _call("b", 3, 2, 13.5, status=0, blocked_by=2,
@@ -120,6 +124,7 @@ def test_the_table_has_one_row_per_run_with_sessions(session_sets: list[ResultSe
         "makespan P95": "1,500 ms",
         "makespan max": "1,500 ms",
         "session prefix hit rate": "33.3 %",
+        "critical chain vs trace P50": "1.33×",
         "failed sessions": "b",
     }
 
@@ -139,7 +144,7 @@ def test_the_report_has_the_section_its_table_and_both_figures(session_sets: lis
         assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG_MAGIC, fig_id
     md = render_markdown(session_sets)
     rows = [line for line in md.split("### Agent sessions", 1)[1].splitlines() if line.startswith("| agents")]
-    assert rows == ["| agents | 2 | 6 | 1/2 (50.0 %) | 1 | 1,002 ms | 1,500 ms | 1,500 ms | 33.3 % | b |"]
+    assert rows == ["| agents | 2 | 6 | 1/2 (50.0 %) | 1 | 1,002 ms | 1,500 ms | 1,500 ms | 33.3 % | 1.33× | b |"]
 
 
 def test_a_run_without_sessions_has_no_section(session_sets: list[ResultSet]) -> None:
