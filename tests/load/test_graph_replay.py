@@ -270,3 +270,20 @@ def test_a_played_session_is_exported_as_one_trace_of_its_calls(tmp_path: Path) 
         linked = [link.span_id.hex() for link in c.links if link.span_id.hex() in by_span]
         assert sorted(attrs(by_span[s])["harness.call"] for s in linked) == after
     assert any(attrs(c).get("harness.after") for c in calls)  # the kagent traces' second calls
+
+
+def test_two_workers_keep_each_session_whole(tmp_path: Path) -> None:
+    """``--processes 2``: a session is one arrival, so its calls all come from one worker; both play."""
+    graphs = _graphs()
+    corpus = _corpus(tmp_path / "corpus.jsonl", graph_records(graphs))
+    with SSEServer(Behaviour(first_token_s=0.005, gap_s=0.002, tokens=4, tag_replies=True)) as srv:
+        spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, max_requests=6, duration=1, processes=2,
+                        results_dir=tmp_path / "r", start_delay=2.0, concurrency=8)  # fmt: skip
+        assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+    recs = list(read_records(tmp_path / "r"))
+    workers: dict[str, set[int | None]] = {}
+    for r in recs:
+        workers.setdefault(r.session_id or "", set()).add(r.worker)
+    assert len(workers) == 6 and all(len(w) == 1 for w in workers.values())
+    assert {w for ws in workers.values() for w in ws} == {0, 1}
+    assert len(recs) == 2 * sum(len(g.calls) for g in graphs) and all(r.ok for r in recs)
