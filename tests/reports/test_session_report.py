@@ -144,7 +144,9 @@ def test_the_report_has_the_section_its_table_and_both_figures(session_sets: lis
         assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG_MAGIC, fig_id
     md = render_markdown(session_sets)
     rows = [line for line in md.split("### Agent sessions", 1)[1].splitlines() if line.startswith("| agents")]
-    assert rows == ["| agents | 2 | 6 | 1/2 (50.0 %) | 1 | 1,002 ms | 1,500 ms | 1,500 ms | 33.3 % | 1.33× | b |"]
+    assert rows == [
+        "| agents | 2 | 6 | 1/2 (50.0 %) | 1 | 1,002 ms | 1,500 ms | 1,500 ms | 33.3 % | 1.33× | b |"
+    ]
 
 
 def test_a_run_without_sessions_has_no_section(session_sets: list[ResultSet]) -> None:
