@@ -85,6 +85,10 @@ def load_summary(run_dir: Path) -> RunSummary:
     return summarize(records, started_at="unknown", duration_s=span, target=TargetInfo(url="unknown"))
 
 
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f} ms"
+
+
 def print_summary(s: RunSummary, title: str) -> None:
     columns = ("metric", "n", "p50", "p90", "p95", "p99", "max", "mean")
     console.print(cons.table(title, columns, summary_table(s.metrics), left={"metric"}))
@@ -124,6 +128,16 @@ def print_summary(s: RunSummary, title: str) -> None:
                 "–" if share is None else f"{share:.1%}", "–" if prefix is None else f"{prefix:.1%}",
             )  # fmt: skip
         console.print(turns)
+    if (a := s.agent_sessions) is not None:
+        m = a.makespan_ms
+        vs = a.critical_vs_recorded
+        console.print(
+            f"agent sessions: {a.succeeded} of {a.sessions} succeeded ({a.calls} calls, {a.blocked_calls} "
+            f"blocked by a failed predecessor); makespan p50 {_ms(m.p50)}, p95 {_ms(m.p95)}"
+            + (f"; session prefix hits {a.prefix_hit_rate:.1%}" if a.prefix_hit_rate is not None else "")
+            + (f"; critical chain {vs.p50:.2f}× the trace's (p50)" if vs is not None and vs.p50 else ""),
+            highlight=False,
+        )
     if s.tool_calls is not None:
         tc = s.tool_calls
         names = ", ".join(f"{n} {c}" for n, c in tc.names.items())

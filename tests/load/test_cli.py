@@ -174,3 +174,30 @@ def test_replay_shows_the_error_that_stopped_locust_before_any_load(
     # The old spellings (--host, --results-dir) still work, each with a warning naming the new one.
     assert "harness: warning: --host is deprecated; use --url" in err
     assert "harness: warning: --results-dir is deprecated; use --out" in err
+
+
+def test_summarize_shows_agent_sessions_only_when_a_run_has_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def call(k: int, ready: float, e2e: float | None, **kw: object) -> RequestRecord:
+        return RequestRecord.parse({
+            "id": f"a-{k}", "stage": "replay", "intended_s": ready, "sent_s": ready, "lateness_ms": 0.0,
+            "status": 200, "e2e_ms": e2e, "session_id": "a", "call": k, "depth": k - 1, "ready_s": ready,
+            "recorded_ms": 100.0, **kw,
+        })  # fmt: skip
+
+    w = RecordWriter(tmp_path / "records.jsonl")
+    w.write_many([call(1, 0.0, 200.0), call(2, 0.2, 300.0)])  # a chain: 500 ms where the trace took 200
+    w.close()
+    with pytest.raises(SystemExit):
+        main(["load", "summarize", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "agent sessions: 1 of 1 succeeded (2 calls, 0 blocked" in out
+    assert "makespan p50 500 ms" in out and "critical chain 2.50× the trace's (p50)" in out
+    plain = tmp_path / "plain"
+    w = RecordWriter(plain / "records.jsonl")
+    w.write_many(rows(5))
+    w.close()
+    with pytest.raises(SystemExit):
+        main(["load", "summarize", str(plain)])
+    assert "agent sessions" not in capsys.readouterr().out
