@@ -118,8 +118,8 @@ def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
     # session's makespan is its critical path: never shorter than the recorded gaps plus the server's
     # latency, and exactly the chain's gaps, lateness and E2E added up, so no wait is hidden from the
     # records. How late calls go is the machine's (a busy CI runner descheduling the client or the
-    # server): bench/graph_replay.py measures it on a quiet one (docs/benchmarks.md: p99 1.5 ms late,
-    # branches within 0.44 ms of each other); this test asserts no upper bound that a busy loop
+    # server): bench/graph_replay.py measures it on a quiet one (docs/benchmarks.md: p99 0.59 ms late,
+    # branches within 0.48 ms of each other); this test asserts no upper bound that a busy loop
     # beside it could break.
     outcomes = {o.session_id: o for o in session_outcomes(recs)}
     for play in plays:
