@@ -97,6 +97,8 @@ class Metric:
     baseline declares its limit as ``error_rate``'s, mirrored (:class:`~harness.gates.policy.GatePolicy`)."""
     counted: str | None = None
     """Rate metrics: what ``k`` counts, in verdicts (default: ``errors`` at most, ``hits`` at least)."""
+    per: str = "requests"
+    """What one sample is, in the notes a baseline update writes (``sessions`` for session metrics)."""
     speed_dependent: bool = False
     """Whether the value depends on how fast the machine is (absolute latencies: a baseline from
     other hardware cannot judge it); rates, bytes and the ``*_rel`` ratios travel between machines."""
@@ -490,6 +492,7 @@ _register(
         kind="percentile",
         q=95,
         speed_dependent=True,
+        per="sessions",
         # Not widened by the client's jitter: a makespan (seconds) holds the client's lateness of every
         # call on its longest chain, which one request's lateness quantile does not bound.
     )
@@ -504,6 +507,7 @@ _register(
         compute=_rate(_sessions_ok),
         counts=_sessions_ok,
         counted="successful sessions",
+        per="sessions",
         errors_complement=True,
         kind="rate",
         abs_tolerance_floor=0.01,  # as error_rate's: one point

@@ -171,7 +171,7 @@ class GatePolicy(StrictModel):
             return None, ["no interval to size it on"]
         reach = math.ceil(max(his) / gate.threshold * 1.1 * 20) / 20  # to 0.05 above
         detect = max(self.detect_slowdown, reach)
-        notes = [f"catches {detect:g}× (its interval, resampling whole requests, rules it out)"]
+        notes = [f"catches {detect:g}× (its interval, resampling whole {gate.spec.per}, rules it out)"]
         if self.drift_room and gate.spec.unit == "ms" and gate.min_samples:
             # It fails a run whose interval's low end is beyond the limit. A run ``detect ×`` the fastest,
             # at min_samples requests (the half-width grows as 1/√n), has its low end about
@@ -184,7 +184,7 @@ class GatePolicy(StrictModel):
                 notes.insert(
                     0,
                     f"limit {format_value(gate.limit, 'ms')}: as far out as catching {detect:g}× the fastest "
-                    f"run from {gate.min_samples:,} requests allows (drift room)",
+                    f"run from {gate.min_samples:,} {gate.spec.per} allows (drift room)",
                 )
         if reach > self.detect_slowdown:
             notes.append(f"not {self.detect_slowdown:g}× as asked: these runs reach {reach:g}×")
@@ -195,12 +195,12 @@ class GatePolicy(StrictModel):
     ) -> tuple[Gate | None, list[str]]:
         need = samples_for_power(p0, p1, alpha, self.power, upper)
         if need is None or need > n_min:
-            what = "no run size" if need is None else f"{need:,} requests a phase"
+            what = "no run size" if need is None else f"{need:,} {gate.spec.per} a phase"
             return None, [
                 f"catching {format_value(p1, 'ratio')} against a limit of {format_value(p0, 'ratio')} at "
                 f"power {self.power:.2f} needs {what}; these runs had {n_min:,}"
             ]
-        notes.append(f"power {self.power:.2f} from {need:,} requests")
+        notes.append(f"power {self.power:.2f} from {need:,} {gate.spec.per}")
         return gate, notes
 
     def _percentile(
@@ -241,12 +241,13 @@ class GatePolicy(StrictModel):
             gate = roomy
         s1 = share(detect)
         need = samples_for_power(p0, s1, alpha, self.power)
-        notes = [f"catches {detect:g}× ({s1:.0%} of requests above the limit) from {need:,} requests"]
+        per = gate.spec.per
+        notes = [f"catches {detect:g}× ({s1:.0%} of {per} above the limit) from {need:,} {per}"]
         if roomy is not None:
             notes.insert(
                 0,
                 f"limit {format_value(gate.limit, gate.spec.unit)}: as far out as catching {detect:g}× "
-                f"the fastest run at power {self.power:.2f} from {gate.min_samples:,} requests allows "
+                f"the fastest run at power {self.power:.2f} from {gate.min_samples:,} {gate.spec.per} allows "
                 "(drift room)",
             )
         if reach > self.detect_slowdown:

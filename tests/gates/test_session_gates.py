@@ -66,8 +66,12 @@ def session_gates(report_gates: list[GateResult]) -> dict[str, GateResult]:
 def base(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
     """The baseline ``harness baseline update`` writes from a run of 400 agent sessions."""
     rs = session_run(tmp_path_factory.mktemp("base") / "run", seed=0)
-    b, _, _ = baseline_from_results([rs], headroom=0.1)
+    b, comments, _ = baseline_from_results([rs], headroom=0.1)
     assert {g.metric for g in b.gates} >= set(SESSION_GATES)
+    # Their notes count sessions, not requests.
+    for i, g in enumerate(b.gates):
+        if g.metric in SESSION_GATES:
+            assert "sessions" in comments[i] and "requests" not in comments[i], comments[i]
     return b
 
 
