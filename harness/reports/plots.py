@@ -135,17 +135,28 @@ def latency_cdf(sets: Sequence[ResultSet]) -> Drawn:
             label = f"{rs.label} (n={v.size}, P95 {format_value(p95, 'ms')})"
             ax.step(xs, ys, where="post", color=colour(rs, i), label=label)
             ax.plot([p95], [0.95], marker="o", color=colour(rs, i), markersize=5)
-        ax.axhline(0.95, color="#999999", linestyle=":", linewidth=1, label="P95 level")
-        _ms_axis(ax, values)
-        ax.set_title(f"{name} CDF")
-        ax.set_xlabel(f"{name} (ms)")
-        ax.set_ylabel("share of requests ≤ x")
-        ax.set_ylim(0, 1.01)
-        ax.grid(alpha=0.3)
-        if not any(v.size for v in values):
-            _no_data(ax, f"no {name} samples")
-        ax.legend(fontsize=8, loc="lower right")
+        finish_cdf(
+            ax, values, title=f"{name} CDF", xlabel=f"{name} (ms)", ylabel="share of requests ≤ x",
+            empty=f"no {name} samples",
+        )  # fmt: skip
     return fig
+
+
+def finish_cdf(
+    ax: Axes, values: Sequence[FloatArray], *, title: str, xlabel: str, ylabel: str, empty: str
+) -> None:
+    """The frame of a latency CDF drawn on ``ax``: the P95 level, a millisecond axis fitted to
+    ``values``, titles, and ``empty`` said when no run had a sample."""
+    ax.axhline(0.95, color="#999999", linestyle=":", linewidth=1, label="P95 level")
+    _ms_axis(ax, values)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    if not any(v.size for v in values):
+        _no_data(ax, empty)
+    ax.legend(fontsize=8, loc="lower right")
 
 
 # ------------------------------------------------------------------------------ latency over time

@@ -32,7 +32,7 @@ from harness.gates.metrics import format_value
 from harness.gates.runs import ResultSet
 from harness.load.results import RECORDS_FILE, RequestRecord, read_records
 from harness.load.session_summary import AgentSessions, SessionOutcome, session_outcomes
-from harness.reports.plots import Drawn, Plot, _ms_axis, _no_data, colour
+from harness.reports.plots import Drawn, Plot, colour, finish_cdf
 
 MAX_WATERFALL_CALLS = 60
 """Rows of one waterfall: a session with more calls shows its first ones (by call index), so that a
@@ -120,16 +120,11 @@ def makespan_cdf(runs: Sequence[SessionRun]) -> Drawn:
         if bad.any():
             ax.scatter(xs[bad], ys[bad], marker="x", s=28, color=FAILED_COLOUR, zorder=3, label=failed_label)
             failed_label = "_"  # one legend entry for every run's crosses
-    ax.axhline(0.95, color="#999999", linestyle=":", linewidth=1, label="P95 level")
-    _ms_axis(ax, values)
-    ax.set_title("Session makespan CDF (share of sessions done within a time)")
-    ax.set_xlabel("makespan: session start to its last call's end (ms)")
-    ax.set_ylabel("share of sessions ≤ x")
-    ax.set_ylim(0, 1.01)
-    ax.grid(alpha=0.3)
-    if not any(v.size for v in values):
-        _no_data(ax, f"no {RECORDS_FILE} beside the summaries: no per-session makespans")
-    ax.legend(fontsize=8, loc="lower right")
+    finish_cdf(
+        ax, values, title="Session makespan CDF (share of sessions done within a time)",
+        xlabel="makespan: session start to its last call's end (ms)", ylabel="share of sessions ≤ x",
+        empty=f"no {RECORDS_FILE} beside the summaries: no per-session makespans",
+    )  # fmt: skip
     return fig
 
 
