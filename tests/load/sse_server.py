@@ -14,7 +14,7 @@ written (``first_write - received``) and the gaps between token writes. Behaviou
 * every request's headers and body are kept (``requests``) for header assertions; ``POST
   /cache/preload`` is answered like ours (``{"lines", "stored", "generated", "failed"}``), other
   ``/cache/*`` routes and any POST but a completion (``/reset_prefix_cache``) with 404;
-* ``fail_marker``: answer 500 to a completion whose body holds this text;
+* ``fail_markers``: answer 500 to a completion whose body holds one of these texts;
 * ``metrics``: answer ``GET /metrics`` as vLLM does, with a prefix cache that counts 5 prompt tokens
   queried per request and 5 hit when the same body came before (else GET answers 501, as a server
   without it does);
@@ -84,8 +84,8 @@ class Behaviour:
     """The call's arguments, cut into ``tokens`` fragments (``None``: ``{"q": " t0 … tN"}``)."""
     tool_only_with_tools: bool = False
     """Call the tool only when the request offers ``tools``; answer text otherwise."""
-    fail_marker: str | None = None
-    """A completion whose body holds this text is answered 500 (a failing call among others)."""
+    fail_markers: tuple[str, ...] = ()
+    """A completion whose body holds one of these texts is answered 500 (a failing call among others)."""
 
 
 @dataclass
@@ -172,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             while srv.arrivals and srv.arrivals[0] < received - RATE_WINDOW_S:
                 srv.arrivals.popleft()
             busy = b.fail_above_rps is not None and len(srv.arrivals) > b.fail_above_rps * RATE_WINDOW_S
-        if b.fail_marker is not None and b.fail_marker.encode() in raw:
+        if any(m.encode() in raw for m in b.fail_markers):
             served.status = 500
             self._answer(500, b'{"error": {"message": "failed on purpose", "type": "server_error"}}')
             return

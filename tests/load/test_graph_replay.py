@@ -190,30 +190,35 @@ def _check_live_outputs(served: list[Served], graphs: list[SessionGraph]) -> Non
 
 
 def test_a_failed_call_fails_its_dependants_and_not_its_siblings(tmp_path: Path) -> None:
+    """Two failures at the server. The kagent OTLP trace's call 1 fails: its call 2, which waits for
+    it, is not sent. The Jaeger UI trace's call 4 fails after its call 5 was made to wait for it (a
+    branch of its own): call 5 is not sent, and its siblings 1–3 complete."""
     graphs = _graphs()
     records = graph_records(graphs)
-    # The kagent OTLP trace: call 2 waits for call 1. Its call 1 fails at the server.
-    chain = next(g for g in graphs if len(g.calls) == 2 and g.calls[1].uses_output)
-    first = next(
-        r for r in records if r.call is not None and r.call.session_id == chain.session and r.call.call == 1
-    )
-    assert first.messages is not None
-    marker = first.messages[-1].content[-40:]
-    assert all(marker not in (r.text()) for r in records if r is not first and (r.call and r.call.call) != 2)
-    # The Jaeger UI trace's five parallel calls, the last one made to wait for the first: a branch
-    # of its own beside three siblings.
-    genai = graphs[0]
+    chain, genai = next(g for g in graphs if len(g.calls) == 2 and g.calls[1].uses_output), graphs[0]
+
+    def rec(g: SessionGraph, k: int) -> CorpusRecord:
+        return next(
+            r for r in records if r.call is not None and r.call.session_id == g.session and r.call.call == k
+        )
+
+    markers = []
+    for failing, spared in ((rec(chain, 1), [rec(chain, 2)]), (rec(genai, 4), [])):
+        assert failing.messages is not None
+        markers.append(failing.messages[-1].content[-40:])  # in its body and no other, but its dependant's
+        others = [r for r in records if r is not failing and all(r is not x for x in spared)]
+        assert all(markers[-1] not in r.text() for r in others)
     fork = [
-        r.model_copy(update={"call": r.call.model_copy(update={"after": [1], "depth": 1})})
+        r.model_copy(update={"call": r.call.model_copy(update={"after": [4], "depth": 1})})
         if r.call is not None and r.call.session_id == genai.session and r.call.call == 5
         else r
         for r in records
     ]
     corpus = _corpus(tmp_path / "corpus.jsonl", fork)
-    # A server that is alive when asked (/health 404, /v1/models 200): the failed call is its only
-    # failure, not a death.
-    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=4, tag_replies=True, fail_marker=marker,
-                          metrics=True, models=("m",))  # fmt: skip
+    # A server that is alive when asked (/health 404, /v1/models 200): the failed calls are failures,
+    # not a death.
+    behaviour = Behaviour(first_token_s=0.005, gap_s=0.002, tokens=4, tag_replies=True,
+                          fail_markers=tuple(markers), metrics=True, models=("m",))  # fmt: skip
     with SSEServer(behaviour) as srv:
         spec = LoadSpec(host=srv.url, corpus=corpus, rate=10, max_requests=3, duration=1,
                         results_dir=tmp_path / "r", start_delay=1.0, concurrency=8)  # fmt: skip
@@ -222,17 +227,20 @@ def test_a_failed_call_fails_its_dependants_and_not_its_siblings(tmp_path: Path)
     assert code == 1  # Locust's exit when requests failed (docs/exit-codes.md)
     recs = list(read_records(tmp_path / "r"))
     of_chain = {r.call: r for r in recs if r.session_id == chain.session}
-    assert of_chain[1].status == 500 and not of_chain[1].ok
-    blocked = of_chain[2]
-    assert blocked.blocked_by == 1 and blocked.status == 0 and blocked.error is not None
-    assert "call 1" in blocked.error
-    # The blocked call never reached the server: one request fewer than records.
-    assert len(served) == len(recs) - 1
     of_genai = {r.call: r for r in recs if r.session_id == genai.session}
-    assert all(of_genai[k].ok for k in range(1, 6)), of_genai  # its branches, the forked one too
-    assert of_genai[5].ready_s is not None and of_genai[5].ready_s >= _end(of_genai[1]) - 1e-6
+    for failed, blocked in ((of_chain[1], of_chain[2]), (of_genai[4], of_genai[5])):
+        assert failed.status == 500 and not failed.ok and failed.blocked_by is None
+        assert blocked.blocked_by == failed.call and blocked.status == 0 and not blocked.ok
+        assert blocked.error is not None and f"call {failed.call} of session" in blocked.error
+        assert blocked.ready_s is not None and blocked.ready_s > failed.sent_s  # known when the answer came
+    assert all(of_genai[k].ok for k in (1, 2, 3))  # the failed call's siblings complete
+    # The blocked calls never reached the server: two requests fewer than records.
+    assert len(served) == len(recs) - 2
     s = read_summary(tmp_path / "r")
-    assert s.errors == 2 and s.requests == len(recs)
+    assert s.errors == 4 and s.requests == len(recs)
+    a = s.agent_sessions
+    assert a is not None and (a.sessions, a.succeeded, a.blocked_calls) == (3, 1, 2)
+    assert set(a.failed_sessions) == {chain.session, genai.session}
 
 
 def test_a_played_session_is_exported_as_one_trace_of_its_calls(tmp_path: Path) -> None:
