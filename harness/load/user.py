@@ -376,27 +376,31 @@ class ReplayUser(User):
         conn = conn if conn is not None else self._conn
         assert tracing is not None and conn is not None
         if tracing.recording or graph is not None:
-            attributes: dict[str, str | int] = {
-                "harness.stage": stage,
-                "harness.scenario": a.scenario or spec.scenario or "",
-                "harness.record_id": spec.id,
-                "harness.warmup_id": run.warmup_id,
-                "http.request.method": "POST",
-                "url.path": spec.path,
-                "gen_ai.operation.name": "chat"
-                if spec.path.endswith("/chat/completions")
-                else "text_completion",
-            }
-            if run.inputs.model:
-                attributes["gen_ai.request.model"] = run.inputs.model
-            if graph is not None:
-                c = graph.call
-                attributes |= {
-                    "harness.session_id": session[0] if session else "",
-                    "harness.call": c.call,
-                    "harness.after": ",".join(map(str, c.after)),
-                    "gen_ai.agent.name": c.agent or "",
+            # Only a recorded span carries attributes: a graph call without an endpoint needs just its
+            # session's trace context, and the request path builds nothing it would throw away.
+            attributes: dict[str, str | int] = {}
+            if tracing.recording:
+                attributes = {
+                    "harness.stage": stage,
+                    "harness.scenario": a.scenario or spec.scenario or "",
+                    "harness.record_id": spec.id,
+                    "harness.warmup_id": run.warmup_id,
+                    "http.request.method": "POST",
+                    "url.path": spec.path,
+                    "gen_ai.operation.name": "chat"
+                    if spec.path.endswith("/chat/completions")
+                    else "text_completion",
                 }
+                if run.inputs.model:
+                    attributes["gen_ai.request.model"] = run.inputs.model
+                if graph is not None:
+                    c = graph.call
+                    attributes |= {
+                        "harness.session_id": session[0] if session else "",
+                        "harness.call": c.call,
+                        "harness.after": ",".join(map(str, c.after)),
+                        "gen_ai.agent.name": c.agent or "",
+                    }
             span = tracing.start(
                 f"POST {spec.path}",
                 hdrs,
