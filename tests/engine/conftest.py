@@ -98,8 +98,10 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_settings(**kw: Any) -> EngineSettings:
+    """The tiny preset on CPU; its step loop a thread of the test's process (``engine.core`` is
+    there to look at) unless ``step_loop="process"`` is given."""
     base: dict[str, Any] = dict(
-        preset="tiny", device="cpu", dtype="float32", num_kv_blocks=256, block_size=16
+        preset="tiny", device="cpu", dtype="float32", num_kv_blocks=256, block_size=16, step_loop="thread"
     )
     base.update(kw)
     return EngineSettings(**base)

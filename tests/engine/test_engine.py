@@ -200,8 +200,8 @@ def test_prompt_too_long_and_engine_full() -> None:
     c, _ = create_core(tiny_settings(num_kv_blocks=8, block_size=4))
     assert c.max_model_len == 32  # capped by what the pool holds
     with pytest.raises(PromptTooLong):
-        c.check_request(30, SamplingParams(max_tokens=3))
-    c.check_request(29, SamplingParams(max_tokens=3))
+        c.limits.check_request(30, SamplingParams(max_tokens=3))
+    c.limits.check_request(29, SamplingParams(max_tokens=3))
 
 
 async def test_out_of_vocabulary_token_is_refused_and_spares_batch_mates() -> None:

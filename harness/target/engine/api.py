@@ -3,8 +3,8 @@
 Everything else in ``harness.target.engine`` is an implementation detail behind :class:`AsyncEngine`.
 A request goes in as token ids plus :class:`SamplingParams`; out comes a stream of
 :class:`TokenEvent`, the last one carrying ``finish_reason`` and the request's
-:class:`RequestMetrics`. The engine runs its step loop on its own thread; the async methods are
-safe to call from any asyncio event loop.
+:class:`RequestMetrics`. The engine runs its step loop on a thread of its own or in a process of
+its own; the async methods are safe to call from any asyncio event loop.
 """
 
 from __future__ import annotations
@@ -124,6 +124,67 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What a request must fit to be served: checked up front, by whoever receives it first.
+
+    The engine checks again when it queues a request; the front end of an engine in another process
+    checks with the same limits (sent once at start-up) so that a refused request is refused at once,
+    before anything crosses the process boundary.
+    """
+
+    max_model_len: int
+    """Prompt tokens + ``max_tokens`` may not exceed it."""
+    vocab_size: int
+    """Rows of the embedding table: a prompt's token ids must be below it."""
+    vocab_limit: int
+    """Token ids the sampler can produce (``logit_bias`` keys must be below it)."""
+
+    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+        """Refuse up front what can never be served (so the scheduler never spins on it)."""
+        if prompt_len < 1:
+            raise EngineError("the prompt is empty")
+        if params.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
+        if prompt_len + params.max_tokens > self.max_model_len:
+            raise PromptTooLong(prompt_len, params.max_tokens, self.max_model_len)
+        self.check_params(params)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse sampling parameters outside their domain (the server checks them first, naming
+        the field; this keeps a direct caller from failing a whole batch's step)."""
+        vocab = self.vocab_limit
+        problems = []
+        if params.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            problems.append(f"top_p must be in (0, 1], got {params.top_p}")
+        if not 0.0 <= params.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], got {params.min_p}")
+        if params.repetition_penalty <= 0:
+            problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            problems.append(
+                f"min_tokens must be in [0, max_tokens={params.max_tokens}], got {params.min_tokens}"
+            )
+        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            problems.append(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            problems.append(f"logit_bias token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        if problems:
+            raise EngineError("; ".join(problems))
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Refuse token ids outside the embedding table: one would fail the step of the whole batch."""
+        vocab = self.vocab_size
+        if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab):
+            pos, tok = next((i, t) for i, t in enumerate(prompt_ids) if not 0 <= t < vocab)
+            raise InvalidPrompt(
+                f"token id {tok} at prompt position {pos} is outside the vocabulary (0..{vocab - 1})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class TopLogprob:
     """One of the most likely tokens at a step, for ``top_logprobs``."""
 
@@ -175,6 +236,8 @@ class EngineStats:
     device: str = "cpu"
     dtype: str = "float32"
     extra: dict[str, float] = field(default_factory=dict)
+    failure: str | None = None
+    """Why the engine cannot serve any more (its process died); ``None`` while it can."""
 
     @property
     def kv_usage(self) -> float:

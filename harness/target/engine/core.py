@@ -8,7 +8,8 @@ each sequence whose chunk reached its end and turns it into a :class:`TokenEvent
 
 A sequence's state is just its token list and how many of those tokens have K/V in the cache, so
 decode, chunked prefill, prefix-cache hits and recompute after preemption are the same code path.
-This class is not thread-safe: :mod:`harness.target.engine.async_engine` drives it from one thread.
+This class is not thread-safe: one :class:`~harness.target.engine.async_engine.StepLoop` drives it from
+one thread (of the server's process, or of the engine's own).
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.target.engine.api import (
-    MAX_TOP_LOGPROBS,
     EngineError,
     EngineStats,
     FinishReason,
-    InvalidPrompt,
-    PromptTooLong,
+    RequestLimits,
     RequestMetrics,
     SamplingParams,
     TokenEvent,
@@ -131,6 +130,8 @@ class EngineCore:
         self.kv_bytes_per_token = c.kv_bytes_per_token(dtype)
         # What one block holds in the tensor above: layers × K/V × block_size slots × Hkv × Dh elements.
         self.block_bytes = self.kv_cache.nbytes // num_blocks
+        self.limits = RequestLimits(max_model_len, c.vocab_size, model.vocab_limit)
+        """What a request must fit; the front end checks the same before it posts one."""
         model.rope_tables(max_model_len + 1)
         model.prepack()
         self.waiting: deque[Request] = deque()
@@ -150,50 +151,6 @@ class EngineCore:
         """Seconds waited so far to inject it (tests and logs check the injection is what it says)."""
 
     # ---- requests -------------------------------------------------------------------------------
-    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
-        """Refuse up front what can never be served (so the scheduler never spins on it)."""
-        if prompt_len < 1:
-            raise EngineError("the prompt is empty")
-        if params.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
-        if prompt_len + params.max_tokens > self.max_model_len:
-            raise PromptTooLong(prompt_len, params.max_tokens, self.max_model_len)
-        self.check_params(params)
-
-    def check_params(self, params: SamplingParams) -> None:
-        """Refuse sampling parameters outside their domain (the server checks them first, naming
-        the field; this keeps a direct caller from failing a whole batch's step)."""
-        vocab = self.model.vocab_limit
-        problems = []
-        if params.temperature < 0:
-            problems.append(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            problems.append(f"top_p must be in (0, 1], got {params.top_p}")
-        if not 0.0 <= params.min_p <= 1.0:
-            problems.append(f"min_p must be in [0, 1], got {params.min_p}")
-        if params.repetition_penalty <= 0:
-            problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
-        if not 0 <= params.min_tokens <= params.max_tokens:
-            problems.append(
-                f"min_tokens must be in [0, max_tokens={params.max_tokens}], got {params.min_tokens}"
-            )
-        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-            problems.append(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
-        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
-        if bad:
-            problems.append(f"logit_bias token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-        if problems:
-            raise EngineError("; ".join(problems))
-
-    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        """Refuse token ids outside the embedding table: one would fail the step of the whole batch."""
-        vocab = self.cfg.vocab_size
-        if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab):
-            pos, tok = next((i, t) for i, t in enumerate(prompt_ids) if not 0 <= t < vocab)
-            raise InvalidPrompt(
-                f"token id {tok} at prompt position {pos} is outside the vocabulary (0..{vocab - 1})"
-            )
-
     def add_request(
         self,
         request_id: str,
@@ -204,8 +161,8 @@ class EngineCore:
         priority: int = 0,
     ) -> Request:
         """Queue a request. ``use_prefix_cache=False``, ``priority``: see :meth:`AsyncEngine.generate`."""
-        self.check_request(len(prompt_ids), params)
-        self.check_prompt(prompt_ids)
+        self.limits.check_request(len(prompt_ids), params)
+        self.limits.check_prompt(prompt_ids)
         if request_id in self.requests:
             raise EngineError(f"request id {request_id!r} is already in use")
         req = Request(request_id, list(prompt_ids), params, time.perf_counter(), use_prefix_cache, priority)

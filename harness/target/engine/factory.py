@@ -1,25 +1,30 @@
 """``create_engine(settings)``: the one way the server and benchmarks get an engine.
 
-Resolves the device and dtype, loads the preset or checkpoint, sizes the KV pool from
-``kv_cache_bytes`` (or ``num_kv_blocks``), caps the context length by what the pool holds and
-wraps everything in the threaded :class:`~harness.target.engine.async_engine.ThreadedAsyncEngine`.
+:func:`create_core` resolves the device and dtype, loads the preset or checkpoint, sizes the KV pool
+from ``kv_cache_bytes`` (or ``num_kv_blocks``) and caps the context length by what the pool holds.
+:func:`create_engine` runs that core's step loop where ``settings.step_loop`` says: in a process of
+its own (:class:`~harness.target.engine.process.ProcessAsyncEngine`, which calls :func:`create_core`
+there) or on a thread of this one (:class:`~harness.target.engine.async_engine.ThreadedAsyncEngine`).
+torch is imported only by the functions that load a model: an engine process's front end never does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from harness.common.device import resolve_device as common_resolve_device
 from harness.common.errors import ConfigError
 from harness.target.engine.async_engine import ThreadedAsyncEngine
-from harness.target.engine.core import EngineCore
-from harness.target.engine.loader import LoadedModel, build_preset, load_checkpoint
 from harness.target.engine.placement import plan
 from harness.target.engine.settings import EngineSettings
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+    from harness.target.engine.core import EngineCore
+    from harness.target.engine.loader import LoadedModel
+    from harness.target.engine.process import ProcessAsyncEngine
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,16 +32,22 @@ def resolve_device(name: str) -> torch.device:
 
     The rules live in :func:`harness.common.device.resolve_device`, shared with the embedder.
     """
+    import torch
+
     return torch.device(common_resolve_device(name, field="HARNESS__ENGINE__DEVICE"))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def load_model(settings: EngineSettings, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from harness.target.engine.loader import build_preset, load_checkpoint
+
     if settings.model_dir is not None:
         return load_checkpoint(settings.model_dir, device, dtype, settings.model_name)
     if settings.preset is None:
@@ -74,6 +85,8 @@ def plan_pool(settings: EngineSettings, loaded: LoadedModel, dtype: torch.dtype)
 
 def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
     """The synchronous engine (benchmarks and tests drive it directly)."""
+    from harness.target.engine.core import EngineCore
+
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     loaded = load_model(settings, device, dtype)
@@ -97,8 +110,13 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
     return core, loaded
 
 
-def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine:
-    """An :class:`~harness.target.engine.api.AsyncEngine` (call ``await engine.start()`` before use)."""
+def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine | ProcessAsyncEngine:
+    """An :class:`~harness.target.engine.api.AsyncEngine` with its model loaded, its step loop where
+    ``settings.step_loop`` says (call ``await engine.start()`` before use)."""
+    if settings.step_loop == "process":
+        from harness.target.engine.process import ProcessAsyncEngine
+
+        return ProcessAsyncEngine(settings)
     core, loaded = create_core(settings)
     placement = plan(settings.bind_cores, settings.cpu_threads)
     return ThreadedAsyncEngine(

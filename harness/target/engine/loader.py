@@ -18,7 +18,7 @@ import torch
 from harness.common.errors import ConfigError
 from harness.common.registry import Registry
 from harness.target.engine.model import ModelConfig, Transformer, init_random, rope_pair_order
-from harness.target.engine.tokenizer import HFTokenizer, load_tokenizer, preset_tokenizer
+from harness.target.engine.tokenizer import HFTokenizer, checkpoint_tokenizer, preset_tokenizer
 
 PRESETS: Registry[ModelConfig] = Registry("engine preset")
 """Random-init architectures; vocab 30522 is the MiniLM tokenizer's."""
@@ -175,12 +175,7 @@ def load_checkpoint(
     cfg_path = model_dir / "config.json"
     cfg = config_from_hf(_read_json(cfg_path), cfg_path)
     files = _weight_files(model_dir)
-    gen_eos: list[int] = []
-    gen_path = model_dir / "generation_config.json"
-    if gen_path.is_file():
-        eos = _read_json(gen_path).get("eos_token_id")
-        gen_eos = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    tok = load_tokenizer(model_dir, gen_eos)
+    tok = checkpoint_tokenizer(model_dir)
 
     model = Transformer(cfg, device="meta").to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())

@@ -69,6 +69,15 @@ class EngineSettings(BaseSettings):
     ``s3fifo`` (scan-resistant: one-off prompts do not push a reused prefix out; a warmup's
     blocks can be registered with a priority). An unknown name fails at engine start, listing
     the known ones."""
+    step_loop: Annotated[Literal["process", "thread"], Flag(panel=SERVE_PANEL)] = Field(
+        "process",
+        description="process (the engine's step loop in a process of its own, fed over a local socket, "
+        "as vLLM's engine core) or thread (a thread of the server's process)",
+    )
+    """Where the scheduler, KV pool and model run (:mod:`harness.target.engine.process`): ``process``
+    keeps the server's front end (HTTP, response cache, metrics) out of the engine's interpreter, so
+    neither waits on the other's GIL; ``thread`` runs the step loop in the server's process (one
+    interpreter, one model load less: tests and one-shot CLI calls)."""
     cpu_threads: Annotated[int | None, Flag(panel=SERVE_PANEL)] = Field(
         default=None, ge=1, description="Engine compute threads (default: one per compute CPU)"
     )

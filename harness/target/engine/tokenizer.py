@@ -186,6 +186,20 @@ def load_tokenizer(model_dir: Path, generation_eos: Sequence[int] = ()) -> HFTok
     return tok
 
 
+def checkpoint_tokenizer(model_dir: Path) -> HFTokenizer:
+    """A checkpoint's tokenizer with every EOS id it declares: ``generation_config.json``'s
+    ``eos_token_id`` (one or a list) and the tokenizer config's ``eos_token``."""
+    gen_eos: list[int] = []
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        try:
+            eos = json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, json.JSONDecodeError, AttributeError) as exc:
+            raise ConfigError(f"not a valid JSON object: {exc}", file=gen_path) from None
+        gen_eos = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    return load_tokenizer(model_dir, gen_eos)
+
+
 def preset_tokenizer() -> HFTokenizer:
     """The MiniLM WordPiece tokenizer set up for causal generation; ``[SEP]`` serves as EOS."""
     path = minilm_tokenizer_path()

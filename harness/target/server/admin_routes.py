@@ -45,8 +45,9 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         s = st.engine.stats()
+        status = "engine failed" if s.failure else ("ok" if st.ready else "starting")
         body = {
-            "status": "ok" if st.ready else "starting",
+            "status": status,
             "model": st.model_name,
             "device": s.device,
             "running": s.running,
@@ -57,7 +58,9 @@ def add_admin_routes(app: FastAPI, st: ServerState) -> None:
             # Always there, so "nothing injected" is said, not inferred from an absent field.
             "fault_injection": st.fault_plan.describe(),
         }
-        return _json(body, 200 if st.ready else 503)
+        if s.failure:
+            body["failure"] = s.failure
+        return _json(body, 200 if status == "ok" else 503)
 
     async def echo(request: Request) -> Response:
         try:

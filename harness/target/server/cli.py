@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.common import console as cons
-from harness.common.errors import ConfigError, UnavailableError
+from harness.common.errors import ConfigError, TargetDied, UnavailableError
 from harness.common.io import write_json
 from harness.common.model import StrictModel
 from harness.common.options import flag_names, flagged, with_options
@@ -228,13 +228,15 @@ def run_server(
         console = cons.err()
         with console.status(f"loading model ({engine_settings.model_dir or engine_settings.preset})…"):
             from harness.target.engine.factory import create_engine
+            from harness.target.engine.process import ProcessAsyncEngine
 
-            threaded = create_engine(engine_settings)
-            engine: AsyncEngine = threaded
+            created = create_engine(engine_settings)
+            engine: AsyncEngine = created
         # From here on the main thread (the event loop, and every thread it starts) keeps off the
         # engine's compute CPUs when they are bound (its own torch work, loading, is done).
-        enter_front(threaded.placement)
-        log.info("engine placement: %s", threaded.placement.describe())
+        enter_front(created.placement)
+        log.info("engine placement: %s", created.placement.describe())
+        died: list[str] = []
         registry = CollectorRegistry()
         if plan.cache is not None:
             with console.status("starting the response cache…"):
@@ -280,6 +282,14 @@ def run_server(
                     write_json(ready_file, ready.model_dump())
 
         server = Server(config)
+        if isinstance(created, ProcessAsyncEngine):
+
+            def on_death(failure: str) -> None:
+                """The engine process died: stop serving (uvicorn looks at ``should_exit`` every 0.1 s)."""
+                died.append(failure)
+                server.should_exit = True
+
+            created.on_death = on_death
         print(f"serving {ready.model} at {ready.url}", flush=True)
         for line in faults.warnings():
             console.print(f"[bold yellow]fault injection:[/] {line}", highlight=False, soft_wrap=True)
@@ -289,6 +299,10 @@ def run_server(
             server.run(sockets=[sock])
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if died:
+            raise TargetDied(
+                f"{died[0]}; the server stopped", hint="its log above says why (an OOM kill, a crash)"
+            )
     finally:
         sock.close()
         state = app.state.harness if app is not None else None

@@ -493,6 +493,10 @@ class Handler:
         except ClientGone:
             await self._abort(gen)
             raise
+        except EngineError as exc:  # the engine process died while generating: say so, by name
+            raise APIError(
+                503, f"the engine failed: {exc}", type="server_error", reason="engine_error"
+            ) from None
         if out.finish_reason not in COMPLETED_FINISH_REASONS:  # ``run`` settles the cache ticket
             raise APIError(
                 500,
@@ -574,21 +578,26 @@ class Handler:
         try:
             for c in fmt.start_chunks(prep.prompt_text if prep.echo else None, (n_prompt, 0)):
                 yield sse_event(c)
-            async for ev in _chain([first], state.gen):
-                step = out.add(ev)
-                if ev.text and ctx.first_text_at is None:
-                    ctx.first_text_at = time.perf_counter()
-                if output is None:
-                    if ev.text or step is not None:
-                        yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
-                else:
-                    # A token whose text the parser holds back (a marker's first characters) is
-                    # counted by the next chunk's usage: a chunk may carry several tokens.
-                    d = output.feed(ev.text) if ev.text or ev.token_id is not None else OutputDelta()
-                    if d or step is not None:
-                        yield sse_event(self._chat_fmt().parts(d, step, (n_prompt, out.tokens)))
-                if ev.finished:
-                    state.finished = True
+            try:
+                async for ev in _chain([first], state.gen):
+                    step = out.add(ev)
+                    if ev.text and ctx.first_text_at is None:
+                        ctx.first_text_at = time.perf_counter()
+                    if output is None:
+                        if ev.text or step is not None:
+                            yield sse_event(fmt.delta(ev.text, step, (n_prompt, out.tokens)))
+                    else:
+                        # A token whose text the parser holds back (a marker's first characters) is
+                        # counted by the next chunk's usage: a chunk may carry several tokens.
+                        d = output.feed(ev.text) if ev.text or ev.token_id is not None else OutputDelta()
+                        if d or step is not None:
+                            yield sse_event(self._chat_fmt().parts(d, step, (n_prompt, out.tokens)))
+                    if ev.finished:
+                        state.finished = True
+            except EngineError as exc:  # the engine process died mid-stream: say so, by name
+                yield sse_event(APIError(503, f"the engine failed: {exc}", type="server_error").body())
+                yield SSE_DONE
+                return
             if out.finish_reason in COMPLETED_FINISH_REASONS:
                 if output is not None and (tail := output.finish()):
                     yield sse_event(self._chat_fmt().parts(tail, None, (n_prompt, out.tokens)))
