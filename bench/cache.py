@@ -15,8 +15,14 @@
    ``harness serve --preset tiny --cache`` (goal ≤ 1.2): means of back-to-back loops (the goal's
    measure), and the medians of interleaved single requests; a streamed hit and ``GET /health``
    beside them for context.
+6. HTTP hit while the engine decodes: the same hit loop while 8 streams decode on the same server
+   (``--busy-streams``, driven from a process of its own), ÷ the hit on the idle engine, in three
+   alternating blocks each (medians; goal ≤ 1.2), for each
+   place of the engine's step loop (``--step-loops process,thread``: its own process, the default,
+   and a thread of the server's), one server after the other in the same run.
 
-Usage: ``python bench/cache.py [--quick] [--no-http | --http-only]`` (about 1–2 min on 2 cores).
+Usage: ``python bench/cache.py [--quick] [--no-http | --http-only] [--step-loops process,thread]``
+(about 2–3 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -189,12 +195,72 @@ async def bench_stack(quick: bool) -> dict[str, Any]:
     return res
 
 
-def bench_http(quick: bool) -> dict[str, Any]:
+def decode_main(url: str, streams: int) -> None:
+    """``--decode URL N`` (a child of :class:`Decoding`): ``N`` threads, each streaming long
+    completions (distinct prompts: never a cache hit) back to back on its own connection, until
+    stdin closes; then prints the SSE chunks received per second since ``go`` arrived on stdin."""
+    import threading
+
+    import httpx
+
+    stop = threading.Event()
+    tokens = [0] * streams
+
+    def run(i: int) -> None:
+        n = 0
+        with httpx.Client(base_url=url, timeout=300) as client:
+            while not stop.is_set():
+                n += 1
+                body = {
+                    "prompt": f"stream {i} request {n}: tell a long story",
+                    "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,
+                }  # fmt: skip
+                with client.stream("POST", "/v1/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            tokens[i] += 1
+                        if stop.is_set():
+                            break
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(streams)]
+    for t in threads:
+        t.start()
+    sys.stdin.readline()  # "go": the parent starts measuring
+    t0, n0 = time.perf_counter(), sum(tokens)
+    sys.stdin.read()  # until the parent closes stdin
+    rate = (sum(tokens) - n0) / (time.perf_counter() - t0)
+    stop.set()
+    print(f"{rate:.3f}", flush=True)
+
+
+class Decoding:
+    """An engine decoding ``streams`` requests, driven from a process of its own (:func:`decode_main`),
+    so that its client threads take no time from the measuring loop's interpreter."""
+
+    def __init__(self, url: str, streams: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--decode", url, str(streams)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> float:
+        """Stop it; the SSE chunks per second it received since :meth:`go`."""
+        out, _ = self.proc.communicate(timeout=120)
+        return float(out.strip() or "nan")
+
+
+def bench_http(quick: bool, step_loop: str = "process", busy_streams: int = 8) -> dict[str, Any]:
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-cache-http-"))
     env = {**os.environ, "HARNESS__RUN_DIR": str(tmp / "run"), "HARNESS__CACHE__L3_ENABLED": "false"}
     cmd = [sys.executable, "-m", "harness.cli", "serve", "--preset", "tiny", "--port", "0", "--cache"]
+    cmd += ["--step-loop", step_loop]
     out = (tmp / "stdout.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, cwd=tmp)
     try:
@@ -239,6 +305,27 @@ def bench_http(quick: bool) -> dict[str, Any]:
                     times[name].append(time.perf_counter() - t0)
             for name, ts in times.items():
                 res[f"{name}_med_ms"] = percentile(ts, 50) * 1000
+            # The same hit, idle engine and decoding, in alternating blocks (tachometer's round
+            # robin): a drift of the machine over the run hits both sides alike.
+            hit = calls["hit"]
+            idle, busy, rates = [], [], []
+            for _ in range(3):
+                idle.append(per_call_us(hit, n, repeats=1) / 1000)
+                decoding = Decoding(url, busy_streams)
+                try:
+                    while client.get("/health").json()["running"] < busy_streams:  # every stream decoding
+                        time.sleep(0.05)
+                    decoding.go()
+                    busy.append(per_call_us(hit, n, repeats=1) / 1000)
+                finally:
+                    rates.append(decoding.stop())
+                while client.get("/health").json()["running"] > 0:  # the aborted streams are gone
+                    time.sleep(0.05)
+            res["idle_hit_ms"] = percentile(idle, 50)
+            res["busy_hit_ms"] = percentile(busy, 50)
+            res["busy_tok_s"] = percentile(rates, 50)
+            res["step_loop"] = step_loop
+            res["busy_streams"] = busy_streams
             return res
     finally:
         proc.terminate()
@@ -250,7 +337,11 @@ def bench_http(quick: bool) -> dict[str, Any]:
 
 
 def report(
-    res: dict[str, Any] | None, http: dict[str, Any] | None, args: argparse.Namespace, total_s: float
+    res: dict[str, Any] | None,
+    http: dict[str, Any] | None,
+    args: argparse.Namespace,
+    total_s: float,
+    busy: list[dict[str, Any]] | None = None,
 ) -> str:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     flags = [
@@ -258,8 +349,11 @@ def report(
         for f, on in (("--quick", args.quick), ("--no-http", args.no_http), ("--http-only", args.http_only))
         if on
     ]
+    if getattr(args, "step_loops", "process,thread") != "process,thread":
+        flags.append(f"--step-loops {args.step_loops}")
     cmd = " ".join(["python bench/cache.py", *flags])
     rows = ([] if res is None else stack_rows(res)) + ([] if http is None else http_rows(http))
+    rows += busy_rows(busy or [])
     lines = [
         f"## cache — {now}",
         "",
@@ -331,18 +425,43 @@ def http_rows(http: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ]  # fmt: skip
 
 
+def busy_rows(busy: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    return [
+        (f"HTTP cache hit while {b['busy_streams']} streams decode (step loop: {b['step_loop']}; "
+         f"{b['busy_tok_s']:.0f} SSE chunks/s streamed meanwhile)", f"{b['busy_hit_ms']:.3f} ms",
+         f"{b['idle_hit_ms']:.3f} ms (the same hit, idle engine, blocks alternating)",
+         f"{b['busy_hit_ms'] / b['idle_hit_ms']:.2f}× (goal ≤ 1.2)")
+        for b in busy
+    ]  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--decode"]:  # the decoding client of bench_http, in its own process
+        decode_main(sys.argv[2], int(sys.argv[3]))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-http", action="store_true", help="skip the HTTP measurement (no server)")
     mode.add_argument("--http-only", action="store_true", help="only the HTTP measurement (hit ÷ echo)")
+    ap.add_argument(
+        "--step-loops",
+        default="process,thread",
+        help="where the engine's step loop runs, one server each, for the hit-while-decoding measure",
+    )
+    ap.add_argument("--busy-streams", type=int, default=8, help="streams decoding during the busy hit loop")
     add_publish_flag(ap)
     args = ap.parse_args()
     t0 = time.perf_counter()
     res = None if args.http_only else asyncio.run(bench_stack(args.quick))
-    http = None if args.no_http else bench_http(args.quick)
-    text = report(res, http, args, time.perf_counter() - t0)
+    http: dict[str, Any] | None = None
+    busy: list[dict[str, Any]] = []
+    if not args.no_http:
+        for loop in args.step_loops.split(","):
+            one = bench_http(args.quick, loop, args.busy_streams)
+            http = http or one  # the first server's (the default's) rows are the hit ÷ echo table
+            busy.append(one)
+    text = report(res, http, args, time.perf_counter() - t0, busy)
     publish(text, args)
 
 

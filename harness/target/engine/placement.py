@@ -7,10 +7,12 @@ compute thread was using, and the step stalls until both are done. vLLM's CPU bu
 binding its compute threads to all cores but one and leaving that one to its API server
 (``VLLM_CPU_OMP_THREADS_BIND=auto``). ``bind_cores="auto"`` does the same here:
 
-* the engine's step-loop thread binds itself to the compute CPUs before its first torch call, so
-  the OpenMP team it starts (its intra-op threads) is created there and inherits the binding;
+* the engine binds itself to the compute CPUs before its first torch call, so the OpenMP team it
+  starts (its intra-op threads) is created there and inherits the binding: the engine process's
+  main thread before it loads the model, or (``--step-loop thread``) the step-loop thread when it
+  starts;
 * the server's main thread (its event loop, and every thread it starts later: the response cache's
-  pools, the engine thread before it re-binds) binds itself to the rest.
+  pools, a step-loop thread before it re-binds) binds itself to the rest.
 
 Linux binds threads (``sched_setaffinity`` on the calling thread); elsewhere binding is refused
 with a clear error, and ``off`` (the default) changes nothing anywhere.

@@ -210,6 +210,10 @@ def _serve(sock: socket.socket) -> None:
 
     first = wire.recv(sock)
     settings = EngineSettings.model_validate(first["settings"])
+    if settings.engine_nice and hasattr(os, "nice"):
+        # The front end's work is short and waited on (a cache hit, an SSE write); the engine's is
+        # long. When both want a core, the kernel runs the front end first (see EngineSettings).
+        os.nice(settings.engine_nice)
     # Before the first torch call (loading the model): the process's OpenMP team is created bound.
     enter_compute(plan(settings.bind_cores, settings.cpu_threads))
     try:
