@@ -83,9 +83,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     # L1 keeps an entry 60 s by default: 400 requests beside other tests' load can take longer, and
     # a hit after that comes from L2 (which keeps it for the cold tier's 300 s) instead of L1.
     env = {**NO_L3, "HARNESS__CACHE__L1_TTL_S": "3600"}
-    with harness_server(
-        tmp_path_factory.mktemp("serve-faults"), *args, "--inject-seed", "7", env=env
-    ) as srv:
+    with harness_server(tmp_path_factory.mktemp("serve-faults"), *args, "--inject-seed", "7", env=env) as srv:
         yield srv
 
 
