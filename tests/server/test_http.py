@@ -488,7 +488,8 @@ def test_launch_with_a_relative_log_dir(tmp_path, monkeypatch):
 
 
 def test_a_launched_server_yields_the_cpu_once_ready(tmp_path):
-    """Every thread of the server and of its Redis child runs at NICE after startup, none before."""
+    """Every thread of the server, its engine process and its Redis child runs at NICE after startup,
+    none before."""
     import os
 
     import psutil

@@ -178,8 +178,9 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 def renice_tree(pid: int, nice: int) -> None:
     """Set the niceness of process ``pid``, every thread of it and every descendant (Redis, the
-    engine process) to ``nice``, keeping each one's offset from ``pid``'s: an engine process that
-    runs 5 below its server (``--engine-nice``) still does.
+    engine process) to ``nice``. The engine process's own offset (``--engine-nice``) is not kept: a
+    launched server shares the machine with the load generator that measures it, and an engine
+    another 5 below would get a third of the little it gets beside a busy neighbour at ``NICE``.
 
     On Linux niceness belongs to each thread: ``setpriority`` on the pid would change only the main
     thread and leave torch's worker threads where they were, so each thread id is set. Threads started
@@ -188,11 +189,6 @@ def renice_tree(pid: int, nice: int) -> None:
     (raising priority needs privileges on most systems), are skipped: this is best effort.
     """
     seen: set[int] = set()
-    offsets: dict[int, int] = {}
-    try:
-        base = psutil.Process(pid).nice()
-    except psutil.Error:
-        return
     for _ in range(5):
         try:
             root = psutil.Process(pid)
@@ -202,21 +198,17 @@ def renice_tree(pid: int, nice: int) -> None:
         fresh = False
         for p in procs:
             try:
-                # A process's offset is read once, before any of its threads is changed.
-                if p.pid not in offsets:
-                    offsets[p.pid] = p.nice() - base
-                offset = offsets[p.pid]
                 if sys.platform != "linux":  # elsewhere niceness is per process
                     if p.pid not in seen:
                         seen.add(p.pid)
                         fresh = True
-                        p.nice(_shifted(nice, offset))
+                        p.nice(nice)
                     continue
                 for t in p.threads():
                     if t.id not in seen:
                         seen.add(t.id)
                         fresh = True
-                        os.setpriority(os.PRIO_PROCESS, t.id, _shifted(nice, offset))
+                        os.setpriority(os.PRIO_PROCESS, t.id, nice)
             except (psutil.Error, OSError):
                 continue  # exited meanwhile, or not ours to change
         if not fresh:
@@ -238,8 +230,3 @@ def running_server(
         yield server
     finally:
         server.stop()
-
-
-def _shifted(nice: int, offset: int) -> int:
-    """``nice`` plus a thread's offset from its server's, within the kernel's range."""
-    return max(-20, min(19, nice + offset))
