@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
+from harness.common.errors import UnavailableError
 from harness.target.engine import wire
 from harness.target.engine.api import EngineError, EngineStats, RequestLimits
 from harness.target.engine.async_engine import AddCommand, StreamingEngine, reply_on
@@ -67,9 +68,11 @@ class ProcessAsyncEngine(StreamingEngine):
         try:
             wire.send(parent, {"settings": settings.model_dump(mode="json")})
             hello = wire.recv(parent)
-        except (OSError, wire.ChannelClosed):
+        except (OSError, wire.ChannelClosed):  # it crashed while loading: its traceback is above
             self._reap()
-            raise EngineError(self._exit_text("while loading the model")) from None
+            raise UnavailableError(
+                self._exit_text("while loading the model"), hint="its output above says why"
+            ) from None
         if "fatal" in hello:
             self._reap()
             raise wire.error_in(hello["fatal"])
