@@ -4,7 +4,8 @@
 same requests over HTTP by the same client, one after the other (never at once: they would share the
 2 cores), alternating per measurement so that a busy stretch of the machine hits both:
 
-* ours: ``harness serve --model CHECKPOINT`` (our engine behind our server; nice 0, like vLLM);
+* ours: ``harness serve --model CHECKPOINT`` (our engine behind our server; the server at nice 0, like
+  vLLM, its engine process at the default ``--engine-nice`` 5);
 * vLLM: ``bench/vllm.sh serve`` (``--vllm-url`` to use one already running: start-up is ~4 minutes);
 * transformers (``--no-hf`` to skip): ``LlamaForCausalLM`` in this process, single stream only (the
   cheap reference: no server, no batching), from the same checkpoint.

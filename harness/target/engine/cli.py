@@ -68,7 +68,8 @@ def generate(  # noqa: PLR0917 - typer maps parameters to options
     from harness.target.engine.api import EngineError, PromptTooLong, SamplingParams
     from harness.target.engine.factory import create_engine
 
-    settings = _settings(preset, model, device, dtype)
+    # One request from a one-shot command: no front end to keep apart, so no second process.
+    settings = _settings(preset, model, device, dtype, step_loop="thread")
     with err.status(f"loading {settings.model_dir or settings.preset}…"):
         engine = create_engine(settings)
     text = prompt
