@@ -595,6 +595,7 @@ class Handler:
                     if ev.finished:
                         state.finished = True
             except EngineError as exc:  # the engine process died mid-stream: say so, by name
+                state.finished = True  # nothing to abort, and not a client that left
                 yield sse_event(APIError(503, f"the engine failed: {exc}", type="server_error").body())
                 yield SSE_DONE
                 return
