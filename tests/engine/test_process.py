@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,19 @@ async def test_a_killed_engine_process_fails_what_is_in_flight_by_name() -> None
 def test_a_setting_the_engine_process_refuses_is_raised_here_by_name() -> None:
     with pytest.raises(ConfigError, match="unknown prefix-cache eviction policy 'nope'"):
         ProcessAsyncEngine(tiny_settings(step_loop="process", prefix_eviction="nope"))
+
+
+async def test_every_thread_of_the_loaded_engine_runs_engine_nice_below_this_process() -> None:
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        pytest.skip("needs Linux's per-thread niceness in /proc/PID/task")
+    engine = ProcessAsyncEngine(tiny_settings(step_loop="process", engine_nice=3))
+    await engine.start()
+    try:
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        theirs = {
+            os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in Path(f"/proc/{engine.pid}/task").iterdir()
+        }
+        assert theirs == {min(19, ours + 3)}  # the OpenMP team loading started, too
+    finally:
+        await engine.shutdown()

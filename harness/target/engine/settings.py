@@ -87,11 +87,11 @@ class EngineSettings(BaseSettings):
         "first when both want a core",
     )
     """With ``step_loop="process"``: the engine process lowers its own priority by this much (Unix
-    ``nice``) before it loads the model. The server's work is short and waited on; the engine's is
-    long. Measured on 2 CPUs (docs/engine.md, *The engine process*): at 5, a cache hit while 8
-    streams decode costs 1.05× a hit on an idle engine (1.86× at 0), and decode throughput against
-    vLLM is unchanged. Ignored with ``thread`` (one process has one priority) and where the OS has no
-    ``nice``."""
+    ``nice``) once its model is loaded (loading runs at the server's priority). The server's work is
+    short and waited on; the engine's is long. Measured on 2 CPUs (docs/engine.md, *The engine
+    process*): at 5, a cache hit while 8 streams decode costs 1.05× a hit on an idle engine (1.86× at
+    0), and decode throughput against vLLM is unchanged. Ignored with ``thread`` (one process has one
+    priority) and where the OS has no ``nice``."""
     cpu_threads: Annotated[int | None, Flag(panel=SERVE_PANEL)] = Field(
         default=None, ge=1, description="Engine compute threads (default: one per compute CPU)"
     )

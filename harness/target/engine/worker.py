@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 from harness.common.errors import HarnessError
 from harness.target.engine import wire
@@ -28,10 +29,6 @@ def _serve(sock: socket.socket) -> None:
     """The engine process: load, say ready, run the step loop until the channel closes."""
     first = wire.recv(sock)
     settings = EngineSettings.model_validate(first["settings"])
-    if settings.engine_nice and hasattr(os, "nice"):
-        # The front end's work is short and waited on (a cache hit, an SSE write); the engine's is
-        # long. When both want a core, the kernel runs the front end first (see EngineSettings).
-        os.nice(settings.engine_nice)
     # Before the first torch call (loading the model): the process's OpenMP team is created bound.
     enter_compute(plan(settings.bind_cores, settings.cpu_threads))
     try:
@@ -39,6 +36,12 @@ def _serve(sock: socket.socket) -> None:
     except HarnessError as exc:
         wire.send(sock, {"fatal": wire.error_out(exc)})
         return
+    if settings.engine_nice:
+        # The front end's work is short and waited on (a cache hit, an SSE write); the engine's is
+        # long: when both want a core, the kernel runs the front end first (see EngineSettings).
+        # Only now, once loaded: loading measures nothing, and at a lower priority beside a busy
+        # neighbour it would take minutes.
+        _lower_priority(settings.engine_nice)
     send_lock = threading.Lock()
 
     def put(message: object) -> None:
@@ -94,6 +97,21 @@ def _serve(sock: socket.socket) -> None:
 
     threading.Thread(target=read, name="engine-channel", daemon=True).start()
     step_loop.run(stop)
+
+
+def _lower_priority(by: int) -> None:
+    """Lower this process's CPU priority by ``by`` (nice). On Linux niceness belongs to each thread:
+    every thread there now (the OpenMP team loading started) is lowered, and threads started later
+    inherit it from the one that starts them."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        if hasattr(os, "nice"):
+            os.nice(by)
+        return
+    for task in tasks.iterdir():
+        tid = int(task.name)
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
 
 
 def main(argv: list[str] | None = None) -> None:
