@@ -484,6 +484,7 @@ JOB_CONDITIONS: dict[str, tuple[str, ...]] = {
     "unchanged": (),
     "slower_1.1x": ("--inject-slowdown", "1.1"),
     "slower_1.2x": ("--inject-slowdown", "1.2"),
+    "slower_1.3x": ("--inject-slowdown", "1.3"),
     "slower_1.5x": ("--inject-slowdown", "1.5"),
     "errors_5pct": ("--inject-error-rate", "0.05"),
     "warm_miss_30pct": ("--inject-cache-miss-rate", "0.3"),

@@ -21,18 +21,22 @@ quantile: a metric whose pairs leave fewer than :data:`TAIL_SAMPLES` of them bey
 than 200 pairs) cannot be judged (:func:`min_pairs`).
 
 **Noise a pair does not share.** A neighbour that slows one arm's block and not its partner shifts
-that pair's ratio alone. The bootstrap cannot see it (it resamples the requests of blocks that already
-ran: on a simulated 15 % such effect its 95 % interval covered the truth half the time). The block
-pairs' own ratios can: when they scatter more than their requests' noise explains (Cochran's ``Q``,
-the DerSimonian–Laird estimate ``τ`` of the excess, :func:`block_spread`), the interval is widened on
-the log scale by ``t(P−1) · τ · √Σ share²`` in quadrature (``P`` block pairs, each holding its share
-of the requests; the ``t`` quantile because ``τ`` is itself estimated from ``P`` pairs). Pairs that
-agree leave it as the bootstrap made it. ``ab.json`` keeps both intervals and the spread.
+that pair's ratio alone, and every request of the block with it. The bootstrap cannot see it (it
+resamples the requests of blocks that already ran: on a simulated 15 % such effect its 95 % interval
+covered the truth half the time). The block pairs' own log ratios ``θⱼ`` can: their scatter gives the
+pooled log ratio a second standard error, the paired ``t`` test's over block pairs
+(:func:`block_pairs_se`), which assumes nothing about the requests inside a block.
 
-**The test.** ``(ln R − ln limit) / se`` against a ``t`` distribution, ``se²`` the bootstrap's
-variance of ``ln R`` plus the block pairs' excess spread ``(τ · √Σ share²)²``, its degrees of freedom
-Welch–Satterthwaite's (:class:`RatioInterval`): the p-value of "R ≤ limit", one-sided bounds at any
-level, and the power to prove a given slowdown.
+**The test.** ``(ln R − ln limit) / se`` against a ``t`` distribution with ``P − 1`` degrees of
+freedom (``P`` block pairs), ``se`` the larger of the two standard errors (:class:`RatioInterval`):
+the p-value of "R ≤ limit", one-sided bounds at any level (the interval is the two-sided pair of
+them), and the power to prove a given slowdown. Always ``P − 1``, not only when the block pairs
+scatter more than their requests explain: four pairs that agree by chance cannot rule out a
+neighbour that moved whole blocks. With a moment estimate of the excess (DerSimonian–Laird: zero
+whenever the pairs happen to agree) and a normal reference, an unchanged engine failed a CI run (TPOT
+1.37× "proven" above 1.1× from 4 pairs of 7 requests), and on simulated blocks 1.7–2.7 % of
+candidates no slower than the base were proven 1.1× slower at a level of 1.25 % (``tests/gates/
+test_ab.py``). The price is power with few pairs: judge on 8 or more.
 
 **The error rate.** An exact one-sided binomial test against a largest acceptable rate
 (:func:`error_rate_test`), its exact (Clopper–Pearson) upper bound (:func:`rate_upper`) and its power
@@ -44,6 +48,7 @@ exact at a given true rate (:func:`error_power`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,35 +141,37 @@ class RatioInterval:
     ratio: float
     lo: float
     hi: float
-    """The interval: the stratified bootstrap's, widened by :attr:`spread` when there is any."""
+    """The two-sided interval at the confidence asked: :meth:`bounds` at half its ``α`` each side."""
     n: int
     """Request pairs."""
     boot_lo: float
     boot_hi: float
-    """The stratified bootstrap's interval alone (what the requests' own noise allows)."""
+    """The stratified bootstrap's percentile interval alone (what the requests' own noise allows)."""
     spread: float
-    """``τ``: the standard deviation, on the log scale, of the block pairs' own ratios beyond what
-    their requests' noise explains (0: none seen, or fewer than two block pairs)."""
+    """``τ``: the standard deviation, on the log scale, of one block pair's ratio beyond what its
+    requests' noise explains (:attr:`spread_se` ÷ ``√Σ share²``; 0: the pairs scatter no more)."""
     log_se: float = math.nan
     """The standard deviation of the bootstrap's log ratios (the requests' own noise)."""
     spread_se: float = 0.0
-    """``τ · √Σ share²``: how far the block pairs' excess spread moves the pooled log ratio."""
+    """How far the block pairs' excess scatter moves the pooled log ratio: ``√(between² − log_se²)``
+    when the standard error from the block pairs' own scatter (:func:`block_pairs_se`) is the
+    larger, else 0."""
     blocks: int = 1
     """Block pairs with request pairs."""
 
     @property
     def se(self) -> float:
-        """The log ratio's standard error: the requests' noise and the block pairs' excess spread."""
+        """The log ratio's standard error: the larger of the requests' bootstrap and the block pairs'
+        own scatter (the module docstring)."""
         return math.hypot(self.log_se, self.spread_se)
 
     @property
     def df(self) -> float:
-        """Degrees of freedom of the log ratio's ``t`` reference (Welch–Satterthwaite): infinite when
-        the block pairs agree, ``P − 1`` when their spread is all of the error (``τ`` is itself
-        estimated from ``P`` block pairs)."""
-        if self.spread_se <= 0 or self.blocks < 2:
-            return math.inf
-        return (self.blocks - 1) * (1.0 + (self.log_se / self.spread_se) ** 2) ** 2
+        """Degrees of freedom of the log ratio's ``t`` reference: ``P − 1`` whenever there are ``P ≥ 2``
+        block pairs, whichever error is the larger (infinite with one). With few pairs, block pairs
+        that agree by chance cannot rule out a neighbour that moved whole blocks: ``P − 1`` is what
+        their scatter is known to."""
+        return math.inf if self.blocks < 2 else float(self.blocks - 1)
 
     def bounds(self, alpha: float) -> tuple[float, float]:
         """One-sided bounds at level ``alpha`` each: ``P(true ratio < lo) ≤ α`` and likewise above ``hi``."""
@@ -233,8 +240,9 @@ def ratio_interval(
     seed: int = DEFAULT_SEED,
 ) -> RatioInterval:
     """The ratio of the ``q``-th percentiles of ``candidate`` and ``base`` pooled over blocks, and its
-    two-sided ``confidence`` interval: the percentile bootstrap over request pairs, stratified by
-    block pair, widened by the block pairs' excess spread (:func:`block_spread`).
+    two-sided ``confidence`` interval: ``t(P − 1)`` on the log scale with the larger standard error
+    of the percentile bootstrap over request pairs, stratified by block pair, and the block pairs'
+    own scatter (:func:`block_pairs_se`).
 
     ``base[j][i]`` and ``candidate[j][i]`` are the same request's latency in block pair ``j`` (or, as
     rows of 2-D arrays, the same request's values, NaN-padded: its inter-token gaps, pooled); each
@@ -268,7 +276,6 @@ def ratio_interval(
     # Resampled in single precision: half the memory traffic of the gathers and partitions, which are
     # the whole cost; a relative rounding of 6e-8 is far below any latency's resolution.
     b32, c32 = b_all.astype(np.float32), c_all.astype(np.float32)
-    per_block: list[FloatArray] = []
     for first in range(0, resamples, chunk):
         rows = min(chunk, resamples - first)
         # Each block pair's columns draw only its own pairs: the stratification.
@@ -282,38 +289,25 @@ def ratio_interval(
         qb, qc = _row_quantiles(bs, q), _row_quantiles(cs, q)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios[first : first + rows] = np.where(qb > 0, qc.astype(np.float64) / qb, np.nan)
-        if first == 0:  # each block pair's own log ratio over the same resamples (a few hundred do)
-            per_block = _block_log_ratios(
-                bs[:SPREAD_RESAMPLES], cs[:SPREAD_RESAMPLES], starts, sizes, q, width=width
-            )
-    alpha = 1.0 - confidence
-    if np.isnan(ratios).any() or not math.isfinite(ratio):
-        nan = math.nan
+    nan = math.nan
+    if np.isnan(ratios).any() or not math.isfinite(ratio) or ratio <= 0:
         return RatioInterval(base_q, cand_q, ratio, nan, nan, n, nan, nan, nan, blocks=len(blocks))
+    alpha = 1.0 - confidence
     boot_lo, boot_hi = percentile(ratios, 100.0 * alpha / 2), percentile(ratios, 100.0 * (1 - alpha / 2))
-    with np.errstate(divide="ignore"):
-        log_se = float(np.std(np.log(ratios), ddof=1)) if resamples > 1 else math.nan
-    theta = [_log_ratio(b.ravel(), c.ravel(), q) for b, c in padded]
-    tau = block_spread(theta, [float(np.var(v, ddof=1)) if v.size > 1 else 0.0 for v in per_block])
-    lo, hi = boot_lo, boot_hi
-    spread_se = 0.0
-    if tau > 0 and math.isfinite(tau):
-        from scipy.stats import t
-
-        # A per-pair shift moves the pooled quantile by about its share of the requests.
-        shares = np.asarray(sizes, dtype=np.float64) / n
-        spread_se = tau * math.sqrt(float((shares**2).sum()))
-        extra = float(t.ppf(1 - alpha / 2, len(blocks) - 1)) * spread_se
-        centre = math.log(ratio)
-        lo = math.exp(centre - math.hypot(centre - math.log(boot_lo), extra))
-        hi = math.exp(centre + math.hypot(math.log(boot_hi) - centre, extra))
-    elif not math.isfinite(tau):
-        lo, hi = math.nan, math.nan
-        spread_se = math.nan
-    return RatioInterval(
-        base_q, cand_q, ratio, lo, hi, n, boot_lo, boot_hi, tau, log_se=log_se, spread_se=spread_se,
+    log_se = float(np.std(np.log(ratios), ddof=1)) if resamples > 1 else nan
+    between = block_pairs_se(padded, q)
+    if not math.isfinite(between):
+        return RatioInterval(base_q, cand_q, ratio, nan, nan, n, boot_lo, boot_hi, nan, blocks=len(blocks))
+    # The block pairs' excess: what their scatter says beyond the requests' noise (0 when it says less).
+    spread_se = math.sqrt(max(0.0, between**2 - log_se**2))
+    shares = np.asarray(sizes, dtype=np.float64) / n
+    out = RatioInterval(
+        base_q, cand_q, ratio, nan, nan, n, boot_lo, boot_hi,
+        spread_se / math.sqrt(float((shares**2).sum())), log_se=log_se, spread_se=spread_se,
         blocks=len(blocks),
     )  # fmt: skip
+    lo, hi = out.bounds(alpha / 2)
+    return dataclasses.replace(out, lo=lo, hi=hi)
 
 
 def _pad(m: FloatArray, width: int) -> FloatArray:
@@ -324,60 +318,30 @@ def _pad(m: FloatArray, width: int) -> FloatArray:
     return out
 
 
-SPREAD_RESAMPLES = 500
-"""Resamples that estimate each block pair's own variance (a variance needs fewer than an interval's
-2.5 % tails)."""
-
-
 def _log_ratio(b: FloatArray, c: FloatArray, q: float) -> float:
     pb, pc = percentile(b, q), percentile(c, q)
     return math.log(pc / pb) if pb > 0 and pc > 0 else math.nan
 
 
-def _block_log_ratios(
-    bs: npt.NDArray[np.float32],
-    cs: npt.NDArray[np.float32],
-    starts: Sequence[int],
-    sizes: Sequence[int],
-    q: float,
-    *,
-    width: int = 1,
-) -> list[FloatArray]:
-    """Each block pair's resampled log ratio, from the columns of the pooled resamples that hold it."""
-    out: list[FloatArray] = []
-    for start, size in zip(starts, sizes, strict=True):
-        cols = slice(start * width, (start + size) * width)
-        qb, qc = _row_quantiles(bs[:, cols], q), _row_quantiles(cs[:, cols], q)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(np.log(qc.astype(np.float64) / qb))
-    return out
+def block_pairs_se(blocks: Sequence[tuple[FloatArray, FloatArray]], q: float) -> float:
+    """The standard error of the block pairs' log ratios' share-weighted mean, from their own scatter:
+    ``√(P/(P − 1) · Σ sⱼ² (θⱼ − θ̄)²)``, ``θⱼ`` block pair ``j``'s ``ln(Q_candidate / Q_base)``, ``sⱼ`` its
+    share of the request pairs (with equal shares, the sample standard deviation of the ``θⱼ`` over
+    ``√P``). 0 with fewer than two block pairs (nothing to compare); NaN when a ratio is not finite.
 
-
-VARIANCE_FLOOR = 1e-6
-"""The smallest variance of a block pair's log ratio taken as known (0.1 %): a block whose resamples
-never move (one pair, ties) would otherwise weigh infinitely."""
-
-
-def block_spread(theta: Sequence[float], variances: Sequence[float]) -> float:
-    """``τ``: how much the block pairs' log ratios ``theta`` scatter beyond their own sampling
-    ``variances`` (the DerSimonian–Laird moment estimate: Cochran's ``Q`` against its ``P − 1``
-    degrees of freedom). 0 with fewer than two block pairs; NaN when a ratio is not finite.
-
-    A neighbour that slows one arm's block and not its partner shifts that pair's ratio alone: the
-    within-pair bootstrap cannot see it (it resamples requests of blocks that already ran), the spread
-    between pairs does."""
-    th = np.asarray(theta, dtype=np.float64)
-    if th.size < 2:
+    It assumes nothing about the requests inside a block: a neighbour that slowed one block and not
+    its partner moves every request of that pair, and only the block pairs' scatter shows it. Drift
+    shared by a pair's two blocks cancels in its ``θⱼ`` and does not inflate it."""
+    p = len(blocks)
+    if p < 2:
         return 0.0
-    if not np.isfinite(th).all():
+    theta = np.array([_log_ratio(b.ravel(), c.ravel(), q) for b, c in blocks])
+    if not np.isfinite(theta).all():
         return math.nan
-    v = np.maximum(np.nan_to_num(np.asarray(variances, dtype=np.float64), nan=VARIANCE_FLOOR), VARIANCE_FLOOR)
-    w = 1.0 / v
-    s1, s2 = float(w.sum()), float((w * w).sum())
-    mean = float((w * th).sum()) / s1
-    q_stat = float((w * (th - mean) ** 2).sum())
-    tau2 = max(0.0, (q_stat - (th.size - 1)) / (s1 - s2 / s1))
-    return math.sqrt(tau2)
+    shares = np.array([b.shape[0] for b, _ in blocks], dtype=np.float64)
+    shares /= shares.sum()
+    mean = float((shares * theta).sum())
+    return math.sqrt(p / (p - 1) * float((shares**2 * (theta - mean) ** 2).sum()))
 
 
 # ---- the error rate ---------------------------------------------------------------------------------
