@@ -85,7 +85,7 @@ class DemoConfig:
     with other work beside it; tests/test_demo.py runs them)."""
 
     out_dir: Path
-    corpus_n: int = 64
+    corpus_n: int = 128
     rate_share: float = 0.5
     """Every case's rate, as a share of the capacity ``harness capacity`` measured."""
     slo: str = "ttft_from_intended_p50<=3x,tpot_p50<=3x,error_rate<=0.1"
@@ -96,16 +96,17 @@ class DemoConfig:
     serve_args: tuple[str, ...] = SERVE_ARGS
     looks: int = 2
     """Looks of each A/B case: a clear regression stops after the first."""
-    ab_blocks: int = 4
-    """Block pairs a look (the CI job's)."""
+    ab_blocks: int = 8
+    """Block pairs a look: the verdict's ``t`` test has one degree of freedom fewer than the pairs, and
+    with the CI job's 4 a look of the demo's small blocks could not prove a 1.3× slower engine."""
     ab_block_requests: int = 8
     """Distinct requests a block: no two block pairs share one, so ``looks × ab_blocks ×
-    ab_block_requests`` must fit in the corpus (2 × 4 × 8 = 64)."""
+    ab_block_requests`` must fit in the corpus (2 × 8 × 8 = 128)."""
     warm_requests: int = 64
     """Requests each side sends again, cached: the warm rate's limit (fixtures/baselines/ci-limits.yaml)
     needs 61 to catch a 30 % loss of warm hits at power 0.95, and says so below that."""
     metrics: str = "ttft_p50,tpot_p50,itl_p50,e2e_p50,prefill_kv_bytes_p50"
-    """The CI job's metrics but its P95s: a P95 needs 200 request pairs, the demo's corpus has 60."""
+    """The CI job's metrics but its P95s: a P95 needs 200 request pairs, the demo's blocks hold 128."""
     cases: tuple[str, ...] = ()
     """The verdicts to show, by :data:`CASES` name (empty: all of them)."""
 

@@ -174,6 +174,6 @@ def test_the_demo_defaults_fit_their_corpus(tmp_path: Path) -> None:
     assert config.looks * config.ab_blocks * config.ab_block_requests <= config.corpus_n
     assert config.warm_requests >= 61  # what the warm rate's limit needs to catch a 30 % loss
     with pytest.raises(ValueError, match="A/B block pairs"):
-        DemoConfig(out_dir=tmp_path, ab_blocks=8, ab_block_requests=10)
+        DemoConfig(out_dir=tmp_path, ab_blocks=8, ab_block_requests=10)  # 160 > 128
     with pytest.raises(ValueError, match="warm pass"):
-        DemoConfig(out_dir=tmp_path, warm_requests=65)
+        DemoConfig(out_dir=tmp_path, corpus_n=64, ab_blocks=4, warm_requests=65)

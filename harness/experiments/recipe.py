@@ -232,8 +232,9 @@ class ABRecipe(ABTargets):
     verdict's terms (:mod:`harness.gates.ab`)."""
 
     blocks: Annotated[int, Flag(panel=AB_PANEL)] = Field(
-        4, ge=2, description="Block pairs a look: each sends the same distinct requests to both targets, "
-        "in the order A B B A A B …; no two pairs share a request",
+        8, ge=2, description="Block pairs a look: each sends the same distinct requests to both targets, "
+        "in the order A B B A A B …; no two pairs share a request. The verdict's t test has one degree "
+        "of freedom fewer than the pairs: 4 leave it little power, 8 or more do not",
     )  # fmt: skip
     block_requests: Annotated[int | None, Flag(panel=AB_PANEL)] = Field(
         None, ge=1, description="Requests per block (default: the corpus's distinct requests split over "

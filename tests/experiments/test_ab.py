@@ -113,7 +113,7 @@ def test_what_cannot_run_is_refused_before_a_target_starts(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="constant rate") as no_rate:
         prepare(spec_of(tmp_path, {"load": {"corpus": str(corpus)}, "ab": given_for(corpus)["ab"]}))
     assert no_rate.value.field == "--rate"
-    with pytest.raises(ConfigError, match="need 40; the corpus has 20 distinct") as small:
+    with pytest.raises(ConfigError, match="need 80; the corpus has 20 distinct") as small:
         prepare(spec_of(tmp_path, given_for(corpus, block_requests=10)))
     assert small.value.field == "--block-requests"
     # A share without --capacity is of the base's capacity, measured in the run: the rate waits for it.
