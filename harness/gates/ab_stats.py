@@ -294,7 +294,8 @@ def ratio_interval(
         return RatioInterval(base_q, cand_q, ratio, nan, nan, n, nan, nan, nan, blocks=len(blocks))
     alpha = 1.0 - confidence
     boot_lo, boot_hi = percentile(ratios, 100.0 * alpha / 2), percentile(ratios, 100.0 * (1 - alpha / 2))
-    log_se = float(np.std(np.log(ratios), ddof=1)) if resamples > 1 else nan
+    with np.errstate(divide="ignore"):  # a resample whose candidate quantile is 0: log −inf, se NaN
+        log_se = float(np.std(np.log(ratios), ddof=1)) if resamples > 1 else nan
     between = block_pairs_se(padded, q)
     if not math.isfinite(between):
         return RatioInterval(base_q, cand_q, ratio, nan, nan, n, boot_lo, boot_hi, nan, blocks=len(blocks))
