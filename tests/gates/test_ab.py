@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import binom, binomtest
+from scipy.stats import t as t_dist
 
 from harness.gates.ab import ab_metric_names, decide_ratio, judge_ab, parse_ab_metrics, reachable
 from harness.gates.ab_stats import block_pairs_se, error_rate_test, min_pairs, ratio_interval
@@ -97,7 +98,8 @@ def test_a_candidate_at_the_limit_is_proven_slower_no_more_often_than_the_level_
     that failed an unchanged engine in CI (TPOT 1.37× proven above 1.1× from 4 pairs of 7 requests),
     when the block pairs' excess was estimated by DerSimonian–Laird (τ = 0 whenever 4 pairs happened
     to agree) and judged with a normal reference: 1.7–2.7 % of unchanged candidates failed at a
-    level of 1.25 %."""
+    level of 1.25 %. A guard against a rule far too eager (more than 7 % at a level of 5 %): 400
+    runs cannot tell the old rule's 6–7 % here from 5 %; the next test pins what changed."""
     level, runs = 0.05, 400
     alarms = 0
     for seed in range(runs):
@@ -105,6 +107,18 @@ def test_a_candidate_at_the_limit_is_proven_slower_no_more_often_than_the_level_
         alarms += ratio_interval(b, c, 50, resamples=500, seed=seed).p_above(1.1) < level
     # Above 30 of 400 with probability binom.sf(29, 400, 0.05) ≈ 0.0035 were the rate the level.
     assert alarms <= 29, alarms
+
+
+def test_block_pairs_that_agree_by_chance_still_judge_with_p_minus_1_degrees_of_freedom() -> None:
+    """Four block pairs whose ratios agree show no excess, yet cannot rule one out: the test keeps
+    ``t(3)``, never the normal reference the old rule fell back to (and failed an unchanged engine
+    with in CI)."""
+    b, c = blocks(np.random.default_rng(7), 1.0, pairs=4, n=25)
+    ri = ratio_interval(b, c, 50, seed=7)
+    assert ri.blocks == 4 and ri.df == 3
+    t3 = float(t_dist.ppf(0.99, 3))
+    assert ri.bounds(0.01)[1] == pytest.approx(ri.ratio * math.exp(t3 * ri.se))
+    assert ri.se >= ri.log_se  # never narrower than the requests' own bootstrap
 
 
 def test_shared_drift_hardly_widens_the_interval_and_pairs_it_never_widens() -> None:
