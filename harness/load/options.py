@@ -8,7 +8,9 @@ their help (``description``) and command-line spelling (:class:`harness.common.o
   and in the web UI's start form;
 - the typer options of the harness's commands that launch load (:func:`typer_options`, and the
   recipe of :mod:`harness.experiments.recipe`);
-- the launcher's command line (:meth:`LoadOptions.to_args`, for :mod:`harness.load.runner`).
+- what a launcher hands its Locust processes (:meth:`LoadOptions.to_json`: the validated object as one
+  ``--options-json`` argument, :mod:`harness.load.runner`), and the command line that reproduces a run
+  for a reader (:meth:`LoadOptions.to_args`).
 
 :class:`LoadOptions` validates what arrived (``extra="forbid"``: a misspelt field in code is an error);
 :meth:`LoadOptions.validated` is the one place a bad value becomes a :class:`ConfigError` naming its
@@ -18,6 +20,7 @@ flag.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -298,13 +301,24 @@ class LoadOptions(AccessOptions):
         The same values (Locust's init, then every test start) are validated once per process: the
         last result is kept and handed out again while the values are unchanged (the web UI's start
         form changes them between runs, and then they are validated anew)."""
-        # Secrets a launcher handed over through the environment, never argv; then the command line.
+        # Secrets a launcher handed over through the environment, never argv; then the options: the
+        # launcher's one object (``--options-json``) or the command line's flags, not both.
         raw: dict[str, Any] = secrets_from_env()
-        for name in cls.model_fields:
+        handed = _handed_over(ns)
+        for name, info in cls.model_fields.items():
             value = getattr(ns, name, None)
             if value is None or value in ("", []):
                 continue
+            if handed is not None:
+                default = info.get_default(call_default_factory=True)
+                if name not in SECRET_FIELDS and str(value) != str(default):
+                    raise ConfigError(
+                        "is given beside --options-json: give each load option in one of them",
+                        field=long_flag(name, info),
+                    )
+                continue
             raw[name] = value
+        raw.update(handed or {})
         if "api_key" not in raw and os.environ.get(API_KEY_ENV):
             raw["api_key"] = os.environ[API_KEY_ENV]
         last = _LAST_NAMESPACE.get("raw")
@@ -329,13 +343,27 @@ class LoadOptions(AccessOptions):
             raise KeyError(name)
         return name in self.model_fields_set
 
+    def to_json(self) -> str:
+        """These options as one JSON object (defaults and secrets omitted): what a launcher hands
+        its Locust processes as ``--options-json``, validated there as the same model
+        (:meth:`from_namespace`). The secrets travel as :meth:`Credentials.to_env`."""
+        given = {name for name in type(self).model_fields if self._differs(name)}
+        return self.model_dump_json(include=given)
+
+    def _differs(self, name: str) -> bool:
+        """Whether option ``name`` is set to something other than its default (never a secret)."""
+        value = getattr(self, name)
+        default = type(self).model_fields[name].get_default(call_default_factory=True)
+        return name not in SECRET_FIELDS and value is not None and value != default
+
     def to_args(self) -> list[str]:
-        """Command-line arguments that reproduce these options (defaults omitted). The secrets are
-        not among them: they travel as :meth:`Credentials.to_env`."""
+        """Command-line arguments that reproduce these options (defaults omitted): for a reader
+        (a record, a printed command), not the launch (:meth:`to_json`). The secrets are not among
+        them: they travel as :meth:`Credentials.to_env`."""
         args: list[str] = []
         for name, info in type(self).model_fields.items():
             value = getattr(self, name)
-            if name in SECRET_FIELDS or value is None or value == info.get_default(call_default_factory=True):
+            if not self._differs(name):
                 continue
             flag = long_flag(name, info)
             args += [flag] if value is True else [flag, str(value)]
@@ -348,6 +376,26 @@ _LAST_NAMESPACE: dict[str, Any] = {}
 """:meth:`LoadOptions.from_namespace`'s last raw values and their validated options."""
 
 
+OPTIONS_JSON = "--options-json"
+"""Locust's argument for the whole options as one JSON object (:meth:`LoadOptions.to_json`)."""
+
+
+def _handed_over(ns: object) -> dict[str, Any] | None:
+    """The options a launcher handed over as one object (``--options-json``), or ``None``. Locust's
+    master sends its parsed options to every worker with each spawn message, so a worker on another
+    machine gets the same object."""
+    text = getattr(ns, "options_json", None)
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ConfigError("is not JSON", field=OPTIONS_JSON) from None
+    if not isinstance(doc, dict):
+        raise ConfigError("must be a JSON object of load options", field=OPTIONS_JSON)
+    return doc
+
+
 def add_arguments(parser: Any) -> None:
     """Add the load stage's options to Locust's argument parser (an ``init_command_line_parser`` hook).
 
@@ -357,6 +405,11 @@ def add_arguments(parser: Any) -> None:
     is a hidden argument of its own that stores the same value and warns once per process.
     """
     web_ui = hasattr(parser, "args_included_in_web_ui")
+    parser.add_argument(
+        OPTIONS_JSON, dest="options_json", default=None, **({"include_in_web_ui": False} if web_ui else {}),
+        help="All the load options as one JSON object, as the harness's launchers pass them (then no "
+        "other load option on the command line)",
+    )  # fmt: skip
     for name, info in LoadOptions.model_fields.items():
         flag = flag_of(info)
         names = [n for n in flag_names(name, info) if n.startswith("--")]

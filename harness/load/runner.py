@@ -33,7 +33,7 @@ from typing import Any
 
 from harness.common.errors import ConfigError
 from harness.load import locustfiles
-from harness.load.options import LoadOptions
+from harness.load.options import OPTIONS_JSON, LoadOptions
 
 _SHIPPED = Path(locustfiles.__file__).parent
 LOCUSTFILES: dict[str, Path] = {"replay": _SHIPPED / "replay.py", "warmup": _SHIPPED / "warmup.py"}
@@ -109,9 +109,9 @@ class LoadSpec:
             self.host,
             "--only-summary",
         ]
-        cmd += opts.to_args()
-        if "--out" not in cmd:  # the default directory, named all the same
-            cmd += ["--out", str(opts.results_dir)]
+        # The validated options as one object, validated again as the same model in every Locust
+        # process (and sent on by the master to its workers): no flag is re-parsed on the way.
+        cmd += [OPTIONS_JSON, opts.to_json()]
         if self.processes:
             cmd += ["--processes", str(self.processes)]
             if "--master-bind-port" not in self.extra_args:

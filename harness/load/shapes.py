@@ -16,7 +16,9 @@ import locust  # noqa: F401  (gevent's monkey-patching, before anything does I/O
 from locust import LoadTestShape
 from locust.runners import MasterRunner
 
+from harness.common.errors import HarnessError
 from harness.load import plugin
+from harness.load.options import LoadOptions
 
 MIN_SPAWN_RATE = 100.0
 """Users per second at least (users are cheap: they only wait on the pacer's queue); above 100 Locust
@@ -66,8 +68,12 @@ class ReplayShape(LoadTestShape):
         runner = self.runner
         env = runner.environment if runner is not None else None
         po = env.parsed_options if env is not None else None
-        concurrency = int(getattr(po, "concurrency", None) or 64)
-        delay = float(getattr(po, "start_delay", None) or 2.0)
+        # The options as the run reads them (cached; bad options are the run's error, not this tick's).
+        try:
+            opts = LoadOptions.from_namespace(po) if po is not None else LoadOptions()
+        except HarnessError:
+            opts = LoadOptions()
+        concurrency, delay = opts.concurrency, opts.start_delay
         workers = getattr(runner, "worker_count", 1) if isinstance(runner, MasterRunner) else 1
         return concurrency * max(1, workers), delay
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -200,9 +201,11 @@ def test_load_spec_passes_the_options_on() -> None:
     spec = LoadSpec(host="http://x", results_dir="r", corpus="c", rate=5, until_precision="5%",
                     max_duration=60, precision_on="tpot_ms:95", precision_min_samples=200)  # fmt: skip
     cmd = spec.command()
-    for flag, value in (("--until-precision", "0.05"), ("--max-duration", "60.0"),
-                        ("--precision-on", "tpot_ms:95"), ("--precision-min-samples", "200")):  # fmt: skip
-        assert cmd[cmd.index(flag) + 1] == value
+    handed = json.loads(cmd[cmd.index("--options-json") + 1])
+    want = {"results_dir": "r", "corpus": "c", "rate": 5.0, "until_precision": 0.05}
+    want |= {"max_duration": 60.0, "precision_on": "tpot_ms:95", "precision_min_samples": 200}
+    assert handed == want
+    assert not any(a.startswith("--until") or a.startswith("--precision") for a in cmd)  # no flag re-parsed
 
 
 @pytest.mark.parametrize("q", [5, 50, 95, 99])
@@ -284,3 +287,24 @@ def test_locusts_options_are_validated_once_per_process_until_they_change() -> N
     assert LoadOptions.from_namespace(ns) is first  # Locust's init, then the test start
     ns.rate = 7.0  # the web UI's start form changed it
     assert LoadOptions.from_namespace(ns).rate == 7.0
+
+
+def test_the_locust_side_takes_the_handed_over_object_and_refuses_a_flag_beside_it() -> None:
+    import argparse
+
+    from harness.common.errors import ConfigError
+    from harness.load.options import add_arguments
+
+    spec = LoadSpec(host="http://x", results_dir="r", corpus="c", rate="50%", capacity=8,
+                    max_tokens_cap=12, header=("X-A: b",))  # fmt: skip
+    cmd = spec.command()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(cmd[cmd.index("--only-summary") + 1 :])
+    back = LoadOptions.from_namespace(ns)
+    assert back == spec.options.evolve(header=None)  # the same model; the secret comes by environment
+    assert back.max_tokens_cap == 12 and back.rate_rps() == 4.0
+    ns = parser.parse_args([*cmd[cmd.index("--only-summary") + 1 :], "--max-tokens-cap", "64"])
+    with pytest.raises(ConfigError) as err:
+        LoadOptions.from_namespace(ns)
+    assert err.value.field == "--max-tokens-cap" and "--options-json" in str(err.value)
