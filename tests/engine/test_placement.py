@@ -11,7 +11,16 @@ import pytest
 from harness.common.errors import ConfigError
 from harness.target.engine.api import SamplingParams
 from harness.target.engine.factory import create_engine
-from harness.target.engine.placement import Placement, cpu_list, enter_front, parse_cpu_list, plan
+from harness.target.engine.placement import (
+    SPIN_COUNT,
+    SPIN_ENV,
+    Placement,
+    cpu_list,
+    enter_front,
+    parse_cpu_list,
+    plan,
+    spin_briefly,
+)
 from tests.engine.conftest import tiny_settings
 
 FOUR = frozenset({0, 1, 2, 3})
@@ -87,3 +96,22 @@ async def test_the_step_loop_computes_on_its_cpus_and_the_front_end_keeps_off_th
         await engine.shutdown()
         torch.set_num_threads(threads)
     assert seen == {"front": placement.front, "compute": placement.compute}
+
+
+def test_compute_threads_spin_briefly_unless_a_wait_policy_was_chosen() -> None:
+    env: dict[str, str] = {}
+    assert spin_briefly(env) and env == {SPIN_ENV: str(SPIN_COUNT)}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {SPIN_ENV: "300000"}):
+        env = dict(chosen)
+        assert not spin_briefly(env) and env == chosen  # the user's choice stands
+
+
+async def test_the_engine_process_gets_the_short_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    engine = create_engine(tiny_settings(step_loop="process"))
+    try:
+        environ = Path(f"/proc/{engine.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        await engine.shutdown()
+    assert f"{SPIN_ENV}={SPIN_COUNT}".encode() in environ

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from harness.common.device import resolve_device as common_resolve_device
 from harness.common.errors import ConfigError
 from harness.target.engine.async_engine import ThreadedAsyncEngine
-from harness.target.engine.placement import plan
+from harness.target.engine.placement import plan, spin_briefly
 from harness.target.engine.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
 def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine | ProcessAsyncEngine:
     """An :class:`~harness.target.engine.api.AsyncEngine` with its model loaded, its step loop where
     ``settings.step_loop`` says (call ``await engine.start()`` before use)."""
+    spin_briefly()  # before torch loads here or in the engine process: see SPIN_COUNT
     if settings.step_loop == "process":
         from harness.target.engine.process import ProcessAsyncEngine
 
