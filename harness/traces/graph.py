@@ -7,10 +7,12 @@ them took, and whose output went into whose prompt. :func:`replay_graph` keeps t
 
 **The calls** are the spans whose ``gen_ai.operation.name`` is ``chat``, ``text_completion`` or
 ``generate_content`` (an SDK that writes no operation name: a span with ``gen_ai.request.model`` and
-recorded usage or content). Call spans nested in one another (a framework's ``call_llm`` around the
-SDK's ``openai.chat``, both instrumented) are one call: the innermost, the one nearest the wire, is
-kept, with what it lacks (model, usage) from the nearest span around it. (The outer span may hold
-more than the call: the agent kits time the tools the answer asked for inside it.)
+recorded usage or content; Claude Code's own ``claude_code.llm_request`` spans, whose usage is read
+from their ``input_tokens``, ``cache_read_tokens``, ``cache_creation_tokens`` and
+``output_tokens``). Call spans nested in one another (a framework's ``call_llm`` around the SDK's
+``openai.chat``, both instrumented) are one call: the innermost, the one nearest the wire, is kept,
+with what it lacks (model, usage) from the nearest span around it. (The outer span may hold more
+than the call: the agent kits time the tools the answer asked for inside it.)
 
 **Who waits for whom.** Call B depends on call A when
 
@@ -245,7 +247,7 @@ def _is_call(span: Span) -> bool:
     op = span.tags.get("gen_ai.operation.name")
     if op is not None:
         return str(op) in LLM_OPERATIONS
-    tags = span.tags
+    tags = _usage(span.tags)
     recorded = any(k.startswith(("gen_ai.usage.", "gen_ai.prompt", "gen_ai.input.")) for k in tags)
     return "gen_ai.request.model" in tags and recorded
 
@@ -257,7 +259,7 @@ def _call(
     tags: dict[str, TagValue] = {}
     for sid in reversed(around):
         tags.update(trace.spans[sid].tags)
-    tags.update(span.tags)
+    tags.update(_usage(span.tags))
     messages = _messages(tags)
     output = _output_text(tags)
     out_tokens = _int(tags.get("gen_ai.usage.output_tokens", tags.get("gen_ai.usage.completion_tokens")))
@@ -282,6 +284,25 @@ def _call(
             temperature=float(temperature) if isinstance(temperature, int | float) else None,
         ),
     )  # fmt: skip
+
+
+def _usage(tags: Mapping[str, TagValue]) -> Mapping[str, TagValue]:
+    """``tags`` with the usage that Claude Code's own tracing records (``span.type: llm_request``;
+    ``input_tokens`` counts only the uncached part, beside ``cache_read_tokens`` and
+    ``cache_creation_tokens``) in the semantic conventions' names: the input is all three, as
+    ``gen_ai.usage.input_tokens`` counts it, and the cache reads are its cached part."""
+    if tags.get("span.type") != "llm_request" or "gen_ai.usage.output_tokens" in tags:
+        return tags
+    parts = [_int(tags.get(k)) for k in ("input_tokens", "cache_read_tokens", "cache_creation_tokens")]
+    out = _int(tags.get("output_tokens"))
+    if parts[0] is None or out is None:
+        return tags
+    return {
+        **tags,
+        "gen_ai.usage.input_tokens": sum(p or 0 for p in parts),
+        "gen_ai.usage.output_tokens": out,
+        "gen_ai.usage.cache_read.input_tokens": parts[1] or 0,
+    }
 
 
 def _messages(tags: Mapping[str, TagValue]) -> list[ChatMessage]:

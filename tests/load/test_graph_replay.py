@@ -1,9 +1,10 @@
 """Agent sessions replayed as their traces' call graphs: real headless Locust runs against a server
 that tags its replies (:mod:`tests.load.sse_server`).
 
-The corpus comes from three real agent traces (``fixtures/traces/genaiTestTrace.json`` and the two
-kagent traces in ``fixtures/traces/genai/``) through ``harness traces graph`` → ``harness corpus
-graph``'s functions. The claims, checked from the client's records and the server's own log:
+The corpus comes from real agent traces (``fixtures/traces/genaiTestTrace.json``, the two kagent
+traces in ``fixtures/traces/genai/`` and, in the first test, the sub-agent run in its
+``usage_only/``) through ``harness traces graph`` → ``harness corpus graph``'s functions. The
+claims, checked from the client's records and the server's own log:
 
 * every call is intended exactly at its last predecessor's end plus its recorded gap (a root: the
   session's start plus its gap) and is never sent earlier; the server receives it only after every
@@ -56,6 +57,13 @@ def _graphs() -> list[SessionGraph]:
     return genai + kagent
 
 
+def _subagent() -> SessionGraph:
+    """kagent's Claude Code run (no content recorded): a sub-agent's chain of 21 calls beside the
+    main thread's call, the next call waiting for both (fan-in); gaps as recorded (3.4 s in all)."""
+    (g,) = replay_graphs(read_traces(TRACES / "genai" / "usage_only" / "kagent_claude_subagent_otlp.json"))
+    return g
+
+
 def _corpus(path: Path, records: list[CorpusRecord]) -> Path:
     write_jsonl(path, (r.model_dump(mode="json", exclude_none=True) for r in records))
     return path
@@ -96,14 +104,15 @@ def _check_schedule(plays: list[dict[int, RequestRecord]], graphs: dict[str, Ses
 
 
 def test_replay_keeps_the_call_graph_with_live_outputs(tmp_path: Path) -> None:
-    graphs = _graphs()
-    records = graph_records(graphs)
+    graphs = [*_graphs(), _subagent()]
+    # The sub-agent trace recorded no content: the Jaeger UI trace's requests stand in for its calls.
+    records = graph_records(graphs, fill=graph_records(graphs[:1]))
     corpus = _corpus(tmp_path / "corpus.jsonl", records)
     by_id = {g.session: g for g in graphs}
     with SSEServer(
         Behaviour(first_token_s=FIRST_TOKEN_S, gap_s=ITL_S, tokens=TOKENS, tag_replies=True)
     ) as srv:
-        # 20 sessions a second for 2 s, the three traces in turn: ~16 sessions in flight at once.
+        # 20 sessions a second for 2 s, the four traces in turn: ~16 sessions in flight at once.
         spec = LoadSpec(host=srv.url, corpus=corpus, rate=20, duration=2, results_dir=tmp_path / "r",
                         start_delay=1.0, concurrency=32)  # fmt: skip
         assert run_locust(spec, timeout_s=TIMEOUT_S) == 0

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GENAI_TRACE = ROOT / "fixtures" / "traces" / "genaiTestTrace.json"
 KAGENT_OTLP = ROOT / "fixtures" / "traces" / "genai" / "kagent_adk_go_1turn_otlp.json"
 KAGENT_JAEGER = ROOT / "fixtures" / "traces" / "genai" / "kagent_helm_agent_jaeger.json"
+CLAUDE_SUBAGENT = ROOT / "fixtures" / "traces" / "genai" / "usage_only" / "kagent_claude_subagent_otlp.json"
 
 
 def span(
@@ -196,6 +197,27 @@ def test_a_real_agent_run_over_otlp_two_calls_around_parallel_tools() -> None:
     )
     assert [m.role for m in second.request.messages].count("tool") == 2
     assert second.gap_ms > 0 and g.critical_path_ms == g.makespan_ms
+
+
+def test_a_real_agent_run_with_a_sub_agent_beside_the_main_thread_and_a_join() -> None:
+    """kagent's Claude Code runtime: 28 calls in Claude Code's own tracing (no gen_ai.operation.name,
+    usage in its own attributes, no content). A sub-agent's first call runs beside the main thread's
+    fifth; the next call waits for both (fan-in), and the main thread's answer comes after the
+    sub-agent's last call."""
+    (g,) = replay_graphs(read_traces(CLAUDE_SUBAGENT))
+    calls = by_id(g)
+    assert len(g.calls) == 28 and g.fan_out() == 2 and g.fan_in() == 2
+    sub, main_ = calls["8a5a0ab60fc6412a"], calls["13246baca68f60fd"]
+    assert (
+        sub.offset_ms < main_.offset_ms + main_.duration_ms
+        and main_.offset_ms < sub.offset_ms + sub.duration_ms
+    )
+    assert set(calls["a0584aa905ddbc5f"].depends_on) == {sub.id, main_.id}
+    assert calls["4eb779e827622274"].depends_on == ["7d67e2af9230a8ea"]  # after the sub-agent's last
+    first = g.calls[0]  # 10 uncached + 0 read + 23,030 written to the provider's cache; 356 out
+    assert (first.input_tokens, first.cached_tokens, first.output_tokens) == (23_040, 0, 356)
+    assert (sub.input_tokens, sub.output_tokens, sub.request.max_tokens) == (13_135, 223, 223)
+    assert not any(c.content for c in g.calls) and g.critical_path_ms == g.makespan_ms
 
 
 def test_a_real_agent_run_in_jaeger_json_with_flattened_attributes() -> None:
