@@ -16,6 +16,7 @@ ladder stopped on a failed stage or requests failed, 3/4/5 bad input, configurat
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -183,7 +184,8 @@ of a replay's own arrivals."""
 
 
 def _launch(spec: LoadSpec) -> None:
-    console.print(" ".join(spec.command()[1:]), style="dim", highlight=False)
+    # As a shell would take it again: the options are one quoted JSON argument.
+    console.print(shlex.join(spec.command()[1:]), style="dim", highlight=False, markup=False)
     code = run_locust(spec)
     results = spec.options.results_dir
     if (results / SUMMARY_FILE).exists():
