@@ -32,6 +32,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from harness.common.errors import ConfigError
+from harness.common.io import json_object
 from harness.common.model import StrictModel
 from harness.common.options import Flag, Option, options_of
 
@@ -208,12 +209,7 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]
     raw = (environ if environ is not None else os.environ).get(SECRETS_ENV)
     if not raw:
         return {}
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise ConfigError("is not JSON", field=SECRETS_ENV) from None
-    if not isinstance(doc, dict):
-        raise ConfigError("must be a JSON object", field=SECRETS_ENV)
+    doc = json_object(raw, SECRETS_ENV)
     return {k: v for k, v in doc.items() if k in ("api_key", "admin_token", "header") and v}
 
 

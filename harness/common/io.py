@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from harness.common.errors import HarnessError, InputError
+from harness.common.errors import ConfigError, HarnessError, InputError
 
 if TYPE_CHECKING:
     import yaml
@@ -75,6 +75,18 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
             fh.write(b"\n")
             n += 1
     return n
+
+
+def json_object(text: str, field: str) -> dict[str, Any]:
+    """``text`` as a JSON object, or a :class:`ConfigError` naming ``field`` (a setting that carries
+    JSON: an environment variable, a command-line argument)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ConfigError("is not JSON", field=field) from None
+    if not isinstance(doc, dict):
+        raise ConfigError("must be a JSON object", field=field)
+    return doc
 
 
 def check_input_file(path: str | Path, *, allow_empty: bool = False) -> Path:

@@ -20,7 +20,6 @@ flag.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +37,7 @@ from pydantic import (
 
 from harness.common.auth import API_KEY_ENV, SECRET_OPTIONS, AccessOptions, secrets_from_env
 from harness.common.errors import ConfigError
+from harness.common.io import json_object
 from harness.common.model import StrictModel
 from harness.common.options import (
     Flag,
@@ -385,15 +385,7 @@ def _handed_over(ns: object) -> dict[str, Any] | None:
     master sends its parsed options to every worker with each spawn message, so a worker on another
     machine gets the same object."""
     text = getattr(ns, "options_json", None)
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ConfigError("is not JSON", field=OPTIONS_JSON) from None
-    if not isinstance(doc, dict):
-        raise ConfigError("must be a JSON object of load options", field=OPTIONS_JSON)
-    return doc
+    return json_object(text, OPTIONS_JSON) if text else None
 
 
 def add_arguments(parser: Any) -> None:
