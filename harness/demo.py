@@ -81,8 +81,8 @@ def corpus_build_args(run_dir: Path, n: int) -> list[str]:
 
 @dataclass
 class DemoConfig:
-    """The demo's knobs (the defaults take about 20 minutes on 2 CPU cores: 1,233 s measured on a quiet
-    machine, 2026-12-06, with 8 block pairs a look; tests/test_demo.py runs them)."""
+    """The demo's knobs (the defaults take about 14 minutes on 2 CPU cores: 805 s measured on a quiet
+    machine, 2026-12-07, with 8 block pairs a look; tests/test_demo.py runs them)."""
 
     out_dir: Path
     corpus_n: int = 128
