@@ -115,3 +115,4 @@ async def test_the_engine_process_gets_the_short_spin(monkeypatch: pytest.Monkey
     finally:
         await engine.shutdown()
     assert f"{SPIN_ENV}={SPIN_COUNT}".encode() in environ
+    assert SPIN_ENV not in os.environ  # the child's environment, not this process's

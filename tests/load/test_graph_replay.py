@@ -59,7 +59,8 @@ def _graphs() -> list[SessionGraph]:
 
 def _subagent() -> SessionGraph:
     """kagent's Claude Code run (no content recorded): a sub-agent's chain of 21 calls beside the
-    main thread's call, the next call waiting for both (fan-in); gaps as recorded (3.4 s in all)."""
+    main thread's call, the next call waiting for both (fan-in); gaps as recorded (5.9 s on its
+    longest chain)."""
     (g,) = replay_graphs(read_traces(TRACES / "genai" / "usage_only" / "kagent_claude_subagent_otlp.json"))
     return g
 

@@ -113,11 +113,11 @@ def create_core(settings: EngineSettings) -> tuple[EngineCore, LoadedModel]:
 def create_engine(settings: EngineSettings) -> ThreadedAsyncEngine | ProcessAsyncEngine:
     """An :class:`~harness.target.engine.api.AsyncEngine` with its model loaded, its step loop where
     ``settings.step_loop`` says (call ``await engine.start()`` before use)."""
-    spin_briefly()  # before torch loads here or in the engine process: see SPIN_COUNT
     if settings.step_loop == "process":
         from harness.target.engine.process import ProcessAsyncEngine
 
-        return ProcessAsyncEngine(settings)
+        return ProcessAsyncEngine(settings)  # its process gets the short spin in its environment
+    spin_briefly()  # this process computes: before torch loads here (see placement.SPIN_COUNT)
     core, loaded = create_core(settings)
     placement = plan(settings.bind_cores, settings.cpu_threads)
     return ThreadedAsyncEngine(

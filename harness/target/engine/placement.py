@@ -46,8 +46,8 @@ Never spinning (``OMP_WAIT_POLICY=PASSIVE``) cost the tiny preset 1.6× in TPOT 
 def spin_briefly(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Set :data:`SPIN_ENV` to :data:`SPIN_COUNT` unless a wait policy was chosen (``OMP_WAIT_POLICY``
     or ``GOMP_SPINCOUNT`` already set: the user's choice stands); whether it was set. libgomp reads
-    it when torch loads it, so this runs before the engine imports torch, and the engine process
-    started later inherits it."""
+    it when torch loads it: the engine process gets it in the environment it starts with; a step
+    loop on a thread sets it in this process before torch is imported here."""
     if SPIN_ENV in environ or "OMP_WAIT_POLICY" in environ:
         return False
     environ[SPIN_ENV] = str(SPIN_COUNT)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from harness.common.errors import UnavailableError
 from harness.target.engine import wire
 from harness.target.engine.api import EngineError, EngineStats, RequestLimits
 from harness.target.engine.async_engine import AddCommand, StreamingEngine, reply_on
-from harness.target.engine.placement import Placement, plan
+from harness.target.engine.placement import Placement, plan, spin_briefly
 from harness.target.engine.settings import EngineSettings
 from harness.target.engine.tokenizer import checkpoint_tokenizer, preset_tokenizer
 
@@ -60,11 +61,13 @@ class ProcessAsyncEngine(StreamingEngine):
         self._seen = 0
         self._stats = EngineStats()
         self._reader: threading.Thread | None = None
+        env = dict(os.environ)
+        spin_briefly(env)  # the engine's compute threads: see placement.SPIN_COUNT
         with child:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.target.engine.worker", "--fd", str(child.fileno())],
-                pass_fds=(child.fileno(),),
-            )
+                pass_fds=(child.fileno(),), env=env,
+            )  # fmt: skip
         try:
             wire.send(parent, {"settings": settings.model_dump(mode="json")})
             hello = wire.recv(parent)
