@@ -31,14 +31,18 @@ from harness.common import headers as H
 from harness.common.io import write_jsonl
 from harness.corpus.graph import graph_records
 from harness.corpus.model import CorpusRecord
+from harness.gates import load_result_sets
 from harness.load.results import RequestRecord, read_records
 from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.session_summary import session_outcomes
+from harness.reports.tables import AGENT_SESSION_COLUMNS, agent_sessions_table
+from harness.target.engine import weights
 from harness.traces.api import read_traces
 from harness.traces.graph import SessionGraph, replay_graphs
 from tests.load.sse_server import Behaviour, Served, SSEServer
 from tests.load.test_tracing import _Receiver, attrs
+from tests.server.conftest import harness_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,3 +309,43 @@ def test_two_workers_keep_each_session_whole(tmp_path: Path) -> None:
     assert len(workers) == 6 and all(len(w) == 1 for w in workers.values())
     assert {w for ws in workers.values() for w in ws} == {0, 1}
     assert len(recs) == 2 * sum(len(g.calls) for g in graphs) and all(r.ok for r in recs)
+
+
+def test_live_outputs_raise_the_session_prefix_hit_rate_on_our_target(tmp_path: Path) -> None:
+    """Against our target with its prefix cache (``harness serve --preset smollm2``: real weights, whose
+    answers re-tokenize to themselves; the ``tiny`` preset's random tokens do not), the kagent ADK
+    trace's second call, whose recorded body holds the first call's answer. With live outputs that
+    answer is the one the target just generated, so its KV blocks are already in the prefix cache;
+    sent as recorded (``--history log``: the same calls as independent requests, the same order and
+    gaps, the only difference the answer in call 2) only the first call's prompt is. A fresh server
+    for each run; sampling seeded, so the live answer is the same every time. The report shows both
+    runs' session prefix hit rates side by side."""
+    if not weights.is_fetched("smollm2"):
+        pytest.skip("SmolLM2 weights not fetched (`make setup` fetches them; `harness engine fetch smollm2`)")
+    (adk,) = replay_graphs(read_traces(TRACES / "genai" / "kagent_adk_go_1turn_otlp.json"))
+    records = [r.model_copy(update={"sampling": r.sampling.model_copy(update={"seed": 7})})
+               for r in graph_records([adk])]  # fmt: skip
+    corpus = _corpus(tmp_path / "corpus.jsonl", records)
+    runs: dict[str, dict[int, RequestRecord]] = {}
+    for history in ("live", "log"):
+        with harness_server(tmp_path / f"server-{history}", "--preset", "smollm2") as srv:
+            spec = LoadSpec(host=srv.url, corpus=corpus, rate=1, max_requests=1, history=history,
+                            max_tokens_cap=48, results_dir=tmp_path / history, start_delay=0.5)  # fmt: skip
+            assert run_locust(spec, timeout_s=TIMEOUT_S) == 0
+        runs[history] = {r.call: r for r in read_records(tmp_path / history) if r.call is not None}
+    live, log = runs["live"], runs["log"]
+    assert set(live) == set(log) == {1, 2} and all(r.ok for run in runs.values() for r in run.values())
+    # Call 1 is the same request in both runs; call 2's prompt starts with it either way, and the live
+    # answer (at most 48 tokens, its KV the target's own) adds whole cached blocks beyond that prompt.
+    assert live[1].cached_tokens == log[1].cached_tokens == 0
+    first_prompt = live[1].prompt_tokens
+    assert first_prompt is not None and log[2].cached_tokens is not None and live[2].cached_tokens is not None
+    assert log[2].cached_tokens <= first_prompt < live[2].cached_tokens, (log[2], live[2])
+    sets = load_result_sets([("live", tmp_path / "live"), ("log", tmp_path / "log")])
+    rates = {s.label: s.summary.agent_sessions.prefix_hit_rate for s in sets
+             if s.summary is not None and s.summary.agent_sessions is not None}  # fmt: skip
+    assert rates["live"] is not None and rates["log"] is not None and rates["live"] > rates["log"]
+    table = dict(zip(("live", "log"), agent_sessions_table(sets).rows, strict=True))
+    column = AGENT_SESSION_COLUMNS.index("session prefix hit rate")
+    for label, row in table.items():
+        assert row[0] == label and row[column] == f"{100 * rates[label]:.1f} %"
