@@ -202,6 +202,16 @@ def timed(records: Iterable[CorpusRecord], source: str) -> list[CorpusRecord]:
     ``arrival_offset_s`` (a warmup is planned and replayed on a timeline: a corpus built from a trace)."""
     out = list(records)
     for i, rec in enumerate(out):
+        if rec.call is not None:
+            # Checked first: only a session's first call carries an arrival, so the next check would
+            # send the user to build from a trace, which is what they did.
+            raise InputError(
+                "the record is a call of an agent session (harness corpus graph): its calls share "
+                "prefixes through their messages, not the trace's KV block ids a warmup is planned from",
+                file=source, line=i + 1, field="call",
+                hint="replay the sessions cold and warm with `harness run --corpus`; plan a warmup "
+                "from a trace with hash_ids (Mooncake): harness corpus build --trace",
+            )  # fmt: skip
         if rec.arrival_offset_s is None:
             raise InputError(
                 "the record has no arrival_offset_s; build the corpus from a trace (--trace)",

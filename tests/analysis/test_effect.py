@@ -20,10 +20,15 @@ from harness.analysis.effect import (
 )
 from harness.common.errors import ConfigError, InputError
 from harness.common.stats import percentile
+from harness.corpus.graph import graph_records
 from harness.corpus.model import CorpusRecord
 from harness.corpus.tokens import load_tokenizer
+from harness.traces.api import read_traces
+from harness.traces.graph import replay_graphs
 
 from .conftest import corpus_record, record
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCK = 4
 
@@ -60,6 +65,18 @@ def test_split_cuts_at_a_share_of_the_time_span_and_rebases_the_window() -> None
     assert err.value.file == "h.jsonl" and err.value.line == 1
     both = pair_records(recs[:2], recs[3:], ("h", "w"))
     assert [r.arrival_offset_s for r in both.window] == [0.0, 10.0, 70.0] and math.isnan(both.cut_s)
+
+
+def test_an_agent_session_corpus_is_refused_naming_its_call_field() -> None:
+    """A graph corpus (harness corpus graph) has an arrival on each session's first call only, and its
+    calls share prefixes through their messages, not block ids: refused for that, not sent to build
+    the corpus from a trace (which it was)."""
+    (adk,) = replay_graphs(
+        read_traces(ROOT / "fixtures" / "traces" / "genai" / "kagent_adk_go_1turn_otlp.json")
+    )
+    with pytest.raises(InputError, match="agent session") as err:
+        split_records(graph_records([adk]), 0.5, "graph.jsonl")
+    assert (err.value.file, err.value.line, err.value.field) == ("graph.jsonl", 1, "call")
 
 
 def test_prefix_only_is_the_shared_prefix_alone_and_one_token() -> None:
