@@ -414,6 +414,14 @@ class LoadRun:
             self.completed = True
         return self.completed
 
+    def wait_settled(self, timeout_s: float) -> None:
+        """Local: block this greenlet until the last request taken has been answered, at most
+        ``timeout_s``, so that the shape asks :meth:`finished` the moment the run may be done rather
+        than at its next one-second tick (each block of an A/B run, each capacity probe, ended half a
+        second late on average). A master returns at once: its workers report once a second anyway."""
+        if self.role == "local" and self.pacer is not None:
+            self.pacer.settled.wait(timeout_s)
+
     def finished(self) -> bool:
         """Local / master: is the whole run done (the shape then ends the test)?"""
         if not self.started:

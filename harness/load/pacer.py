@@ -102,6 +102,8 @@ class Pacer:
         self._greenlet: gevent.Greenlet[[], None] | None = None
         self.finished = Event()
         """Set when the source is exhausted (or :meth:`stop` was called) and the queue got its end mark."""
+        self.settled = Event()
+        """Set once :attr:`drained`: the last request taken has been answered (the run may end now)."""
         self.released = 0
         self.taken = 0
         self.in_flight = 0
@@ -139,6 +141,8 @@ class Pacer:
         if not self.finished.is_set():
             self.finished.set()
             self.queue.put(None)  # after the arrivals still queued (stop() emptied it first)
+        if self.drained:
+            self.settled.set()
 
     def _run(self) -> None:
         clock = time.perf_counter
@@ -226,8 +230,10 @@ class Pacer:
         return Taken(h.arrival, queue_wait_s(h, time.perf_counter(), self.epoch))
 
     def done(self) -> None:
-        """A user finished the request it took."""
+        """A user finished the request it took (after recording it)."""
         self.in_flight -= 1
+        if self.drained:
+            self.settled.set()
 
     @property
     def queued(self) -> int:

@@ -25,6 +25,10 @@ MIN_SPAWN_RATE = 100.0
 warns, so the rate only goes higher when the pool would otherwise not be up within half the start delay."""
 
 
+TICK_WAIT_S = 0.9
+"""How long a tick may wait for the run's last answer: within Locust's one-second tick."""
+
+
 def spawn_rate(users: int, start_delay: float) -> float:
     """Spawn the whole pool within half the start delay (the epoch), at ≥ :data:`MIN_SPAWN_RATE`/s."""
     return max(MIN_SPAWN_RATE, users / max(0.5 * start_delay, 0.05))
@@ -40,6 +44,7 @@ class ReplayShape(LoadTestShape):
         super().__init__()  # type: ignore[no-untyped-call]
         self._started = False
         self._first: tuple[int, float] = (0, MIN_SPAWN_RATE)
+        self._csv = False
 
     def tick(self) -> tuple[int, float] | None:
         run = plugin.current()
@@ -48,6 +53,8 @@ class ReplayShape(LoadTestShape):
                 return None  # test_start failed (the error is logged, the exit code set)
             # The first tick starts the test (test_start builds the run): size the pool already.
             self._started = True
+            env = self.runner.environment if self.runner is not None else None
+            self._csv = bool(getattr(env.parsed_options if env is not None else None, "csv_prefix", None))
             users, delay = self._initial_users()
             self._first = (users, spawn_rate(users, delay))
             return self._first
@@ -55,6 +62,14 @@ class ReplayShape(LoadTestShape):
             # Locust fires test_start in its spawning greenlet and ticks on meanwhile: while the run
             # is still setting up (posting a preload can take seconds) keep the pool, judge nothing.
             return self._first
+        # Locust ticks a shape once a second (it sleeps what is left of the second after the tick):
+        # waiting here for the last answer ends a finished run when it finishes, not up to a second
+        # later, and leaves the cadence of the ticks (the ladder's, the --run-time cap's) as it was.
+        # Not with Locust's --csv: its writer rewrites the files once a second and not at the end, so
+        # a test that ended at once would leave out the last second's requests (it ticks just before
+        # the shape, so ending on a tick, as before, leaves out at most what ended in between).
+        if not self._csv:
+            run.wait_settled(TICK_WAIT_S)
         if run.finalized or run.advance(self.get_run_time()):  # type: ignore[no-untyped-call]
             return None
         users = run.users()

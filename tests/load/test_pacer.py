@@ -30,6 +30,24 @@ def test_every_arrival_is_released_in_order_and_every_user_sees_the_end() -> Non
     assert p.drained and p.released == p.taken == 50 and p.in_flight == 0
 
 
+def test_settled_is_set_when_the_last_request_taken_is_answered_and_not_before() -> None:
+    """What the shape waits on to end a finished run at once: the source exhausted *and* every
+    request taken answered; the last one still in flight keeps it unset."""
+    p = Pacer(ListArrivals([Arrival(i, 0.0, 0) for i in range(3)]), lead_s=0.0)
+    p.start(time.perf_counter())
+    taken = [p.take() for _ in range(3)]
+    assert all(t is not None for t in taken) and p.take() is None  # the end mark: source exhausted
+    p.done()
+    p.done()
+    assert p.finished.is_set() and not p.settled.is_set() and p.in_flight == 1
+    p.done()
+    assert p.drained and p.settled.wait(timeout=10)
+    stopped = Pacer(ListArrivals([Arrival(0, 3600.0, 0)]))
+    stopped.start(time.perf_counter())
+    stopped.stop()  # nothing taken, nothing in flight: settled at the end mark
+    assert stopped.settled.is_set()
+
+
 def test_a_busy_pool_keeps_intended_times_and_the_backlog_drains() -> None:
     # One user that holds each request 5 ms against arrivals every 1 ms: arrivals wait, never vanish.
     src = RateArrivals(5)
