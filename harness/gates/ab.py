@@ -252,6 +252,15 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _looks_text(look: int, looks: int, *, warm: bool) -> str:
+    """Where this judgement stands among those the family's α is split over. The one after a warm
+    pass is one more than the blocks' looks (``--looks 2`` with a warm pass: at most 3), so it says
+    which look it follows rather than "look 3 of at most 3" beside a recipe that asked for 2."""
+    if warm:
+        return f" after look {look - 1} and the warm pass, judgement {look} of at most {looks}"
+    return f", look {look} of at most {looks}" if looks > 1 else ""
+
+
 def judge_ab(
     pairs: Sequence[tuple[ResultSet, ResultSet]],
     *,
@@ -316,7 +325,7 @@ def judge_ab(
     headline = (
         f"{VERDICT_WORDS[overall]}: {counts['pass']} passed, {counts['fail']} failed, "
         f"{counts['unjudgeable']} cannot be judged ({len(pairs)} block pairs"
-        + (f", look {look} of at most {looks}" if looks > 1 else "")
+        + _looks_text(look, looks, warm=bool(more_errors))
         + f"; family-wise false-alarm rate {alpha:.0%}"
         + (f"; {len(left_out)} metric(s) left out by design" if left_out else "")
         + ")"

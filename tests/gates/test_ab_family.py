@@ -140,8 +140,11 @@ def test_the_judgement_states_its_family_and_errors_fail_whatever_else() -> None
     # A warm pass's errors count in the candidate's error rate, not in the ratios.
     warm = _frames(9, 1.0, errors=0.5, blocks=1)
     clean = judge_ab(_frames(1, 1.0), metrics="ttft_p50", resamples=300)
-    with_warm = judge_ab(_frames(1, 1.0), metrics="ttft_p50", resamples=300, more_errors=warm)
+    with_warm = judge_ab(
+        _frames(1, 1.0), metrics="ttft_p50", resamples=300, more_errors=warm, look=3, looks=3
+    )
     assert clean.error_rate.verdict == "pass" and with_warm.error_rate.verdict == "fail"
+    assert "block pairs after look 2 and the warm pass, judgement 3 of at most 3;" in with_warm.headline
     assert with_warm.metrics[0].ratio == clean.metrics[0].ratio
 
 
