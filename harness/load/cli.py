@@ -93,7 +93,11 @@ def _ms(v: float | None) -> str:
 def print_summary(s: RunSummary, title: str) -> None:
     columns = ("metric", "n", "p50", "p90", "p95", "p99", "max", "mean")
     console.print(cons.table(title, columns, summary_table(s.metrics), left={"metric"}))
-    rate = f"{s.achieved_rate:.2f}/s" + (f" of {s.target_rate:.2f}/s" if s.target_rate else "")
+    rate = f"{s.achieved_rate:.2f}/s"
+    if s.target_rate and s.sessions:  # --rate starts sessions: requests/s is not comparable with it
+        rate += f", sessions offered at {s.target_rate:.2f}/s"
+    elif s.target_rate:
+        rate += f" of {s.target_rate:.2f}/s"
     hit = s.hit_rate.get("any")
     console.print(
         f"requests {s.requests}, errors {s.errors}, rate {rate}"

@@ -10,6 +10,7 @@ is :func:`harness.load.run_summary.summarize`; writing the file is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -61,8 +62,7 @@ def build_summary(
     if ladder is None and inputs.rate is not None:
         target_rate = inputs.rate
     elif ladder is None and records:
-        span = max(r.intended_s for r in records) - min(r.intended_s for r in records)
-        target_rate = (len(records) - 1) / span if span > 0 else None
+        target_rate = offered_rate(records, sessions=inputs.sessions is not None)
     api: Literal["chat", "completions"] = (
         ("chat" if o.api == "chat" else "completions") if o.api != "auto" else _api_of(inputs.requests)
     )
@@ -181,6 +181,20 @@ def _final_stop_reason(
 
 def _corpus_file(p: Path) -> Path:
     return p / "corpus.jsonl" if p.is_dir() else p
+
+
+def offered_rate(records: Sequence[RequestRecord], *, sessions: bool) -> float | None:
+    """Arrivals a second that a schedule without ``--rate`` offered, from the records' intended
+    times: with a session corpus an arrival is a session's start, not each of its calls or turns."""
+    arrivals = [r.intended_s for r in records]
+    if sessions:
+        starts: dict[str, float] = {}
+        for r in records:
+            key = r.session_id or r.id
+            starts[key] = min(starts.get(key, r.intended_s), r.intended_s)
+        arrivals = list(starts.values())
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    return (len(arrivals) - 1) / span if span > 0 else None
 
 
 def _api_of(requests: list[RequestSpec]) -> Literal["chat", "completions"]:

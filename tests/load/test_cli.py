@@ -9,6 +9,7 @@ import pytest
 from harness.cli import main
 from harness.load.results import RecordWriter, RequestRecord
 from harness.load.run_summary import TargetInfo, read_summary, summarize, write_summary
+from harness.load.summary import offered_rate
 
 
 def rows(n: int) -> list[RequestRecord]:
@@ -74,6 +75,39 @@ def test_summarize_shows_thinking_answers_and_tool_calls_only_when_a_run_has_the
     s = read_summary(agent)
     assert s.metrics["itl_reasoning_ms"].max == 1.0 and s.metrics["itl_answer_ms"].max == 2.0
     assert s.metrics["ttfa_ms"].p50 == 400.0 and s.reasoning_counting == {"counted": 10}
+
+
+def test_a_session_run_says_its_rate_started_sessions_and_a_plain_one_compares_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rate`` starts sessions in a session corpus: the requests a second it achieved are not
+    measured against it as if it offered requests."""
+    for name, session in (("plain", False), ("sessions", True)):
+        recs = rows(10)
+        for i, r in enumerate(recs):
+            r.session_id = f"s{i // 2}" if session else None
+        w = RecordWriter(tmp_path / name / "records.jsonl")
+        w.write_many(recs)
+        w.close()
+        summary = summarize([], started_at="2026-01-01T00:00:00Z", duration_s=1.0,
+                            target=TargetInfo(url="http://t"), target_rate=5.0)  # fmt: skip
+        write_summary(tmp_path / name, summary)
+        with pytest.raises(SystemExit):
+            main(["load", "summarize", str(tmp_path / name)])
+        out = " ".join(capsys.readouterr().out.split())
+        if session:
+            assert "rate 10.00/s, sessions offered at 5.00/s" in out, out
+        else:
+            assert "rate 10.00/s of 5.00/s" in out, out
+
+
+def test_a_schedule_offers_sessions_not_their_calls() -> None:
+    recs = rows(10)  # intended every 0.1 s: 10 requests over 0.9 s
+    assert offered_rate(recs, sessions=False) == pytest.approx(10.0)
+    for i, r in enumerate(recs):
+        r.session_id = f"s{i // 2}"  # five sessions of two calls, starting 0.2 s apart
+    assert offered_rate(recs, sessions=True) == pytest.approx(5.0)
+    assert offered_rate(recs[:1], sessions=True) is None
 
 
 def test_summarize_a_missing_directory_is_an_input_error(
