@@ -373,8 +373,8 @@ class RunSummary(StrictModel):
     """Share of requests answered by each ``x-cache`` status, plus ``any`` (any ``HIT-*``) and
     ``prefix`` (share of requests with ``cached_tokens > 0``). Empty when the target sends neither."""
     target_rate: float | None = None
-    """Arrivals per second the schedule offered: requests, or with a session corpus and ``--rate``,
-    session starts (``None``: no schedule, closed loop)."""
+    """Arrivals per second the schedule offered: requests, or with a session corpus, session starts
+    (``None``: no schedule, closed loop)."""
     achieved_rate: float
     """Requests sent per second of the send window."""
     client_cpu_pct: float | None = None
