@@ -21,8 +21,8 @@ LONGEST_FIRST = (
 )
 """The test files that take longest (a whole file is one unit of work under ``--dist loadfile``),
 longest first, measured on a quiet 2-core machine: 156, 67, 50, 48 and 41 s (2026-12-02). The
-demo's test (610 s alone in CI, 2026-12-07), the documented CI job's (285 s) and the A/B test's
-(94 s) are marked ``alone`` and run after the rest, one at a time (the Makefile). A worker that
+demo's test (610–751 s alone in CI, 2026-12-07), the documented CI job's (285–312 s) and the A/B
+test's (94–100 s) are marked ``alone`` and run after the rest, one at a time (the Makefile). A worker that
 picks a long file last would run on alone for minutes after the other has finished, so under xdist
 these files are handed out first. A stale list costs wall time,
 never correctness: every other file keeps its collection order."""

@@ -37,7 +37,8 @@ from tests.reports.test_report import _parse
 @pytest.mark.slow
 # By itself, after the rest (`make test`): beside the other worker's bursts (and a developer's own
 # work on the same two cores) one CI run's A/B cases could not judge even the 2x slower engine, and
-# the test ran past 1,800 s. 610 s alone on the 2-core CI machine (2026-12-07, 8 block pairs a look).
+# the test ran past 1,800 s. 610 and 751 s alone in two runs on the 2-core CI machine (2026-12-07,
+# 8 block pairs a look).
 @pytest.mark.alone
 @pytest.mark.timeout(2700)
 def test_demo_passes_the_unchanged_target_and_fails_each_regression_beside_it(
