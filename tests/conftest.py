@@ -61,6 +61,20 @@ def realdata() -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def smollm2_dir() -> Path:
+    """The real-weight preset's checkpoint; the test skips, saying how to fetch it, where it is not
+    (`make setup` fetches it, so CI runs these tests)."""
+    from harness.target.engine import weights
+
+    if not weights.is_fetched("smollm2"):
+        pytest.skip(
+            f"SmolLM2 weights not fetched in {weights.checkpoint_dir('smollm2')} "
+            "(`make setup` fetches them; `harness engine fetch smollm2`)"
+        )
+    return weights.checkpoint_dir("smollm2")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

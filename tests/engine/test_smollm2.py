@@ -93,16 +93,6 @@ def test_an_explicit_model_dir_wins_over_the_preset(tmp_path: Path, monkeypatch:
     assert s.model_dir == tmp_path
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir() -> Path:
-    if not weights.is_fetched("smollm2"):
-        pytest.skip(
-            f"SmolLM2 weights not fetched in {weights.checkpoint_dir('smollm2')} "
-            "(`make setup` fetches them; `harness engine fetch smollm2`)"
-        )
-    return weights.checkpoint_dir("smollm2")
-
-
 @pytest.mark.slow
 def test_preset_resolves_to_the_checkpoint(smollm2_dir: Path) -> None:
     s = EngineSettings(preset="smollm2")

@@ -37,7 +37,6 @@ from harness.load.run_summary import read_summary
 from harness.load.runner import LoadSpec, run_locust
 from harness.load.session_summary import session_outcomes
 from harness.reports.tables import AGENT_SESSION_COLUMNS, agent_sessions_table
-from harness.target.engine import weights
 from harness.traces.api import read_traces
 from harness.traces.graph import SessionGraph, replay_graphs
 from tests.load.sse_server import Behaviour, Served, SSEServer
@@ -311,7 +310,9 @@ def test_two_workers_keep_each_session_whole(tmp_path: Path) -> None:
     assert len(recs) == 2 * sum(len(g.calls) for g in graphs) and all(r.ok for r in recs)
 
 
-def test_live_outputs_raise_the_session_prefix_hit_rate_on_our_target(tmp_path: Path) -> None:
+def test_live_outputs_raise_the_session_prefix_hit_rate_on_our_target(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
     """Against our target with its prefix cache (``harness serve --preset smollm2``: real weights, whose
     answers re-tokenize to themselves; the ``tiny`` preset's random tokens do not), the kagent ADK
     trace's second call, whose recorded body holds the first call's answer. With live outputs that
@@ -320,8 +321,6 @@ def test_live_outputs_raise_the_session_prefix_hit_rate_on_our_target(tmp_path: 
     gaps, the only difference the answer in call 2) only the first call's prompt is. A fresh server
     for each run; sampling seeded, so the live answer is the same every time. The report shows both
     runs' session prefix hit rates side by side."""
-    if not weights.is_fetched("smollm2"):
-        pytest.skip("SmolLM2 weights not fetched (`make setup` fetches them; `harness engine fetch smollm2`)")
     (adk,) = replay_graphs(read_traces(TRACES / "genai" / "kagent_adk_go_1turn_otlp.json"))
     records = [r.model_copy(update={"sampling": r.sampling.model_copy(update={"seed": 7})})
                for r in graph_records([adk])]  # fmt: skip
